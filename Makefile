@@ -1,0 +1,30 @@
+# Two commands: `make demo` and `make test`. Each creates .venv if absent and installs.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+TORCH   ?= torch==2.13.0
+
+.PHONY: demo test install clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+
+# torch first and pinned: here pip takes the local CPU wheel; a bare `torch`
+# requirement would pull a multi-GB CUDA build.
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q -e ".[test,plot]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/tandem demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -ra
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,65 @@
+"""The `tandem` command: one entry that dispatches to the stages; no logic of its own.
+
+Every verb lives in its stage's ``cli.py``; this file only registers them and
+turns a TandemError into one line on stderr and a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.console import Console
+
+from tandem.core.errors import TandemError
+
+app = typer.Typer(
+    name="tandem",
+    help="From one GPU to many machines and on into serving, with numbers that say why.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+# Verbs that take a script or overrides after their own options.
+PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "allow_interspersed_args": False}
+
+
+def _register() -> None:
+    from tandem.core.cli import spec_cmd
+    from tandem.launch.cli import launch_cmd
+    from tandem.train.cli import demo_cmd, train_cmd
+
+    app.command("launch", context_settings=PASSTHROUGH)(launch_cmd)
+    app.command("train", context_settings=PASSTHROUGH)(train_cmd)
+    app.command("spec", context_settings=PASSTHROUGH)(spec_cmd)
+    app.command("demo")(demo_cmd)
+    # Later stages register here, one line each.
+
+
+_register()
+
+
+def main(argv: list[str] | None = None) -> None:
+    err = Console(stderr=True)
+    try:
+        app(args=argv, standalone_mode=False)
+    except TandemError as e:
+        err.print(f"[bold red]error[/]: {e}", highlight=False, soft_wrap=True)
+        sys.exit(e.exit_code)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except typer.Abort:
+        err.print("aborted")
+        sys.exit(130)
+    except Exception as e:  # click usage errors
+        import click
+
+        if isinstance(e, click.ClickException):
+            e.show()
+            sys.exit(e.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    main()

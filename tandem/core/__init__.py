@@ -1,0 +1,4 @@
+"""Shared ground of every stage: the job spec, typed errors, logging, artifact paths.
+
+`core` imports no stage.
+"""

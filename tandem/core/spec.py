@@ -1,0 +1,131 @@
+"""The job spec: typed sections, each field documented.
+
+A spec is loaded from TOML or YAML (``load_spec``), patched by dotted overrides
+from the command line (``--optim.lr 0.2``), and validated before any process
+starts (``validate``). Unknown keys are errors. Field help strings live in
+``metadata["help"]`` so that ``tandem spec`` and the README can print them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from tandem.core.errors import ConfigError
+
+
+def f(default: Any, help: str, **kw: Any) -> Any:
+    """A dataclass field with its help string (the field's docstring)."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kw)
+    return field(default=default, metadata={"help": help}, **kw)
+
+
+@dataclass
+class ModelSpec:
+    name: str = f("resnet18", "resnet18 | resnet34 | resnet50, or an import path 'pkg.module:factory' "
+                              "returning an nn.Module (called with num_classes=, in_channels=).")
+    width: int = f(64, "Channels of the first ResNet stage (64 in the paper); smaller for CPU runs.")
+    num_classes: int = f(10, "Number of output classes.")
+    in_channels: int = f(3, "Input image channels (digits: 1).")
+    small_input: bool = f(False, "CIFAR-style stem (3x3 conv, stride 1, no max-pool) for inputs under 64 px.")
+    sync_bn: bool = f(False, "Convert BatchNorm to SyncBatchNorm (GPU only; torch's SyncBatchNorm refuses CPU).")
+
+
+@dataclass
+class DataSpec:
+    name: str = f("digits", "digits (scikit-learn's bundled 8x8 handwritten digits) | synthetic | npz.")
+    path: str = f("", "For name=npz: a .npz file with arrays x (N,C,H,W) and y (N,).")
+    image_size: int = f(8, "Side of the square input images (digits are resized from 8 when different).")
+    num_samples: int = f(2048, "For name=synthetic: number of samples.")
+    held_out: float = f(0.2, "Fraction of the set kept out of training for evaluation (0 disables eval).")
+    remainder: str = f("pad", "When the train set does not divide by world size: 'pad' repeats the first "
+                              "few shuffled samples so every rank gets as many (every sample at least once, "
+                              "pad count logged); 'drop' leaves the last few shuffled samples out of that "
+                              "epoch (every kept sample exactly once).")
+    shuffle: bool = f(True, "Shuffle the train set each epoch (seeded by schedule.seed + epoch).")
+    num_workers: int = f(0, "DataLoader worker processes per rank.")
+
+
+@dataclass
+class ParallelSpec:
+    strategy: str = f("ddp", "Parallel strategy: ddp (data parallel). Others arrive with later issues.")
+    bucket_cap_mb: float = f(25.0, "DDP gradient bucket size in MiB: larger buckets, fewer all-reduce calls.")
+    gradient_as_bucket_view: bool = f(True, "Let gradients alias DDP's buckets (saves one gradient copy).")
+    static_graph: bool = f(False, "Tell DDP the graph is the same every step (enables more overlap).")
+    find_unused_parameters: bool = f(False, "Search for parameters without gradients each step (slow; "
+                                            "only for models with conditional branches).")
+
+
+@dataclass
+class OptimSpec:
+    name: str = f("sgd", "sgd | adamw.")
+    lr: float = f(0.1, "Learning rate at the reference batch (see ref_batch).")
+    ref_batch: int = f(256, "Linear scaling rule: effective lr = lr * global_batch / ref_batch. 0 turns it off.")
+    momentum: float = f(0.9, "SGD momentum.")
+    nesterov: bool = f(False, "SGD Nesterov momentum.")
+    weight_decay: float = f(5e-4, "Weight decay.")
+    betas: list = f([0.9, 0.999], "AdamW betas.")
+
+
+@dataclass
+class ScheduleSpec:
+    global_batch: int = f(256, "Samples per optimizer step, all workers together.")
+    micro_batch: int = f(64, "Samples per worker per forward/backward; "
+                             "accumulation steps = global_batch / (workers x micro_batch).")
+    epochs: int = f(1, "Passes over the train set.")
+    max_steps: int = f(0, "Stop after this many optimizer steps (0: run all epochs).")
+    warmup_steps: int = f(0, "Linear warm-up from 0 to the effective lr over this many steps.")
+    decay: str = f("cosine", "After warm-up: cosine | linear | constant.")
+    min_lr_ratio: float = f(0.0, "Floor of the decay, as a fraction of the effective lr.")
+    seed: int = f(0, "Seed for weights, shuffling and every RNG (deterministic on CPU).")
+    log_every: int = f(10, "Print a progress line on rank 0 every N steps.")
+
+
+@dataclass
+class PrecisionSpec:
+    dtype: str = f("fp32", "fp32 | bf16 (autocast, CPU and GPU) | fp16 (autocast + GradScaler, GPU only).")
+
+
+@dataclass
+class CheckpointSpec:
+    dir: str = f("", "Checkpoint folder (default: <run_dir>/checkpoints).")
+    every_steps: int = f(0, "Save every N optimizer steps (0: only at the end).")
+    at_end: bool = f(True, "Save once more after the last step.")
+    keep_last: int = f(2, "Keep the newest K complete checkpoints; older ones are deleted after a save.")
+    resume: str = f("auto", "auto (newest complete checkpoint in dir, if any) | none | a checkpoint path.")
+
+
+@dataclass
+class LaunchSpec:
+    nproc_per_node: int = f(1, "Worker processes per node (GPUs per node on a GPU machine).")
+    nnodes: str = f("1", "Number of nodes, or MIN:MAX for elastic jobs.")
+    node_rank: int = f(0, "This node's rank (static rendezvous with master_addr/master_port).")
+    master_addr: str = f("127.0.0.1", "Address of node 0 (static rendezvous).")
+    master_port: int = f(29500, "Port on node 0 for the rendezvous store.")
+    rdzv_endpoint: str = f("", "host:port of a c10d rendezvous (instead of master_addr/port; needed "
+                               "for elastic MIN:MAX).")
+    simulate_nodes: int = f(0, "Run K real torchrun agents on this machine joined by c10d rendezvous.")
+    max_restarts: int = f(0, "Restarts of the whole worker group after a failure.")
+    timeout_s: int = f(60, "Seconds to wait for the rendezvous (an unreachable master fails after this).")
+    device: str = f("auto", "auto (cuda if available, else cpu) | cpu | cuda.")
+    backend: str = f("auto", "auto (nccl on cuda, gloo on cpu) | gloo | nccl.")
+    threads_per_worker: int = f(0, "torch intra-op threads per worker (0: cores / workers on this node).")
+    run_dir: str = f("runs/{name}", "Where logs, metrics and checkpoints go; {name} is the job name.")
+
+
+@dataclass
+class JobSpec:
+    name: str = f("job", "Job name (used in run_dir).")
+    model: ModelSpec = field(default_factory=ModelSpec)
+    data: DataSpec = field(default_factory=DataSpec)
+    parallel: ParallelSpec = field(default_factory=ParallelSpec)
+    optim: OptimSpec = field(default_factory=OptimSpec)
+    schedule: ScheduleSpec = field(default_factory=ScheduleSpec)
+    precision: PrecisionSpec = field(default_factory=PrecisionSpec)
+    checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    launch: LaunchSpec = field(default_factory=LaunchSpec)
+
+
+SECTIONS = {f.name: f.type for f in dataclasses.fields(JobSpec) if f.name != "name"}

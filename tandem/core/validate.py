@@ -1,0 +1,131 @@
+"""Validation of a job spec before any process starts.
+
+Each check raises ConfigError naming the field, the numbers and the fix, e.g.
+``global_batch 1000 is not divisible by 4 workers x micro_batch 256``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tandem.core.errors import ConfigError
+from tandem.core.spec import JobSpec, LaunchSpec
+
+CHOICES = {
+    "data.name": ("digits", "synthetic", "npz"),
+    "data.remainder": ("pad", "drop"),
+    "parallel.strategy": ("ddp",),
+    "optim.name": ("sgd", "adamw"),
+    "schedule.decay": ("cosine", "linear", "constant"),
+    "precision.dtype": ("fp32", "bf16", "fp16"),
+    "launch.device": ("auto", "cpu", "cuda"),
+    "launch.backend": ("auto", "gloo", "nccl"),
+}
+
+
+def parse_nnodes(nnodes: str) -> tuple[int, int]:
+    """'2' -> (2, 2); '1:4' -> (1, 4)."""
+    try:
+        lo, _, hi = str(nnodes).partition(":")
+        mn, mx = int(lo), int(hi or lo)
+    except ValueError:
+        raise ConfigError("expected N or MIN:MAX", field="launch.nnodes", value=nnodes,
+                          fix="write --nnodes 2 or --nnodes 1:4") from None
+    if mn < 1 or mx < mn:
+        raise ConfigError(f"{nnodes!r} is not a valid range (need 1 <= MIN <= MAX)",
+                          field="launch.nnodes", fix="write --nnodes 2 or --nnodes 1:4")
+    return mn, mx
+
+
+def node_counts(launch: LaunchSpec) -> tuple[int, int]:
+    if launch.simulate_nodes:
+        return launch.simulate_nodes, launch.simulate_nodes
+    return parse_nnodes(launch.nnodes)
+
+
+def world_sizes(launch: LaunchSpec) -> tuple[int, int]:
+    """Smallest and largest world size the launch can produce."""
+    mn, mx = node_counts(launch)
+    return mn * launch.nproc_per_node, mx * launch.nproc_per_node
+
+
+def grad_accum(spec: JobSpec, world: int) -> int:
+    s = spec.schedule
+    per_step = world * s.micro_batch
+    if s.global_batch % per_step:
+        lo = (s.global_batch // per_step) * per_step
+        hint = f"use global_batch {lo or per_step} or {lo + per_step}"
+        raise ConfigError(
+            f"global_batch {s.global_batch} is not divisible by {world} workers x micro_batch "
+            f"{s.micro_batch} = {per_step}", field="schedule.global_batch", value=s.global_batch,
+            fix=f"{hint}, or change micro_batch / workers")
+    return s.global_batch // per_step
+
+
+def effective_lr(spec: JobSpec) -> float:
+    o = spec.optim
+    return o.lr * spec.schedule.global_batch / o.ref_batch if o.ref_batch else o.lr
+
+
+def validate(spec: JobSpec) -> JobSpec:
+    for key, choices in CHOICES.items():
+        sec, name = key.split(".")
+        val = getattr(getattr(spec, sec), name)
+        if val not in choices:
+            raise ConfigError(f"{val!r} is not one of {', '.join(choices)}", field=key, value=val,
+                              fix=f"set {key} to one of: {', '.join(choices)}")
+    positive = {"schedule.global_batch": spec.schedule.global_batch,
+                "schedule.micro_batch": spec.schedule.micro_batch,
+                "schedule.epochs": spec.schedule.epochs,
+                "launch.nproc_per_node": spec.launch.nproc_per_node,
+                "model.width": spec.model.width, "model.num_classes": spec.model.num_classes,
+                "data.image_size": spec.data.image_size, "schedule.log_every": spec.schedule.log_every}
+    for key, val in positive.items():
+        if val < 1:
+            raise ConfigError(f"must be at least 1, got {val}", field=key, value=val, fix="give a positive number")
+    nonneg = {"schedule.max_steps": spec.schedule.max_steps, "schedule.warmup_steps": spec.schedule.warmup_steps,
+              "checkpoint.every_steps": spec.checkpoint.every_steps, "launch.max_restarts": spec.launch.max_restarts,
+              "launch.simulate_nodes": spec.launch.simulate_nodes, "optim.ref_batch": spec.optim.ref_batch}
+    for key, val in nonneg.items():
+        if val < 0:
+            raise ConfigError(f"must be 0 or more, got {val}", field=key, value=val, fix="give 0 or a positive number")
+    if spec.checkpoint.keep_last < 1:
+        raise ConfigError(f"must keep at least 1 checkpoint, got {spec.checkpoint.keep_last}",
+                          field="checkpoint.keep_last", fix="set checkpoint.keep_last >= 1")
+    if not 0.0 <= spec.data.held_out < 1.0:
+        raise ConfigError(f"{spec.data.held_out} is not a fraction in [0, 1)", field="data.held_out",
+                          fix="use e.g. 0.2")
+    if spec.optim.lr <= 0:
+        raise ConfigError(f"must be positive, got {spec.optim.lr}", field="optim.lr", fix="use e.g. 0.1")
+
+    lo, hi = world_sizes(spec.launch)
+    for world in sorted({lo, hi}):
+        grad_accum(spec, world)
+
+    if spec.data.name == "npz":
+        p = Path(spec.data.path)
+        if not spec.data.path or not p.is_file():
+            raise ConfigError("data file not found", field="data.path", value=spec.data.path or "(empty)",
+                              fix="give an existing .npz with arrays x and y, or use data.name=digits")
+    resume = spec.checkpoint.resume
+    if resume not in ("auto", "none") and not Path(resume).exists():
+        raise ConfigError("checkpoint not found", field="checkpoint.resume", value=resume,
+                          fix="give an existing checkpoint folder, or 'auto' / 'none'")
+    dev = spec.launch.device
+    if spec.precision.dtype == "fp16" and dev == "cpu":
+        raise ConfigError("fp16 with GradScaler needs a GPU", field="precision.dtype", value="fp16",
+                          fix="use precision.dtype=bf16 on CPU")
+    if spec.model.sync_bn and dev == "cpu":
+        raise ConfigError("torch's SyncBatchNorm runs only on GPUs", field="model.sync_bn", value=True,
+                          fix="set model.sync_bn=false on CPU (each rank keeps its own BatchNorm statistics)")
+    if spec.launch.backend == "nccl" and dev == "cpu":
+        raise ConfigError("nccl needs CUDA devices", field="launch.backend", value="nccl",
+                          fix="use launch.backend=gloo (or auto) on CPU")
+    if spec.launch.simulate_nodes and parse_nnodes(spec.launch.nnodes) != (1, 1):
+        raise ConfigError("give either simulate_nodes or nnodes, not both", field="launch.simulate_nodes",
+                          value=spec.launch.simulate_nodes, fix="drop --nnodes when simulating nodes")
+    mn, mx = parse_nnodes(spec.launch.nnodes)
+    if mn != mx and not spec.launch.rdzv_endpoint:
+        raise ConfigError(f"elastic nnodes {spec.launch.nnodes} needs a c10d rendezvous endpoint",
+                          field="launch.rdzv_endpoint", fix="add --rdzv-endpoint HOST:PORT")
+    return spec
