@@ -1,0 +1,59 @@
+"""Models by name: the built-in ResNets, or any factory given as 'pkg.module:factory'."""
+
+from __future__ import annotations
+
+import importlib
+
+from torch import nn
+
+from tandem.core.errors import ConfigError
+from tandem.core.spec import ModelSpec
+from tandem.models.resnet import ResNet, resnet18, resnet34, resnet50
+
+BUILTIN = {"resnet18": 18, "resnet34": 34, "resnet50": 50}
+VALID = " | ".join(BUILTIN) + " | an import path 'pkg.module:factory'"
+
+__all__ = ["ResNet", "resnet18", "resnet34", "resnet50", "build_model", "model_signature",
+           "count_params", "BUILTIN"]
+
+
+def build_model(spec: ModelSpec) -> nn.Module:
+    """The model the spec names, on the CPU, freshly initialised (seed the RNG first)."""
+    name = spec.name
+    if name in BUILTIN:
+        return ResNet(depth=BUILTIN[name], width=spec.width, num_classes=spec.num_classes,
+                      in_channels=spec.in_channels, small_input=spec.small_input)
+    if ":" not in name:
+        raise ConfigError("unknown model", field="model.name", value=name,
+                          fix=f"use {VALID} (got {name!r})")
+    module_name, _, attr = name.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError) as e:
+        # ValueError: an empty module name such as ':factory'.
+        raise ConfigError(f"cannot import {name!r} ({type(e).__name__}: {e})", field="model.name",
+                          value=name, fix=f"use {VALID}, with the module on PYTHONPATH") from e
+    # The spec's width and small_input are ResNet knobs; a custom factory gets only what
+    # every classifier needs.
+    try:
+        model = factory(num_classes=spec.num_classes, in_channels=spec.in_channels)
+    except TypeError as e:
+        raise ConfigError(f"factory {name!r} failed ({e})", field="model.name", value=name,
+                          fix="make the factory accept num_classes= and in_channels= keywords") from e
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"factory {name!r} returned {type(model).__name__}, not an nn.Module",
+                          field="model.name", value=name, fix="return a torch.nn.Module from the factory")
+    return model
+
+
+def model_signature(model: nn.Module) -> dict[str, list[int]]:
+    """Name -> shape of every parameter and buffer: two models load each other's
+    checkpoints only if their signatures are equal."""
+    sig = {name: list(p.shape) for name, p in model.named_parameters()}
+    sig.update({name: list(b.shape) for name, b in model.named_buffers()})
+    return sig
+
+
+def count_params(model: nn.Module) -> int:
+    """Number of parameters (shared ones counted once), buffers excluded."""
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,1 @@
+"""Training: data, the step loop, and everything a worker process runs."""

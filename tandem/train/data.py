@@ -1,0 +1,153 @@
+"""Data sets as in-memory TensorDatasets of (float32 image N,C,H,W ; int64 label).
+
+Everything here is small enough to sit in memory on every rank, and every split
+is a pure function of the seed, so all ranks build the same sets without talking
+to each other. Three sources:
+
+- digits: scikit-learn's 1797 real 8x8 handwritten digits (bundled, no download);
+- synthetic: Gaussian images labelled by a random linear "teacher" (learnable);
+- npz: your own arrays x (N,C,H,W) and y (N,), used as stored.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Dataset, TensorDataset
+
+from tandem.core.errors import DataError
+from tandem.core.spec import DataSpec
+
+DIGITS_CLASSES = 10
+
+
+def load_datasets(spec: DataSpec, seed: int, num_classes: int,
+                  in_channels: int) -> tuple[Dataset, Dataset | None]:
+    """(train, held_out) for the spec; held_out is None when spec.held_out == 0."""
+    if spec.name == "digits":
+        return _digits(spec, seed, num_classes, in_channels)
+    if spec.name == "synthetic":
+        return _synthetic(spec, seed, num_classes, in_channels)
+    if spec.name == "npz":
+        return _npz(spec, seed, num_classes, in_channels)
+    raise DataError("unknown data set", field="data.name", value=spec.name,
+                    fix="use digits | synthetic | npz")
+
+
+def _held_out_count(n: int, frac: float) -> int:
+    # At least one sample on each side when a held-out set is asked for at all.
+    if frac <= 0:
+        return 0
+    return min(max(1, round(n * frac)), n - 1)
+
+
+def _seeded_split(x: torch.Tensor, y: torch.Tensor, frac: float, seed: int):
+    """Random split by a seeded permutation: the same seed gives the same split."""
+    k = _held_out_count(len(y), frac)
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
+    train, held = perm[k:], perm[:k]
+    return x[train], y[train], (x[held], y[held]) if k else None
+
+
+def _pack(x: torch.Tensor, y: torch.Tensor, held) -> tuple[Dataset, Dataset | None]:
+    train = TensorDataset(x.float().contiguous(), y.long().contiguous())
+    if held is None:
+        return train, None
+    return train, TensorDataset(held[0].float().contiguous(), held[1].long().contiguous())
+
+
+def _digits(spec: DataSpec, seed: int, num_classes: int, in_channels: int):
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    if num_classes < DIGITS_CLASSES:
+        raise DataError(f"digits has {DIGITS_CLASSES} classes, the model only {num_classes}",
+                        field="model.num_classes", value=num_classes, fix="set model.num_classes = 10")
+    d = load_digits()
+    x = d.images.astype(np.float32) / 16.0  # pixel values are 0..16
+    y = d.target.astype(np.int64)
+    k = _held_out_count(len(y), spec.held_out)
+    if k:
+        # Stratified so that every class is in both halves in the same proportion.
+        x_tr, x_ho, y_tr, y_ho = train_test_split(x, y, test_size=k, random_state=seed, stratify=y)
+    else:
+        x_tr, y_tr, x_ho, y_ho = x, y, None, None
+
+    # Statistics of the train split only: the held-out set must not leak into them.
+    mean, std = float(x_tr.mean()), float(x_tr.std())
+
+    def prep(a: np.ndarray) -> torch.Tensor:
+        t = (torch.from_numpy(a).unsqueeze(1) - mean) / std  # (N,1,8,8)
+        if spec.image_size != 8:
+            t = F.interpolate(t, size=(spec.image_size, spec.image_size), mode="bilinear",
+                              align_corners=False)
+        if in_channels > 1:
+            t = t.repeat(1, in_channels, 1, 1)  # grey to "RGB" for 3-channel models
+        return t
+
+    held = (prep(x_ho), torch.from_numpy(y_ho)) if k else None
+    return _pack(prep(x_tr), torch.from_numpy(y_tr), held)
+
+
+def _synthetic(spec: DataSpec, seed: int, num_classes: int, in_channels: int):
+    if spec.num_samples < 2:
+        raise DataError("synthetic needs at least 2 samples", field="data.num_samples",
+                        value=spec.num_samples, fix="set data.num_samples to 2 or more")
+    g = torch.Generator().manual_seed(seed)
+    s = spec.image_size
+    x = torch.randn(spec.num_samples, in_channels, s, s, generator=g)
+    # The teacher reads a coarse (at most 4x4) average of each channel: a smooth,
+    # low-dimensional rule that a conv net (or a linear probe) can learn quickly.
+    p = min(4, s)
+    feats = F.adaptive_avg_pool2d(x, p).flatten(1)
+    teacher = torch.randn(feats.shape[1], num_classes, generator=g)
+    y = (feats @ teacher).argmax(dim=1)
+    # Split with a different stream than the data so the split is not tied to the draw.
+    return _pack(*_seeded_split(x, y, spec.held_out, seed + 1))
+
+
+def _npz(spec: DataSpec, seed: int, num_classes: int, in_channels: int):
+    path = Path(spec.path)
+    value = spec.path or "(empty)"
+    if not spec.path or not path.is_file():
+        raise DataError("data file not found", field="data.path", value=value,
+                        fix="give an existing .npz with arrays x (N,C,H,W) and y (N,)")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            missing = [k for k in ("x", "y") if k not in z.files]
+            if missing:
+                raise DataError(f"array(s) {', '.join(missing)} missing (found: {', '.join(z.files) or 'none'})",
+                                field="data.path", value=value,
+                                fix="save with np.savez(path, x=images_NCHW, y=labels_N)")
+            x, y = z["x"], z["y"]
+    except DataError:
+        raise
+    except Exception as e:  # not a zip, truncated, pickled objects...
+        raise DataError(f"cannot read ({type(e).__name__}: {e})", field="data.path", value=value,
+                        fix="write the file with np.savez(path, x=..., y=...)") from e
+
+    if x.ndim != 4 or y.ndim != 1:
+        raise DataError(f"x has shape {x.shape} and y {y.shape}, expected (N,C,H,W) and (N,)",
+                        field="data.path", value=value, fix="reshape x to (N,C,H,W) and y to (N,)")
+    if len(x) != len(y):
+        raise DataError(f"x has {len(x)} samples but y has {len(y)}", field="data.path", value=value,
+                        fix="save one label per image")
+    if len(y) < 2:
+        raise DataError(f"only {len(y)} sample(s)", field="data.path", value=value,
+                        fix="save at least 2 samples")
+    if x.shape[1] != in_channels:
+        raise DataError(f"images have {x.shape[1]} channels, the model expects {in_channels}",
+                        field="data.path", value=value, fix=f"set model.in_channels = {x.shape[1]}")
+    if not np.issubdtype(y.dtype, np.integer):
+        raise DataError(f"labels have dtype {y.dtype}, expected integers", field="data.path",
+                        value=value, fix="save y as integer class indices")
+    if y.min() < 0 or y.max() >= num_classes:
+        raise DataError(f"labels span {y.min()}..{y.max()}, the model has {num_classes} classes",
+                        field="data.path", value=value,
+                        fix=f"set model.num_classes = {int(y.max()) + 1} or relabel to 0..{num_classes - 1}")
+    x_t = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+    y_t = torch.from_numpy(y.astype(np.int64))
+    return _pack(*_seeded_split(x_t, y_t, spec.held_out, seed))
