@@ -1,0 +1,40 @@
+"""`tandem spec [CONFIG] [--section.key VALUE ...]`: show every spec field, or a resolved, validated spec."""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tandem.core.config import field_docs, load_spec, to_dict
+
+
+def spec_cmd(
+    ctx: typer.Context,
+    config: Optional[str] = typer.Argument(None, help="A job spec (.toml/.yaml) to resolve and validate."),
+    as_json: bool = typer.Option(False, "--json", help="Print the resolved spec as JSON."),
+) -> None:
+    """List the job spec's fields with their help, or validate CONFIG (with overrides) and print it.
+
+    Example: tandem spec examples/digits_resnet.toml --schedule.global_batch 1000
+    """
+    if config is None and not ctx.args:
+        table = Table(title="Job spec fields (set in TOML/YAML or as --section.key VALUE)")
+        for col in ("key", "type", "default", "help"):
+            table.add_column(col, overflow="fold")
+        for key, tp, default, help_ in field_docs():
+            table.add_row(key, tp, repr(default), help_)
+        Console().print(table)
+        return
+    spec = load_spec(config, list(ctx.args))
+    if as_json:
+        print(json.dumps(to_dict(spec), indent=2))
+        return
+    from tandem.core.validate import effective_lr, grad_accum, world_sizes
+
+    lo, hi = world_sizes(spec.launch)
+    Console().print(f"[green]valid[/]: {config or '(defaults)'}; workers {lo}{'' if lo == hi else f'..{hi}'}, "
+                    f"grad accumulation {grad_accum(spec, hi)}, effective lr {effective_lr(spec):g}", highlight=False)

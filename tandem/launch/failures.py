@@ -1,0 +1,121 @@
+"""Turn torchrun's ChildFailedError into a root-cause summary.
+
+Each agent (one per node) writes the failures of its own workers to
+``run_dir/failures/node-<k>.json``; the parent merges every node's file and
+names the first failing rank. "First" is by the time the error file was written
+(nanoseconds) or, for a worker killed by a signal, the time its agent saw it.
+Failures that only report a lost peer (a gloo/NCCL connection closed because
+another rank died) are consequences, not causes, so they rank after the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+# Messages of ranks that failed because a peer went away, not on their own.
+_PEER_LOSS = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|ECONNRESET|"
+    r"Socket Timeout|NCCL communicator was aborted|remote process exited|"
+    r"Connection refused|Timed out waiting|recvBytes|Read error", re.I)
+
+
+@dataclass
+class Failure:
+    rank: int
+    local_rank: int
+    node: int
+    host: str
+    exitcode: int
+    pid: int
+    time_ns: int
+    message: str
+    traceback: str
+    error_file: str
+    log_file: str
+
+    @property
+    def secondary(self) -> bool:
+        return bool(_PEER_LOSS.search(self.message + self.traceback[-2000:]))
+
+
+def from_child_failed(err, node: int, run_dir: Path) -> list[Failure]:
+    """Failures of one agent's workers, from torch's ChildFailedError."""
+    out = []
+    for rank, pf in err.failures.items():
+        data = pf.error_file_data or {}
+        msg = data.get("message", pf.message)
+        tb = ""
+        if isinstance(msg, dict):
+            tb = msg.get("extraInfo", {}).get("py_callstack", "")
+            msg = msg.get("message", "")
+        t_ns = pf.timestamp * 1_000_000_000
+        if pf.error_file and os.path.isfile(pf.error_file):
+            t_ns = os.stat(pf.error_file).st_mtime_ns
+        log = run_dir / "logs" / f"rank-{rank}.err.log"
+        if not tb and log.is_file():  # no @record: the tail of stderr is the best we have
+            tb = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-25:])
+        out.append(Failure(rank=int(rank), local_rank=pf.local_rank, node=node, host=socket.gethostname(),
+                           exitcode=pf.exitcode, pid=pf.pid, time_ns=t_ns, message=str(msg or pf.message),
+                           traceback=tb, error_file=str(pf.error_file), log_file=str(log)))
+    return out
+
+
+def write_node_failures(run_dir: Path, node: int, failures: list[Failure]) -> Path:
+    d = run_dir / "failures"
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"node-{node}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps([asdict(f) for f in failures], indent=2))
+    os.replace(tmp, path)
+    return path
+
+
+def read_failures(run_dir: Path) -> list[Failure]:
+    out = []
+    for p in sorted((run_dir / "failures").glob("node-*.json")):
+        out += [Failure(**d) for d in json.loads(p.read_text())]
+    return out
+
+
+def root_cause(failures: list[Failure]) -> Failure | None:
+    if not failures:
+        return None
+    return min(failures, key=lambda f: (f.secondary, f.time_ns, f.rank))
+
+
+def summarize(failures: list[Failure]) -> str:
+    """One paragraph for the error line: who failed first and how."""
+    first = root_cause(failures)
+    if first is None:
+        return "workers failed (no failure record found)"
+    how = f"exit code {first.exitcode}" if first.exitcode >= 0 else first.message
+    return (f"rank {first.rank} (node {first.node}, local rank {first.local_rank}, host {first.host}) failed "
+            f"first with {how}: {first.message.strip().splitlines()[-1] if first.message.strip() else ''}; "
+            f"{len(failures)} rank(s) failed in all; log: {first.log_file}")
+
+
+def render(failures: list[Failure], console: Console) -> None:
+    first = root_cause(failures)
+    if first is None:
+        return
+    table = Table(title="Worker failures (root cause first)", show_lines=False)
+    for col in ("rank", "node", "local", "exit", "message"):
+        table.add_column(col)
+    ordered = sorted(failures, key=lambda f: (f is not first, f.secondary, f.time_ns))
+    for f in ordered:
+        mark = "[bold red]root cause[/] " if f is first else ""
+        table.add_row(str(f.rank), str(f.node), str(f.local_rank), str(f.exitcode),
+                      mark + escape((f.message.strip().splitlines() or [""])[-1][:160]))
+    console.print(table)
+    if first.traceback:
+        console.print(f"[bold]Traceback of rank {first.rank}[/] ({escape(first.error_file)}):", highlight=False)
+        console.print(first.traceback.rstrip(), highlight=False, markup=False)

@@ -1,0 +1,205 @@
+"""The launcher: torchrun's elastic agent with tandem's logs, checks and failure summary.
+
+    launch(opts, argv, run_dir)     runs `python argv...` on every worker of this node
+                                    (or of K simulated nodes), blocks, raises WorkerFailure.
+
+Rendezvous is torch's own: c10d (standalone on one node, or --rdzv-endpoint, or the
+simulated nodes) or static (--master-addr/--master-port/--node-rank, like torchrun).
+tandem adds what torchrun leaves to the user: a port check before node 0 binds, a
+clear error when the master cannot be reached within the timeout, per-rank log files
+named by global rank, the device/backend choice, and a root-cause summary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Callable
+
+from tandem.core.errors import ConfigError, LaunchError, WorkerFailure
+from tandem.core.spec import LaunchSpec
+from tandem.core.validate import parse_nnodes
+from tandem.launch import failures as fl
+
+ENV_DEVICE, ENV_BACKEND, ENV_RUN_DIR = "TANDEM_DEVICE", "TANDEM_BACKEND", "TANDEM_RUN_DIR"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def resolve_device(opts: LaunchSpec) -> tuple[str, str]:
+    """(device, backend): cuda + nccl where GPUs exist, cpu + gloo otherwise, unless overridden."""
+    import torch
+
+    device = opts.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("no CUDA device is visible", field="launch.device", value="cuda",
+                          fix="use launch.device=cpu (or auto)")
+    backend = opts.backend if opts.backend != "auto" else ("nccl" if device == "cuda" else "gloo")
+    return device, backend
+
+
+def _check_master_port(opts: LaunchSpec) -> None:
+    """Node 0 of a static rendezvous binds master_port: say so clearly if it is taken."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((opts.master_addr if opts.master_addr not in ("localhost",) else "127.0.0.1",
+                    opts.master_port))
+        except OSError as e:
+            raise LaunchError(f"master port {opts.master_port} on {opts.master_addr} is in use ({e.strerror})",
+                              field="launch.master_port", value=opts.master_port,
+                              fix="pick a free port with --master-port, or stop the process holding it "
+                                  f"(`ss -ltnp | grep {opts.master_port}`)") from None
+
+
+def _rendezvous(opts: LaunchSpec, store_hosted: bool = False) -> tuple[str, str, dict]:
+    """(backend, endpoint, configs) as torchrun would choose them."""
+    mn, mx = parse_nnodes(opts.nnodes)
+    cfg: dict = {"timeout": opts.timeout_s, "join_timeout": opts.timeout_s}
+    if opts.rdzv_endpoint:
+        if store_hosted:  # the store lives elsewhere: no agent may try to host it
+            cfg["is_host"] = False
+        return "c10d", opts.rdzv_endpoint, cfg
+    if mx == 1:  # torchrun --standalone: a private c10d store on a free port
+        return "c10d", f"127.0.0.1:{free_port()}", cfg
+    cfg["rank"] = opts.node_rank
+    if opts.node_rank == 0:
+        _check_master_port(opts)
+    return "static", f"{opts.master_addr}:{opts.master_port}", cfg
+
+
+def _worker_env(opts: LaunchSpec, run_dir: Path, nodes_here: int) -> None:
+    device, backend = resolve_device(opts)
+    os.environ[ENV_DEVICE], os.environ[ENV_BACKEND] = device, backend
+    os.environ[ENV_RUN_DIR] = str(run_dir.resolve())
+    # Oversubscribed CPUs crawl: split the cores among the workers on this machine.
+    threads = opts.threads_per_worker or max(1, (os.cpu_count() or 1) // (opts.nproc_per_node * nodes_here))
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+
+
+def run_agent(opts: LaunchSpec, argv: list[str], run_dir: Path, *, agent_index: int = 0,
+              run_id: str | None = None, tee: bool = True, nodes_here: int = 1,
+              store_hosted: bool = False) -> None:
+    """One torchrun elastic agent for this node; returns when its workers succeed."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from tandem.launch.logs import RankLogsSpecs
+
+    mn, mx = parse_nnodes(opts.nnodes)
+    backend, endpoint, rdzv_cfg = _rendezvous(opts, store_hosted)
+    _worker_env(opts, run_dir, nodes_here)
+    config = LaunchConfig(
+        min_nodes=mn, max_nodes=mx, nproc_per_node=opts.nproc_per_node,
+        logs_specs=RankLogsSpecs(run_dir, tee=tee), run_id=run_id or uuid.uuid4().hex[:12],
+        rdzv_endpoint=endpoint, rdzv_backend=backend, rdzv_configs=rdzv_cfg,
+        max_restarts=opts.max_restarts, monitor_interval=0.1, start_method="spawn",
+        log_line_prefix_template="[rank${rank}]:", local_addr="127.0.0.1" if _is_local(opts) else None,
+    )
+    t0 = time.monotonic()
+    try:
+        elastic_launch(config, entrypoint=sys.executable)(*argv)
+    except ChildFailedError as e:
+        failures = fl.from_child_failed(e, node=0, run_dir=run_dir)
+        for f in failures:
+            f.node = f.rank // opts.nproc_per_node
+        fl.write_node_failures(run_dir, agent_index, failures)
+        raise WorkerFailure(fl.summarize(failures)) from None
+    except Exception as e:  # rendezvous/store errors: make them one readable line
+        waited = time.monotonic() - t0
+        text = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+        if opts.node_rank != 0 or opts.rdzv_endpoint:
+            raise LaunchError(f"could not join the rendezvous at {endpoint} within {waited:.0f} s ({text})",
+                              field="launch.master_addr", value=endpoint,
+                              fix="check that node 0 is running and reachable (address, port, firewall), "
+                                  "or raise --timeout") from None
+        raise LaunchError(f"the rendezvous at {endpoint} failed ({text})", field="launch", value=endpoint,
+                          fix="see the message above; run with --verbose for torch's logs") from None
+
+
+def _is_local(opts: LaunchSpec) -> bool:
+    host = (opts.rdzv_endpoint.rsplit(":", 1)[0] if opts.rdzv_endpoint else opts.master_addr)
+    return host in ("127.0.0.1", "localhost")
+
+
+def quiet_torch_logs(verbose: bool) -> None:
+    level = logging.INFO if verbose else logging.CRITICAL  # our summary replaces torch's
+    for name in ("torch.distributed.elastic", "torch.distributed.launcher", "torch.distributed.run"):
+        logging.getLogger(name).setLevel(level)
+
+
+def launch(opts: LaunchSpec, argv: list[str], run_dir: Path, *, quiet: bool = False,
+           on_poll: Callable[[], None] | None = None, verbose: bool = False) -> None:
+    """Run ``python argv...`` on every worker; raise WorkerFailure/LaunchError on failure.
+
+    ``quiet`` keeps worker output in the per-rank files only (no console stream);
+    ``on_poll`` is called about every 0.2 s while simulated nodes run (progress bars).
+    """
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for old in (run_dir / "failures").glob("node-*.json"):
+        old.unlink()
+    if argv and argv[0].endswith(".py") and not Path(argv[0]).is_file():
+        raise ConfigError("script not found", field="script", value=argv[0], fix="give the path of a Python file")
+    quiet_torch_logs(verbose)
+    if not opts.simulate_nodes:
+        run_agent(opts, argv, run_dir, agent_index=opts.node_rank, tee=not quiet)
+        return
+    _simulate(opts, argv, run_dir, quiet=quiet, on_poll=on_poll, verbose=verbose)
+
+
+def _simulate(opts: LaunchSpec, argv: list[str], run_dir: Path, *, quiet: bool,
+              on_poll: Callable[[], None] | None, verbose: bool) -> None:
+    """K real torchrun agents on this machine, joined by one c10d rendezvous."""
+    from torch.distributed import TCPStore
+
+    k = opts.simulate_nodes
+    # torch's own TCPStore, hosted here like a dedicated rendezvous host on a cluster:
+    # then no agent's exit takes the store away from the others.
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    endpoint = f"127.0.0.1:{store.port}"
+    run_id = uuid.uuid4().hex[:12]
+    cfg_dir = run_dir / "launch"
+    cfg_dir.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for i in range(k):
+        node_opts = dataclasses.replace(opts, simulate_nodes=0, nnodes=str(k), node_rank=i, rdzv_endpoint=endpoint)
+        cfg = cfg_dir / f"node-{i}.json"
+        cfg.write_text(json.dumps({"opts": dataclasses.asdict(node_opts), "argv": argv, "run_dir": str(run_dir),
+                                   "run_id": run_id, "agent_index": i, "nodes_here": k, "tee": not quiet, "store_hosted": True,
+                                   "verbose": verbose}))
+        procs.append(subprocess.Popen([sys.executable, "-m", "tandem.launch.node", str(cfg)]))
+    try:
+        while any(p.poll() is None for p in procs):
+            if on_poll:
+                on_poll()
+            time.sleep(0.2)  # polling our own children's exit codes, not waiting on a peer
+    except KeyboardInterrupt:
+        for p in procs:
+            p.terminate()
+        raise
+    codes = [p.returncode for p in procs]
+    del store
+    if on_poll:
+        on_poll()
+    if any(codes):
+        failures = fl.read_failures(run_dir)
+        if not failures:
+            raise LaunchError(f"simulated node agents exited with codes {codes} before starting workers",
+                              field="launch.simulate_nodes", value=k, fix="see the agents' messages above")
+        raise WorkerFailure(fl.summarize(failures))

@@ -1,0 +1,52 @@
+"""Per-rank log files named by global rank, for torchrun's elastic agent.
+
+torchrun's DefaultLogsSpecs nests logs as <dir>/<run_id>_<rand>/attempt_<k>/<local_rank>/;
+with several nodes local ranks repeat, so we name files by the global RANK the
+agent assigns at (re)start:
+
+    run_dir/logs/rank-<R>.log        stdout of global rank R (the trainer logs here)
+    run_dir/logs/rank-<R>.err.log    stderr (tracebacks, warnings)
+    run_dir/errors/rank-<R>.json     torch's @record error file (exception + traceback)
+
+After a restart (attempt k > 0) the names gain ``.restart<k>`` so that the first
+failure's logs survive.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs, Std, to_map
+
+
+class RankLogsSpecs(LogsSpecs):
+    def __init__(self, run_dir: Path, tee: bool = True) -> None:
+        self.run_dir = Path(run_dir)
+        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "errors").mkdir(parents=True, exist_ok=True)
+        super().__init__(str(self.run_dir / "logs"), redirects=Std.ALL, tee=Std.ALL if tee else Std.NONE)
+
+    @property
+    def root_log_dir(self) -> str:
+        return str(self.run_dir / "logs")
+
+    def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
+        dest = LogsDest()
+        tee = to_map(self._tee, len(envs))
+        for local_rank, env in envs.items():
+            rank = env.get("RANK", str(local_rank))
+            attempt = int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
+            tag = f"rank-{rank}" + (f".restart{attempt}" if attempt else "")
+            dest.stdouts[local_rank] = str(self.run_dir / "logs" / f"{tag}.log")
+            dest.stderrs[local_rank] = str(self.run_dir / "logs" / f"{tag}.err.log")
+            err = self.run_dir / "errors" / f"{tag}.json"
+            if err.exists():  # a stale file from an earlier run would be read as this failure
+                os.remove(err)
+            dest.error_files[local_rank] = str(err)
+            env["TORCHELASTIC_ERROR_FILE"] = str(err)  # where the worker's @record writes
+            if tee[local_rank] & Std.OUT:
+                dest.tee_stdouts[local_rank] = dest.stdouts[local_rank]
+            if tee[local_rank] & Std.ERR:
+                dest.tee_stderrs[local_rank] = dest.stderrs[local_rank]
+        return dest

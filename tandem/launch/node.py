@@ -1,0 +1,33 @@
+"""Entry of one simulated node: `python -m tandem.launch.node CONFIG.json`.
+
+The parent (`launch(..., simulate_nodes=K)`) writes one config per node and starts
+K of these; each runs a real torchrun elastic agent joined to the others by c10d.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from tandem.core.errors import TandemError, WorkerFailure
+from tandem.core.spec import LaunchSpec
+from tandem.launch.launcher import quiet_torch_logs, run_agent
+
+
+def main(cfg_path: str) -> int:
+    cfg = json.loads(Path(cfg_path).read_text())
+    quiet_torch_logs(cfg["verbose"])
+    try:
+        run_agent(LaunchSpec(**cfg["opts"]), cfg["argv"], Path(cfg["run_dir"]), agent_index=cfg["agent_index"],
+                  run_id=cfg["run_id"], tee=cfg["tee"], nodes_here=cfg["nodes_here"], store_hosted=cfg["store_hosted"])
+    except WorkerFailure as e:  # the parent merges every node's failures and reports once
+        return e.exit_code
+    except TandemError as e:
+        print(f"[node {cfg['agent_index']}] error: {e}", file=sys.stderr)
+        return e.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
