@@ -1,0 +1,111 @@
+"""`tandem bench comm` (and later `tandem bench train`): measure, render, calibrate."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from tandem.bench import fit, report
+from tandem.bench.options import CommOptions, check_memory, mem_available, parse_size
+from tandem.bench.runner import WorkerLaunch, read_result, run_module
+from tandem.core.errors import WorkerFailure
+
+bench_app = typer.Typer(help="Measure collectives (nccl-tests style) and training scaling; calibrate `tandem plan`.",
+                        no_args_is_help=True)
+
+RESULT_FILE = "bench-comm.json"
+
+
+def comm_cmd(
+    collectives: str = typer.Option("all_reduce", "--collectives", "-c",
+                                    help="Comma list: all_reduce, all_gather, reduce_scatter, all_to_all, "
+                                         "broadcast, reduce, sendrecv; or 'all'."),
+    min_bytes: str = typer.Option("8", "--min-bytes", "-b", help="Smallest size (nccl-tests -b), e.g. 8, 1K."),
+    max_bytes: str = typer.Option("64M", "--max-bytes", "-e", help="Largest size (nccl-tests -e), e.g. 64M, 1G."),
+    factor: int = typer.Option(2, "--factor", "-f", help="Size multiplier between steps (nccl-tests -f)."),
+    dtype: str = typer.Option("fp32", "--dtype", "-d", help="fp32 | bf16 | fp16 | fp64 | int32."),
+    warmup: int = typer.Option(5, "--warmup", "-w", help="Untimed calls per size (nccl-tests -w)."),
+    iters: int = typer.Option(20, "--iters", "-n", help="Timed calls per size (nccl-tests -n)."),
+    mode: str = typer.Option("both", "--mode", help="both | out (out-of-place) | in (in-place)."),
+    no_check: bool = typer.Option(False, "--no-check", help="Skip the correctness check (nccl-tests -c 0)."),
+    no_compute: bool = typer.Option(False, "--no-compute", help="Skip the matmul FLOP/s measurement."),
+    nproc_per_node: int = typer.Option(2, "--nproc-per-node", help="Workers per node."),
+    nnodes: str = typer.Option("1", "--nnodes", help="Nodes (run this command on every node)."),
+    node_rank: int = typer.Option(0, "--node-rank", help="This node's rank (static rendezvous)."),
+    master_addr: str = typer.Option("127.0.0.1", "--master-addr", help="Address of node 0."),
+    master_port: int = typer.Option(29500, "--master-port", help="Rendezvous port on node 0."),
+    rdzv_endpoint: str = typer.Option("", "--rdzv-endpoint", help="host:port of a c10d rendezvous."),
+    simulate_nodes: int = typer.Option(0, "--simulate-nodes", help="K real agents on this machine."),
+    timeout: int = typer.Option(60, "--timeout", help="Seconds to wait for the rendezvous."),
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda."),
+    backend: str = typer.Option("auto", "--backend", help="auto | gloo | nccl."),
+    run_dir: Path = typer.Option(Path("runs/bench-comm"), "--run-dir", help="Logs and raw results go here."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write results + fits as JSON."),
+    csv_out: Optional[Path] = typer.Option(None, "--csv", help="Write one CSV row per measurement."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="PNG of busbw against size per collective."),
+    calibration: Optional[Path] = typer.Option(None, "--calibration",
+                                               help="Calibration file for `tandem plan` "
+                                                    "(default: RUN_DIR/calibration.json)."),
+) -> None:
+    """Time collectives like nccl-tests: time, algbw, busbw, checked results, alpha-beta fit.
+
+    Example: tandem bench comm -c all --nproc-per-node 2 --simulate-nodes 2 -e 16M --plot busbw.png
+    """
+    opts = CommOptions(collectives=[c.strip() for c in collectives.split(",") if c.strip()],
+                       min_bytes=parse_size(min_bytes, "--min-bytes"),
+                       max_bytes=parse_size(max_bytes, "--max-bytes"), factor=factor, dtype=dtype,
+                       warmup=warmup, iters=iters, mode=mode, check=not no_check, compute=not no_compute,
+                       device=device, backend=backend).validate()
+    wl = WorkerLaunch(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
+                      master_port=master_port, rdzv_endpoint=rdzv_endpoint, simulate_nodes=simulate_nodes,
+                      timeout_s=timeout, device=device, backend=backend)
+    wl.spec()  # validate launcher options before anything starts
+    if device != "cuda":  # GPU memory is checked by the worker, where the device is
+        check_memory(opts, wl.procs_on_this_host(), mem_available())
+    result = measure(opts, wl, run_dir)
+    # Piped output (CI logs, `| tee`) gets a fixed wide console so the nccl-tests columns never wrap.
+    out = Console(width=None if sys.stdout.isatty() else 150)
+    if result is None:
+        out.print("this node did not host rank 0; results are on the node that did")
+        return
+    fitted = fit.fits(result)
+    report.print_report(result, fitted, out)
+    cal_path = calibration or run_dir / "calibration.json"
+    fit.write_calibration(cal_path, result, fitted)
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps({**result, "fits": fitted}, indent=1))
+    if csv_out:
+        report.write_csv(csv_out, result)
+    if plot:
+        report.write_plot(plot, result)
+    written = [str(p) for p in (cal_path, json_out, csv_out, plot) if p]
+    out.print(f"wrote {', '.join(written)}", highlight=False)
+    wrong = [r for r in result["rows"] if not r["ok"]]
+    if wrong:
+        w = wrong[0]
+        raise WorkerFailure(f"{len(wrong)} result(s) were wrong, first: {w['collective']} {w['mode']}-of-place "
+                            f"{w['size']} B on {w['link']} (max error {w['max_err']:g})",
+                            fix="a wrong collective result is a broken transport or library; "
+                                "rerun with NCCL_DEBUG=INFO and check `tandem doctor`")
+
+
+def measure(opts: CommOptions, wl: WorkerLaunch, run_dir: Path) -> dict | None:
+    """Run the workers and return rank 0's result (None on nodes without rank 0)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    opts_path, res_path = run_dir / "bench-comm-options.json", run_dir / RESULT_FILE
+    opts_path.write_text(json.dumps(opts.to_dict()))
+    res_path.unlink(missing_ok=True)  # a stale file must never pass for this run's result
+    with Console(stderr=True).status(f"measuring {', '.join(opts.collectives)} on "
+                                     f"{wl.procs_on_this_host()} local workers ..."):
+        run_module(wl, "tandem.bench.comm_worker",
+                   ["--options", str(opts_path.resolve()), "--out", str(res_path.resolve())], run_dir)
+    return read_result(res_path, wl)
+
+
+bench_app.command("comm")(comm_cmd)
