@@ -35,6 +35,7 @@ def _register() -> None:
     app.command("spec", context_settings=PASSTHROUGH)(spec_cmd)
     app.command("demo")(demo_cmd)
     # Later stages register here, one line each.
+    from tandem.plan.cli import plan_cmd; app.command("plan")(plan_cmd)  # noqa: E702
 
 
 _register()

@@ -1,0 +1,105 @@
+"""Read a calibration file written by `tandem bench` and put its measurements in place of datasheets.
+
+Schema ``tandem.calibration/1`` (JSON)::
+
+    {"schema": "tandem.calibration/1", "created": ISO time, "host": str, "backend": "gloo"|"nccl",
+     "device": "cpu"|"cuda", "world_size": int, "nnodes": int,
+     "links": {"intra_node": {"bandwidth_Bps": busbw, "latency_s": s,
+                              "collectives": {"all_reduce": {"alpha_s", "beta_s_per_byte", "busbw_Bps"}, ...}},
+               "inter_node": {... same; absent when measured on one node}},
+     "compute": {"achieved_flops": {"fp32": FLOP/s, "bf16": FLOP/s, ...}}}
+
+Mapping (docs/plan.md, "Calibration"):
+- intra_node: bus bandwidth B_intra = collectives.all_reduce.busbw_Bps if present, else bandwidth_Bps;
+  latency alpha = latency_s (per ring step).
+- inter_node: the measured busbw is of an all-reduce over all W ranks on N nodes. The planner's
+  hierarchical model gives that all-reduce 2(N-1)/N x S / B_node across nodes, nccl-tests's busbw is
+  2(W-1)/W x S / t; equating the two (ignoring the intra-node phase) gives
+  B_node = busbw x (N-1)/N x W/(W-1). That B_node replaces NICs x datasheet rate.
+- compute: achieved FLOP/s per precision replace the datasheet peak as the reference that the
+  efficiency multiplies (default efficiency is then divided by 0.8, a GEMM's usual share of peak).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from tandem.core.errors import ConfigError
+from tandem.plan.hardware import Cluster, Link
+
+SCHEMA = "tandem.calibration/1"
+
+
+def _num(d: dict, key: str, where: str) -> float:
+    v = d.get(key)
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
+        raise ConfigError(f"{where}.{key} must be a positive number", field="calibration", value=v,
+                          fix="re-run `tandem bench` or correct the file")
+    return float(v)
+
+
+def read(path: str | Path) -> dict:
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except OSError:
+        raise ConfigError("no such file", field="calibration", value=str(p),
+                          fix="give a file written by `tandem bench`") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"not JSON ({e})", field="calibration", value=str(p),
+                          fix="give a file written by `tandem bench`") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise ConfigError(f"schema is {data.get('schema') if isinstance(data, dict) else None!r}, "
+                          f"expected {SCHEMA!r}", field="calibration", value=str(p),
+                          fix="re-run `tandem bench` with this version of tandem")
+    return data
+
+
+def _busbw(link: dict, where: str) -> float:
+    ar = (link.get("collectives") or {}).get("all_reduce") or {}
+    if isinstance(ar.get("busbw_Bps"), (int, float)) and ar["busbw_Bps"] > 0:
+        return float(ar["busbw_Bps"])
+    return _num(link, "bandwidth_Bps", where)
+
+
+def apply(c: Cluster, data: dict) -> Cluster:
+    """The cluster with measured links and FLOP/s; notes say what was replaced."""
+    notes = list(c.notes)
+    links = data.get("links") or {}
+    intra, inter = c.intra, c.inter
+    nics = c.nics_per_node
+    if "intra_node" in links:
+        li = links["intra_node"]
+        bw = _busbw(li, "links.intra_node")
+        intra = Link(f"{c.intra.name}(measured)", bw, _num(li, "latency_s", "links.intra_node"), "intra",
+                     f"calibration {data.get('host', '?')}")
+        notes.append(f"intra-node: {bw / 1e9:.3g} GB/s bus bandwidth measured (datasheet "
+                     f"{c.intra.bandwidth_Bps / 1e9:.3g})")
+    if "inter_node" in links:
+        le = links["inter_node"]
+        busbw = _busbw(le, "links.inter_node")
+        w = int(data.get("world_size") or 0)
+        n = int(data.get("nnodes") or 0)
+        if w < 2 or n < 2:
+            raise ConfigError("inter_node needs world_size >= 2 and nnodes >= 2", field="calibration",
+                              value=(w, n), fix="re-run `tandem bench` across at least two nodes")
+        b_node = busbw * (n - 1) / n * w / (w - 1)
+        inter = Link(f"{c.inter.name}(measured)", b_node, _num(le, "latency_s", "links.inter_node"), "inter",
+                     f"calibration {data.get('host', '?')}")
+        nics = 1
+        notes.append(f"inter-node: {busbw / 1e9:.3g} GB/s busbw over {w} ranks on {n} nodes -> "
+                     f"{b_node / 1e9:.3g} GB/s per node (datasheet {c.node_bandwidth_Bps / 1e9:.3g})")
+    achieved = {}
+    for k, v in ((data.get("compute") or {}).get("achieved_flops") or {}).items():
+        if isinstance(v, (int, float)) and v > 0:
+            achieved[str(k)] = float(v)
+    if achieved:
+        notes.append("compute: achieved FLOP/s " + ", ".join(f"{k} {v / 1e12:.3g} T" for k, v in achieved.items()))
+    return replace(c, intra=intra, inter=inter, nics_per_node=nics, achieved_flops=achieved,
+                   efficiency_ref="calibration" if achieved else c.efficiency_ref, notes=notes)
+
+
+def load(path: str | Path, c: Cluster) -> Cluster:
+    return apply(c, read(path))

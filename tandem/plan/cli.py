@@ -1,0 +1,127 @@
+"""`tandem plan`: predict memory, communication, step time and cost of a strategy, or search for one.
+
+Pure arithmetic plus (for pkg.mod:factory models) a measurement on the meta device;
+it never starts a process or touches a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+
+from tandem.core.errors import ConfigError
+from tandem.plan.cost import evaluate, validate
+from tandem.plan.inputs import PlanArgs, resolve, strategy
+from tandem.plan.report import render, to_dict
+from tandem.plan.search import fitting_micro_batch, reasons, search
+
+O = typer.Option
+
+
+def plan_cmd(
+    model: Optional[str] = typer.Argument(None, help="resnet18 | resnet50 | gpt3-175b | gpt-1t | llama2-7b | "
+                                          "llama2-70b | gpt (with --layers ...) | config.json | pkg.mod:factory"),
+    params: Optional[float] = O(None, help="Parameter count (alone: model states only; with a CNN preset: "
+                                "overrides its count)."),
+    layers: Optional[int] = O(None, help="GPT: transformer layers."),
+    hidden: Optional[int] = O(None, help="GPT: hidden size."),
+    heads: Optional[int] = O(None, help="GPT: attention heads."),
+    kv_heads: Optional[int] = O(None, "--kv-heads", help="GPT: key/value heads (GQA; default = heads)."),
+    ffn: Optional[int] = O(None, help="GPT: MLP inner size (default 4 x hidden)."),
+    seq: Optional[int] = O(None, help="Sequence length."),
+    vocab: Optional[int] = O(None, help="GPT: vocabulary size."),
+    gated: Optional[bool] = O(None, "--gated/--no-gated", help="GPT: SwiGLU MLP (three matrices)."),
+    input_shape: Optional[str] = O(None, "--input-shape", help="For pkg.mod:factory: C,H,W or tokens:SEQ."),
+    gpu: Optional[str] = O(None, help="GPU preset (a100-80gb, h100-sxm, ...; default a100-80gb)."),
+    gpus_per_node: Optional[int] = O(None, "--gpus-per-node", help="GPUs per node (default 8)."),
+    nodes: Optional[int] = O(None, help="Nodes (default 1)."),
+    intra: Optional[str] = O(None, help="Intra-node link: nvlink2/3/4, pcie3/4/5 (default: the GPU's usual)."),
+    inter: Optional[str] = O(None, help="Network: ib-edr/hdr/ndr, roce-25/100/200/400, eth-10/25/100."),
+    nics_per_node: Optional[int] = O(None, "--nics-per-node", help="NICs per node (DGX A100: 8)."),
+    price: Optional[float] = O(None, help="Price per GPU-hour (for cost)."),
+    cluster: Optional[str] = O(None, help="YAML cluster file (keys as the flags)."),
+    calibration: Optional[str] = O(None, help="Calibration JSON from `tandem bench`."),
+    global_batch: Optional[int] = O(None, "--global-batch", help="Samples per optimizer step (default 256)."),
+    micro_batch: Optional[int] = O(None, "--micro-batch", help="Samples per GPU per forward/backward."),
+    precision: Optional[str] = O(None, help="fp32 | tf32 | bf16 | fp16 | fp8 (default bf16)."),
+    optimizer: Optional[str] = O(None, help="adamw | adam | sgd-momentum | sgd (default adamw)."),
+    recompute: Optional[str] = O(None, help="none | selective | full."),
+    efficiency: Optional[float] = O(None, help="Fraction of peak FLOP/s sustained (default: gpt 0.5, cnn 0.18)."),
+    overlap: Optional[float] = O(None, help="Fraction of the backward pass that hides DP communication (0-1)."),
+    compute_time: Optional[float] = O(None, "--compute-time", help="Measured compute seconds per step per GPU."),
+    dp: Optional[int] = O(None, help="Data-parallel degree (default: GPUs / (tp x pp))."),
+    tp: Optional[int] = O(None, help="Tensor-parallel degree."),
+    pp: Optional[int] = O(None, help="Pipeline-parallel degree."),
+    zero: Optional[int] = O(None, help="ZeRO stage 0-3 (3 = FSDP full shard)."),
+    schedule: Optional[str] = O(None, help="Pipeline schedule: 1f1b | gpipe | interleaved."),
+    virtual: Optional[int] = O(None, help="Interleaved: model chunks per stage (default 2)."),
+    hsdp: Optional[bool] = O(None, "--hsdp/--no-hsdp", help="Shard inside a node, replicate across nodes."),
+    steps: Optional[int] = O(None, help="Training length in steps."),
+    tokens: Optional[float] = O(None, help="Training length in tokens (GPT)."),
+    samples: Optional[float] = O(None, help="Training length in samples (or data set size with --epochs)."),
+    epochs: Optional[float] = O(None, help="Epochs over --samples."),
+    ref_batch: Optional[int] = O(None, "--ref-batch", help="Batch the learning rate was tuned at."),
+    warmup_steps: Optional[int] = O(None, "--warmup-steps", help="LR warm-up steps of the job."),
+    config: Optional[str] = O(None, help="A tandem job spec (toml/yaml) to take the inputs from."),
+    do_search: bool = O(False, "--search", help="Enumerate every valid strategy and rank them."),
+    objective: str = O("time", help="Search objective: time | cost (cost also tries fewer nodes)."),
+    top: int = O(5, help="Strategies shown by --search."),
+    as_json: bool = O(False, "--json", help="Print JSON with stable keys (SI units)."),
+    plot: Optional[str] = O(None, help="Write a PNG: step time breakdown and memory per GPU."),
+) -> None:
+    """Predict memory, communication, step time and cost of a training strategy, and show the arithmetic."""
+    from rich.console import Console
+
+    args = PlanArgs(**{k: v for k, v in locals().items() if k in PlanArgs.__dataclass_fields__})
+    m, c, t, v = resolve(args)
+    plans = []
+    extra: dict = {}
+    if do_search:
+        if objective not in ("time", "cost"):
+            raise ConfigError(f"unknown objective '{objective}'", field="objective", value=objective,
+                              fix="use time or cost")
+        if objective == "cost" and c.price_per_gpu_hour is None:
+            raise ConfigError("--objective cost needs --price", field="price", fix="give --price per GPU-hour")
+        r = search(m, c, t, objective=objective, top=top)
+        plans = r.ranked[:top]
+        extra = {"search": {"objective": objective, "evaluated": r.counts["evaluated"],
+                            "fit": len(r.ranked), "out_of_memory": r.counts["out of memory"],
+                            "seconds": r.seconds, "reasons": reasons(r, top)}}
+        if not plans:
+            plans = r.oom[:1]
+    else:
+        s = strategy(v, c, t)
+        validate(m, c, t, s)
+        p = evaluate(m, c, t, s)
+        plans = [p]
+        if not p.memory.fits:
+            fit = fitting_micro_batch(m, c, t, s)
+            if fit is not None:
+                g = t.global_batch // (s.dp * fit.micro_batch)
+                extra["suggestion"] = (f"micro-batch {s.micro_batch} does not fit; micro-batch {fit.micro_batch} "
+                                       f"with {g} gradient accumulation steps does (--micro-batch {fit.micro_batch})")
+    out = [to_dict(p) for p in plans]
+    for d in out:
+        d["cluster"]["notes"] = list(c.notes)
+    if plot:
+        from tandem.plan.plot import plot_plans
+
+        plot_plans(plans, plot)
+    if as_json:
+        doc = out[0] if len(out) == 1 and not do_search else {"plans": out}
+        doc.update(extra)
+        typer.echo(json.dumps(doc, indent=2))
+        return
+    con = Console()
+    for note in c.notes:
+        con.print(f"[cyan]calibration[/]: {note}", highlight=False)
+    if do_search:
+        for line in extra["search"]["reasons"]:
+            con.print(line, highlight=False)
+        render(out[0], con)
+        return
+    render(out[0], con)
+    if "suggestion" in extra:
+        con.print(f"[yellow]suggestion[/]: {extra['suggestion']}", highlight=False)

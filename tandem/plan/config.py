@@ -1,0 +1,119 @@
+"""Typed inputs of a plan: how to train (Training) and how to split it (Strategy)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tandem.core.errors import ConfigError
+
+# bytes per parameter of the working weights, gradients and activations; `master` is the FP32
+# copy of the weights mixed precision keeps in the optimizer (ZeRO paper, section 3.1).
+PRECISIONS = {
+    "fp32": dict(param=4, grad=4, act=4, master=0),
+    "tf32": dict(param=4, grad=4, act=4, master=0),   # FP32 storage, TF32 tensor-core math
+    "bf16": dict(param=2, grad=2, act=2, master=4),
+    "fp16": dict(param=2, grad=2, act=2, master=4),
+    "fp8": dict(param=2, grad=2, act=2, master=4),    # Transformer-Engine style: FP8 GEMMs, BF16 storage
+}
+
+# Optimizer state bytes per parameter, besides the master copy: Adam keeps m and v in FP32.
+OPTIMIZERS = {"adam": 8, "adamw": 8, "sgd-momentum": 4, "sgd": 0}
+RECOMPUTE = ("none", "selective", "full")
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+
+
+def _choice(value: str, valid, field: str) -> str:
+    v = str(value).lower()
+    if v not in valid:
+        raise ConfigError(f"unknown {field} '{value}'", field=field, value=value,
+                          fix=f"use one of {', '.join(valid)}")
+    return v
+
+
+@dataclass
+class Training:
+    global_batch: int = 256                  # samples per optimizer step, all GPUs together
+    precision: str = "bf16"
+    optimizer: str = "adamw"
+    efficiency: float | None = None          # fraction of the reference FLOP/s sustained (None: default)
+    overlap: float = 0.0                     # fraction of the overlap window that hides DP communication
+    compute_time_s: float | None = None      # measured compute time per step per GPU (replaces FLOPs/rate)
+    steps: int | None = None                 # length of the run, one of steps / tokens / samples
+    tokens: float | None = None
+    samples: float | None = None
+    ref_batch: int = 0                       # batch the LR was tuned at (0: unknown)
+    warmup_steps: int = 0
+    bucket_bytes: float = 25 * 1024**2       # DDP bucket_cap_mb (25 MiB default)
+
+    def __post_init__(self):
+        if not isinstance(self.global_batch, int) or self.global_batch <= 0:
+            raise ConfigError("must be a positive integer", field="global-batch", value=self.global_batch,
+                              fix="give --global-batch >= 1")
+        self.precision = _choice(self.precision, PRECISIONS, "precision")
+        self.optimizer = _choice(self.optimizer.replace("_", "-"), OPTIMIZERS, "optimizer")
+        if self.efficiency is not None and not 0 < self.efficiency <= 1:
+            raise ConfigError("must be in (0, 1]", field="efficiency", value=self.efficiency,
+                              fix="give the fraction of peak FLOP/s the model sustains, e.g. 0.4")
+        if not 0 <= self.overlap <= 1:
+            raise ConfigError("must be in [0, 1]", field="overlap", value=self.overlap,
+                              fix="0 = no overlap (the seed's arithmetic), 1 = full overlap")
+        if self.compute_time_s is not None and self.compute_time_s <= 0:
+            raise ConfigError("must be positive", field="compute-time", value=self.compute_time_s,
+                              fix="give the measured seconds of forward+backward per step")
+        for k in ("steps", "tokens", "samples"):
+            v = getattr(self, k)
+            if v is not None and v <= 0:
+                raise ConfigError("must be positive", field=k, value=v, fix=f"give --{k} > 0")
+
+    @property
+    def bytes(self) -> dict[str, int]:
+        return PRECISIONS[self.precision]
+
+    @property
+    def optimizer_bytes(self) -> int:
+        """Optimizer bytes per parameter incl. the FP32 master copy (K in the ZeRO paper: 12 for
+        mixed-precision Adam)."""
+        return self.bytes["master"] + OPTIMIZERS[self.optimizer]
+
+
+@dataclass
+class Strategy:
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    zero: int = 0                 # 0 DDP, 1 optimizer, 2 +gradients, 3 +parameters (FSDP full shard)
+    micro_batch: int = 0          # samples per GPU per forward/backward (0: global_batch / dp)
+    schedule: str = "1f1b"
+    virtual: int = 1              # interleaved: model chunks per pipeline stage
+    recompute: str = "none"
+    hsdp: bool = False            # ZeRO sharding inside a node only, replicas across nodes
+
+    def __post_init__(self):
+        for k in ("dp", "tp", "pp", "virtual"):
+            v = getattr(self, k)
+            if not isinstance(v, int) or v <= 0:
+                raise ConfigError("must be a positive integer", field=k, value=v, fix=f"give --{k} >= 1")
+        if self.zero not in (0, 1, 2, 3):
+            raise ConfigError("must be 0, 1, 2 or 3", field="zero", value=self.zero,
+                              fix="0 = DDP, 1/2/3 = ZeRO stage (3 = FSDP full shard)")
+        if not isinstance(self.micro_batch, int) or self.micro_batch < 0:
+            raise ConfigError("must be a positive integer", field="micro-batch", value=self.micro_batch,
+                              fix="give --micro-batch >= 1")
+        self.schedule = _choice(self.schedule, SCHEDULES, "schedule")
+        self.recompute = _choice(self.recompute, RECOMPUTE, "recompute")
+        if self.schedule != "interleaved":
+            self.virtual = 1
+        elif self.virtual < 2:
+            self.virtual = 2
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    def label(self) -> str:
+        s = f"dp{self.dp} tp{self.tp} pp{self.pp} z{self.zero}{'h' if self.hsdp else ''} mb{self.micro_batch}"
+        if self.pp > 1:
+            s += f" {self.schedule}" + (f"x{self.virtual}" if self.schedule == "interleaved" else "")
+        if self.recompute != "none":
+            s += f" rc-{self.recompute}"
+        return s

@@ -1,0 +1,228 @@
+"""The cost model: one strategy in, memory / communication / time / throughput / cost out.
+
+Pure arithmetic; ``evaluate`` is called tens of thousands of times by the search, so
+it builds no strings (``tandem.plan.explain`` writes the sentences afterwards).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tandem.core.errors import ConfigError
+from tandem.plan import comm as C
+from tandem.plan.config import Strategy, Training
+from tandem.plan.hardware import Cluster
+from tandem.plan.memory import Memory, memory, shard_group
+from tandem.plan.model import ModelStats
+
+# Fraction of the datasheet peak a model sustains when nothing better is known.
+# gpt: Megatron-LM reaches 44-52% of A100 peak at scale (Narayanan et al. 2021, Table 1).
+# cnn: the seed's own ResNet-50 step (256 images in 220 ms on one A100) is 18% of TF32 peak.
+DEFAULT_EFFICIENCY = {"gpt": 0.5, "cnn": 0.18, "net": 0.4, "params": 0.5}
+GEMM_FRACTION = 0.8  # a calibration's achieved FLOP/s is a large GEMM at ~80% of peak
+
+
+@dataclass
+class CommOp:
+    name: str
+    collective: str
+    bytes: float          # bytes each GPU contributes per call
+    calls: int            # calls per step
+    group: C.Group
+    link: str
+    time_s: float         # all calls of one step
+    exposed_s: float
+
+
+@dataclass
+class Plan:
+    model: ModelStats
+    cluster: Cluster
+    training: Training
+    strategy: Strategy
+    grad_accum: int
+    memory: Memory
+    comm: list[CommOp]
+    efficiency: float
+    rate: float                 # FLOP/s per GPU assumed for compute
+    hw_flops_per_gpu: float     # per step, incl. recompute
+    model_flops_per_gpu: float  # per step, no recompute
+    compute_s: float
+    bubble_s: float
+    compute_measured: bool
+    warnings: list[str] = field(default_factory=list)
+    explain: list[str] = field(default_factory=list)
+
+    @property
+    def comm_s(self) -> float:
+        return sum(o.time_s for o in self.comm)
+
+    @property
+    def exposed_comm_s(self) -> float:
+        return sum(o.exposed_s for o in self.comm)
+
+    @property
+    def step_s(self) -> float:
+        return self.compute_s + self.bubble_s + self.exposed_comm_s
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.training.global_batch / self.step_s if self.step_s > 0 else 0.0
+
+    @property
+    def tflops_per_gpu(self) -> float:
+        return self.model_flops_per_gpu / self.step_s / 1e12 if self.step_s > 0 else 0.0
+
+    @property
+    def mfu(self) -> float:
+        return self.tflops_per_gpu * 1e12 / self.cluster.gpu.peak(self.training.precision)
+
+    @property
+    def compute_model_s(self) -> float:
+        """Compute time of the step without recompute: what one GPU would spend per sample."""
+        if self.hw_flops_per_gpu <= 0:
+            return self.compute_s
+        return self.compute_s * self.model_flops_per_gpu / self.hw_flops_per_gpu
+
+    @property
+    def speedup(self) -> float:
+        """Throughput over one GPU running the same model at the same rate, with no communication
+        and no bubble (memory ignored: the single GPU is hypothetical when the model does not fit)."""
+        return self.strategy.world * self.compute_model_s / self.step_s if self.step_s > 0 else 0.0
+
+    @property
+    def steps(self) -> int | None:
+        t = self.training
+        if t.steps:
+            return int(t.steps)
+        if t.tokens and self.model.gpt is not None:
+            return int(-(-t.tokens // (t.global_batch * self.model.gpt.seq)))
+        if t.samples:
+            return int(-(-t.samples // t.global_batch))
+        return None
+
+    @property
+    def sort_key(self) -> float:
+        return self.step_s
+
+
+def check(m: ModelStats, c: Cluster, t: Training, s: Strategy) -> str | None:
+    """Why this strategy is invalid, or None. (The search skips; the CLI raises.)"""
+    if s.world != c.world:
+        return f"dp x tp x pp = {s.dp}x{s.tp}x{s.pp} = {s.world}, but the cluster has {c.world} GPUs"
+    if t.global_batch % s.dp:
+        return f"global batch {t.global_batch} is not divisible by dp {s.dp}"
+    per_replica = t.global_batch // s.dp
+    if s.micro_batch and per_replica % s.micro_batch:
+        return f"micro-batch {s.micro_batch} does not divide the {per_replica} samples per data-parallel rank"
+    if m.gpt is None and (s.tp > 1 or s.pp > 1):
+        return f"tp/pp need a transformer shape; {m.name} is a {m.kind} model (use dp and zero)"
+    if m.gpt is not None:
+        g = m.gpt
+        if g.heads % s.tp or g.kv_heads % s.tp and s.tp % g.kv_heads:
+            return f"heads {g.heads} (kv {g.kv_heads}) are not divisible by tp {s.tp}"
+        if g.ffn % s.tp:
+            return f"ffn {g.ffn} is not divisible by tp {s.tp}"
+        if g.layers % (s.pp * s.virtual):
+            return f"layers {g.layers} are not divisible by pp x virtual = {s.pp}x{s.virtual}"
+    if s.schedule == "interleaved" and s.pp > 1 and (per_replica // (s.micro_batch or per_replica)) % s.pp:
+        return "interleaved schedule needs the number of micro-batches to be a multiple of pp"
+    return None
+
+
+def validate(m: ModelStats, c: Cluster, t: Training, s: Strategy) -> None:
+    why = check(m, c, t, s)
+    if why:
+        fieldname = ("dp" if "cluster has" in why else "micro-batch" if "micro-batch" in why
+                     else "global-batch" if "global batch" in why else "tp" if "tp" in why else "pp")
+        raise ConfigError(why, field=fieldname,
+                          fix="choose degrees whose product is the GPU count and that divide batch, "
+                              "heads and layers (or use --search)")
+
+
+def default_efficiency(m: ModelStats, c: Cluster, t: Training) -> float:
+    if t.efficiency is not None:
+        return t.efficiency
+    e = DEFAULT_EFFICIENCY[m.kind]
+    if t.precision in c.achieved_flops:
+        e = min(1.0, e / GEMM_FRACTION)
+    return e
+
+
+def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy) -> Plan:
+    """The plan for one valid strategy (call ``check``/``validate`` first)."""
+    by = t.bytes
+    n = s.world
+    per_replica = t.global_batch // s.dp
+    if not s.micro_batch:
+        s.micro_batch = per_replica
+    mb = per_replica // s.micro_batch
+    gpn = c.gpus_per_node
+
+    # ---- compute
+    eff = default_efficiency(m, c, t)
+    rate = c.flops_ref(t.precision) * eff
+    f_model = m.flops_per_sample or 0.0
+    f_hw = f_model + m.recompute_flops_per_sample(s.recompute) * (1 if m.gpt is not None or s.recompute == "full" else 0)
+    model_fpg = f_model * t.global_batch / n
+    hw_fpg = f_hw * t.global_batch / n
+    measured = t.compute_time_s is not None
+    compute = t.compute_time_s if measured else (hw_fpg / rate if rate else 0.0)
+    bubble = 0.0
+    if s.pp > 1:
+        bubble = compute * (s.pp - 1) / (mb * (s.virtual if s.schedule == "interleaved" else 1))
+
+    # ---- communication
+    ops: list[CommOp] = []
+    psi = m.params / (s.tp * s.pp)
+    dpg = C.layout(s.dp, s.tp, gpn)
+    if s.hsdp and s.zero >= 1:
+        shard = shard_group(s, c)
+        shard_g = C.layout(shard, s.tp, gpn)
+        repl_g = C.layout(s.dp // shard, s.tp * shard, gpn)
+    else:
+        shard_g, repl_g = dpg, C.Group(1, 1, 1)
+    backward = compute * 2 / 3
+    if s.dp > 1:
+        gbytes = psi * by["grad"]
+        pbytes = psi * by["param"]
+        buckets = max(1, int(-(-gbytes // t.bucket_bytes)))
+        if s.zero == 0:
+            tm = C.all_reduce(gbytes, dpg, c, buckets)
+            ops.append(CommOp("dp-grad", "all_reduce", gbytes, 1, dpg, C.link_name(dpg, c), tm,
+                              max(0.0, tm - t.overlap * backward / mb)))
+        else:
+            rs_calls = mb if s.zero >= 2 else 1   # sharded grads are reduced every micro-batch
+            tm = C.reduce_scatter(gbytes, shard_g, c, buckets) * rs_calls
+            window = backward if s.zero >= 2 else backward / mb
+            ops.append(CommOp("dp-grad", "reduce_scatter", gbytes, rs_calls, shard_g, C.link_name(shard_g, c),
+                              tm, max(0.0, tm - t.overlap * window)))
+            if s.zero <= 2:
+                tg = C.all_gather(pbytes, shard_g, c, buckets)
+                ops.append(CommOp("dp-params", "all_gather", pbytes, 1, shard_g, C.link_name(shard_g, c), tg, tg))
+            else:  # gathered before forward and again before backward, every micro-batch
+                tg = C.all_gather(pbytes, shard_g, c, buckets) * 2 * mb
+                ops.append(CommOp("fsdp-params", "all_gather", pbytes, 2 * mb, shard_g, C.link_name(shard_g, c),
+                                  tg, max(0.0, tg - t.overlap * compute)))
+            if repl_g.size > 1:  # HSDP: shards all-reduced across the replicas
+                tr = C.all_reduce(gbytes / shard, repl_g, c, buckets)
+                ops.append(CommOp("hsdp-replicas", "all_reduce", gbytes / shard, 1, repl_g,
+                                  C.link_name(repl_g, c), tr, max(0.0, tr - t.overlap * backward / mb)))
+    if m.gpt is not None and (s.tp > 1 or s.pp > 1):
+        g = m.gpt
+        act = s.micro_batch * g.seq * g.hidden * by["act"]
+        if s.tp > 1:
+            tpg = C.layout(s.tp, 1, gpn)
+            per_layer = 4 + (2 if s.recompute == "full" else 0)   # 2 fwd + 2 bwd (+2 recomputed fwd)
+            calls = per_layer * g.layers // s.pp * mb
+            tm = C.all_reduce(act, tpg, c) * calls
+            ops.append(CommOp("tp-activations", "all_reduce", act, calls, tpg, C.link_name(tpg, c), tm, tm))
+        if s.pp > 1:
+            cross = s.tp * s.dp >= gpn
+            ppg = C.Group(s.pp, 1 if cross else s.pp, s.pp if cross else 1)
+            calls = 2 * (mb + s.pp - 1) * s.virtual
+            tm = C.p2p(act / s.tp, cross, c) * calls
+            ops.append(CommOp("pp-p2p", "send_recv", act / s.tp, calls, ppg,
+                              c.inter.name if cross else c.intra.name, tm, tm))
+    mem = memory(m, c, t, s, mb)
+    return Plan(m, c, t, s, mb, mem, ops, eff, rate, hw_fpg, model_fpg, compute, bubble, measured)

@@ -1,0 +1,137 @@
+"""Sentences that show the arithmetic of a plan, in the seed's style, plus warnings and omissions."""
+
+from __future__ import annotations
+
+from tandem.plan import comm as C
+from tandem.plan.cost import Plan
+
+
+def si(x: float, unit: str = "B") -> str:
+    for k, p in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= p:
+            return f"{x / p:.4g} {k}{unit}"
+    return f"{x:.4g} {unit}"
+
+
+def ms(x: float) -> str:
+    return f"{x * 1e3:.3g} ms" if x < 1 else f"{x:.4g} s"
+
+
+def gib(x: float) -> str:
+    return f"{x / 1024**3:.3g} GiB"
+
+
+def human_time(sec: float) -> str:
+    if sec >= 86400:
+        return f"{sec / 86400:.3g} days"
+    if sec >= 3600:
+        return f"{sec / 3600:.3g} hours"
+    return f"{sec:.3g} s"
+
+
+LEFT_OUT = ("data loading and preprocessing", "stragglers and network congestion", "kernel launch and "
+            "optimizer-step time", "embedding/output layers' uneven share of pipeline stages")
+
+
+def _comm_sentence(p: Plan, o) -> str:
+    c = p.cluster
+    g = o.group
+    per = o.time_s / max(1, o.calls)
+    head = (f"{o.name}: {o.collective} of {si(o.bytes)} x {o.calls} call(s) per step over {g.size} GPUs, "
+            f"{C.describe(g, c)}")
+    if o.collective == "all_reduce" and g.nodes > 1:
+        nn = g.nodes
+        net = c.node_bandwidth_Bps
+        inter = 2 * (nn - 1) / nn * o.bytes / net
+        return (f"{head}: across nodes 2x({nn}-1)/{nn} x {si(o.bytes)} / {si(net, 'B/s')} = {ms(inter)}, "
+                f"plus {ms(max(0.0, per - inter))} inside nodes and latency = {ms(per)} per call")
+    if o.collective == "all_reduce":
+        n = g.size
+        return (f"{head}: 2x({n}-1)/{n} x {si(o.bytes)} / {si(c.intra.bandwidth_Bps, 'B/s')} + latency "
+                f"= {ms(per)} per call")
+    return f"{head}: {ms(per)} per call"
+
+
+def explain(p: Plan) -> list[str]:
+    m, c, t, s = p.model, p.cluster, p.training, p.strategy
+    by = t.bytes
+    out: list[str] = []
+    f = m.flops_per_sample
+    fl = f"; {si(f, 'FLOP')} per training sample (3 x forward)" if f else "; FLOPs unknown (bare --params)"
+    out.append(f"Model {m.name}: {m.params / 1e6:.4g}M parameters ({m.source}){fl}.")
+    out.append(f"Strategy {s.label()}: {s.world} GPUs = dp {s.dp} x tp {s.tp} x pp {s.pp} on "
+               f"{c.nodes} node(s) x {c.gpus_per_node} {c.gpu.name}; global batch {t.global_batch} = dp {s.dp} x "
+               f"micro-batch {s.micro_batch} x {p.grad_accum} accumulation step(s).")
+    if s.dp > 1:
+        psi = m.params / (s.tp * s.pp)
+        out.append(f"Gradients per GPU: {psi / 1e6:.4g}M params x {by['grad']} B ({t.precision}) = "
+                   f"{si(psi * by['grad'])} per step" + (" (FP16/BF16 halve the FP32 volume)."
+                                                        if by["grad"] == 2 else "."))
+    for o in p.comm:
+        out.append(_comm_sentence(p, o) + (f"; {ms(o.exposed_s)} of it exposed." if o.exposed_s < o.time_s
+                                           else "; all of it on the critical path."))
+    if p.compute_measured:
+        out.append(f"Compute: {ms(p.compute_s)} per step, as measured (--compute-time).")
+    elif p.hw_flops_per_gpu:
+        out.append(f"Compute: {si(p.hw_flops_per_gpu, 'FLOP')} per GPU per step "
+                   f"({t.global_batch} samples x {si(p.hw_flops_per_gpu * s.world / t.global_batch, 'FLOP')} / "
+                   f"{s.world} GPUs) at {si(c.flops_ref(t.precision), 'FLOP/s')} "
+                   f"{'achieved (calibration)' if t.precision in c.achieved_flops else 'peak'} x "
+                   f"{p.efficiency:.2f} efficiency = {ms(p.compute_s)}.")
+    else:
+        out.append("Compute: unknown for a bare --params model; give --compute-time or a model shape.")
+    if s.pp > 1:
+        v = s.virtual if s.schedule == "interleaved" else 1
+        frac = (s.pp - 1) / (v * p.grad_accum + s.pp - 1)
+        out.append(f"Pipeline bubble ({s.schedule}): (p-1)/({'v x ' if v > 1 else ''}m+p-1) = {s.pp - 1}/"
+                   f"({v * p.grad_accum}+{s.pp - 1}) = {frac:.1%} of compute+bubble = {ms(p.bubble_s)}.")
+    step = p.step_s
+    if step > 0:
+        out.append(f"Step: {ms(p.compute_s)} compute + {ms(p.exposed_comm_s)} exposed communication + "
+                   f"{ms(p.bubble_s)} bubble = {ms(step)}; communication is {p.exposed_comm_s / step:.1%} "
+                   f"of the step (overlap {t.overlap:g}).")
+    mem = p.memory
+    out.append(f"Memory per GPU: params {gib(mem.params)} + grads {gib(mem.grads)} + optimizer "
+               f"{gib(mem.optimizer)} (zero {s.zero}, {t.bytes['param']}+{t.bytes['grad']}+{t.optimizer_bytes} "
+               f"bytes/param before sharding) + activations {gib(mem.activations)} + other "
+               f"{gib(mem.other)} = {gib(mem.total)} of {gib(mem.capacity)}: "
+               f"{'fits' if mem.fits else 'does NOT fit'}.")
+    if step > 0 and p.compute_model_s > 0 and s.world > 1:
+        why = ""
+        if p.speedup / s.world < 0.75:
+            parts = {"communication": p.exposed_comm_s, "pipeline bubble": p.bubble_s,
+                     "recompute": p.compute_s - p.compute_model_s}
+            worst = max(parts, key=parts.get)
+            why = (f" Far from linear: {worst} takes {parts[worst] / step:.0%} of every step"
+                   + (f" ({c.inter.name} between nodes is the bottleneck)." if worst == "communication"
+                      and any(o.group.nodes > 1 for o in p.comm) else "."))
+        out.append(f"Scaling: {s.world} GPUs give {p.speedup:.3g}x one GPU ({p.speedup / s.world:.0%} "
+                   f"efficiency).{why}")
+    if p.steps and step > 0:
+        secs = p.steps * step
+        cost = (f", {secs * s.world / 3600 * c.price_per_gpu_hour:,.0f} at {c.price_per_gpu_hour:g}/GPU-hour"
+                if c.price_per_gpu_hour is not None else "")
+        out.append(f"Training: {p.steps:,} steps x {ms(step)} = {human_time(secs)} = "
+                   f"{secs * s.world / 3600:,.0f} GPU-hours{cost}.")
+    out.append("Left out: " + "; ".join(LEFT_OUT) + ".")
+    return out
+
+
+def warnings(p: Plan) -> list[str]:
+    t, s, c = p.training, p.strategy, p.cluster
+    w = list(p.memory.notes)
+    if t.ref_batch and t.global_batch > t.ref_batch:
+        k = t.global_batch / t.ref_batch
+        if t.warmup_steps == 0:
+            w.append(f"global batch {t.global_batch} is {k:g}x the batch the LR was tuned at ({t.ref_batch}) "
+                     "and there is no warm-up: linear LR scaling needs warm-up (Goyal et al. 2017).")
+    if p.model.kind == "cnn" and t.global_batch > 8192:
+        w.append(f"global batch {t.global_batch} > 8192: beyond the largest batch Goyal et al. 2017 trained "
+                 "ResNet-50 at without accuracy loss (linear scaling + 5 epochs warm-up).")
+    if s.tp > c.gpus_per_node:
+        w.append(f"tp {s.tp} crosses nodes ({c.gpus_per_node} GPUs per node): tensor-parallel all-reduces "
+                 f"then run on {c.inter.name}.")
+    if not p.memory.fits:
+        w.append("does not fit in memory; try a smaller --micro-batch with gradient accumulation, "
+                 "--zero, --recompute, or --search.")
+    return w

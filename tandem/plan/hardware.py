@@ -1,0 +1,214 @@
+"""GPU, link and cluster presets, and the YAML cluster file.
+
+Numbers are datasheet values (dense, no sparsity); sources are listed per entry
+and in docs/plan.md. Bandwidths are bytes/s in ONE direction: what one GPU (intra)
+or one NIC (inter) can push while it also receives. A calibration file
+(``tandem bench``) replaces them with measured values.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from tandem.core.errors import ConfigError
+
+GiB = 1024**3
+GB = 1e9
+T = 1e12
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    memory_bytes: float                 # capacity as nvidia-smi reports it
+    peak_flops: dict[str, float]        # precision -> dense peak FLOP/s
+    intra_default: str                  # the link its usual servers have between GPUs
+    source: str = ""
+
+    def peak(self, precision: str) -> float:
+        if precision not in self.peak_flops:
+            raise ConfigError(f"{self.name} has no {precision} tensor math", field="precision",
+                              value=precision, fix=f"use one of {', '.join(self.peak_flops)}")
+        return self.peak_flops[precision]
+
+
+@dataclass(frozen=True)
+class Link:
+    name: str
+    bandwidth_Bps: float   # per direction: per GPU for intra-node links, per NIC for networks
+    latency_s: float       # per ring step (alpha); rough, replace with a calibration
+    kind: str              # "intra" | "inter"
+    source: str = ""
+
+
+def _g(name, mem, fp32, tf32, bf16, fp16, fp8, intra, src):
+    peaks = {"fp32": fp32 * T, "tf32": tf32 * T}
+    if bf16:
+        peaks["bf16"] = bf16 * T
+    peaks["fp16"] = fp16 * T
+    if fp8:
+        peaks["fp8"] = fp8 * T
+    return GPU(name, mem, peaks, intra, src)
+
+
+# name: memory, FP32, TF32, BF16, FP16, FP8 (TFLOP/s dense), usual intra-node link
+GPUS: dict[str, GPU] = {g.name: g for g in [
+    # V100 has no TF32/BF16: "tf32" runs at the FP32 rate.
+    _g("v100-32gb", 32 * GiB, 15.7, 15.7, None, 125, None, "nvlink2", "NVIDIA V100 datasheet (SXM2)"),
+    _g("a100-40gb", 40 * GiB, 19.5, 156, 312, 312, None, "nvlink3", "NVIDIA A100 datasheet (SXM)"),
+    _g("a100-80gb", 80 * GiB, 19.5, 156, 312, 312, None, "nvlink3", "NVIDIA A100 datasheet (SXM)"),
+    _g("a100-40gb-pcie", 40 * GiB, 19.5, 156, 312, 312, None, "pcie4", "NVIDIA A100 datasheet (PCIe)"),
+    _g("a100-80gb-pcie", 80 * GiB, 19.5, 156, 312, 312, None, "pcie4", "NVIDIA A100 datasheet (PCIe)"),
+    _g("h100-sxm", 80 * GiB, 67, 494.7, 989.4, 989.4, 1978.9, "nvlink4", "NVIDIA H100 datasheet (SXM)"),
+    _g("h100-pcie", 80 * GiB, 51, 378, 756, 756, 1513, "pcie5", "NVIDIA H100 datasheet (PCIe)"),
+    _g("h200", 140 * GiB, 67, 494.7, 989.4, 989.4, 1978.9, "nvlink4", "NVIDIA H200 datasheet (SXM)"),
+    _g("l40s", 45 * GiB, 91.6, 183, 362.05, 362.05, 733, "pcie4", "NVIDIA L40S datasheet"),
+    # GeForce: FP16/BF16 tensor rate with FP32 accumulate (what training uses) is half the FP16-acc rate.
+    _g("rtx4090", 24 * GiB, 82.6, 82.6, 165.2, 165.2, 330.3, "pcie4", "NVIDIA Ada whitepaper, RTX 4090"),
+]}
+
+ALIASES = {"a100": "a100-80gb", "h100": "h100-sxm", "v100": "v100-32gb", "4090": "rtx4090",
+           "a100-80gb-sxm": "a100-80gb", "a100-40gb-sxm": "a100-40gb", "h200-sxm": "h200"}
+
+_L = Link
+LINKS: dict[str, Link] = {l.name: l for l in [
+    _L("nvlink2", 150 * GB, 3e-6, "intra", "V100 SXM2: 6 links x 25 GB/s per direction"),
+    _L("nvlink3", 300 * GB, 3e-6, "intra", "A100: 12 links x 25 GB/s per direction (600 GB/s total)"),
+    _L("nvlink4", 450 * GB, 3e-6, "intra", "H100/H200: 18 links x 25 GB/s per direction (900 GB/s total)"),
+    _L("pcie3", 15.75 * GB, 5e-6, "intra", "PCIe 3.0 x16, per direction"),
+    _L("pcie4", 31.5 * GB, 5e-6, "intra", "PCIe 4.0 x16, per direction"),
+    _L("pcie5", 63 * GB, 5e-6, "intra", "PCIe 5.0 x16, per direction"),
+    _L("ib-edr", 100e9 / 8, 5e-6, "inter", "InfiniBand EDR 100 Gb/s"),
+    _L("ib-hdr", 200e9 / 8, 5e-6, "inter", "InfiniBand HDR 200 Gb/s"),
+    _L("ib-ndr", 400e9 / 8, 5e-6, "inter", "InfiniBand NDR 400 Gb/s"),
+    _L("roce-25", 25e9 / 8, 8e-6, "inter", "RoCE v2 25 Gb/s"),
+    _L("roce-100", 100e9 / 8, 8e-6, "inter", "RoCE v2 100 Gb/s"),
+    _L("roce-200", 200e9 / 8, 8e-6, "inter", "RoCE v2 200 Gb/s"),
+    _L("roce-400", 400e9 / 8, 8e-6, "inter", "RoCE v2 400 Gb/s"),
+    _L("eth-10", 10e9 / 8, 30e-6, "inter", "10 GbE, TCP sockets"),
+    _L("eth-25", 25e9 / 8, 30e-6, "inter", "25 GbE, TCP sockets"),
+    _L("eth-100", 100e9 / 8, 30e-6, "inter", "100 GbE, TCP sockets"),
+]}
+
+LINK_ALIASES = {"10gbe": "eth-10", "25gbe": "eth-25", "100gbe": "eth-100", "hdr": "ib-hdr",
+                "ndr": "ib-ndr", "edr": "ib-edr", "roce": "roce-25", "nvlink": "nvlink3"}
+
+
+def _lookup(table: dict, aliases: dict, name: str, field_name: str, what: str):
+    key = str(name).strip().lower()
+    key = aliases.get(key, key)
+    if key in table:
+        return table[key]
+    near = difflib.get_close_matches(key, list(table) + list(aliases), n=1)
+    hint = f"did you mean '{near[0]}'? " if near else ""
+    raise ConfigError(f"unknown {what} '{name}'", field=field_name, value=name,
+                      fix=f"{hint}known: {', '.join(table)}")
+
+
+def get_gpu(name: str) -> GPU:
+    return _lookup(GPUS, ALIASES, name, "gpu", "GPU")
+
+
+def get_link(name: str, kind: str) -> Link:
+    link = _lookup(LINKS, LINK_ALIASES, name, kind, "intra-node link" if kind == "intra" else "network")
+    if link.kind != kind:
+        known = ", ".join(n for n, l in LINKS.items() if l.kind == kind)
+        raise ConfigError(f"'{name}' is an {link.kind}-node link, not an {kind}-node one",
+                          field=kind, value=name, fix=f"use one of {known}")
+    return link
+
+
+@dataclass
+class Cluster:
+    gpu: GPU
+    gpus_per_node: int
+    nodes: int
+    intra: Link
+    inter: Link
+    nics_per_node: int = 1
+    price_per_gpu_hour: float | None = None
+    efficiency_ref: str = "datasheet"        # "datasheet" (peak) or "calibration" (achieved)
+    achieved_flops: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def world(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+    @property
+    def node_bandwidth_Bps(self) -> float:
+        """All NICs of one node together, one direction."""
+        return self.inter.bandwidth_Bps * self.nics_per_node
+
+    def flops_ref(self, precision: str) -> float:
+        """The FLOP/s that `efficiency` multiplies: measured if calibrated, else datasheet peak."""
+        if precision in self.achieved_flops:
+            return self.achieved_flops[precision]
+        return self.gpu.peak(precision)
+
+
+def _positive_int(v, name: str) -> int:
+    try:
+        iv = int(v)
+        ok = iv == float(v) and iv > 0
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ConfigError("must be a positive integer", field=name, value=v, fix=f"give --{name} 1 or more")
+    return iv
+
+
+def make_cluster(gpu: str = "a100-80gb", gpus_per_node: int = 8, nodes: int = 1,
+                 intra: str | None = None, inter: str = "ib-hdr", nics_per_node: int = 1,
+                 price_per_gpu_hour: float | None = None) -> Cluster:
+    g = get_gpu(gpu)
+    gpn = _positive_int(gpus_per_node, "gpus-per-node")
+    nn = _positive_int(nodes, "nodes")
+    nics = _positive_int(nics_per_node, "nics-per-node")
+    if price_per_gpu_hour is not None and price_per_gpu_hour < 0:
+        raise ConfigError("must be >= 0", field="price", value=price_per_gpu_hour, fix="give a price per GPU-hour")
+    return Cluster(g, gpn, nn, get_link(intra or g.intra_default, "intra"), get_link(inter, "inter"),
+                   nics, price_per_gpu_hour)
+
+
+CLUSTER_KEYS = {"gpu", "gpus_per_node", "nodes", "intra", "inter", "nics_per_node", "price_per_gpu_hour",
+                "custom_gpu"}
+
+
+def load_cluster_file(path: str | Path, **overrides) -> Cluster:
+    """A YAML cluster file: the keys of ``make_cluster``; ``custom_gpu`` defines a GPU inline:
+    ``{name, memory_gib, peak_tflops: {bf16: ..}, intra_default}``."""
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError("no such file", field="cluster", value=str(p), fix="give a YAML cluster file")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"cannot parse: {e}", field="cluster", value=str(p), fix="fix the YAML") from None
+    if not isinstance(data, dict):
+        raise ConfigError("expected a mapping", field="cluster", value=str(p), fix="write key: value lines")
+    unknown = set(data) - CLUSTER_KEYS
+    if unknown:
+        raise ConfigError(f"unknown key(s) {sorted(unknown)}", field="cluster", value=str(p),
+                          fix=f"valid keys: {', '.join(sorted(CLUSTER_KEYS))}")
+    custom = data.pop("custom_gpu", None)
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    if custom:
+        try:
+            g = GPU(str(custom["name"]).lower(), float(custom["memory_gib"]) * GiB,
+                    {k: float(v) * T for k, v in custom["peak_tflops"].items()},
+                    str(custom.get("intra_default", "pcie4")), f"cluster file {p}")
+        except (KeyError, TypeError, ValueError) as e:
+            raise ConfigError(f"bad custom_gpu ({e})", field="cluster.custom_gpu", value=custom,
+                              fix="give name, memory_gib, peak_tflops: {bf16: ...}") from None
+        GPUS[g.name] = g
+        data["gpu"] = g.name
+    return make_cluster(**data)
+
+
+def with_links(c: Cluster, intra: Link | None = None, inter: Link | None = None) -> Cluster:
+    return replace(c, intra=intra or c.intra, inter=inter or c.inter)

@@ -1,0 +1,184 @@
+"""From command-line values (and an optional job spec) to the typed inputs of a plan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from tandem.core.errors import ConfigError
+from tandem.plan import calibration
+from tandem.plan.config import Strategy, Training
+from tandem.plan.hardware import Cluster, load_cluster_file, make_cluster
+from tandem.plan.model import (CNN_PRESETS, GPT_PRESETS, GPTShape, ModelStats, from_hf_config, gpt_stats,
+                               params_only, preset)
+
+
+@dataclass
+class PlanArgs:
+    """Every `tandem plan` option; None means 'not given' (a job spec or the default fills it)."""
+    model: str | None = None
+    params: float | None = None
+    layers: int | None = None
+    hidden: int | None = None
+    heads: int | None = None
+    kv_heads: int | None = None
+    ffn: int | None = None
+    seq: int | None = None
+    vocab: int | None = None
+    gated: bool | None = None
+    input_shape: str | None = None
+    gpu: str | None = None
+    gpus_per_node: int | None = None
+    nodes: int | None = None
+    intra: str | None = None
+    inter: str | None = None
+    nics_per_node: int | None = None
+    price: float | None = None
+    cluster: str | None = None
+    calibration: str | None = None
+    global_batch: int | None = None
+    micro_batch: int | None = None
+    precision: str | None = None
+    optimizer: str | None = None
+    recompute: str | None = None
+    efficiency: float | None = None
+    overlap: float | None = None
+    compute_time: float | None = None
+    dp: int | None = None
+    tp: int | None = None
+    pp: int | None = None
+    zero: int | None = None
+    schedule: str | None = None
+    virtual: int | None = None
+    hsdp: bool | None = None
+    steps: int | None = None
+    tokens: float | None = None
+    samples: float | None = None
+    epochs: float | None = None
+    ref_batch: int | None = None
+    warmup_steps: int | None = None
+    config: str | None = None
+
+
+DEFAULTS = dict(gpu="a100-80gb", gpus_per_node=8, nodes=1, inter="ib-hdr", nics_per_node=1, global_batch=256,
+                precision="bf16", optimizer="adamw", recompute="none", overlap=0.0, tp=1, pp=1, zero=0,
+                schedule="1f1b", virtual=2, hsdp=False, input_shape="3,224,224")
+
+
+def from_job_spec(path: str) -> dict:
+    """The plan inputs a tandem job spec implies (tandem.core.config.load_spec)."""
+    from tandem.core.config import load_spec
+
+    spec = load_spec(path, {}, check=False)
+    nnodes = str(spec.launch.nnodes).split(":")[-1]
+    opt = spec.optim.name.lower()
+    if opt == "sgd":
+        opt = "sgd-momentum" if spec.optim.momentum else "sgd"
+    out = dict(model=spec.model.name, global_batch=spec.schedule.global_batch,
+               micro_batch=spec.schedule.micro_batch, precision=spec.precision.dtype, optimizer=opt,
+               gpus_per_node=spec.launch.nproc_per_node, nodes=int(nnodes), ref_batch=spec.optim.ref_batch,
+               warmup_steps=spec.schedule.warmup_steps)
+    if spec.model.name in CNN_PRESETS and (spec.model.width != 64 or spec.model.small_input
+                                           or spec.model.num_classes != 1000):
+        out["_spec_model"] = spec.model
+        out["_image"] = (spec.model.in_channels, spec.data.image_size)
+    if spec.schedule.max_steps:
+        out["steps"] = spec.schedule.max_steps
+    return out
+
+
+def merge(a: PlanArgs) -> tuple[dict, dict]:
+    spec = from_job_spec(a.config) if a.config else {}
+    v = {f.name: getattr(a, f.name) for f in fields(a)}
+    for k, val in spec.items():
+        if not k.startswith("_") and v.get(k) is None:
+            v[k] = val
+    for k, val in DEFAULTS.items():
+        if v.get(k) is None:
+            v[k] = val
+    return v, spec
+
+
+def resolve_model(v: dict, spec: dict) -> ModelStats:
+    shape_keys = ("layers", "hidden", "heads", "vocab")
+    name = v.get("model")
+    if "_spec_model" in spec:  # a small ResNet from a job spec: measure it as it is configured
+        from tandem.models import build_model
+        from tandem.plan.measure import measure_module
+
+        import torch
+
+        with torch.device("meta"):
+            mod = build_model(spec["_spec_model"])
+        c, size = spec["_image"]
+        return measure_module(mod, f"{c},{size},{size}", name=spec["_spec_model"].name)
+    if v.get("params") is not None and not name:
+        return params_only(v["params"])
+    if name and ":" in name and not Path(name).suffix == ".json":
+        from tandem.plan.measure import measure
+
+        return measure(name, v["input_shape"])
+    if name and name.endswith(".json"):
+        return from_hf_config(name, v.get("seq"))
+    if name in (None, "gpt") and any(v.get(k) for k in shape_keys):
+        missing = [k for k in shape_keys if not v.get(k)]
+        if missing:
+            raise ConfigError(f"a GPT shape needs {', '.join('--' + k for k in missing)}", field=missing[0],
+                              fix="give --layers --hidden --heads --vocab (and --seq, --ffn, --kv-heads)")
+        shape = GPTShape(layers=v["layers"], hidden=v["hidden"], heads=v["heads"], seq=v.get("seq") or 2048,
+                         vocab=v["vocab"], kv_heads=v.get("kv_heads") or 0, ffn=v.get("ffn") or 0,
+                         gated=bool(v.get("gated")))
+        return gpt_stats(shape)
+    if name is None:
+        raise ConfigError("no model given", field="model", fix="give --model resnet50 | gpt3-175b | ... , "
+                          "--params N, --layers/--hidden/--heads/--vocab, a config.json, or pkg.mod:factory")
+    m = preset(name, v.get("seq"))
+    if v.get("params") is not None and name not in GPT_PRESETS:
+        m.params = int(v["params"])  # a preset's compute with an explicit parameter count (e.g. 25.6e6)
+    return m
+
+
+def resolve_cluster(v: dict) -> Cluster:
+    kw = dict(gpu=v["gpu"], gpus_per_node=v["gpus_per_node"], nodes=v["nodes"], intra=v.get("intra"),
+              inter=v["inter"], nics_per_node=v["nics_per_node"], price_per_gpu_hour=v.get("price"))
+    if v.get("cluster"):
+        given = {k: getattr_given for k, getattr_given in kw.items() if k in v.get("_given", ())}
+        c = load_cluster_file(v["cluster"], **given)
+    else:
+        c = make_cluster(**kw)
+    if v.get("calibration"):
+        c = calibration.load(v["calibration"], c)
+    return c
+
+
+def resolve(a: PlanArgs) -> tuple[ModelStats, Cluster, Training, dict]:
+    v, spec = merge(a)
+    v["_given"] = {f.name for f in fields(a) if getattr(a, f.name) is not None}
+    m = resolve_model(v, spec)
+    c = resolve_cluster(v)
+    samples = v.get("samples")
+    if v.get("epochs") is not None:
+        if not samples:
+            raise ConfigError("--epochs needs --samples (the data set size)", field="epochs",
+                              value=v["epochs"], fix="give --samples N --epochs E")
+        samples = samples * v["epochs"]
+    t = Training(global_batch=v["global_batch"], precision=v["precision"], optimizer=v["optimizer"],
+                 efficiency=v.get("efficiency"), overlap=v["overlap"], compute_time_s=v.get("compute_time"),
+                 steps=v.get("steps"), tokens=v.get("tokens"), samples=samples, ref_batch=v.get("ref_batch") or 0,
+                 warmup_steps=v.get("warmup_steps") or 0)
+    return m, c, t, v
+
+
+def strategy(v: dict, c: Cluster, t: Training) -> Strategy:
+    tp, pp = v["tp"], v["pp"]
+    for k in ("tp", "pp"):
+        if not isinstance(v[k], int) or v[k] <= 0:
+            raise ConfigError("must be a positive integer", field=k, value=v[k], fix=f"give --{k} >= 1")
+    dp = v.get("dp")
+    if dp is None:
+        if c.world % (tp * pp):
+            raise ConfigError(f"tp x pp = {tp * pp} does not divide the {c.world} GPUs", field="tp",
+                              value=tp, fix="choose tp and pp whose product divides the GPU count")
+        dp = c.world // (tp * pp)
+    return Strategy(dp=dp, tp=tp, pp=pp, zero=v["zero"], micro_batch=v.get("micro_batch") or 0,
+                    schedule=v["schedule"], virtual=v["virtual"], recompute=v["recompute"], hsdp=v["hsdp"])

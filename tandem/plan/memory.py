@@ -1,0 +1,108 @@
+"""Memory per GPU: model states (ZeRO paper), activations (Korthikanti et al. 2022), other.
+
+Model states per GPU, with Psi' = params / (tp * pp) and the ZeRO shard group size d:
+    params     = Psi' * param_bytes / (d if zero >= 3)
+    grads      = Psi' * grad_bytes  / (d if zero >= 2)
+    optimizer  = Psi' * K           / (d if zero >= 1)
+K = master copy + states: 12 for mixed-precision Adam, so 2 + 2 + 12 = 16 bytes/param
+(Rajbhandari et al., "ZeRO", 2020, section 3.1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tandem.plan.config import Strategy, Training
+from tandem.plan.hardware import Cluster
+from tandem.plan.model import ModelStats
+
+CONTEXT_BYTES = 1.0 * 1024**3   # CUDA context, cuBLAS/cuDNN workspaces, allocator slack (rough)
+
+
+@dataclass
+class Memory:
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+    other: float
+    capacity: float
+    notes: list[str]
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer + self.activations + self.other
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.capacity
+
+
+def shard_group(s: Strategy, c: Cluster) -> int:
+    """Ranks a ZeRO stage shards over: all of dp, or (HSDP) only the dp ranks on one node."""
+    if not s.hsdp:
+        return s.dp
+    return max(1, min(s.dp, c.gpus_per_node // max(1, s.tp)))
+
+
+def gpt_layer_act_bytes(m: ModelStats, s: Strategy, t: Training, b: int) -> float:
+    """Activation bytes of one transformer layer for one micro-batch of b sequences.
+
+    Korthikanti et al. 2022, Table 2, with sequence parallelism (assumed whenever tp > 1):
+    s*b*h*(34/t + 5*a*s/(h*t)) at 16-bit; generalised here: attention 7 + 4*kv/heads (11 for MHA),
+    MLP 3 + 4*ffn/h (19 for ffn = 4h; 3 + 6*ffn/h gated), layer norms 4. Selective recompute drops the
+    5*a*s/h term (what FlashAttention also avoids); full recompute keeps only the layer input, 2*s*b*h/t.
+    """
+    g = m.gpt
+    h, sq, a, tp = g.hidden, g.seq, g.heads, s.tp
+    scale = t.bytes["act"] / 2  # the formula counts 2-byte activations and 1-byte masks
+    if s.recompute == "full":
+        return 2 * sq * b * h / tp * scale
+    mlp = 3 + (6 if g.gated else 4) * g.ffn / h
+    linear = (7 + 4 * g.kv_heads / g.heads) + mlp + 4
+    per = sq * b * h * linear / tp
+    if s.recompute == "none":
+        per += 5 * a * sq * sq * b / tp
+    return per * scale
+
+
+def inflight_layers(m: ModelStats, s: Strategy, micro_batches: int) -> float:
+    """Layers' worth of activations the first pipeline stage holds at its peak."""
+    L, p = m.gpt.layers, s.pp
+    if p == 1:
+        return L
+    if s.schedule == "gpipe":
+        return L / p * micro_batches
+    inflight = L / p * min(p, micro_batches)
+    if s.schedule == "interleaved":
+        inflight *= 1 + (p - 1) / (p * s.virtual)
+    return inflight
+
+
+def memory(m: ModelStats, c: Cluster, t: Training, s: Strategy, micro_batches: int) -> Memory:
+    notes: list[str] = []
+    by = t.bytes
+    psi = m.params / (s.tp * s.pp)
+    d = shard_group(s, c)
+    params = psi * by["param"] / (d if s.zero >= 3 else 1)
+    grads = psi * by["grad"] / (d if s.zero >= 2 else 1)
+    optim = psi * t.optimizer_bytes / (d if s.zero >= 1 else 1)
+    b = s.micro_batch
+    if m.gpt is not None:
+        act = gpt_layer_act_bytes(m, s, t, b) * inflight_layers(m, s, micro_batches)
+        if s.pp == 1:  # logits for the loss, FP32, split by tp (Korthikanti et al. eq. 3's 4sbv/t)
+            act += 4 * m.gpt.seq * b * m.gpt.vocab / s.tp
+    elif m.act_bytes_per_sample_fp32 is not None:
+        act = m.act_bytes_per_sample_fp32 * b * by["act"] / 4
+        if s.recompute != "none":
+            act *= 0.25
+            notes.append("recompute on a CNN: activations taken as 1/4 (rough, checkpointed segments)")
+    else:
+        act = 0.0
+        notes.append("activations unknown for a bare --params model: left out of the total")
+    other = CONTEXT_BYTES
+    if s.zero >= 3 and d > 1:
+        other += 2 * m.largest_layer_params / s.tp * by["param"]   # gathered layer + prefetched next
+    elif s.dp > 1:
+        other += 2 * t.bucket_bytes if by["grad"] == 4 else 2 * t.bucket_bytes / 2
+    return Memory(params, grads, optim, act, other, c.gpu.memory_bytes, notes)

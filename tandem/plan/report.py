@@ -1,0 +1,99 @@
+"""The plan as JSON with stable keys (SI units: bytes, seconds, FLOP/s) and as a rich table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tandem.plan.cost import Plan
+from tandem.plan.explain import explain, gib, ms, si, warnings
+
+SCHEMA = "tandem.plan/1"
+
+
+def to_dict(p: Plan, with_explain: bool = True) -> dict[str, Any]:
+    m, c, t, s, mem = p.model, p.cluster, p.training, p.strategy, p.memory
+    steps = p.steps
+    secs = steps * p.step_s if steps else None
+    gpu_h = secs * s.world / 3600 if secs is not None else None
+    g = m.gpt
+    return {
+        "schema": SCHEMA,
+        "model": {"name": m.name, "kind": m.kind, "params": m.params, "flops_per_sample": m.flops_per_sample,
+                  "seq": g.seq if g else None, "source": m.source},
+        "cluster": {"gpu": c.gpu.name, "gpus_per_node": c.gpus_per_node, "nodes": c.nodes, "intra": c.intra.name,
+                    "inter": c.inter.name, "intra_bandwidth_Bps": c.intra.bandwidth_Bps,
+                    "node_bandwidth_Bps": c.node_bandwidth_Bps, "peak_flops": c.gpu.peak(t.precision),
+                    "flops_ref": c.flops_ref(t.precision), "calibrated": bool(c.achieved_flops) or bool(c.notes),
+                    "price_per_gpu_hour": c.price_per_gpu_hour},
+        "strategy": {"dp": s.dp, "tp": s.tp, "pp": s.pp, "zero": s.zero, "hsdp": s.hsdp,
+                     "micro_batch": s.micro_batch, "global_batch": t.global_batch, "grad_accum": p.grad_accum,
+                     "schedule": s.schedule, "virtual": s.virtual, "recompute": s.recompute,
+                     "precision": t.precision, "optimizer": t.optimizer},
+        "memory_per_gpu": {"params": mem.params, "grads": mem.grads, "optimizer": mem.optimizer,
+                           "activations": mem.activations, "other": mem.other, "total": mem.total,
+                           "capacity": mem.capacity, "fits": mem.fits},
+        "comm": [{"name": o.name, "collective": o.collective, "bytes": o.bytes, "calls": o.calls,
+                  "group_size": o.group.size, "nodes_spanned": o.group.nodes, "link": o.link,
+                  "time_s": o.time_s, "exposed_s": o.exposed_s} for o in p.comm],
+        "time": {"compute_s": p.compute_s, "comm_s": p.comm_s, "exposed_comm_s": p.exposed_comm_s,
+                 "bubble_s": p.bubble_s, "step_s": p.step_s, "efficiency": p.efficiency,
+                 "compute_measured": p.compute_measured},
+        "throughput": {"samples_per_s": p.samples_per_s,
+                       "tokens_per_s": p.samples_per_s * g.seq if g else None,
+                       "tflops_per_gpu": p.tflops_per_gpu, "mfu": p.mfu},
+        "scaling": {"speedup_vs_1gpu": p.speedup, "efficiency": p.speedup / s.world if s.world else None},
+        "train_time": {"steps": steps, "seconds": secs, "gpu_hours": gpu_h,
+                       "cost": gpu_h * c.price_per_gpu_hour if gpu_h is not None and c.price_per_gpu_hour
+                       is not None else None},
+        "warnings": warnings(p),
+        "explain": explain(p) if with_explain else [],
+    }
+
+
+def render(d: dict[str, Any], console) -> None:
+    from rich.table import Table
+
+    st, tm, mem, th = d["strategy"], d["time"], d["memory_per_gpu"], d["throughput"]
+    title = (f"{d['model']['name']} on {d['cluster']['nodes']}x{d['cluster']['gpus_per_node']} "
+             f"{d['cluster']['gpu']} ({d['cluster']['intra']} / {d['cluster']['inter']})")
+    tab = Table(title=title, show_header=True, header_style="bold")
+    tab.add_column("quantity")
+    tab.add_column("value", justify="right")
+    rows = [
+        ("strategy", f"dp {st['dp']} tp {st['tp']} pp {st['pp']} zero {st['zero']} mb {st['micro_batch']} "
+                     f"x{st['grad_accum']} acc, {st['precision']}, recompute {st['recompute']}"),
+        ("memory / GPU", f"{gib(mem['total'])} of {gib(mem['capacity'])} "
+                         f"({'fits' if mem['fits'] else '[red]does not fit[/]'})"),
+        ("  params | grads | optim", f"{gib(mem['params'])} | {gib(mem['grads'])} | {gib(mem['optimizer'])}"),
+        ("  activations | other", f"{gib(mem['activations'])} | {gib(mem['other'])}"),
+        ("compute", ms(tm["compute_s"])),
+        ("communication (exposed)", f"{ms(tm['comm_s'])} ({ms(tm['exposed_comm_s'])})"),
+        ("pipeline bubble", ms(tm["bubble_s"])),
+        ("step", f"[bold]{ms(tm['step_s'])}[/]"),
+        ("samples/s", f"{th['samples_per_s']:,.1f}"),
+    ]
+    if th["tokens_per_s"]:
+        rows.append(("tokens/s", f"{th['tokens_per_s']:,.0f}"))
+    rows.append(("TFLOP/s per GPU (MFU)", f"{th['tflops_per_gpu']:.1f} ({th['mfu']:.1%})"))
+    sc = d["scaling"]
+    rows.append(("speedup vs 1 GPU", f"{sc['speedup_vs_1gpu']:.2f}x ({sc['efficiency']:.0%})"))
+    tt = d["train_time"]
+    if tt["seconds"]:
+        cost = f", cost {tt['cost']:,.0f}" if tt["cost"] is not None else ""
+        rows.append(("train time", f"{tt['steps']:,} steps, {tt['seconds'] / 3600:,.1f} h, "
+                                   f"{tt['gpu_hours']:,.0f} GPU-h{cost}"))
+    for k, v in rows:
+        tab.add_row(k, v)
+    console.print(tab)
+    if d["comm"]:
+        ct = Table(show_header=True, header_style="bold", title="communication per step")
+        for col in ("name", "collective", "bytes", "calls", "group", "link", "time", "exposed"):
+            ct.add_column(col, justify="right" if col not in ("name", "collective", "link") else "left")
+        for o in d["comm"]:
+            ct.add_row(o["name"], o["collective"], si(o["bytes"]), str(o["calls"]), str(o["group_size"]),
+                       o["link"], ms(o["time_s"]), ms(o["exposed_s"]))
+        console.print(ct)
+    for w in d["warnings"]:
+        console.print(f"[yellow]warning[/]: {w}", highlight=False)
+    for line in d["explain"]:
+        console.print(f"  {line}", highlight=False)

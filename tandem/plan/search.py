@@ -1,0 +1,161 @@
+"""Strategy search: enumerate every valid (dp, tp, pp, zero, micro-batch, recompute, schedule),
+rank those that fit by step time (or by GPU-seconds per sample for --objective cost), and say
+why the winner wins and why the near misses lose."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+
+from tandem.plan.config import Strategy, Training
+from tandem.plan.cost import Plan, check, evaluate
+from tandem.plan.explain import gib, ms, si
+from tandem.plan.hardware import Cluster
+from tandem.plan.model import ModelStats
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def micro_batches(per_replica: int, limit: int = 12) -> list[int]:
+    """Divisors of the per-replica batch, log-spaced when there are many."""
+    ds = divisors(per_replica)
+    if len(ds) <= limit:
+        return ds
+    pow2 = [d for d in ds if d & (d - 1) == 0]
+    return sorted(set(pow2[:limit - 1] + [per_replica]))
+
+
+@dataclass
+class SearchResult:
+    ranked: list[Plan]                       # fitting plans, best first
+    oom: list[Plan]                          # fastest plans that do not fit
+    counts: Counter = field(default_factory=Counter)
+    seconds: float = 0.0
+    objective: str = "time"
+    notes: list[str] = field(default_factory=list)
+
+
+def candidates(m: ModelStats, c: Cluster, t: Training, zeros=(0, 1, 2, 3), recomputes=None,
+               schedules=("1f1b", "gpipe", "interleaved"), virtuals=(2, 4), hsdp=True):
+    n = c.world
+    is_gpt = m.gpt is not None
+    if recomputes is None:
+        recomputes = ("none", "selective", "full") if is_gpt else ("none",)
+    tps = [d for d in divisors(n) if is_gpt or d == 1]
+    for tp in tps:
+        if is_gpt and (m.gpt.heads % tp or m.gpt.ffn % tp):
+            continue
+        for pp in divisors(n // tp) if is_gpt else [1]:
+            if is_gpt and m.gpt.layers % pp:
+                continue
+            dp = n // (tp * pp)
+            if t.global_batch % dp:
+                continue
+            per = t.global_batch // dp
+            for mb in micro_batches(per):
+                for zero in zeros:
+                    if dp == 1 and zero > 0:
+                        continue
+                    if pp > 1 and zero >= 2:  # Megatron/DeepSpeed: ZeRO-2/3 do not combine with PP
+                        continue
+                    hs = (False, True) if hsdp and zero >= 1 and dp * tp > c.gpus_per_node else (False,)
+                    for h in hs:
+                        for rc in recomputes:
+                            scheds = [("1f1b", 1)] if pp == 1 else [
+                                (sc, v) for sc in schedules for v in (virtuals if sc == "interleaved" else (1,))]
+                            for sc, v in scheds:
+                                yield Strategy(dp=dp, tp=tp, pp=pp, zero=zero, micro_batch=mb, schedule=sc,
+                                               virtual=v, recompute=rc, hsdp=h)
+
+
+def search(m: ModelStats, c: Cluster, t: Training, objective: str = "time", top: int = 5,
+           **kw) -> SearchResult:
+    t0 = time.perf_counter()
+    clusters = [c]
+    if objective == "cost":  # fewer nodes may cost less per sample: try halves of the cluster
+        k = c.nodes // 2
+        while k >= 1:
+            if c.nodes % k == 0:
+                clusters.append(replace(c, nodes=k))
+            k //= 2
+    fits: list[Plan] = []
+    oom: list[Plan] = []
+    counts: Counter = Counter()
+    for cl in clusters:
+        for s in candidates(m, cl, t, **kw):
+            why = check(m, cl, t, s)
+            if why:
+                counts["invalid: " + why.split(":")[0].split(" is")[0][:40]] += 1
+                continue
+            p = evaluate(m, cl, t, s)
+            counts["evaluated"] += 1
+            if p.memory.fits:
+                fits.append(p)
+            else:
+                counts["out of memory"] += 1
+                oom.append(p)
+    key = (lambda p: p.step_s * p.strategy.world / p.training.global_batch) if objective == "cost" \
+        else (lambda p: p.step_s)
+    fits.sort(key=key)
+    oom.sort(key=key)
+    return SearchResult(fits, oom[:top], counts, time.perf_counter() - t0, objective)
+
+
+def _diff(win: Plan, other: Plan) -> str:
+    parts = {
+        "compute (incl. recompute)": other.compute_s - win.compute_s,
+        "exposed communication": other.exposed_comm_s - win.exposed_comm_s,
+        "pipeline bubble": other.bubble_s - win.bubble_s,
+    }
+    worst = max(parts, key=parts.get)
+    return f"+{ms(parts[worst])} {worst}"
+
+
+def reasons(r: SearchResult, top: int = 5) -> list[str]:
+    out: list[str] = [f"searched {r.counts['evaluated']:,} strategies in {r.seconds:.2f} s; "
+                      f"{len(r.ranked):,} fit in memory, {r.counts['out of memory']:,} do not."]
+    if not r.ranked:
+        out.append("nothing fits: use more GPUs, a GPU with more memory, or lower precision.")
+    else:
+        w = r.ranked[0]
+        out.append(f"winner {w.strategy.label()} ({w.cluster.world} GPUs): step {ms(w.step_s)} = compute "
+                   f"{ms(w.compute_s)} + exposed comm {ms(w.exposed_comm_s)} + bubble {ms(w.bubble_s)}; "
+                   f"{gib(w.memory.total)} of {gib(w.memory.capacity)} per GPU.")
+        seen = {w.strategy.label()}
+        for p in r.ranked[1:]:
+            if len(seen) > top:
+                break
+            lab = p.strategy.label()
+            if lab in seen:
+                continue
+            seen.add(lab)
+            out.append(f"near miss {lab}: {ms(p.step_s)} ({p.step_s / w.step_s - 1:+.1%}), loses by {_diff(w, p)}.")
+        gpn = w.cluster.gpus_per_node
+        cross = next((p for p in r.ranked if p.strategy.tp > gpn), None)
+        if cross and cross is not w:
+            tpc = sum(o.time_s for o in cross.comm if o.name == "tp-activations")
+            out.append(f"TP across nodes, best {cross.strategy.label()}: {ms(cross.step_s)}; its tensor-parallel "
+                       f"all-reduces take {ms(tpc)} on {cross.cluster.inter.name}.")
+        bub = max((p for p in r.ranked[: 200] if p.bubble_s > 0), key=lambda p: p.bubble_s / p.step_s, default=None)
+        if bub and bub is not w and bub.bubble_s / bub.step_s > 0.2:
+            out.append(f"bubble too large, e.g. {bub.strategy.label()}: {bub.bubble_s / bub.step_s:.0%} of its "
+                       f"step idles in the pipeline bubble.")
+    for p in r.oom[:1]:
+        if not r.ranked or p.step_s < r.ranked[0].step_s:
+            out.append(f"out of memory, would be faster: {p.strategy.label()} at {ms(p.step_s)} needs "
+                       f"{gib(p.memory.total)} > {gib(p.memory.capacity)} per GPU.")
+    return out
+
+
+def fitting_micro_batch(m: ModelStats, c: Cluster, t: Training, s: Strategy) -> Strategy | None:
+    """The largest micro-batch that fits with the same degrees (gradient accumulation makes up the rest)."""
+    per = t.global_batch // s.dp
+    for mb in reversed(divisors(per)):
+        cand = replace(s, micro_batch=mb)
+        if check(m, c, t, cand) is None and evaluate(m, c, t, cand).memory.fits:
+            return cand
+    return None
