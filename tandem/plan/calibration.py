@@ -12,7 +12,9 @@ Schema ``tandem.calibration/1`` (JSON)::
 Mapping (docs/plan.md, "Calibration"):
 - intra_node: bus bandwidth B_intra = collectives.all_reduce.busbw_Bps if present, else bandwidth_Bps;
   latency alpha = latency_s (per ring step).
-- inter_node: the measured busbw is of an all-reduce over all W ranks on N nodes. The planner's
+- latency_s is the fitted alpha of one all-reduce call; per ring step it is alpha / (2(n-1)), n = group_size.
+- inter_node: the measured busbw is of an all-reduce over W ranks (group_size; `tandem bench` uses one
+  rank per node, W = N, so B_node = busbw) on N nodes. The planner's
   hierarchical model gives that all-reduce 2(N-1)/N x S / B_node across nodes, nccl-tests's busbw is
   2(W-1)/W x S / t; equating the two (ignoring the intra-node phase) gives
   B_node = busbw x (N-1)/N x W/(W-1). That B_node replaces NICs x datasheet rate.
@@ -57,6 +59,13 @@ def read(path: str | Path) -> dict:
     return data
 
 
+def _step_latency(link: dict, where: str) -> float:
+    """The fit's alpha is per call; the planner's alpha is per ring step (2(n-1) steps per all-reduce)."""
+    alpha = _num(link, "latency_s", where)
+    n = int(link.get("group_size") or 2)
+    return alpha / (2 * max(1, n - 1))
+
+
 def _busbw(link: dict, where: str) -> float:
     ar = (link.get("collectives") or {}).get("all_reduce") or {}
     if isinstance(ar.get("busbw_Bps"), (int, float)) and ar["busbw_Bps"] > 0:
@@ -73,20 +82,20 @@ def apply(c: Cluster, data: dict) -> Cluster:
     if "intra_node" in links:
         li = links["intra_node"]
         bw = _busbw(li, "links.intra_node")
-        intra = Link(f"{c.intra.name}(measured)", bw, _num(li, "latency_s", "links.intra_node"), "intra",
+        intra = Link(f"{c.intra.name}(measured)", bw, _step_latency(li, "links.intra_node"), "intra",
                      f"calibration {data.get('host', '?')}")
         notes.append(f"intra-node: {bw / 1e9:.3g} GB/s bus bandwidth measured (datasheet "
                      f"{c.intra.bandwidth_Bps / 1e9:.3g})")
     if "inter_node" in links:
         le = links["inter_node"]
         busbw = _busbw(le, "links.inter_node")
-        w = int(data.get("world_size") or 0)
+        w = int(le.get("group_size") or data.get("world_size") or 0)
         n = int(data.get("nnodes") or 0)
         if w < 2 or n < 2:
             raise ConfigError("inter_node needs world_size >= 2 and nnodes >= 2", field="calibration",
                               value=(w, n), fix="re-run `tandem bench` across at least two nodes")
         b_node = busbw * (n - 1) / n * w / (w - 1)
-        inter = Link(f"{c.inter.name}(measured)", b_node, _num(le, "latency_s", "links.inter_node"), "inter",
+        inter = Link(f"{c.inter.name}(measured)", b_node, _step_latency(le, "links.inter_node"), "inter",
                      f"calibration {data.get('host', '?')}")
         nics = 1
         notes.append(f"inter-node: {busbw / 1e9:.3g} GB/s busbw over {w} ranks on {n} nodes -> "

@@ -119,8 +119,8 @@ class ModelStats:
 # tandem.models is importable): parameters exact, FLOPs from torch's FlopCounterMode at 224 px,
 # activations = bytes of tensors autograd saves for backward, fp32, per sample.
 CNN_PRESETS = {
-    "resnet18": dict(params=11_689_512, fwd=3_628_146_688 / 2, act=22_218_240),
-    "resnet50": dict(params=25_557_032, fwd=8_178_368_512 / 2, act=86_121_984),
+    "resnet18": dict(params=11_689_512, fwd=3_628_146_688, act=22_218_240),
+    "resnet50": dict(params=25_557_032, fwd=8_178_368_512, act=86_121_984),
 }
 
 # GPT presets: Megatron-LM's GPT-3 style shapes (Narayanan et al. 2021, Table 1) and LLaMA-2.
@@ -139,7 +139,7 @@ def preset(name: str, seq: int | None = None) -> ModelStats:
     if key in CNN_PRESETS:
         p = CNN_PRESETS[key]
         # In a ResNet the fc layer (2048 x 1000) is small; the largest conv block is ~2.4M (resnet50).
-        return ModelStats(key, "cnn", p["params"], p["fwd"] * 2, p["act"], source="preset (measured on meta)",
+        return ModelStats(key, "cnn", p["params"], p["fwd"], p["act"], source="preset (measured on meta)",
                           largest_layer_params=2_359_296)
     if key in GPT_PRESETS:
         kw = dict(GPT_PRESETS[key])

@@ -1,0 +1,70 @@
+"""Memory formulas against the ZeRO and Megatron papers (sources named by each expected value)."""
+
+import pytest
+
+from tandem.plan.config import Strategy, Training
+from tandem.plan.hardware import make_cluster
+from tandem.plan.memory import gpt_layer_act_bytes, memory
+from tandem.plan.model import GPTShape, gpt_stats, params_only
+
+
+def states(zero, precision="bf16", optimizer="adam", dp=64, params=7.5e9):
+    c = make_cluster("a100-80gb", 8, dp // 8)
+    t = Training(global_batch=dp, precision=precision, optimizer=optimizer)
+    s = Strategy(dp=dp, zero=zero, micro_batch=1)
+    m = memory(params_only(params), c, t, s, 1)
+    return (m.params + m.grads + m.optimizer) / 1e9
+
+
+@pytest.mark.parametrize("zero,gb", [(0, 120), (1, 31.4), (2, 16.6), (3, 1.9)])
+def test_zero_paper_figure_1(zero, gb):
+    # Rajbhandari et al. 2020, Figure 1: Psi = 7.5B, N_d = 64, K = 12 -> 120, 31.4, 16.6, 1.9 GB
+    assert states(zero) == pytest.approx(gb, abs=0.06)
+
+
+def test_mixed_adam_is_16_bytes_per_param():
+    assert states(0, dp=8, params=1e9) == pytest.approx(16.0)       # ZeRO paper: 2 + 2 + 12
+    assert Training(precision="bf16", optimizer="adamw").optimizer_bytes == 12
+
+
+@pytest.mark.parametrize("prec,opt,bytes_", [("fp32", "adam", 16), ("fp32", "sgd-momentum", 12),
+                                              ("fp32", "sgd", 8), ("bf16", "sgd-momentum", 12), ("fp16", "sgd", 8)])
+def test_bytes_per_param(prec, opt, bytes_):
+    assert states(0, prec, opt, dp=8, params=1e9) == pytest.approx(bytes_)
+
+
+def gpt175(t=1):
+    return gpt_stats(GPTShape(layers=96, hidden=12288, heads=96, seq=2048, vocab=51200))
+
+
+@pytest.mark.parametrize("recompute,tp,expected", [
+    # Korthikanti et al. 2022, Table 2 (per layer, 16-bit): sbh(34 + 5as/h); with TP+SP divided by t;
+    # selective: 34 sbh / t; full: 2 sbh (with SP / t).
+    ("none", 1, lambda s, b, h, a: s * b * h * (34 + 5 * a * s / h)),
+    ("none", 8, lambda s, b, h, a: s * b * h * (34 + 5 * a * s / h) / 8),
+    ("selective", 8, lambda s, b, h, a: 34 * s * b * h / 8),
+    ("full", 8, lambda s, b, h, a: 2 * s * b * h / 8),
+])
+def test_korthikanti_activation_per_layer(recompute, tp, expected):
+    m = gpt175()
+    s = Strategy(dp=1, tp=tp, micro_batch=1, recompute=recompute)
+    got = gpt_layer_act_bytes(m, s, Training(global_batch=1), 1)
+    assert got == pytest.approx(expected(2048, 1, 12288, 96))
+
+
+def test_1f1b_first_stage_holds_p_micro_batches_gpipe_m():
+    m = gpt175()
+    c = make_cluster("a100-80gb", 8, 8)
+    t = Training(global_batch=64)
+    one = memory(m, c, t, Strategy(dp=1, tp=8, pp=8, micro_batch=1, schedule="1f1b"), 64).activations
+    gp = memory(m, c, t, Strategy(dp=1, tp=8, pp=8, micro_batch=1, schedule="gpipe"), 64).activations
+    assert gp / one == pytest.approx(64 / 8)
+
+
+def test_zero3_shards_params_over_dp():
+    c = make_cluster("a100-80gb", 8, 1)
+    t = Training(global_batch=8)
+    m0 = memory(params_only(8e9), c, t, Strategy(dp=8, zero=0, micro_batch=1), 1)
+    m3 = memory(params_only(8e9), c, t, Strategy(dp=8, zero=3, micro_batch=1), 1)
+    assert m3.params == pytest.approx(m0.params / 8)
+    assert m3.grads == pytest.approx(m0.grads / 8) and m3.optimizer == pytest.approx(m0.optimizer / 8)
