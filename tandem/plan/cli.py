@@ -100,8 +100,10 @@ def plan_cmd(
             fit = fitting_micro_batch(m, c, t, s)
             if fit is not None:
                 g = t.global_batch // (s.dp * fit.micro_batch)
+                rc = f" --recompute {fit.recompute}" if fit.recompute != s.recompute else ""
                 extra["suggestion"] = (f"micro-batch {s.micro_batch} does not fit; micro-batch {fit.micro_batch} "
-                                       f"with {g} gradient accumulation steps does (--micro-batch {fit.micro_batch})")
+                                       f"with {g} gradient accumulation step(s){rc and ' and ' + rc.strip()} "
+                                       f"does (--micro-batch {fit.micro_batch}{rc})")
     out = [to_dict(p) for p in plans]
     for d in out:
         d["cluster"]["notes"] = list(c.notes)

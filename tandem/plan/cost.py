@@ -149,8 +149,8 @@ def default_efficiency(m: ModelStats, c: Cluster, t: Training) -> float:
     return e
 
 
-def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy) -> Plan:
-    """The plan for one valid strategy (call ``check``/``validate`` first)."""
+def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | None = None) -> Plan:
+    """The plan for one valid strategy (call ``check``/``validate`` first); ``mem`` if already known."""
     by = t.bytes
     n = s.world
     per_replica = t.global_batch // s.dp
@@ -224,5 +224,5 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy) -> Plan:
             tm = C.p2p(act / s.tp, cross, c) * calls
             ops.append(CommOp("pp-p2p", "send_recv", act / s.tp, calls, ppg,
                               c.inter.name if cross else c.intra.name, tm, tm))
-    mem = memory(m, c, t, s, mb)
+    mem = mem or memory(m, c, t, s, mb)
     return Plan(m, c, t, s, mb, mem, ops, eff, rate, hw_fpg, model_fpg, compute, bubble, measured)

@@ -18,7 +18,8 @@ def ms(x: float) -> str:
 
 
 def gib(x: float) -> str:
-    return f"{x / 1024**3:.3g} GiB"
+    g = x / 1024**3
+    return f"{g:.3g} GiB" if g >= 1 or g == 0 else f"{x / 1024**2:.3g} MiB"
 
 
 def human_time(sec: float) -> str:

@@ -12,6 +12,7 @@ from tandem.plan.config import Strategy, Training
 from tandem.plan.cost import Plan, check, evaluate
 from tandem.plan.explain import gib, ms, si
 from tandem.plan.hardware import Cluster
+from tandem.plan.memory import memory
 from tandem.plan.model import ModelStats
 
 
@@ -91,13 +92,16 @@ def search(m: ModelStats, c: Cluster, t: Training, objective: str = "time", top:
             if why:
                 counts["invalid: " + why.split(":")[0].split(" is")[0][:40]] += 1
                 continue
-            p = evaluate(m, cl, t, s)
             counts["evaluated"] += 1
-            if p.memory.fits:
-                fits.append(p)
-            else:
+            if not s.micro_batch:
+                s.micro_batch = t.global_batch // s.dp
+            mem = memory(m, cl, t, s, t.global_batch // (s.dp * s.micro_batch))
+            if not mem.fits:
                 counts["out of memory"] += 1
-                oom.append(p)
+                if mem.total > 2 * mem.capacity:  # far out of memory: not worth timing as a near miss
+                    continue
+            p = evaluate(m, cl, t, s, mem)
+            (fits if mem.fits else oom).append(p)
     key = (lambda p: p.step_s * p.strategy.world / p.training.global_batch) if objective == "cost" \
         else (lambda p: p.step_s)
     fits.sort(key=key)
@@ -152,10 +156,13 @@ def reasons(r: SearchResult, top: int = 5) -> list[str]:
 
 
 def fitting_micro_batch(m: ModelStats, c: Cluster, t: Training, s: Strategy) -> Strategy | None:
-    """The largest micro-batch that fits with the same degrees (gradient accumulation makes up the rest)."""
+    """The largest micro-batch that fits with the same degrees (gradient accumulation makes up the rest),
+    with the least activation recompute that makes it fit."""
     per = t.global_batch // s.dp
-    for mb in reversed(divisors(per)):
-        cand = replace(s, micro_batch=mb)
-        if check(m, c, t, cand) is None and evaluate(m, c, t, cand).memory.fits:
-            return cand
+    order = ("none", "selective", "full")
+    for rc in order[order.index(s.recompute):]:
+        for mb in reversed(divisors(per)):
+            cand = replace(s, micro_batch=mb, recompute=rc)
+            if check(m, c, t, cand) is None and evaluate(m, c, t, cand).memory.fits:
+                return cand
     return None

@@ -1,0 +1,109 @@
+import json
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from tandem.core.errors import ConfigError
+
+KEYS = {
+    "model": {"params", "flops_per_sample"},
+    "strategy": {"dp", "tp", "pp", "zero", "micro_batch", "global_batch", "grad_accum"},
+    "memory_per_gpu": {"params", "grads", "optimizer", "activations", "other", "total", "capacity", "fits"},
+    "time": {"compute_s", "comm_s", "exposed_comm_s", "bubble_s", "step_s"},
+    "throughput": {"samples_per_s", "tokens_per_s", "tflops_per_gpu", "mfu"},
+    "scaling": {"speedup_vs_1gpu", "efficiency"},
+    "train_time": {"steps", "seconds", "gpu_hours", "cost"},
+}
+COMM_KEYS = {"name", "collective", "bytes", "group_size", "link", "time_s", "exposed_s"}
+SEED = ["resnet50", "--gpus-per-node", "2", "--nodes", "2", "--inter", "roce-25", "--global-batch", "1024",
+        "--precision", "tf32", "--optimizer", "sgd-momentum", "--compute-time", "0.22", "--params", "25.6e6"]
+
+
+def app():
+    try:
+        from tandem.cli import app as main_app
+        return main_app
+    except ImportError:  # other stages not there yet: a tiny app with only `plan`
+        from tandem.plan.cli import plan_cmd
+        a = typer.Typer()
+        a.command("plan")(plan_cmd)
+        a.command("noop")(lambda: None)
+        return a
+
+
+def invoke(*args):
+    return CliRunner().invoke(app(), ["plan", *args])
+
+
+def test_json_has_the_documented_keys():
+    r = invoke(*SEED, "--json", "--price", "2.5", "--steps", "1000")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    for section, keys in KEYS.items():
+        assert keys <= set(d[section]), section
+    assert COMM_KEYS <= set(d["comm"][0])
+    assert d["comm"][0]["bytes"] == pytest.approx(102.4e6)
+    assert d["time"]["comm_s"] == pytest.approx(0.033, abs=0.001)
+    assert d["train_time"]["cost"] == pytest.approx(d["train_time"]["gpu_hours"] * 2.5)
+    assert isinstance(d["explain"], list) and len(d["explain"]) > 5
+
+
+def test_table_output():
+    r = invoke(*SEED)
+    assert r.exit_code == 0, r.output
+    assert "33.2 ms" in r.output and "3.48x" in r.output
+
+
+def test_search_json():
+    r = invoke("gpt3-175b", "--nodes", "16", "--nics-per-node", "8", "--global-batch", "512", "--search",
+               "--json", "--top", "3")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert len(d["plans"]) == 3 and d["search"]["fit"] > 0
+    steps = [p["time"]["step_s"] for p in d["plans"]]
+    assert steps == sorted(steps)
+
+
+def test_does_not_fit_suggests_accumulation():
+    r = invoke("llama2-7b", "--gpus-per-node", "8", "--global-batch", "512", "--micro-batch", "64",
+               "--zero", "3")
+    assert r.exit_code == 0, r.output
+    out = " ".join(r.output.split())
+    assert "does not fit" in out and "gradient accumulation" in out and "--micro-batch 2" in out
+
+
+@pytest.mark.parametrize("args,field", [
+    (["resnet50", "--dp", "3"], "dp"),                                  # product != GPU count
+    (["gpt3-175b", "--tp", "5", "--pp", "1", "--gpus-per-node", "10"], "tp"),  # 96 heads / 5
+    (["gpt-1t", "--pp", "3", "--gpus-per-node", "3"], "pp"),             # 128 layers / 3
+    (["resnet50", "--micro-batch", "7"], "micro-batch"),
+    (["resnet50", "--gpu", "a200"], "gpu"),
+    (["resnet50", "--inter", "infiniband9"], "inter"),
+    (["resnet50", "--global-batch", "0"], "global-batch"),
+    (["--params", "-5"], "params"),
+    (["gpt", "--layers", "2", "--hidden", "64"], "heads"),
+    (["resnet50", "--tp", "2"], "tp"),                                   # no TP for a CNN
+])
+def test_bad_input_is_a_config_error(args, field):
+    r = invoke(*args)
+    assert r.exit_code != 0
+    assert isinstance(r.exception, ConfigError), r.output
+    assert r.exception.field == field
+    assert r.exception.fix
+
+
+def test_unknown_gpu_lists_the_known_ones():
+    r = invoke("resnet50", "--gpu", "a200")
+    assert "h100-sxm" in str(r.exception) and "rtx4090" in str(r.exception)
+
+
+def test_main_exits_2_with_one_line(capsys):
+    try:
+        from tandem.cli import main
+    except ImportError:
+        pytest.skip("tandem.cli needs the other stages")
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "resnet50", "--gpu", "nope"])
+    assert e.value.code == 2
+    assert "error" in capsys.readouterr().err

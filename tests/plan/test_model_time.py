@@ -1,0 +1,76 @@
+"""Parameter counts, FLOPs, bubble and collectives against published numbers."""
+
+import json
+
+import pytest
+
+from tandem.plan.comm import Group, all_reduce, layout
+from tandem.plan.config import Strategy, Training
+from tandem.plan.cost import evaluate
+from tandem.plan.hardware import make_cluster
+from tandem.plan.model import from_hf_config, preset
+
+
+def test_megatron_param_counts():
+    # Narayanan et al. 2021, Table 1: 1T model (l=128, h=25600) has 1008B parameters; P = 12lh^2(1 + 13/12h + (V+s)/12lh)
+    assert preset("gpt-1t").params / 1e9 == pytest.approx(1008, abs=1)
+    assert preset("gpt3-175b").params / 1e9 == pytest.approx(174.6, abs=0.2)   # same formula, GPT-3 175B shape
+
+
+def test_llama2_param_counts():
+    # Touvron et al. 2023 / the HF checkpoints: 6,738,415,616 and 68,976,648,192 parameters
+    assert preset("llama2-7b").params == 6_738_415_616
+    assert preset("llama2-70b").params == 68_976_648_192
+
+
+def test_hf_config(tmp_path):
+    cfg = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+           "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32000,
+           "max_position_embeddings": 4096, "hidden_act": "silu", "tie_word_embeddings": False}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    assert from_hf_config(p).params == 6_738_415_616
+
+
+def test_megatron_flops_with_full_recompute():
+    # Narayanan et al. 2021, eq. (3): F = 96 B s l h^2 (1 + s/6h + V/16lh) per iteration with full recompute
+    m = preset("gpt-1t")
+    B, s, l, h, V = 3072, 2048, 128, 25600, 51200
+    c = make_cluster("a100-80gb", 8, 384, nics_per_node=8)
+    p = evaluate(m, c, Training(global_batch=B), Strategy(dp=6, tp=8, pp=64, micro_batch=1, recompute="full"))
+    expected = 96 * B * s * l * h**2 * (1 + s / (6 * h) + V / (16 * l * h))
+    assert p.hw_flops_per_gpu * 3072 == pytest.approx(expected, rel=1e-3)
+    # ... and the paper's 84 days for 450B tokens at 163 TFLOP/s per GPU
+    steps = 450e9 / (B * s)
+    assert steps * p.hw_flops_per_gpu / 163e12 / 86400 == pytest.approx(84, rel=0.03)
+
+
+@pytest.mark.parametrize("p,m", [(2, 8), (4, 16), (8, 8), (8, 64)])
+def test_bubble_fraction(p, m):
+    # Huang et al. 2019 (GPipe) / Narayanan et al. 2021: bubble = (p-1)/(m+p-1) of the pipelined step
+    model = preset("gpt3-175b")
+    c = make_cluster("a100-80gb", 8, p)
+    plan = evaluate(model, c, Training(global_batch=m), Strategy(dp=1, tp=8, pp=p, micro_batch=1))
+    assert plan.bubble_s / (plan.compute_s + plan.bubble_s) == pytest.approx((p - 1) / (m + p - 1))
+
+
+def test_interleaving_divides_the_bubble_by_v():
+    model = preset("gpt3-175b")
+    c = make_cluster("a100-80gb", 8, 8)
+    t = Training(global_batch=16)
+    a = evaluate(model, c, t, Strategy(dp=1, tp=8, pp=8, micro_batch=1))
+    b = evaluate(model, c, t, Strategy(dp=1, tp=8, pp=8, micro_batch=1, schedule="interleaved", virtual=4))
+    assert b.bubble_s == pytest.approx(a.bubble_s / 4)
+
+
+def test_ring_bus_factor_inside_a_node():
+    # nccl-tests PERFORMANCE.md: all-reduce busbw = algbw x 2(n-1)/n
+    c = make_cluster("a100-80gb", 8, 1)
+    t = all_reduce(1e9, Group(8, 8, 1), c, calls=0)
+    assert t == pytest.approx(2 * 7 / 8 * 1e9 / 300e9)
+
+
+def test_layout_tp_inside_dp_across():
+    assert layout(8, 1, 8) == Group(8, 8, 1)        # tp 8 on one node
+    assert layout(4, 8, 8) == Group(4, 1, 4)        # dp over 4 nodes, one member per node
+    assert layout(16, 2, 8) == Group(16, 4, 4)      # dp 16 with tp 2: 4 per node, 4 nodes
