@@ -1,0 +1,147 @@
+"""`tandem doctor`: a pass / warn / fail preflight of this node (and every node through the launcher)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from tandem.bench.options import parse_size
+from tandem.bench.runner import WorkerLaunch, read_result, run_module
+from tandem.core.errors import ConfigError, LaunchError, TandemError, WorkerFailure
+from tandem.diagnose import nccl_log, network, system
+from tandem.diagnose.checks import FAIL, Check, print_summary, table, worst
+from tandem.diagnose.doctor_worker import DoctorOptions
+
+
+def _expected_busbw(expect: float, calibration: Optional[Path], nnodes_max: int) -> float:
+    if expect > 0 or calibration is None:
+        return expect
+    try:
+        cal = json.loads(calibration.read_text())
+        link = cal["links"]["inter_node" if nnodes_max > 1 and "inter_node" in cal["links"] else "intra_node"]
+        return float(link["bandwidth_Bps"]) / 1e9
+    except (OSError, ValueError, KeyError) as e:
+        raise ConfigError(f"cannot read a bandwidth from the calibration ({type(e).__name__}: {e})",
+                          field="--calibration", value=str(calibration),
+                          fix="give a file written by `tandem bench comm` (schema tandem.calibration/1)") from None
+
+
+def local_checks(opts: DoctorOptions, wl: WorkerLaunch) -> list[Check]:
+    """What this machine can tell alone, before (or without) starting any worker."""
+    return [*system.node_checks(opts.device, opts.nproc_per_node, opts.checkpoint_path),
+            *network.network_checks(dict(os.environ), wl.master_addr if not wl.rdzv_endpoint
+                                    else wl.rdzv_endpoint.rsplit(":", 1)[0],
+                                    wl.master_port if not wl.rdzv_endpoint
+                                    else int(wl.rdzv_endpoint.rsplit(":", 1)[1]))]
+
+
+def _emit(checks: list[Check], json_out: Optional[Path], title: str, extra: dict | None = None) -> None:
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    console.print(table(checks, title=title))
+    print_summary(checks, console)
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps({"status": worst(checks), **(extra or {}),
+                                        "checks": [c.to_dict() for c in checks]}, indent=1))
+    if worst(checks) == FAIL:
+        raise typer.Exit(1)
+
+
+def nccl_log_report(path: Path, json_out: Optional[Path]) -> None:
+    s = nccl_log.read(path)
+    local_ib = network.rdma().devices
+    checks = nccl_log.judge(s, local_ib if s.hosts and os.uname().nodename in s.hosts else None)
+    extra = {"nccl_log": {**{k: v for k, v in dataclasses.asdict(s).items() if k not in ("peers", "transports")},
+                          "transports": dict(s.transports),
+                          "peers": {f"{a}->{b}": t for (a, b), t in sorted(s.peers.items())}}}
+    _emit(checks, json_out, f"NCCL log: {path}", extra)
+
+
+def doctor_cmd(
+    nccl_log_file: Optional[Path] = typer.Option(None, "--nccl-log",
+                                                 help="Summarise an NCCL_DEBUG=INFO log instead of checking."),
+    nproc_per_node: int = typer.Option(0, "--nproc-per-node", help="Workers per node (0: GPUs, or 2 on CPU)."),
+    nnodes: str = typer.Option("1", "--nnodes", help="Nodes (run `tandem doctor` on each)."),
+    node_rank: int = typer.Option(0, "--node-rank", help="This node's rank (static rendezvous)."),
+    master_addr: str = typer.Option("127.0.0.1", "--master-addr", help="Address of node 0."),
+    master_port: int = typer.Option(29500, "--master-port", help="Rendezvous port on node 0."),
+    rdzv_endpoint: str = typer.Option("", "--rdzv-endpoint", help="host:port of a c10d rendezvous."),
+    simulate_nodes: int = typer.Option(0, "--simulate-nodes", help="K real agents on this machine."),
+    timeout: int = typer.Option(30, "--timeout", help="Seconds to wait for every node to join."),
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda."),
+    checkpoint_path: Path = typer.Option(Path("runs"), "--checkpoint-path", help="Where checkpoints will go."),
+    shared_path: Optional[Path] = typer.Option(None, "--shared-path",
+                                               help="Path that must be shared by all nodes (default: "
+                                                    "--checkpoint-path)."),
+    expect_busbw: float = typer.Option(0.0, "--expect-busbw", help="Expected all_reduce busbw in GB/s."),
+    calibration: Optional[Path] = typer.Option(None, "--calibration",
+                                               help="Take the expected busbw from this calibration file."),
+    busbw_size: str = typer.Option("8M", "--busbw-size", help="Message size of the quick all_reduce."),
+    local_only: bool = typer.Option(False, "--local", help="Only this machine's checks; start no workers."),
+    run_dir: Path = typer.Option(Path("runs/doctor"), "--run-dir", help="Worker logs go here."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the checks as JSON."),
+) -> None:
+    """Preflight a (multi-node) job: versions, GPUs, /dev/shm, limits, network, storage, clocks, all_reduce.
+
+    Exits 1 when any check fails. Example: tandem doctor --simulate-nodes 2 --nproc-per-node 2
+    """
+    if nccl_log_file is not None:
+        nccl_log_report(nccl_log_file, json_out)
+        return
+    if nproc_per_node == 0:
+        import torch
+
+        nproc_per_node = torch.cuda.device_count() if device != "cpu" and torch.cuda.is_available() else 2
+    wl = WorkerLaunch(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
+                      master_port=master_port, rdzv_endpoint=rdzv_endpoint, simulate_nodes=simulate_nodes,
+                      timeout_s=timeout, device=device)
+    spec = wl.spec()
+    from tandem.core.validate import parse_nnodes
+
+    opts = DoctorOptions(device=device, nproc_per_node=nproc_per_node, checkpoint_path=str(checkpoint_path),
+                         shared_path=str(shared_path or ""), busbw_bytes=parse_size(busbw_size, "--busbw-size"),
+                         expect_busbw_GBps=_expected_busbw(expect_busbw, calibration,
+                                                           max(simulate_nodes, parse_nnodes(spec.nnodes)[1])))
+    checks = local_checks(opts, wl)
+    if local_only:
+        _emit(checks, json_out, "tandem doctor (this machine only)")
+        return
+    workers = run_workers(opts, wl, run_dir)
+    if isinstance(workers, Check):  # the workers did not run: this machine's view plus why
+        _emit(checks + [workers], json_out, "tandem doctor")
+    elif workers is None:
+        _emit(checks, json_out, "tandem doctor (this node; the full table prints on the node with rank 0)")
+    else:
+        _emit(workers, json_out, f"tandem doctor ({wl.procs_on_this_host() if simulate_nodes else nproc_per_node} "
+                                 f"workers per {'machine' if simulate_nodes else 'node'})")
+
+
+def run_workers(opts: DoctorOptions, wl: WorkerLaunch, run_dir: Path) -> list[Check] | Check | None:
+    """Checks gathered from every node, None on a node without rank 0, or a fail row if they could not run."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    opts_path, res_path = run_dir / "doctor-options.json", run_dir / "doctor.json"
+    opts_path.write_text(json.dumps(dataclasses.asdict(opts)))
+    res_path.unlink(missing_ok=True)
+    try:
+        with Console(stderr=True).status(f"checking {wl.procs_on_this_host()} local workers ..."):
+            run_module(wl, "tandem.diagnose.doctor_worker",
+                       ["--options", str(opts_path.resolve()), "--out", str(res_path.resolve())], run_dir)
+        res = read_result(res_path, wl)
+    except LaunchError as e:
+        return Check("nodes joined", FAIL, e.message, node="all",
+                     fix=e.fix or f"start `tandem doctor` on every node within --timeout {wl.timeout_s} s")
+    except WorkerFailure as e:
+        return Check("workers", FAIL, e.message.splitlines()[0][:300], node="all",
+                     fix=f"see the per-rank logs in {run_dir / 'logs'}")
+    except TandemError:
+        raise
+    if res is None:
+        return None
+    return [Check.from_dict(d) for d in res["checks"]]
