@@ -116,6 +116,8 @@ def _diff(win: Plan, other: Plan) -> str:
         "pipeline bubble": other.bubble_s - win.bubble_s,
     }
     worst = max(parts, key=parts.get)
+    if parts[worst] < 1e-3 * win.step_s:
+        return "nothing: a tie (same predicted step; the model cannot tell them apart)"
     return f"+{ms(parts[worst])} {worst}"
 
 

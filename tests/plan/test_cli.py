@@ -107,3 +107,11 @@ def test_main_exits_2_with_one_line(capsys):
         main(["plan", "resnet50", "--gpu", "nope"])
     assert e.value.code == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_plot_writes_a_png(tmp_path):
+    out = tmp_path / "plan.png"
+    r = invoke("gpt3-175b", "--nodes", "16", "--nics-per-node", "8", "--global-batch", "512", "--search",
+               "--top", "3", "--plot", str(out))
+    assert r.exit_code == 0, r.output
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
