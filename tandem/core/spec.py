@@ -30,6 +30,8 @@ class ModelSpec:
     num_classes: int = f(10, "Number of output classes.")
     in_channels: int = f(3, "Input image channels (digits: 1).")
     small_input: bool = f(False, "CIFAR-style stem (3x3 conv, stride 1, no max-pool) for inputs under 64 px.")
+    channels_last: bool = f(True, "NHWC memory format for image models: oneDNN's and cuDNN's fast path for "
+                                  "convolutions (10x faster under bf16 autocast on this CPU).")
     sync_bn: bool = f(False, "Convert BatchNorm to SyncBatchNorm (GPU only; torch's SyncBatchNorm refuses CPU).")
 
 

@@ -1,0 +1,150 @@
+"""`tandem train CONFIG [--section.key VALUE ...]` and `tandem demo`.
+
+The parent validates everything it can before a process starts (spec, device, the
+checkpoint to resume and its model), writes RUN_DIR/spec.json, launches the workers,
+shows a progress bar from RUN_DIR/metrics.jsonl, and prints the result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from pathlib import Path
+from typing import Optional
+
+import torch
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from tandem.core.config import load_spec, to_dict
+from tandem.core.errors import WorkerFailure
+from tandem.core.spec import JobSpec
+from tandem.core.validate import validate
+from tandem.launch import failures as fl
+from tandem.launch.launcher import launch, resolve_device
+from tandem.train import checkpoint as ckpt
+from tandem.train import metrics
+
+
+def run_dir_of(spec: JobSpec) -> Path:
+    return Path(spec.launch.run_dir.format(name=spec.name))
+
+
+def preflight(spec: JobSpec, run_dir: Path) -> None:
+    """Checks that need torch but no process group: device, and the checkpoint to resume."""
+    from tandem.models import build_model, model_signature
+    from tandem.train.trainer import resume_path
+
+    device, _ = resolve_device(spec.launch)
+    validate(dataclasses.replace(spec, launch=dataclasses.replace(spec.launch, device=device)))
+    path = resume_path(spec, run_dir)
+    if path is not None:
+        meta = ckpt.read_meta(path)
+        with torch.device("meta"):
+            model = build_model(spec.model)
+        ckpt.check_compatible(meta, spec.model.name, model_signature(model), path)
+
+
+class _Watch:
+    """Progress bar fed by the rank-0 metrics file (workers write, the parent reads)."""
+
+    def __init__(self, run_dir: Path, progress: Progress, label: str) -> None:
+        self.run_dir, self.progress = run_dir, progress
+        self.task = progress.add_task(label, total=None, info="starting workers")
+
+    def __call__(self) -> None:
+        recs = metrics.read(self.run_dir)
+        start = next((r for r in reversed(recs) if r["kind"] == "start"), None)
+        if start is None:
+            return
+        last = next((r for r in reversed(recs) if r["kind"] == "step"), None)
+        acc = next((r for r in reversed(recs) if r["kind"] == "eval"), None)
+        info = f"{start['world']} workers"
+        if last:
+            info += f" | loss {last['loss']:.3f} | {last['samples_per_s']:.0f} samples/s"
+        if acc:
+            info += f" | acc {acc['accuracy']:.3f}"
+        self.progress.update(self.task, total=start["total_steps"], completed=last["step"] if last else
+                             start["start_step"], info=info)
+
+
+def run_training(spec: JobSpec, console: Console, *, stream: bool = False, label: str = "train") -> dict:
+    """Validate, launch, watch; returns RUN_DIR/result.json. Raises TandemError subclasses."""
+    run_dir = run_dir_of(spec)
+    preflight(spec, run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "spec.json").write_text(json.dumps(to_dict(spec), indent=1))
+    (run_dir / "result.json").unlink(missing_ok=True)
+    (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    argv = ["-m", "tandem.train.worker", str(run_dir)]
+    try:
+        if stream:
+            launch(spec.launch, argv, run_dir)
+        else:
+            with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                          TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=console) as progress:
+                watch = _Watch(run_dir, progress, label)
+                if spec.launch.simulate_nodes:
+                    launch(spec.launch, argv, run_dir, quiet=True, on_poll=watch)
+                else:
+                    done = threading.Event()
+
+                    def poll() -> None:
+                        while not done.wait(0.3):
+                            watch()
+
+                    t = threading.Thread(target=poll, daemon=True)
+                    t.start()
+                    try:
+                        launch(spec.launch, argv, run_dir, quiet=True)
+                    finally:
+                        done.set()
+                        t.join()
+                    watch()
+    except WorkerFailure:
+        fl.render(fl.read_failures(run_dir), console)
+        raise
+    return json.loads((run_dir / "result.json").read_text())
+
+
+def print_result(result: dict, run_dir: Path, console: Console) -> None:
+    acc = f"{result['accuracy']:.4f}" if result.get("accuracy") is not None else "n/a (no held-out set)"
+    console.print(f"[green]done[/]: {result['step']} steps on {result['world']} workers, "
+                  f"{result['samples_per_s']:.0f} samples/s, held-out accuracy {acc}", highlight=False)
+    console.print(f"  checkpoint: {result['checkpoint']}\n  logs: {run_dir / 'logs'}/rank-*.log"
+                  f"\n  metrics: {run_dir / 'metrics.jsonl'}", highlight=False)
+
+
+def train_cmd(
+    ctx: typer.Context,
+    config: str = typer.Argument(..., help="Job spec (.toml or .yaml); see `tandem spec` for every field."),
+    stream: bool = typer.Option(False, "--stream", help="Stream every rank's output (rank-prefixed) "
+                                                        "instead of a progress bar."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Train the job in CONFIG; override any field with --section.key VALUE.
+
+    Example: tandem train examples/digits_resnet.toml --launch.simulate_nodes 2 --launch.nproc_per_node 2
+    """
+    spec = load_spec(config, list(ctx.args))
+    console = Console(stderr=as_json)
+    result = run_training(spec, console, stream=stream)
+    if as_json:
+        print(json.dumps(result, indent=1))
+    else:
+        print_result(result, run_dir_of(spec), console)
+
+
+def demo_cmd(
+    config: str = typer.Option("examples/digits_resnet.toml", "--config", help="Job spec of the demo."),
+    run_dir: str = typer.Option("runs/demo", "--run-dir", help="Where both runs go."),
+) -> None:
+    """The seed's case at CPU scale: 2 simulated nodes x 2 workers, DDP, bf16, cosine LR, digits.
+
+    Measures throughput on 1 worker, then trains on 4 and prints the table.
+    """
+    from tandem.train.demo import run_demo
+
+    run_demo(config, Path(run_dir), Console())

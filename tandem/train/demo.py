@@ -1,0 +1,56 @@
+"""`tandem demo`: the seed's "2 machines x 2 GPUs" case as 2 simulated nodes x 2 CPU workers.
+
+Two runs of the same job spec: a short one on 1 worker to measure its throughput, then
+the full run on 4 workers (DDP, bf16, DistributedSampler, cosine LR) to >= 95% held-out
+accuracy on the digits set. Both keep their run folders for inspection.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from tandem.core.config import load_spec
+from tandem.core.validate import effective_lr, grad_accum
+from tandem.train.cli import run_training
+
+
+def run_demo(config: str, run_dir: Path, console: Console) -> dict:
+    base = load_spec(config)
+    shutil.rmtree(run_dir, ignore_errors=True)  # the demo owns this folder: start clean
+    one = dataclasses.replace(
+        base, name="demo-1-worker",
+        schedule=dataclasses.replace(base.schedule, epochs=1, max_steps=12),
+        checkpoint=dataclasses.replace(base.checkpoint, resume="none", every_steps=0, at_end=False),
+        launch=dataclasses.replace(base.launch, simulate_nodes=0, nproc_per_node=1, run_dir=str(run_dir / "1-worker")))
+    four = dataclasses.replace(
+        base, name="demo-2x2",
+        checkpoint=dataclasses.replace(base.checkpoint, resume="none"),
+        launch=dataclasses.replace(base.launch, simulate_nodes=2, nproc_per_node=2, run_dir=str(run_dir / "2x2")))
+    console.print("[bold]tandem demo[/]: the seed's 2 machines x 2 GPUs case, as 2 simulated nodes x 2 CPU workers")
+    r1 = run_training(one, console, label="1 worker (throughput)")
+    r4 = run_training(four, console, label="2 nodes x 2 workers")
+
+    s = base.schedule
+    table = Table(title="Demo result")
+    table.add_column("")
+    table.add_column("value", justify="right")
+    table.add_row("global batch", f"{s.global_batch} = 4 workers x micro {s.micro_batch} x accum {grad_accum(four, 4)}")
+    table.add_row("effective LR", f"{effective_lr(base):g} = {base.optim.lr:g} x {s.global_batch}/{base.optim.ref_batch}"
+                                  f" (warm-up {s.warmup_steps} steps, {s.decay})")
+    table.add_row("throughput, 1 worker", f"{r1['samples_per_s']:.0f} samples/s")
+    table.add_row("throughput, 4 workers", f"{r4['samples_per_s']:.0f} samples/s "
+                                           f"({r4['samples_per_s'] / r1['samples_per_s']:.2f}x)")
+    table.add_row("held-out accuracy", f"{r4['accuracy']:.4f}")
+    table.add_row("steps / wall time", f"{r4['step']} / {r4['wall_s']:.0f} s")
+    table.add_row("checkpoint", str(r4["checkpoint"]))
+    table.add_row("logs", f"{run_dir / '2x2' / 'logs'}/rank-*.log")
+    console.print(table)
+    cores = __import__("os").cpu_count()
+    console.print(f"[dim]This machine has {cores} cores shared by 4 workers: the speedup shows the overhead of "
+                  "processes and gloo, not the seed's 3.3x on 4 GPUs.[/]")
+    return {"one": r1, "four": r4}

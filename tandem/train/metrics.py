@@ -1,0 +1,63 @@
+"""Per-run metrics: JSON lines on rank 0 (and TensorBoard scalars when it is installed).
+
+``run_dir/metrics.jsonl`` holds one record per line, each with a ``kind``:
+
+    start   world, nodes, global_batch, micro_batch, grad_accum, effective_lr, total_steps, ...
+    step    step, epoch, loss, lr, samples_per_s, step_time_s, data_time_s
+    eval    epoch, step, accuracy, correct, total
+    ckpt    step, path, save_s
+    end     final step, accuracy, mean samples/s, wall time
+
+``tandem train`` tails this file for its progress bar; later stages read it too.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+
+class MetricsWriter:
+    def __init__(self, run_dir: Path, enabled: bool) -> None:
+        self.enabled = enabled
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self._f = open(self.path, "a") if enabled else None
+        self._tb = None
+        if enabled:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
+            except Exception:  # tensorboard is optional
+                self._tb = None
+
+    def write(self, kind: str, **fields) -> None:
+        if not self.enabled:
+            return
+        rec = {"kind": kind, "time": time.time(), **fields}
+        self._f.write(json.dumps(rec) + "\n")
+        self._f.flush()
+        if self._tb is not None and "step" in fields:
+            for k, v in fields.items():
+                if isinstance(v, (int, float)) and k not in ("step", "epoch"):
+                    self._tb.add_scalar(f"{kind}/{k}", v, fields["step"])
+
+    def close(self) -> None:
+        if self._f:
+            self._f.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def read(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:  # a line being written right now
+            pass
+    return out

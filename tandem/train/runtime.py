@@ -1,0 +1,142 @@
+"""The runtime, as a library for your own script (and the engine of `tandem train`).
+
+    from tandem.train import runtime
+    ctx = runtime.init()                                  # process group, device, threads
+    model = runtime.wrap_ddp(model.to(ctx.device), ctx, ParallelSpec(bucket_cap_mb=50))
+    sampler = ResumableDistributedSampler(dataset, ctx.world, ctx.rank, seed=0)
+    with runtime.autocast(ctx, "bf16"): loss = ...
+
+Run the script with `tandem launch` (or torchrun): the rank comes from the environment.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from tandem.core.errors import ConfigError
+from tandem.core.spec import ParallelSpec
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int
+    world: int
+    local_rank: int
+    local_world: int
+    node: int
+    device: torch.device
+    backend: str
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init(device: str | None = None, backend: str | None = None) -> DistContext:
+    """Join the process group the launcher set up (or a world of one without a launcher)."""
+    device = device or os.environ.get("TANDEM_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
+    backend = backend or os.environ.get("TANDEM_BACKEND") or ("nccl" if device == "cuda" else "gloo")
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if device == "cuda":
+        torch.cuda.set_device(local_rank)
+        dev = torch.device("cuda", local_rank)
+    else:
+        dev = torch.device("cpu")
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
+    if "MASTER_ADDR" in os.environ and not dist.is_initialized():
+        dist.init_process_group(backend, device_id=dev if device == "cuda" else None)
+    return DistContext(rank=rank, world=world, local_rank=local_rank,
+                       local_world=int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+                       node=int(os.environ.get("GROUP_RANK", 0)), device=dev, backend=backend)
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def convert_sync_bn(model: nn.Module, ctx: DistContext) -> nn.Module:
+    if ctx.device.type != "cuda":
+        raise ConfigError("torch's SyncBatchNorm runs only on GPUs", field="model.sync_bn", value=True,
+                          fix="set model.sync_bn=false on CPU (each rank keeps its own BatchNorm statistics)")
+    return nn.SyncBatchNorm.convert_sync_batchnorm(model)
+
+
+def wrap_ddp(model: nn.Module, ctx: DistContext, p: ParallelSpec | None = None) -> nn.Module:
+    """DistributedDataParallel with the knobs that matter for speed exposed (a world of one: unchanged)."""
+    if ctx.world == 1 or not dist.is_initialized():
+        return model
+    p = p or ParallelSpec()
+    return nn.parallel.DistributedDataParallel(
+        model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None,
+        bucket_cap_mb=p.bucket_cap_mb, gradient_as_bucket_view=p.gradient_as_bucket_view,
+        static_graph=p.static_graph, find_unused_parameters=p.find_unused_parameters)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+def no_sync(model: nn.Module, skip: bool):
+    """Skip DDP's all-reduce on accumulation micro-steps: gradients only sync on the last one."""
+    if skip and isinstance(model, nn.parallel.DistributedDataParallel):
+        return model.no_sync()
+    return nullcontext()
+
+
+def autocast(ctx: DistContext, dtype: str):
+    if dtype == "fp32":
+        return nullcontext()
+    return torch.autocast(ctx.device.type, dtype=torch.bfloat16 if dtype == "bf16" else torch.float16)
+
+
+def grad_scaler(ctx: DistContext, dtype: str):
+    """fp16 needs loss scaling (GradScaler); bf16 and fp32 do not."""
+    if dtype != "fp16":
+        return None
+    if ctx.device.type != "cuda":
+        raise ConfigError("fp16 with GradScaler needs a GPU", field="precision.dtype", value="fp16",
+                          fix="use precision.dtype=bf16 on CPU")
+    return torch.amp.GradScaler("cuda")
+
+
+def all_reduce_sum(values: list[float], ctx: DistContext) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=ctx.device)
+    if dist.is_initialized() and ctx.world > 1:
+        dist.all_reduce(t)
+    return t.tolist()
