@@ -35,6 +35,8 @@ def _register() -> None:
     app.command("spec", context_settings=PASSTHROUGH)(spec_cmd)
     app.command("demo")(demo_cmd)
     # Later stages register here, one line each.
+    from tandem.bench.cli import bench_app; app.add_typer(bench_app, name="bench")  # noqa: E702
+    from tandem.diagnose.cli import doctor_cmd; app.command("doctor")(doctor_cmd)  # noqa: E702
     from tandem.plan.cli import plan_cmd; app.command("plan")(plan_cmd)  # noqa: E702
 
 

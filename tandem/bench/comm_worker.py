@@ -132,7 +132,7 @@ def check_once(coll: Collective, link: Link, grank: int, numel: int, dtype: torc
     return check(b, grank)
 
 
-def _group_reduce(values: list[float], link: Link, device: str, op) -> list[float]:
+def group_reduce(values: list[float], link: Link, device: str, op) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t, op=op, group=link.group)
     return t.tolist()
@@ -158,8 +158,8 @@ def measure_link(link: Link, opts: CommOptions, device: str) -> list[dict]:
             for mode in modes:
                 t = time_once(coll, link, grank, numel, dtype, device, mode == "in", opts.warmup, opts.iters)
                 err = check_once(coll, link, grank, numel, dtype, device, mode == "in") if opts.check else 0.0
-                t_sum, err_max = _group_reduce([t, 0.0], link, device, dist.ReduceOp.SUM)[0], \
-                    _group_reduce([err], link, device, dist.ReduceOp.MAX)[0]
+                t_sum, err_max = group_reduce([t, 0.0], link, device, dist.ReduceOp.SUM)[0], \
+                    group_reduce([err], link, device, dist.ReduceOp.MAX)[0]
                 if grank != 0:
                     continue
                 t_avg = t_sum / n  # nccl-tests' default: time averaged over ranks

@@ -19,7 +19,7 @@ def parse_size(text: str, field_name: str = "size") -> int:
     """'8', '64K', '1M', '1GiB' -> bytes (binary units, as nccl-tests' -b/-e)."""
     m = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", str(text))
     if not m or m.group(2).upper() not in _UNITS:
-        raise ConfigError("not a size", field=field_name, value=text,
+        raise ConfigError(f"{text!r} is not a size", field=field_name, value=text,
                           fix="write a byte count with an optional unit: 8, 64K, 16M, 1G")
     return int(m.group(1)) * _UNITS[m.group(2).upper()]
 
@@ -65,10 +65,10 @@ class CommOptions:
             self.collectives = list(COLLECTIVES)
         for c in self.collectives:
             if c not in COLLECTIVES:
-                raise ConfigError("unknown collective", field="--collectives", value=c,
+                raise ConfigError(f"unknown collective {c!r}", field="--collectives", value=c,
                                   fix=f"choose from {', '.join(COLLECTIVES)} (or 'all')")
         if self.dtype not in DTYPES:
-            raise ConfigError("unknown dtype", field="--dtype", value=self.dtype,
+            raise ConfigError(f"unknown dtype {self.dtype!r}", field="--dtype", value=self.dtype,
                               fix=f"choose from {', '.join(DTYPES)}")
         if self.min_bytes < 1 or self.max_bytes < self.min_bytes:
             raise ConfigError("size range is empty", field="--max-bytes",
@@ -82,7 +82,7 @@ class CommOptions:
                               field="--iters", value=(self.warmup, self.iters),
                               fix="e.g. --warmup 5 --iters 20")
         if self.mode not in MODES:
-            raise ConfigError("unknown mode", field="--mode", value=self.mode, fix="both | out | in")
+            raise ConfigError(f"unknown mode {self.mode!r}", field="--mode", value=self.mode, fix="both | out | in")
         return self
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from rich.console import Console
+
+from tandem.core.errors import TandemError
 from rich.table import Table
 
 PASS, WARN, FAIL, INFO = "pass", "warn", "fail", "info"
@@ -29,6 +31,12 @@ class Check:
     @classmethod
     def from_dict(cls, d: dict) -> "Check":
         return cls(**d)
+
+
+class ChecksFailed(TandemError):
+    """At least one check failed; the table above says which and how to fix it."""
+
+    exit_code = 1
 
 
 def worst(checks: list[Check]) -> str:

@@ -16,7 +16,7 @@ from tandem.bench.options import parse_size
 from tandem.bench.runner import WorkerLaunch, read_result, run_module
 from tandem.core.errors import ConfigError, LaunchError, TandemError, WorkerFailure
 from tandem.diagnose import nccl_log, network, system
-from tandem.diagnose.checks import FAIL, Check, print_summary, table, worst
+from tandem.diagnose.checks import FAIL, Check, ChecksFailed, print_summary, table, worst
 from tandem.diagnose.doctor_worker import DoctorOptions
 
 
@@ -50,8 +50,12 @@ def _emit(checks: list[Check], json_out: Optional[Path], title: str, extra: dict
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps({"status": worst(checks), **(extra or {}),
                                         "checks": [c.to_dict() for c in checks]}, indent=1))
-    if worst(checks) == FAIL:
-        raise typer.Exit(1)
+    failed = [c for c in checks if c.status == FAIL]
+    if failed:
+        # An exception, not typer.Exit: `tandem` runs typer with standalone_mode=False,
+        # where an Exit's code would be dropped.
+        names = ", ".join(dict.fromkeys(f"{c.name}" + (f" ({c.node})" if c.node else "") for c in failed))
+        raise ChecksFailed(f"{len(failed)} check(s) failed: {names}", fix="apply the fixes in the table above")
 
 
 def nccl_log_report(path: Path, json_out: Optional[Path]) -> None:
