@@ -139,8 +139,11 @@ def run_workers(opts: DoctorOptions, wl: WorkerLaunch, run_dir: Path) -> list[Ch
                        ["--options", str(opts_path.resolve()), "--out", str(res_path.resolve())], run_dir)
         res = read_result(res_path, wl)
     except LaunchError as e:
+        # The launcher's fix speaks of jobs; here a missing node is the finding itself.
         return Check("nodes joined", FAIL, e.message, node="all",
-                     fix=e.fix or f"start `tandem doctor` on every node within --timeout {wl.timeout_s} s")
+                     fix=f"start `tandem doctor` with the same --nnodes/--master-addr/--master-port on every "
+                         f"node within --timeout {wl.timeout_s} s; a node that never joins is down or cannot "
+                         f"reach the master (see 'route to master' on that node)")
     except WorkerFailure as e:
         return Check("workers", FAIL, e.message.splitlines()[0][:300], node="all",
                      fix=f"see the per-rank logs in {run_dir / 'logs'}")
