@@ -98,6 +98,10 @@ def validate(spec: JobSpec) -> JobSpec:
     if spec.optim.lr <= 0:
         raise ConfigError(f"must be positive, got {spec.optim.lr}", field="optim.lr", fix="use e.g. 0.1")
 
+    mn, mx = parse_nnodes(spec.launch.nnodes)
+    if mn != mx and not spec.launch.rdzv_endpoint:
+        raise ConfigError(f"elastic nnodes {spec.launch.nnodes} needs a c10d rendezvous endpoint",
+                          field="launch.rdzv_endpoint", fix="add --rdzv-endpoint HOST:PORT")
     lo, hi = world_sizes(spec.launch)
     for world in sorted({lo, hi}):
         grad_accum(spec, world)
@@ -124,8 +128,4 @@ def validate(spec: JobSpec) -> JobSpec:
     if spec.launch.simulate_nodes and parse_nnodes(spec.launch.nnodes) != (1, 1):
         raise ConfigError("give either simulate_nodes or nnodes, not both", field="launch.simulate_nodes",
                           value=spec.launch.simulate_nodes, fix="drop --nnodes when simulating nodes")
-    mn, mx = parse_nnodes(spec.launch.nnodes)
-    if mn != mx and not spec.launch.rdzv_endpoint:
-        raise ConfigError(f"elastic nnodes {spec.launch.nnodes} needs a c10d rendezvous endpoint",
-                          field="launch.rdzv_endpoint", fix="add --rdzv-endpoint HOST:PORT")
     return spec

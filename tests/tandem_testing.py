@@ -1,0 +1,51 @@
+"""Test helpers: run the real `tandem` CLI in a subprocess; a small job spec template."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_tandem(*args: str, timeout: float = 240, env: dict | None = None, cwd: Path = ROOT):
+    """`python -m tandem ARGS` with its exit code, stdout and stderr (never raises on failure)."""
+    full_env = {**os.environ, "COLUMNS": "200", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "tandem", *args], capture_output=True, text=True,
+                          timeout=timeout, env=full_env, cwd=cwd)
+
+
+TINY = """
+name = "tiny"
+[model]
+name = "{model}"
+width = 4
+in_channels = 1
+num_classes = 10
+small_input = true
+[data]
+name = "digits"
+held_out = 0.2
+remainder = "{remainder}"
+[optim]
+lr = 0.4
+ref_batch = 256
+[schedule]
+global_batch = {global_batch}
+micro_batch = {micro_batch}
+epochs = 1
+max_steps = {max_steps}
+warmup_steps = 2
+log_every = 5
+seed = 3
+[precision]
+dtype = "{dtype}"
+[checkpoint]
+every_steps = {every}
+keep_last = {keep}
+[launch]
+nproc_per_node = {nproc}
+run_dir = "{run_dir}"
+"""
