@@ -42,10 +42,14 @@ def fit_alpha_beta(sizes: list[float], times: list[float]) -> Fit:
     # Weighted least squares: rows divided by t, so residuals are relative errors.
     a = np.stack([1.0 / t, m / t], axis=1)
     (alpha, beta), *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
-    if alpha < 0:  # no measurable latency floor at these sizes: a line through the origin
-        alpha = 0.0
-        beta = float(np.sum(m / t) / np.sum((m / t) ** 2))
-    if beta <= 0:  # flat curve (all latency): the slope is at most what the largest point allows
+    if alpha <= 0:
+        # Noise hid the latency floor. The smallest message's time is alpha plus a negligible
+        # beta * size, and the planner needs a positive latency: take it, and fit the slope
+        # to what remains (relative least squares again, through that intercept).
+        alpha = float(t[np.argmin(m)])
+        rest = (t - alpha) / t
+        beta = float(np.sum(rest * m / t) / np.sum((m / t) ** 2))
+    if beta <= 0:  # flat curve (all latency): no slope is measurable at these sizes
         beta = 0.0
         alpha = float(np.median(t))
     pred = alpha + beta * m
