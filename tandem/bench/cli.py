@@ -13,7 +13,7 @@ from rich.console import Console
 from tandem.bench import fit, report
 from tandem.bench.options import CommOptions, check_memory, mem_available, parse_size
 from tandem.bench.runner import WorkerLaunch, read_result, run_module
-from tandem.core.errors import WorkerFailure
+from tandem.core.errors import ConfigError, WorkerFailure
 
 bench_app = typer.Typer(help="Measure collectives (nccl-tests style) and training scaling; calibrate `tandem plan`.",
                         no_args_is_help=True)
@@ -108,4 +108,55 @@ def measure(opts: CommOptions, wl: WorkerLaunch, run_dir: Path) -> dict | None:
     return read_result(res_path, wl)
 
 
+def train_cmd(
+    config: Optional[str] = typer.Argument(None, help="Job spec (toml/yaml); default: a small built-in "
+                                                      "ResNet-18 on the digits set."),
+    workers: str = typer.Option("1,2", "--workers", help="Worker counts to run, comma separated."),
+    steps: int = typer.Option(30, "--steps", help="Optimizer steps per run (the first fifth is warm-up)."),
+    micro_batch: int = typer.Option(0, "--micro-batch", help="Per-worker batch (0: the spec's)."),
+    precision: str = typer.Option("", "--precision", help="fp32 | bf16 (default: the spec's)."),
+    calibration: Optional[Path] = typer.Option(None, "--calibration",
+                                               help="Calibration for the planner (default: RUN_DIR/calibration.json, "
+                                                    "measured first with a quick `bench comm` if absent)."),
+    run_dir: Path = typer.Option(Path("runs/bench-train"), "--run-dir", help="One folder per worker count."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the rows as JSON."),
+) -> None:
+    """Step time, throughput, speedup and efficiency at 1..N workers, next to `tandem plan`'s prediction.
+
+    Example: tandem bench train --workers 1,2 --steps 30
+    """
+    from tandem.bench import train as tb
+
+    try:
+        counts = [int(w) for w in workers.split(",") if w.strip()]
+    except ValueError:
+        raise ConfigError("not a list of integers", field="--workers", value=workers, fix="e.g. --workers 1,2") from None
+    opts = tb.TrainBenchOptions(workers=counts, steps=steps, micro_batch=micro_batch, config=config or "",
+                                precision=precision).validate()
+    out = Console(width=None if sys.stdout.isatty() else 150)
+    cal = calibration or run_dir / "calibration.json"
+    if not cal.is_file():
+        if calibration is not None:
+            raise ConfigError("no such calibration file", field="--calibration", value=str(cal),
+                              fix="run `tandem bench comm --calibration FILE` first, or omit --calibration")
+        out.print(f"no calibration at {cal}: measuring all_reduce on {max(counts)} workers first")
+        quick = CommOptions(collectives=["all_reduce"], min_bytes=1 << 10, max_bytes=16 << 20, factor=4,
+                            warmup=2, iters=10, mode="out").validate()
+        res = measure(quick, WorkerLaunch(nproc_per_node=max(2, max(counts))), run_dir / "comm")
+        fit.write_calibration(cal, res)
+    res = tb.run(opts, run_dir, cal, Console(stderr=True))
+    tb.write_model_flops(cal, res["model"])
+    out.print(tb.table(res))
+    if res["model"]:
+        mdl = res["model"]
+        out.print(f"model on 1 worker: {mdl['achieved_flops'] / 1e9:.2f} GFLOP/s achieved ({mdl['name']}, "
+                  f"{mdl['precision']}), written to {cal} (compute.model)", highlight=False)
+    out.print(f"planner error: median |predicted/measured - 1| = {res['median_abs_pred_error'] * 100:.0f}%",
+              highlight=False)
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(res, indent=1))
+
+
 bench_app.command("comm")(comm_cmd)
+bench_app.command("train")(train_cmd)

@@ -96,25 +96,8 @@ def test_alpha_beta_fit_recovers_a_line():
     assert flat.alpha_s == pytest.approx(1e-3) and flat.beta_s_per_byte >= 0
 
 
-def _result(wrong: bool = False) -> dict:
-    rows = []
-    for link, n in (("intra_node", 2), ("inter_node", 2)):
-        for coll in ("all_reduce", "all_gather"):
-            for size in (1024, 1 << 20):
-                for mode in ("out", "in"):
-                    t = 1e-4 + size / 2e9
-                    rows.append({"link": link, "group_size": n, "collective": coll, "size": size,
-                                 "count": size // 4, "dtype": "fp32", "mode": mode, "time_us": t * 1e6,
-                                 "algbw_GBps": size / t / 1e9, "busbw_GBps": size / t / 1e9 * bus_factor(coll, n),
-                                 "max_err": 0.0, "checked": True, "ok": True})
-    if wrong:
-        rows[0].update(ok=False, max_err=3.0)
-    return {"schema": "tandem.bench.comm/1", "host": "h", "backend": "gloo", "device": "cpu", "world_size": 4,
-            "nnodes": 2, "options": CommOptions().to_dict(), "rows": rows,
-            "compute": {"achieved_flops": {"fp32": 1e11, "bf16": 2e9}}}
-
-
-def test_calibration_schema(tmp_path):
+def test_calibration_schema(tmp_path, fake_result):
+    _result = fake_result
     path = tmp_path / "cal.json"
     doc = fit.write_calibration(path, _result())
     assert json.loads(path.read_text()) == doc
@@ -133,7 +116,8 @@ def test_calibration_schema(tmp_path):
     assert fit.write_calibration(path, res)["compute"]["achieved_flops"]["fp32"] == 1e11
 
 
-def test_wrong_rows_are_not_fitted_and_render_as_wrong(tmp_path):
+def test_wrong_rows_are_not_fitted_and_render_as_wrong(tmp_path, fake_result):
+    _result = fake_result
     res = _result(wrong=True)
     fitted = fit.fits(res)
     assert fitted["intra_node"]["all_reduce"]["alpha_s"] > 0
@@ -150,7 +134,8 @@ def test_wrong_rows_are_not_fitted_and_render_as_wrong(tmp_path):
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_cli_exits_nonzero_on_wrong_results(tmp_path, monkeypatch):
+def test_cli_exits_nonzero_on_wrong_results(tmp_path, monkeypatch, fake_result):
+    _result = fake_result
     from tandem.bench import cli
     from tandem.core.errors import WorkerFailure
 
