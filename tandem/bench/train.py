@@ -111,6 +111,11 @@ def run(opts: TrainBenchOptions, run_dir: Path, calibration: Path, console: Cons
                      "predicted_step_s": pred["step_s"], "predicted_compute_s": pred["compute_s"],
                      "predicted_comm_s": pred["comm_s"], "ratio": pred["step_s"] / step,
                      "model_flops_per_worker": pred["model_flops_per_worker"]})
+    return summarize(rows, base, opts, calibration)
+
+
+def summarize(rows: list[dict], base: JobSpec, opts: TrainBenchOptions, calibration: Path) -> dict:
+    """Speedup, efficiency, the 1-worker model FLOP/s and the planner's median error, from measured rows."""
     base_rate = rows[0]["samples_per_s"] / rows[0]["workers"]
     for r in rows:
         r["speedup"] = r["samples_per_s"] / base_rate  # against the first row, per worker
