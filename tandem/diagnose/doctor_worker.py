@@ -172,6 +172,23 @@ def quick_all_reduce(opts: DoctorOptions, device: str, world: cw.Link) -> Check 
     return Check("all_reduce", INFO, detail + " (give --expect-busbw or --calibration to judge it)")
 
 
+def collapse(checks: list[Check], nnodes: int) -> list[Check]:
+    """One row (node "all") for a check that reads the same on every node; per-node rows otherwise.
+
+    64 nodes x a dozen identical rows would bury the one node that differs.
+    """
+    if nnodes < 2:
+        return checks
+    groups: dict[str, list[Check]] = {}
+    for c in checks:
+        groups.setdefault(c.name, []).append(c)
+    out = []
+    for name, rows in groups.items():
+        same = len(rows) == nnodes and len({(c.status, c.detail, c.fix) for c in rows}) == 1
+        out += [Check(name, rows[0].status, rows[0].detail, rows[0].fix, node="all")] if same else rows
+    return out
+
+
 def run(opts: DoctorOptions) -> list[Check] | None:
     device, backend = cw.resolve(opts.device, "auto")
     cw.init(device, backend)
@@ -200,7 +217,7 @@ def run(opts: DoctorOptions) -> list[Check] | None:
     ar = quick_all_reduce(opts, device, cw.Link("world", dist.group.WORLD, list(range(topo.world))))
     if topo.rank != 0:
         return None
-    checks = [Check.from_dict(d) for p in gathered if p for d in p["checks"]]
+    checks = collapse([Check.from_dict(d) for p in gathered if p for d in p["checks"]], topo.nnodes)
     if topo.nnodes > 1:
         cross.insert(0, compare_versions({names[topo.node_of[r]]: gathered[r]["versions"] for r in leader_ranks}))
     for c in cross + ([ar] if ar else []):

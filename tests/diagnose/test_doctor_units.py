@@ -11,7 +11,7 @@ import pytest
 from tandem.core.errors import DataError
 from tandem.diagnose import nccl_log, network, system
 from tandem.diagnose.checks import FAIL, INFO, PASS, WARN, Check
-from tandem.diagnose.doctor_worker import check_skew, compare_versions
+from tandem.diagnose.doctor_worker import check_skew, collapse, compare_versions
 
 DATA = Path(__file__).parent / "data"
 
@@ -161,3 +161,10 @@ def test_doctor_cli_nccl_log_json_and_exit(tmp_path):
     with pytest.raises(ChecksFailed) as e:
         nccl_log_report(DATA / "socket_despite_ib.log", tmp_path / "bad.json")
     assert e.value.exit_code == 1 and json.loads((tmp_path / "bad.json").read_text())["status"] == FAIL
+
+
+def test_identical_node_rows_fold_and_differences_stay():
+    rows = [Check("/dev/shm", PASS, "16 GiB", node="0:a"), Check("/dev/shm", WARN, "64 MiB", fix="f", node="1:b"),
+            Check("open files", PASS, "65536", node="0:a"), Check("open files", PASS, "65536", node="1:b")]
+    out = [(c.node, c.name, c.status) for c in collapse(rows, 2)]
+    assert out == [("0:a", "/dev/shm", PASS), ("1:b", "/dev/shm", WARN), ("all", "open files", PASS)]
