@@ -29,7 +29,9 @@ def spec_cmd(
             table.add_row(key, tp, repr(default), help_)
         Console().print(table)
         return
-    spec = load_spec(config, list(ctx.args))
+    overrides = [a for a in ctx.args if a != "--json"]
+    as_json = as_json or "--json" in ctx.args
+    spec = load_spec(config, overrides)
     if as_json:
         print(json.dumps(to_dict(spec), indent=2))
         return

@@ -25,6 +25,8 @@ class TandemError(Exception):
 
     def __str__(self) -> str:
         head = f"{self.field}: {self.message}" if self.field else self.message
+        if self.value is not None and str(self.value) not in head:
+            head += f" (got {self.value!r})"
         return f"{head}. Fix: {self.fix}" if self.fix else head
 
 

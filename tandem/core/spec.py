@@ -30,9 +30,18 @@ class ModelSpec:
     num_classes: int = f(10, "Number of output classes.")
     in_channels: int = f(3, "Input image channels (digits: 1).")
     small_input: bool = f(False, "CIFAR-style stem (3x3 conv, stride 1, no max-pool) for inputs under 64 px.")
-    channels_last: bool = f(True, "NHWC memory format for image models: oneDNN's and cuDNN's fast path for "
-                                  "convolutions (10x faster under bf16 autocast on this CPU).")
+    channels_last: bool = f(True, "NHWC memory format for image models under bf16/fp16 autocast: oneDNN's and "
+                                  "cuDNN's fast path (10x faster under bf16 on this CPU). fp32 stays NCHW: "
+                                  "torch 2.13's CPU NHWC fp32 convolutions corrupt memory below 8 channels.")
     sync_bn: bool = f(False, "Convert BatchNorm to SyncBatchNorm (GPU only; torch's SyncBatchNorm refuses CPU).")
+    layers: int = f(2, "gpt: transformer blocks.")
+    hidden: int = f(64, "gpt: model width (hidden size).")
+    heads: int = f(4, "gpt: attention heads (divides hidden; tp divides heads).")
+    kv_heads: int = f(0, "gpt: key/value heads for grouped-query attention (0: same as heads).")
+    ffn: int = f(0, "gpt: MLP inner size (0: 4 x hidden).")
+    seq: int = f(16, "gpt: sequence length (the reverse/sort tasks use seq/2 digits).")
+    vocab: int = f(16, "gpt: vocabulary size (the digit tasks need at least 11).")
+    tied: bool = f(True, "gpt: output layer shares the token embedding matrix (refused with pp > 1).")
 
 
 @dataclass
@@ -52,7 +61,28 @@ class DataSpec:
 
 @dataclass
 class ParallelSpec:
-    strategy: str = f("ddp", "Parallel strategy: ddp (data parallel). Others arrive with later issues.")
+    strategy: str = f("ddp", "Data-parallel strategy: ddp | zero1 (ZeroRedundancyOptimizer: optimizer state "
+                             "sharded) | zero2 (FSDP2, no reshard after forward: +gradients) | zero3 / fsdp "
+                             "(FSDP2 full shard: +parameters) | hsdp (shard inside a node, replicate across). "
+                             "See docs/parallel.md.")
+    tp: int = f(1, "Tensor-parallel degree (gpt only; innermost mesh dimension, kept inside a node).")
+    pp: int = f(1, "Pipeline-parallel degree (gpt only): ranks that each hold a slice of the layers.")
+    dp_shard: int = f(0, "hsdp: ranks one shard group spans (0: the data-parallel ranks of one node).")
+    sequence_parallel: bool = f(False, "tp: shard norms and dropout along the sequence too (Korthikanti 2022).")
+    loss_parallel: bool = f(True, "tp: keep logits sharded over the vocabulary and compute the loss in place.")
+    pp_schedule: str = f("1f1b", "pp schedule: gpipe | 1f1b | interleaved (interleaved 1F1B, pp_virtual "
+                                 "stages per rank). Micro-batches per step = global_batch / (dp x micro_batch).")
+    pp_virtual: int = f(2, "interleaved: model chunks (stages) per pipeline rank.")
+    pp_split: str = f("cost", "Layers to stages: cost (balanced by estimated FLOPs, head and embedding "
+                              "included) | even (equal layer counts).")
+    activation_checkpoint: str = f("none", "none | selective (every ac_every-th block) | full (every block).")
+    ac_every: int = f(2, "selective activation checkpointing: checkpoint one block in this many.")
+    compile: bool = f(False, "torch.compile each block after tp and checkpointing, before data-parallel wrapping.")
+    comm_hook: str = f("none", "ddp gradient compression: none | fp16 | bf16 | powersgd.")
+    powersgd_rank: int = f(2, "comm_hook=powersgd: rank of the low-rank gradient approximation.")
+    local_sgd_every: int = f(0, "Local SGD: average the models every H steps instead of every step (0: off; "
+                                "ddp only).")
+    local_sgd_warmup: int = f(0, "Post-local SGD: plain ddp for this many steps before local SGD starts.")
     bucket_cap_mb: float = f(25.0, "DDP gradient bucket size in MiB: larger buckets, fewer all-reduce calls.")
     gradient_as_bucket_view: bool = f(True, "Let gradients alias DDP's buckets (saves one gradient copy).")
     static_graph: bool = f(False, "Tell DDP the graph is the same every step (enables more overlap).")
@@ -97,6 +127,8 @@ class CheckpointSpec:
     at_end: bool = f(True, "Save once more after the last step.")
     keep_last: int = f(2, "Keep the newest K complete checkpoints; older ones are deleted after a save.")
     resume: str = f("auto", "auto (newest complete checkpoint in dir, if any) | none | a checkpoint path.")
+    async_save: bool = f(False, "Write checkpoints with dcp.async_save in a background thread: training blocks "
+                                "only while the state is copied; published when every rank finished writing.")
 
 
 @dataclass
@@ -115,6 +147,16 @@ class LaunchSpec:
     backend: str = f("auto", "auto (nccl on cuda, gloo on cpu) | gloo | nccl.")
     threads_per_worker: int = f(0, "torch intra-op threads per worker (0: cores / workers on this node).")
     run_dir: str = f("runs/{name}", "Where logs, metrics and checkpoints go; {name} is the job name.")
+    watchdog_s: float = f(0, "Hang watchdog: a rank without training progress for this many seconds gets its "
+                             "stacks dumped and the group is ended (restarted with max_restarts). 0: off.")
+    last_call_s: int = f(3, "Elastic MIN:MAX: seconds the rendezvous waits for more nodes once MIN joined.")
+
+
+@dataclass
+class ElasticSpec:
+    straggler_every: int = f(50, "Compare per-rank busy and data-wait times every N steps (0: off).")
+    straggler_ratio: float = f(1.5, "A rank busier than this times the median of the others is a straggler.")
+    straggler_min_ms: float = f(5.0, "...and by at least this many milliseconds per step (no alarms on noise).")
 
 
 @dataclass
@@ -128,6 +170,7 @@ class JobSpec:
     precision: PrecisionSpec = field(default_factory=PrecisionSpec)
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
     launch: LaunchSpec = field(default_factory=LaunchSpec)
+    elastic: ElasticSpec = field(default_factory=ElasticSpec)
 
 
 SECTIONS = {f.name: f.type for f in dataclasses.fields(JobSpec) if f.name != "name"}

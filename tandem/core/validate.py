@@ -38,8 +38,9 @@ def parse_nnodes(nnodes: str) -> tuple[int, int]:
 
 
 def node_counts(launch: LaunchSpec) -> tuple[int, int]:
-    if launch.simulate_nodes:
-        return launch.simulate_nodes, launch.simulate_nodes
+    if launch.simulate_nodes:  # elastic simulated nodes: nnodes MIN:K
+        mn = parse_nnodes(launch.nnodes)[0] if ":" in str(launch.nnodes) else launch.simulate_nodes
+        return mn, launch.simulate_nodes
     return parse_nnodes(launch.nnodes)
 
 
@@ -99,7 +100,7 @@ def validate(spec: JobSpec) -> JobSpec:
         raise ConfigError(f"must be positive, got {spec.optim.lr}", field="optim.lr", fix="use e.g. 0.1")
 
     mn, mx = parse_nnodes(spec.launch.nnodes)
-    if mn != mx and not spec.launch.rdzv_endpoint:
+    if mn != mx and not spec.launch.rdzv_endpoint and not spec.launch.simulate_nodes:
         raise ConfigError(f"elastic nnodes {spec.launch.nnodes} needs a c10d rendezvous endpoint",
                           field="launch.rdzv_endpoint", fix="add --rdzv-endpoint HOST:PORT")
     lo, hi = world_sizes(spec.launch)
@@ -125,7 +126,7 @@ def validate(spec: JobSpec) -> JobSpec:
     if spec.launch.backend == "nccl" and dev == "cpu":
         raise ConfigError("nccl needs CUDA devices", field="launch.backend", value="nccl",
                           fix="use launch.backend=gloo (or auto) on CPU")
-    if spec.launch.simulate_nodes and parse_nnodes(spec.launch.nnodes) != (1, 1):
+    if spec.launch.simulate_nodes and parse_nnodes(spec.launch.nnodes) not in ((1, 1), (mn, spec.launch.simulate_nodes)):
         raise ConfigError("give either simulate_nodes or nnodes, not both", field="launch.simulate_nodes",
                           value=spec.launch.simulate_nodes, fix="drop --nnodes when simulating nodes")
     return spec

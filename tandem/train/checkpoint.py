@@ -10,7 +10,11 @@ Layout of a checkpoint folder (``<dir>/step-00000120/``):
 A save writes into ``<dir>/.tmp-step-.../``; rank 0 renames it to its final name only
 after every rank finished, then moves ``<dir>/latest`` (a one-line file, replaced
 atomically) and deletes checkpoints beyond ``keep_last``. A folder without
-``.metadata`` or ``meta.json`` is incomplete and never loaded.
+``.metadata`` or ``meta.json`` is incomplete and never loaded. Before the rename rank 0
+writes ``manifest.json`` (sha256 of every file, see manifest.py): ``latest`` skips a
+checkpoint whose files no longer match it, and an explicit resume refuses it.
+With ``async_save`` the shards are written by ``dcp.async_save`` in a background thread
+(on a process group of its own) and the folder is published by ``poll``/``wait``.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import json
 import os
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import torch
@@ -27,7 +32,8 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from tandem.core.errors import CheckpointError
-from tandem.train.runtime import DistContext, barrier, rng_state, set_rng_state
+from tandem.train import manifest
+from tandem.train.runtime import DistContext, barrier, rng_state, set_rng_state, sync_buffers
 
 _STEP = re.compile(r"^step-(\d+)$")
 
@@ -44,15 +50,27 @@ def list_complete(ckpt_dir: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+SKIPPED: dict[str, str] = {}  # checkpoints ``latest`` refused (path -> why), for the trainer's log
+
+
 def latest(ckpt_dir: Path) -> Path | None:
-    """The newest complete checkpoint: the ``latest`` pointer if valid, else a scan."""
+    """The newest complete checkpoint that matches its manifest: the ``latest`` pointer if
+    valid, else a scan; a checkpoint failing its manifest is skipped with a warning."""
     pointer = ckpt_dir / "latest"
+    found = list(reversed(list_complete(ckpt_dir)))
     if pointer.is_file():
         p = ckpt_dir / pointer.read_text().strip()
         if is_complete(p):
+            found = [p] + [q for q in found if q != p]
+    for p in found:
+        bad = manifest.problem(p)
+        if bad is None:
             return p
-    done = list_complete(ckpt_dir)
-    return done[-1] if done else None
+        if str(p) not in SKIPPED:
+            print(f"tandem: skipping checkpoint {p.name}: {bad}; falling back to an earlier one",
+                  file=sys.stderr, flush=True)
+        SKIPPED[str(p)] = bad
+    return None
 
 
 def read_meta(path: Path) -> dict:
@@ -65,6 +83,7 @@ def read_meta(path: Path) -> dict:
         raise CheckpointError(f"incomplete checkpoint (missing {', '.join(missing)})", field="checkpoint.resume",
                               value=str(path), fix="resume from an earlier complete checkpoint, or 'auto' "
                                                    "(which skips incomplete ones)")
+    manifest.verify(path)
     return json.loads((path / "meta.json").read_text())
 
 
@@ -80,23 +99,52 @@ def check_compatible(meta: dict, model_name: str, signature: dict[str, list[int]
                                                    "checkpoint.resume=none / a fresh checkpoint.dir")
 
 
+def clean_partial(ckpt_dir: Path) -> list[str]:
+    """Delete ``.tmp-step-*`` folders left by a save that died (call on rank 0 before training)."""
+    gone = [p.name for p in Path(ckpt_dir).glob(".tmp-step-*") if p.is_dir()] if Path(ckpt_dir).is_dir() else []
+    for name in gone:
+        shutil.rmtree(Path(ckpt_dir) / name, ignore_errors=True)
+    return gone
+
+
 def save(ckpt_dir: Path, step: int, model: nn.Module, optim: torch.optim.Optimizer, ctx: DistContext,
-         meta: dict, keep_last: int) -> Path | None:
-    """Collective: every rank calls it. Returns the published folder (None if it already existed)."""
+         meta: dict, keep_last: int, async_pg=None):
+    """Collective: every rank calls it. Returns the published folder (None if it already existed),
+    or, given ``async_pg`` (a gloo group for dcp.async_save), a PendingSave to ``poll``/``wait``."""
     final = ckpt_dir / f"step-{step:08d}"
-    if is_complete(final):  # never overwrite a complete checkpoint (e.g. resumed at its step)
+    if is_complete(final) and manifest.problem(final) is None:  # never overwrite a good checkpoint
         return None
     tmp = ckpt_dir / f".tmp-step-{step:08d}"
     if ctx.is_main:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     barrier()
+    sync_buffers(model, ctx)  # else DCP keeps one rank's BatchNorm stats, not necessarily rank 0's
     model_sd, optim_sd = get_state_dict(model, optim)
+    if async_pg is not None:
+        torch.save(rng_state(), tmp / f"rng-rank{ctx.rank}.pt")
+        fut = dcp.async_save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp), process_group=async_pg)
+        from tandem.train.elastic import faults
+
+        faults.point("async_save", step=step, rank=ctx.rank)  # fault injection: die with the write in flight
+        return PendingSave(fut, ckpt_dir, step, tmp, final, ctx, meta, keep_last)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
     torch.save(rng_state(), tmp / f"rng-rank{ctx.rank}.pt")
+    return publish(ckpt_dir, step, tmp, final, ctx, meta, keep_last)
+
+
+def publish(ckpt_dir: Path, step: int, tmp: Path, final: Path, ctx: DistContext, meta: dict,
+            keep_last: int) -> Path:
+    """Collective, after every rank wrote its files: meta, manifest, rename, pointer, pruning."""
+    from tandem.train.elastic import faults
+
+    faults.point("save", step=step, rank=ctx.rank)  # fault injection: die with the shards written
     barrier()
     if ctx.is_main:
         (tmp / "meta.json").write_text(json.dumps({**meta, "step": step, "world_size": ctx.world}, indent=1))
+        manifest.write(tmp, step)
+        if final.exists():  # a copy that failed its manifest: replaced by this good one
+            shutil.rmtree(final)
         os.replace(tmp, final)
         pointer = ckpt_dir / "latest.tmp"
         pointer.write_text(final.name + "\n")
@@ -105,6 +153,28 @@ def save(ckpt_dir: Path, step: int, model: nn.Module, optim: torch.optim.Optimiz
             shutil.rmtree(old, ignore_errors=True)
     barrier()
     return final
+
+
+class PendingSave:
+    """An async save in flight: ``poll`` (collective) publishes it once every rank's write is done."""
+
+    def __init__(self, fut, ckpt_dir, step, tmp, final, ctx, meta, keep_last) -> None:
+        self.fut, self.ckpt_dir, self.step, self.tmp, self.final = fut, ckpt_dir, step, tmp, final
+        self.ctx, self.meta, self.keep_last = ctx, meta, keep_last
+
+    def poll(self) -> Path | None:
+        """Collective: the published folder when every rank finished writing, else None."""
+        import torch.distributed as dist
+
+        done = torch.tensor([1 if self.fut.done() else 0])
+        if dist.is_initialized() and self.ctx.world > 1:
+            dist.all_reduce(done, op=dist.ReduceOp.MIN)
+        return self.wait() if int(done) else None
+
+    def wait(self) -> Path:
+        """Collective: block until the write is done, then publish."""
+        self.fut.result()
+        return publish(self.ckpt_dir, self.step, self.tmp, self.final, self.ctx, self.meta, self.keep_last)
 
 
 def load(path: Path, model: nn.Module, optim: torch.optim.Optimizer, ctx: DistContext) -> dict:

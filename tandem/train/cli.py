@@ -28,6 +28,11 @@ from tandem.train import checkpoint as ckpt
 from tandem.train import metrics
 
 
+def split_flags(args: list[str], names: tuple[str, ...]) -> tuple[list[str], set[str]]:
+    """Our own flags may come after CONFIG, among the overrides: take them out."""
+    return [a for a in args if a not in names], {a for a in args if a in names}
+
+
 def run_dir_of(spec: JobSpec) -> Path:
     return Path(spec.launch.run_dir.format(name=spec.name))
 
@@ -128,7 +133,9 @@ def train_cmd(
 
     Example: tandem train examples/digits_resnet.toml --launch.simulate_nodes 2 --launch.nproc_per_node 2
     """
-    spec = load_spec(config, list(ctx.args))
+    overrides, flags = split_flags(ctx.args, ("--json", "--stream"))
+    as_json, stream = as_json or "--json" in flags, stream or "--stream" in flags
+    spec = load_spec(config, overrides)
     console = Console(stderr=as_json)
     result = run_training(spec, console, stream=stream)
     if as_json:

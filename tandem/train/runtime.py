@@ -108,6 +108,17 @@ def wrap_ddp(model: nn.Module, ctx: DistContext, p: ParallelSpec | None = None) 
         static_graph=p.static_graph, find_unused_parameters=p.find_unused_parameters)
 
 
+def sync_buffers(model: nn.Module, ctx: DistContext) -> None:
+    """Give every rank rank 0's buffers (BatchNorm running stats), as DDP does before each forward.
+
+    Between forwards the ranks' running stats differ; checkpoints and evaluation must
+    use one copy, the one training will continue from.
+    """
+    if dist.is_initialized() and ctx.world > 1:
+        for b in model.buffers():
+            dist.broadcast(b.data, src=0)
+
+
 def unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 

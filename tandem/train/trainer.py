@@ -21,6 +21,8 @@ from tandem.models import build_model, model_signature
 from tandem.train import checkpoint as ckpt
 from tandem.train import runtime as rt
 from tandem.train.data import load_datasets
+from tandem.train.elastic import resume as el_resume
+from tandem.train.elastic.hooks import ElasticHooks
 from tandem.train.metrics import MetricsWriter
 from tandem.train.sampler import ResumableDistributedSampler
 from tandem.train.schedule import make_scheduler
@@ -39,6 +41,9 @@ def checkpoint_dir(spec: JobSpec, run_dir: Path) -> Path:
 
 
 def resume_path(spec: JobSpec, run_dir: Path) -> Path | None:
+    own = el_resume.own_latest(checkpoint_dir(spec, run_dir))  # a restarted group: this run's newest
+    if own is not None:
+        return own
     r = spec.checkpoint.resume
     if r == "none":
         return None
@@ -50,6 +55,7 @@ def resume_path(spec: JobSpec, run_dir: Path) -> Path | None:
 @torch.no_grad()
 def evaluate(model, held, ctx: rt.DistContext, spec: JobSpec, fmt=torch.contiguous_format) -> tuple[int, int]:
     """Exact accuracy over the held-out set: rank r scores samples r, r+world, ... (no padding)."""
+    rt.sync_buffers(model, ctx)
     model.eval()
     idx = list(range(ctx.rank, len(held), ctx.world))
     correct = 0
@@ -71,7 +77,8 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
     signature = model_signature(model)
     if spec.model.sync_bn:
         model = rt.convert_sync_bn(model, ctx)
-    fmt = torch.channels_last if spec.model.channels_last else torch.contiguous_format
+    nhwc = spec.model.channels_last and spec.precision.dtype != "fp32"
+    fmt = torch.channels_last if nhwc else torch.contiguous_format
     model = model.to(memory_format=fmt)
     train_ds, held = load_datasets(spec.data, s.seed, spec.model.num_classes, spec.model.in_channels)
     accum = grad_accum(spec, ctx.world)
@@ -88,6 +95,7 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
     ckdir = checkpoint_dir(spec, run_dir)
     metrics = MetricsWriter(run_dir, ctx.is_main)
     log = print if ctx.is_main else (lambda *a, **k: None)
+    el = ElasticHooks(spec, ctx, run_dir, metrics, log, ckdir)
 
     step, epoch, resumed = 0, 0, None
     if (path := resume_path(spec, run_dir)) is not None:
@@ -96,11 +104,13 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
         ckpt.load(path, ddp, optim, ctx)
         sched.load_state_dict(meta["scheduler"])
         step, epoch = meta["step"], meta["epoch"]
-        if meta.get("consumed", 0) >= sampler.num_samples:
+        position = el_resume.carry_position(meta, ctx.world, log)  # per rank, at this world size
+        el.resumed(path, step)
+        if position >= sampler.num_samples:
             epoch += 1
         else:
             sampler.set_epoch(epoch)
-            sampler.set_start(meta.get("consumed", 0))
+            sampler.set_start(position)
         resumed = str(path)
         log(f"resumed from {path} at step {step}, epoch {epoch}", flush=True)
 
@@ -122,7 +132,7 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
     while step < total:
         sampler.set_epoch(epoch)
         consumed = sampler.start
-        loader = iter(DataLoader(train_ds, batch_size=s.micro_batch, sampler=sampler,
+        loader = iter(DataLoader(train_ds, batch_size=s.micro_batch, sampler=el.trace(sampler),
                                  num_workers=spec.data.num_workers))
         while step < total and consumed < sampler.num_samples:
             t0 = time.perf_counter()
@@ -136,6 +146,9 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
                 x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
                 if x.dim() == 4:
                     x = x.contiguous(memory_format=fmt)
+                if i == n_micro - 1:
+                    el.before_sync(step)
+                    t_sync = time.perf_counter()
                 with rt.no_sync(ddp, skip=i < n_micro - 1), rt.autocast(ctx, spec.precision.dtype):
                     loss = F.cross_entropy(ddp(x), y, reduction="sum") / n_step
                     (scaler.scale(loss) if scaler else loss).backward()
@@ -146,6 +159,7 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
             else:
                 optim.step()
             optim.zero_grad(set_to_none=True)
+            loss_sum = rt.all_reduce_sum([loss_sum], ctx)[0] / ctx.world  # the step's loss over all ranks
             lr = sched.get_last_lr()[0]
             sched.step()
             step += 1
@@ -155,13 +169,14 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
             rates.append(rate)
             metrics.write("step", step=step, epoch=epoch, loss=loss_sum, lr=lr, samples_per_s=rate,
                           step_time_s=dt, data_time_s=data_time)
+            el.on_step(step, epoch, dt, data_time, time.perf_counter() - t0 - (t_sync - t0))
             if step % s.log_every == 0 or step == total:
                 log(f"step {step}/{total} epoch {epoch} loss {loss_sum:.4f} lr {lr:.4g} "
                     f"{rate:.0f} samples/s step {dt * 1e3:.1f} ms (data {data_time * 1e3:.1f} ms)", flush=True)
             every = spec.checkpoint.every_steps
             if (every and step % every == 0) or (step == total and spec.checkpoint.at_end):
                 last_saved = _save(ckdir, step, epoch, consumed, ddp, optim, sched, ctx, spec, signature,
-                                   metrics) or last_saved
+                                   metrics, el) or last_saved
         if consumed >= sampler.num_samples:
             if held is not None:
                 c, t = evaluate(ddp, held, ctx, spec, fmt)
@@ -169,22 +184,24 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
                 metrics.write("eval", epoch=epoch, step=step, accuracy=accuracy, correct=c, total=t)
                 log(f"epoch {epoch} held-out accuracy {accuracy:.4f} ({c}/{t})", flush=True)
             epoch += 1
+    last_saved = el.finish() or last_saved
     wall = time.perf_counter() - t_start
     steady = rates[len(rates) // 5:] or rates  # the first steps pay for warm-up
     result = {"step": step, "epoch": epoch, "accuracy": accuracy, "world": ctx.world,
               "samples_per_s": sum(steady) / len(steady) if steady else None, "wall_s": wall,
               "checkpoint": str(last_saved) if last_saved else None, "global_batch": s.global_batch,
               "effective_lr": lr0, "grad_accum": accum}
+    result.update(el.summary())
     metrics.write("end", **result)
     metrics.close()
     return result
 
 
-def _save(ckdir, step, epoch, consumed, ddp, optim, sched, ctx, spec, signature, metrics):
+def _save(ckdir, step, epoch, consumed, ddp, optim, sched, ctx, spec, signature, metrics, el):
     t0 = time.perf_counter()
     meta = {"epoch": epoch, "consumed": consumed, "scheduler": sched.state_dict(), "model": spec.model.name,
             "signature": signature, "job": spec.name}
-    path = ckpt.save(ckdir, step, ddp, optim, ctx, meta, spec.checkpoint.keep_last)
+    path = el.save(ckdir, step, ddp, optim, meta)
     if path is not None:
         metrics.write("ckpt", step=step, path=str(path), save_s=time.perf_counter() - t0)
     return path
