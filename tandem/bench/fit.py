@@ -59,8 +59,9 @@ def fit_alpha_beta(sizes: list[float], times: list[float]) -> Fit:
 def _fit_rows(rows: list[dict]) -> dict:
     """{link: {collective: {alpha_s, beta_s_per_byte, busbw_Bps, ...}}} from result rows.
 
-    Out-of-place rows are fitted (every collective has them); in-place rows only
-    where no out-of-place row exists for that size.
+    In-place rows are fitted where they exist, out-of-place rows otherwise: torch has
+    no out-of-place all_reduce/reduce, so their out-of-place time includes a local
+    copy that is no part of the link, and DDP reduces its buckets in place anyway.
     """
     by: dict[tuple[str, str], dict[int, dict]] = {}
     for r in rows:
@@ -68,7 +69,7 @@ def _fit_rows(rows: list[dict]) -> dict:
             continue  # a wrong result is no measurement
         key = (r["link"], r["collective"])
         cur = by.setdefault(key, {}).get(r["size"])
-        if cur is None or (cur["mode"] == "in" and r["mode"] == "out"):
+        if cur is None or (cur["mode"] == "out" and r["mode"] == "in"):
             by[key][r["size"]] = r
     out: dict = {}
     for (link, coll), pts in by.items():

@@ -147,3 +147,17 @@ def test_cli_exits_nonzero_on_wrong_results(tmp_path, monkeypatch, fake_result):
                      simulate_nodes=0, timeout=60, device="cpu", backend="auto", run_dir=tmp_path,
                      json_out=None, csv_out=None, plot=None, calibration=None)
     assert (tmp_path / "calibration.json").is_file()  # the good numbers are still written
+
+
+def test_fit_prefers_in_place_rows(fake_result):
+    """Out-of-place all_reduce pays a local copy; the link's numbers come from the in-place rows."""
+    res = fake_result()
+    for r in res["rows"]:
+        if r["mode"] == "out":
+            r["time_us"] *= 1.5
+            r["busbw_GBps"] /= 1.5
+    ar = fit.fits(res)["intra_node"]["all_reduce"]
+    inplace = [r for r in res["rows"] if r["link"] == "intra_node" and r["collective"] == "all_reduce"
+               and r["mode"] == "in" and r["size"] == 1 << 20][0]
+    assert ar["busbw_Bps"] == pytest.approx(inplace["busbw_GBps"] * 1e9)
+    assert ar["alpha_s"] == pytest.approx(1e-4, rel=1e-6)
