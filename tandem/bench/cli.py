@@ -64,7 +64,12 @@ def comm_cmd(
     wl = WorkerLaunch(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
                       master_port=master_port, rdzv_endpoint=rdzv_endpoint, simulate_nodes=simulate_nodes,
                       timeout_s=timeout, device=device, backend=backend)
-    wl.spec()  # validate launcher options before anything starts
+    spec = wl.spec()  # validate launcher options before anything starts
+    from tandem.core.validate import parse_nnodes
+
+    if nproc_per_node * max(simulate_nodes, parse_nnodes(spec.nnodes)[1]) < 2:
+        raise ConfigError("a collective needs at least 2 ranks", field="--nproc-per-node", value=nproc_per_node,
+                          fix="use --nproc-per-node 2 (or more nodes)")
     if device != "cuda":  # GPU memory is checked by the worker, where the device is
         check_memory(opts, wl.procs_on_this_host(), mem_available())
     result = measure(opts, wl, run_dir)

@@ -161,3 +161,14 @@ def test_fit_prefers_in_place_rows(fake_result):
                and r["mode"] == "in" and r["size"] == 1 << 20][0]
     assert ar["busbw_Bps"] == pytest.approx(inplace["busbw_GBps"] * 1e9)
     assert ar["alpha_s"] == pytest.approx(1e-4, rel=1e-6)
+
+
+def test_cli_refuses_a_single_rank(tmp_path):
+    from tandem.bench import cli
+
+    with pytest.raises(ConfigError, match="at least 2 ranks"):
+        cli.comm_cmd(collectives="all_reduce", min_bytes="8", max_bytes="1M", factor=2, dtype="fp32", warmup=1,
+                     iters=1, mode="both", no_check=False, no_compute=True, nproc_per_node=1, nnodes="1",
+                     node_rank=0, master_addr="127.0.0.1", master_port=29500, rdzv_endpoint="",
+                     simulate_nodes=0, timeout=60, device="cpu", backend="auto", run_dir=tmp_path,
+                     json_out=None, csv_out=None, plot=None, calibration=None)
