@@ -156,15 +156,20 @@ def quick_all_reduce(opts: DoctorOptions, device: str, world: cw.Link) -> Check 
     if grank != 0:
         return None
     busbw = numel * 4 / t_avg * bus_factor("all_reduce", n) / 1e9
-    detail = f"{busbw:.3f} GB/s busbw at {numel * 4 >> 20} MiB over {n} ranks"
+    return judge_busbw(busbw, numel * 4, n, err, opts.expect_busbw_GBps)
+
+
+def judge_busbw(busbw: float, nbytes: int, n: int, err: float, expected: float) -> Check:
+    """Wrong is a failure; under half the expected busbw a warning; without an expectation, a number."""
+    detail = f"{busbw:.3f} GB/s busbw at {nbytes / 2**20:g} MiB over {n} ranks"
     if err > 0:
         return Check("all_reduce", FAIL, detail + f": WRONG result (max error {err:g})",
                      fix="a transport corrupts data: rerun with NCCL_DEBUG=INFO, check `tandem doctor --nccl-log`")
     if n == 1:
         return Check("all_reduce", INFO, "one rank: nothing to measure")
-    if opts.expect_busbw_GBps > 0:
-        detail += f", expected {opts.expect_busbw_GBps:g}"
-        if busbw < 0.5 * opts.expect_busbw_GBps:
+    if expected > 0:
+        detail += f", expected {expected:g}"
+        if busbw < 0.5 * expected:
             return Check("all_reduce", WARN, detail + " (under half)",
                          fix="check the transport with NCCL_DEBUG=INFO (`tandem doctor --nccl-log`), "
                              "NCCL_SOCKET_IFNAME/NCCL_IB_HCA, and run `tandem bench comm` for the full curve")

@@ -11,7 +11,7 @@ import pytest
 from tandem.core.errors import DataError
 from tandem.diagnose import nccl_log, network, system
 from tandem.diagnose.checks import FAIL, INFO, PASS, WARN, Check
-from tandem.diagnose.doctor_worker import check_skew, collapse, compare_versions
+from tandem.diagnose.doctor_worker import check_skew, collapse, compare_versions, judge_busbw
 
 DATA = Path(__file__).parent / "data"
 
@@ -168,3 +168,22 @@ def test_identical_node_rows_fold_and_differences_stay():
             Check("open files", PASS, "65536", node="0:a"), Check("open files", PASS, "65536", node="1:b")]
     out = [(c.node, c.name, c.status) for c in collapse(rows, 2)]
     assert out == [("0:a", "/dev/shm", PASS), ("1:b", "/dev/shm", WARN), ("all", "open files", PASS)]
+
+
+def test_quick_all_reduce_judgement(tmp_path):
+    assert judge_busbw(10.0, 8 << 20, 4, 0.0, 12.0).status == PASS
+    low = judge_busbw(4.0, 8 << 20, 4, 0.0, 12.0)
+    assert low.status == WARN and "under half" in low.detail and "NCCL_DEBUG" in low.fix
+    assert judge_busbw(4.0, 8 << 20, 4, 0.0, 0.0).status == INFO
+    assert judge_busbw(10.0, 8 << 20, 4, 2.0, 12.0).status == FAIL
+    # The expectation can come from a calibration file: its link bandwidth, in GB/s.
+    from tandem.diagnose.cli import _expected_busbw
+
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps({"links": {"intra_node": {"bandwidth_Bps": 2e9}, "inter_node": {"bandwidth_Bps": 5e8}}}))
+    assert _expected_busbw(0.0, cal, 1) == 2.0 and _expected_busbw(0.0, cal, 2) == 0.5
+    assert _expected_busbw(3.0, cal, 2) == 3.0
+    from tandem.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="calibration"):
+        _expected_busbw(0.0, tmp_path / "missing.json", 1)
