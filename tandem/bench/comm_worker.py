@@ -69,7 +69,11 @@ def init(device: str, backend: str) -> None:
     if device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if not dist.is_initialized():
-        dist.init_process_group(backend, timeout=_dt.timedelta(seconds=float(os.environ.get("TANDEM_PG_TIMEOUT", 300))))
+        # Ranks outside the link being measured wait at a barrier for the whole sweep of that
+        # link (minutes for 1 GiB messages on a slow network), so the default 10 min of a
+        # collective timeout is too short; a crashed worker is caught by the launcher anyway.
+        timeout = float(os.environ.get("TANDEM_PG_TIMEOUT", 3600))
+        dist.init_process_group(backend, timeout=_dt.timedelta(seconds=timeout))
 
 
 def topology() -> Topology:
