@@ -65,14 +65,14 @@ def resolve(device: str, backend: str) -> tuple[str, str]:
     return device, backend
 
 
-def init(device: str, backend: str) -> None:
+def init(device: str, backend: str, timeout_s: float | None = None) -> None:
     if device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if not dist.is_initialized():
         # Ranks outside the link being measured wait at a barrier for the whole sweep of that
         # link (minutes for 1 GiB messages on a slow network), so the default 10 min of a
         # collective timeout is too short; a crashed worker is caught by the launcher anyway.
-        timeout = float(os.environ.get("TANDEM_PG_TIMEOUT", 3600))
+        timeout = timeout_s or float(os.environ.get("TANDEM_PG_TIMEOUT", 3600))
         dist.init_process_group(backend, timeout=_dt.timedelta(seconds=timeout))
 
 

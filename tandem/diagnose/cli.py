@@ -111,6 +111,7 @@ def doctor_cmd(
 
     opts = DoctorOptions(device=device, nproc_per_node=nproc_per_node, checkpoint_path=str(checkpoint_path),
                          shared_path=str(shared_path or ""), busbw_bytes=parse_size(busbw_size, "--busbw-size"),
+                         collective_timeout_s=max(60.0, 4.0 * timeout),
                          expect_busbw_GBps=_expected_busbw(expect_busbw, calibration,
                                                            max(simulate_nodes, parse_nnodes(spec.nnodes)[1])))
     checks = local_checks(opts, wl)

@@ -41,6 +41,7 @@ class DoctorOptions:
     shared_path: str = ""             # default: checkpoint_path
     busbw_bytes: int = 8 << 20
     expect_busbw_GBps: float = 0.0    # 0: no expectation, the number is reported only
+    collective_timeout_s: float = 120.0
 
 
 def _node_name(topo: cw.Topology, node: int) -> str:
@@ -196,7 +197,8 @@ def collapse(checks: list[Check], nnodes: int) -> list[Check]:
 
 def run(opts: DoctorOptions) -> list[Check] | None:
     device, backend = cw.resolve(opts.device, "auto")
-    cw.init(device, backend)
+    # A node that stops answering after the rendezvous must become a failure, not an hour's hang.
+    cw.init(device, backend, timeout_s=opts.collective_timeout_s)
     topo = cw.topology()
     names = [_node_name(topo, i) for i in range(topo.nnodes)]
     leader_ranks = [min(r for r in range(topo.world) if topo.node_of[r] == i) for i in range(topo.nnodes)]
