@@ -55,7 +55,8 @@ def grad_accum(spec: JobSpec, world: int) -> int:
     per_step = world * s.micro_batch
     if s.global_batch % per_step:
         lo = (s.global_batch // per_step) * per_step
-        hint = f"use global_batch {lo or per_step} or {lo + per_step}"
+        hint = (f"use global_batch {lo} or {lo + per_step}" if lo else
+                f"use global_batch {per_step} (or a multiple of it)")
         raise ConfigError(
             f"global_batch {s.global_batch} is not divisible by {world} workers x micro_batch "
             f"{s.micro_batch} = {per_step}", field="schedule.global_batch", value=s.global_batch,
