@@ -70,6 +70,8 @@ def _rendezvous(opts: LaunchSpec, store_hosted: bool = False) -> tuple[str, str,
     """(backend, endpoint, configs) as torchrun would choose them."""
     mn, mx = parse_nnodes(opts.nnodes)
     cfg: dict = {"timeout": opts.timeout_s, "join_timeout": opts.timeout_s}
+    if mn != mx:  # elastic: notice a lost node in ~3 s; once MIN joined, wait last_call_s for more
+        cfg.update(last_call_timeout=opts.last_call_s, keep_alive_interval=1, keep_alive_max_attempt=3)
     if opts.rdzv_endpoint:
         if store_hosted:  # the store lives elsewhere: no agent may try to host it
             cfg["is_host"] = False
@@ -90,6 +92,10 @@ def _worker_env(opts: LaunchSpec, run_dir: Path, nodes_here: int) -> None:
     threads = opts.threads_per_worker or max(1, (os.cpu_count() or 1) // (opts.nproc_per_node * nodes_here))
     os.environ["OMP_NUM_THREADS"] = str(threads)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    # torch 2.13 shares the agent's rendezvous store with the workers without a per-attempt key
+    # prefix: after a restart, workers read the dead attempt's gloo addresses and barrier counts
+    # (connection refused, or a hang). A fresh store on rank 0 for every attempt avoids it.
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
 
 
 def run_agent(opts: LaunchSpec, argv: list[str], run_dir: Path, *, agent_index: int = 0,
@@ -112,6 +118,7 @@ def run_agent(opts: LaunchSpec, argv: list[str], run_dir: Path, *, agent_index: 
         log_line_prefix_template="[rank${rank}]:", local_addr="127.0.0.1" if _is_local(opts) else None,
     )
     t0 = time.monotonic()
+    dog = start_watchdog(opts, run_dir, agent_index)
     try:
         elastic_launch(config, entrypoint=sys.executable)(*argv)
     except ChildFailedError as e:
@@ -130,6 +137,20 @@ def run_agent(opts: LaunchSpec, argv: list[str], run_dir: Path, *, agent_index: 
                                   "or raise --timeout") from None
         raise LaunchError(f"the rendezvous at {endpoint} failed ({text})", field="launch", value=endpoint,
                           fix="see the message above; run with --verbose for torch's logs") from None
+    finally:
+        if dog is not None:
+            dog.stop()
+
+
+def start_watchdog(opts: LaunchSpec, run_dir: Path, node: int):
+    """The hang watchdog thread of this agent (launch.watchdog_s > 0), see watchdog.py."""
+    if not opts.watchdog_s:
+        return None
+    from tandem.launch.watchdog import Watchdog
+
+    dog = Watchdog(run_dir, opts.watchdog_s, node=node)
+    dog.start()
+    return dog
 
 
 def _is_local(opts: LaunchSpec) -> bool:
@@ -178,7 +199,9 @@ def _simulate(opts: LaunchSpec, argv: list[str], run_dir: Path, *, quiet: bool,
     cfg_dir.mkdir(parents=True, exist_ok=True)
     procs = []
     for i in range(k):
-        node_opts = dataclasses.replace(opts, simulate_nodes=0, nnodes=str(k), node_rank=i, rdzv_endpoint=endpoint)
+        mn = parse_nnodes(opts.nnodes)[0] if ":" in str(opts.nnodes) else k  # elastic: MIN:K
+        node_opts = dataclasses.replace(opts, simulate_nodes=0, nnodes=f"{mn}:{k}" if mn < k else str(k),
+                                        node_rank=i, rdzv_endpoint=endpoint)
         cfg = cfg_dir / f"node-{i}.json"
         cfg.write_text(json.dumps({"opts": dataclasses.asdict(node_opts), "argv": argv, "run_dir": str(run_dir),
                                    "run_id": run_id, "agent_index": i, "nodes_here": k, "tee": not quiet, "store_hosted": True,
@@ -197,6 +220,11 @@ def _simulate(opts: LaunchSpec, argv: list[str], run_dir: Path, *, quiet: bool,
     del store
     if on_poll:
         on_poll()
+    if any(codes) and ":" in str(opts.nnodes) and codes.count(0) >= parse_nnodes(opts.nnodes)[0]:
+        lost = [i for i, c in enumerate(codes) if c]
+        print(f"tandem: simulated node(s) {lost} lost (exit codes {[codes[i] for i in lost]}); the elastic job "
+              f"finished on the {codes.count(0)} other(s)", file=sys.stderr, flush=True)
+        return
     if any(codes):
         failures = fl.read_failures(run_dir)
         if not failures:

@@ -1,0 +1,128 @@
+"""The hang watchdog: a thread in each torchrun agent that reads its workers' heartbeats.
+
+When one of this agent's workers has made no progress for ``timeout_s`` seconds
+(a SIGSTOPped process, a rank stuck in a collective, a dead-locked data loader), it
+
+1. names the rank that stopped first: a process in state T (stopped) if there is one,
+   else the rank whose last heartbeat is oldest (the others went on to wait for it in
+   the next collective; their ``phase`` says which);
+2. dumps the Python stack of every worker of this agent (SIGUSR1 -> faulthandler; a
+   stopped one gets SIGCONT right after, so it can write its stack);
+3. writes ``run_dir/watchdog/hang-attempt<k>-node<i>.json`` and one line to stderr;
+4. ends its workers with SIGKILL, so torchrun's agent restarts the group (``max_restarts``)
+   and training resumes from the newest checkpoint.
+
+It supervises nothing else: the restart, the rendezvous and the bookkeeping stay torch's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+from tandem.launch.heartbeat import read_all, stack_file
+
+
+def proc_state(pid: int) -> str | None:
+    """Linux process state letter (R, S, D, T, Z...) or None when the process is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    return text.rsplit(")", 1)[1].split()[0]
+
+
+def alive(pid: int) -> bool:
+    return proc_state(pid) not in (None, "Z", "X")
+
+
+def first_stopped(beats: list[dict], host: str) -> tuple[dict, str]:
+    """The rank that stopped first, and why we think so."""
+    local = [b for b in beats if b.get("host") == host]
+    stopped = [b for b in local if proc_state(b["pid"]) == "T"]
+    if stopped:
+        b = min(stopped, key=lambda b: (b["time"], b["rank"]))
+        return b, "its process is stopped (state T, e.g. SIGSTOP)"
+    b = min(beats, key=lambda b: (b["time"], b["step"], b["rank"]))
+    return b, f"its last heartbeat is the oldest (step {b['step']}, phase {b['phase']})"
+
+
+class Watchdog(threading.Thread):
+    def __init__(self, run_dir: Path, timeout_s: float, node: int = 0, interval: float = 0.5) -> None:
+        super().__init__(name="tandem-watchdog", daemon=True)
+        self.run_dir, self.timeout_s, self.node, self.interval = Path(run_dir), float(timeout_s), node, interval
+        self._stop_event = threading.Event()
+        self.handled: set[int] = set()
+        self.reports: list[Path] = []
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval):
+            try:
+                self.check()
+            except Exception as e:  # the watchdog must never take the agent down
+                print(f"tandem watchdog: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+
+    def check(self, now: float | None = None) -> Path | None:
+        now = now or time.time()
+        beats = [b for b in read_all(self.run_dir) if alive(b["pid"])]
+        mine = [b for b in beats if b.get("ppid") == os.getpid() and b["pid"] not in self.handled]
+        stale = [b for b in mine if now - b["time"] > self.timeout_s]
+        if not stale:
+            return None
+        return self.fire(mine, [b for b in beats if b.get("attempt") == stale[0].get("attempt")], now)
+
+    def fire(self, mine: list[dict], peers: list[dict], now: float) -> Path:
+        host = socket.gethostname()
+        first, why = first_stopped(peers, host)
+        states = {b["rank"]: proc_state(b["pid"]) for b in mine}
+        attempt = mine[0].get("attempt", 0)
+        for b in mine:  # stack dumps: SIGUSR1 -> faulthandler; a stopped process must run to write it
+            try:
+                os.kill(b["pid"], signal.SIGUSR1)
+                if states[b["rank"]] == "T":
+                    os.kill(b["pid"], signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        files = {b["rank"]: stack_file(self.run_dir, b["rank"], attempt) for b in mine}
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline and not all(f.is_file() and f.stat().st_size for f in files.values()):
+            time.sleep(0.05)  # waiting for the workers' own stack files, with a deadline
+        stacks = {r: f.read_text(errors="replace") if f.is_file() else "" for r, f in files.items()}
+        report = {
+            "detected_at": now, "timeout_s": self.timeout_s, "node": self.node, "attempt": attempt, "host": host,
+            "first_stopped_rank": first["rank"], "why": why,
+            "stale_s": {b["rank"]: round(now - b["time"], 3) for b in peers},
+            "ranks": {b["rank"]: {"step": b["step"], "phase": b["phase"], "pid": b["pid"],
+                                  "state": states.get(b["rank"], proc_state(b["pid"])),
+                                  "last_beat": b["time"]} for b in peers},
+            "stack_files": {r: str(f) for r, f in files.items()},
+            "last_collective": {b["rank"]: ("gradient all-reduce of step %d" % (b["step"] + 1)
+                                            if b["phase"] == "sync" else f"none pending ({b['phase']})")
+                                for b in peers},
+        }
+        out = self.run_dir / "watchdog" / f"hang-attempt{attempt}-node{self.node}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=1))
+        self.reports.append(out)
+        ranks = sorted(b["rank"] for b in mine)
+        print(f"tandem watchdog (node {self.node}): no progress for {now - first['time']:.1f} s "
+              f"(limit {self.timeout_s:g} s) on ranks {ranks}; rank {first['rank']} stopped first: {why}. "
+              f"Stacks: {self.run_dir / 'watchdog'}/stacks-rank-*.attempt{attempt}.txt; ending the group so that "
+              f"it restarts", file=sys.stderr, flush=True)
+        for b in mine:
+            self.handled.add(b["pid"])
+            try:
+                os.kill(b["pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        _ = stacks
+        return out

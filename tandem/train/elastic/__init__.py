@@ -1,0 +1,12 @@
+"""Elastic training and fault tolerance on torchrun's agent and DCP.
+
+    resume.py     which checkpoint a (re)started group resumes from; data position across world sizes;
+                  the restart report (time lost, steps redone)
+
+    watchdog.py   a thread in each agent: no progress for T s -> dump stacks, name the first stopped
+                  rank, end the group so that torchrun restarts it
+    straggler.py  per-rank busy and data-wait times compared every K steps
+    faults.py     fault injection (TANDEM_FAULTS) for the tests
+    hooks.py      the one object the trainer calls
+See docs/elastic.md.
+"""

@@ -1,0 +1,67 @@
+"""Fault injection for the fault-tolerance tests (and for rehearsing a recovery by hand).
+
+``TANDEM_FAULTS`` holds comma-separated faults, each ``kind:key=value:...``::
+
+    sigkill:rank=1:step=7          rank 1 sends itself SIGKILL right after step 7
+    sigkill:rank=0:save=6          rank 0 dies inside the save of step 6 (shards written, not published)
+    sigkill:rank=1:async_save=6    rank 1 dies while its async write of step 6 is in flight
+    sigstop:rank=1:step=5          rank 1 stops itself (SIGSTOP) after step 5: a hang
+    exit:rank=1:step=3:code=3      rank 1 exits with code 3 after step 3
+    slow:rank=1:ms=40              rank 1 waits 40 ms on every batch it loads (a slow data path)
+
+A fault fires on the first attempt only; add ``:attempt=2`` to fire on that restart only,
+or ``:attempts=all`` to fire on every one (to exhaust --max-restarts). The signals are
+real: the kernel kills or stops the process as the OOM killer or an operator would.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+ENV = "TANDEM_FAULTS"
+
+
+def parse(text: str) -> list[dict]:
+    out = []
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        kind, *pairs = item.split(":")
+        fault = {"kind": kind}
+        for pair in pairs:
+            k, _, v = pair.partition("=")
+            fault[k] = v
+        out.append(fault)
+    return out
+
+
+def _active() -> list[dict]:
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    return [f for f in parse(os.environ.get(ENV, ""))
+            if f.get("attempts") == "all" or attempt == int(f.get("attempt", 0))]
+
+
+def point(where: str, *, step: int, rank: int) -> None:
+    """Fire the faults registered for ``where`` ('step' or 'save') at this step on this rank."""
+    for f in _active():
+        if f.get(where) is None or int(f[where]) != step or int(f.get("rank", -1)) != rank:
+            continue
+        kind = f["kind"]
+        print(f"tandem fault injection: {kind} on rank {rank} at {where} {step}", flush=True)
+        if kind == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif kind == "sigstop":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        elif kind == "exit":
+            os._exit(int(f.get("code", 1)))
+
+
+def slow_ms(rank: int) -> float:
+    """Milliseconds this rank should wait per batch ('slow' faults)."""
+    return sum(float(f.get("ms", 0)) for f in _active() if f["kind"] == "slow" and int(f.get("rank", -1)) == rank)
+
+
+def delay(rank: int) -> None:
+    ms = slow_ms(rank)
+    if ms:
+        time.sleep(ms / 1000)

@@ -1,0 +1,152 @@
+"""The one object the trainer calls for fault tolerance (so the loop stays readable).
+
+    el = ElasticHooks(spec, ctx, run_dir, metrics, log)    # cleans partial saves, reads the last attempt
+    sampler_for_loader = el.trace(sampler)                 # counts samples (TANDEM_TRACE_SAMPLES=1), slow faults
+    el.before_sync(step)                                   # heartbeat: about to enter the gradient all-reduce
+    el.on_step(step, epoch, dt, data_s, sync_s)            # heartbeat, stragglers, async publish, restart report
+    path = el.save(ckdir, step, model, optim, meta)        # sync or async (checkpoint.async_save)
+    el.finish() / el.summary()                             # wait for the last async save; restarts for result.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import torch.distributed as dist
+
+from tandem.train import checkpoint as ckpt
+from tandem.train import metrics as mt
+from tandem.train.elastic import faults
+from tandem.train.elastic import resume as rs
+from tandem.launch.heartbeat import Heartbeat
+from tandem.train.elastic.straggler import StragglerMonitor
+
+TRACE_ENV = "TANDEM_TRACE_SAMPLES"
+
+
+class _TracedSampler:
+    """Wraps the sampler the DataLoader draws from: records indices, applies 'slow' faults."""
+
+    def __init__(self, sampler, owner: "ElasticHooks", batch: int) -> None:
+        self.sampler, self.owner, self.batch = sampler, owner, batch
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self):
+        for i, idx in enumerate(self.sampler):
+            if i % self.batch == 0:
+                faults.delay(self.owner.ctx.rank)
+            if self.owner.tracing:
+                self.owner.drawn.append(int(idx))
+            yield idx
+
+
+class ElasticHooks:
+    def __init__(self, spec, ctx, run_dir: Path, metrics, log, ckdir: Path) -> None:
+        self.spec, self.ctx, self.run_dir, self.metrics, self.log = spec, ctx, Path(run_dir), metrics, log
+        self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self.proc_start = rs.process_start_time()
+        self.hb = Heartbeat(self.run_dir, ctx.rank, ctx.local_rank)
+        el = getattr(spec, "elastic", None)
+        self.straggler = StragglerMonitor(ctx, metrics, log, getattr(el, "straggler_every", 0),
+                                          getattr(el, "straggler_ratio", 1.5), getattr(el, "straggler_min_ms", 5.0))
+        self.before = mt.read(self.run_dir) if ctx.is_main else []
+        self.prev = rs.previous_attempt(self.before)
+        self.report: dict | None = None
+        self.tracing = os.environ.get(TRACE_ENV) == "1"
+        self.drawn: list[int] = []
+        self._trace_f = None
+        if self.tracing:
+            d = self.run_dir / "samples"
+            d.mkdir(parents=True, exist_ok=True)
+            self._trace_f = open(d / f"rank-{ctx.rank}.attempt{self.attempt}.jsonl", "w")
+        self.pending = None
+        self.pg = None
+        if getattr(spec.checkpoint, "async_save", False) and dist.is_initialized():
+            self.pg = dist.new_group(backend="gloo")  # DCP's background thread gets a group of its own
+        if ctx.is_main:
+            gone = ckpt.clean_partial(ckdir)
+            if gone:
+                log(f"removed partial checkpoint(s) of a save that did not finish: {', '.join(gone)}", flush=True)
+                metrics.write("ckpt_cleaned", folders=gone)
+        self.resumed_step = 0
+
+    # -- the loop --------------------------------------------------------------------------------
+    def trace(self, sampler):
+        return _TracedSampler(sampler, self, self.spec.schedule.micro_batch)
+
+    def resumed(self, path: Path, step: int) -> None:
+        self.resumed_step = step
+        for p, why in ckpt.SKIPPED.items():
+            self.log(f"checkpoint {Path(p).name} refused: {why}; resumed from {Path(path).name} instead", flush=True)
+            self.metrics.write("ckpt_refused", path=p, why=why, used=str(path))
+
+    def before_sync(self, step: int) -> None:
+        self.hb.beat(step, "sync")
+
+    def on_step(self, step: int, epoch: int, dt: float, data_s: float, sync_s: float) -> None:
+        self.hb.beat(step, "step")
+        if self._trace_f:
+            self._trace_f.write(json.dumps({"step": step, "epoch": epoch, "idx": self.drawn}) + "\n")
+            self._trace_f.flush()
+            self.drawn = []
+        self.straggler.record(step, max(0.0, dt - sync_s), data_s)
+        if self.pending is not None and (path := self.pending.poll()) is not None:
+            self._published(path)
+        if self.prev is not None and self.report is None and self.ctx.is_main:
+            hang = rs.last_hang(self.run_dir, self.prev["last_time"] - 1)
+            self.report = rs.restart_report(self.prev, self.resumed_step, self.proc_start, time.time(), dt, hang)
+            self.metrics.write("restart", **self.report)
+            r = self.report
+            self.log(f"restart {r['restart']}: resumed at step {r['resumed_step']} (the failed attempt reached "
+                     f"step {r['last_step_before']}: {r['steps_redone']} step(s) redone); back to training "
+                     f"{r['lost_s']:.1f} s after the last progress (down {r['down_s']:.1f} s + startup and "
+                     f"reload {r['startup_s']:.1f} s)", flush=True)
+        faults.point("step", step=step, rank=self.ctx.rank)
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def save(self, ckdir: Path, step: int, model, optim, meta: dict):
+        """The published folder (sync), or None while an async save is in flight."""
+        if self.pending is not None:
+            self._published(self.pending.wait())
+        self.hb.beat(step, "save")
+        t0 = time.perf_counter()
+        out = ckpt.save(ckdir, step, model, optim, self.ctx, {**meta, "run_id": rs.run_id()},
+                        self.spec.checkpoint.keep_last, async_pg=self.pg)
+        blocked = time.perf_counter() - t0
+        if isinstance(out, ckpt.PendingSave):
+            out.t0, out.blocked = t0, blocked
+            self.pending = out
+            return None
+        return out
+
+    def _published(self, path: Path) -> None:
+        p, self.pending = self.pending, None
+        total = time.perf_counter() - p.t0
+        self.metrics.write("ckpt", step=p.step, path=str(path), save_s=total, block_s=p.blocked, mode="async")
+        self.log(f"checkpoint {path.name}: training blocked {p.blocked * 1e3:.0f} ms (async save; written and "
+                 f"published {total:.2f} s after it started)", flush=True)
+        self.last_published = path
+
+    def finish(self) -> Path | None:
+        """Wait for an async save in flight; its folder, if there was one."""
+        if self.pending is None:
+            return None
+        self._published(self.pending.wait())
+        return self.last_published
+
+    def summary(self) -> dict:
+        restarts = [{k: v for k, v in r.items() if k not in ("kind", "time")}
+                    for r in self.before if r["kind"] == "restart"]
+        if self.report:
+            restarts.append(self.report)
+        if restarts and self.ctx.is_main:
+            lost = sum(r["lost_s"] for r in restarts)
+            redone = sum(r["steps_redone"] for r in restarts)
+            self.log(f"survived {len(restarts)} restart(s): {lost:.1f} s lost in all, {redone} step(s) redone",
+                     flush=True)
+        return {"restarts": restarts, "stragglers": self.straggler.flagged}

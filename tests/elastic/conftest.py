@@ -1,0 +1,21 @@
+"""The session's reference run, shared by the fault tests."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from elastic.fault_helpers import final_state, finish, samples_seen, start_train, write_spec
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory):
+    """One uninterrupted run (2 workers, one epoch, checkpoints every 10 steps): the baseline
+    every fault test compares its final weights and samples with."""
+    d = tmp_path_factory.mktemp("reference")
+    spec = write_spec(d / "job.toml", d / "run", straggler_every=10)
+    rc, out, err = finish(start_train(spec))
+    assert rc == 0, err[-3000:]
+    result = json.loads(out)
+    return {"dir": d, "run": d / "run", "spec": spec, "result": result,
+            "state": final_state(Path(result["checkpoint"])), "samples": samples_seen(d / "run")}
