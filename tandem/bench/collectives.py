@@ -214,3 +214,12 @@ def tolerance(dtype: torch.dtype, n: int) -> float:
     if dtype in (torch.float32, torch.float64, torch.int32):
         return 0.0
     return max(0.5, 6 * n * torch.finfo(dtype).eps)
+
+
+def _names_agree() -> None:
+    from tandem.bench import options
+
+    assert tuple(COLLECTIVES) == options.COLLECTIVES and tuple(DTYPES) == options.DTYPES
+
+
+_names_agree()

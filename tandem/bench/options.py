@@ -6,7 +6,9 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 
-from tandem.bench.collectives import COLLECTIVES, DTYPES
+# Names only: importing tandem.bench.collectives would pull torch into every `tandem` start-up.
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "sendrecv")
+DTYPES = ("fp32", "bf16", "fp16", "fp64", "int32")
 from tandem.core.errors import ConfigError
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,

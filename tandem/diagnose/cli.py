@@ -17,7 +17,7 @@ from tandem.bench.runner import WorkerLaunch, read_result, run_module
 from tandem.core.errors import ConfigError, LaunchError, TandemError, WorkerFailure
 from tandem.diagnose import nccl_log, network, system
 from tandem.diagnose.checks import FAIL, Check, ChecksFailed, print_summary, table, worst
-from tandem.diagnose.doctor_worker import DoctorOptions
+from tandem.diagnose.options import DoctorOptions
 
 
 def _expected_busbw(expect: float, calibration: Optional[Path], nnodes_max: int) -> float:

@@ -19,6 +19,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from tandem.diagnose.options import DoctorOptions
 import torch
 import torch.distributed as dist
 
@@ -31,17 +32,6 @@ SKEW_WARN_S = 0.1
 # torch's c10d rendezvous compares heartbeat timestamps written by other nodes with
 # its own clock; skew near its keep-alive window makes live nodes look dead.
 SKEW_FAIL_S = 30.0
-
-
-@dataclass
-class DoctorOptions:
-    device: str = "auto"
-    nproc_per_node: int = 1
-    checkpoint_path: str = "runs"
-    shared_path: str = ""             # default: checkpoint_path
-    busbw_bytes: int = 8 << 20
-    expect_busbw_GBps: float = 0.0    # 0: no expectation, the number is reported only
-    collective_timeout_s: float = 120.0
 
 
 def _node_name(topo: cw.Topology, node: int) -> str:

@@ -13,7 +13,6 @@ import threading
 from pathlib import Path
 from typing import Optional
 
-import torch
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -24,7 +23,6 @@ from tandem.core.spec import JobSpec
 from tandem.core.validate import validate
 from tandem.launch import failures as fl
 from tandem.launch.launcher import launch, resolve_device
-from tandem.train import checkpoint as ckpt
 from tandem.train import metrics
 
 
@@ -39,7 +37,10 @@ def run_dir_of(spec: JobSpec) -> Path:
 
 def preflight(spec: JobSpec, run_dir: Path) -> None:
     """Checks that need torch but no process group: device, and the checkpoint to resume."""
+    import torch  # here, not at the top: `tandem --help` and spec errors stay fast
+
     from tandem.models import build_model, model_signature
+    from tandem.train import checkpoint as ckpt
     from tandem.train.trainer import resume_path
 
     device, _ = resolve_device(spec.launch)
