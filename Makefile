@@ -13,7 +13,6 @@ $(BIN)/python:
 # torch first and pinned: here pip takes the local CPU wheel; a bare `torch`
 # requirement would pull a multi-GB CUDA build.
 $(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH)"
 	$(BIN)/pip install -q -e ".[test,plot]"
 	touch $(STAMP)
