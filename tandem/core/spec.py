@@ -156,7 +156,7 @@ class LaunchSpec:
 class ElasticSpec:
     straggler_every: int = f(50, "Compare per-rank busy and data-wait times every N steps (0: off).")
     straggler_ratio: float = f(1.5, "A rank busier than this times the median of the others is a straggler.")
-    straggler_min_ms: float = f(5.0, "...and by at least this many milliseconds per step (no alarms on noise).")
+    straggler_min_ms: float = f(10.0, "...and by at least this many milliseconds per step (no alarms on noise).")
 
 
 @dataclass

@@ -12,9 +12,13 @@ from tandem.core.errors import ConfigError
 from tandem.core.spec import JobSpec, LaunchSpec
 
 CHOICES = {
-    "data.name": ("digits", "synthetic", "npz"),
+    "data.name": ("digits", "synthetic", "npz", "reverse", "sort"),
     "data.remainder": ("pad", "drop"),
-    "parallel.strategy": ("ddp",),
+    "parallel.strategy": ("ddp", "zero1", "zero2", "zero3", "fsdp", "hsdp"),
+    "parallel.pp_schedule": ("gpipe", "1f1b", "interleaved"),
+    "parallel.pp_split": ("cost", "even"),
+    "parallel.activation_checkpoint": ("none", "selective", "full"),
+    "parallel.comm_hook": ("none", "fp16", "bf16", "powersgd"),
     "optim.name": ("sgd", "adamw"),
     "schedule.decay": ("cosine", "linear", "constant"),
     "precision.dtype": ("fp32", "bf16", "fp16"),
@@ -105,8 +109,11 @@ def validate(spec: JobSpec) -> JobSpec:
         raise ConfigError(f"elastic nnodes {spec.launch.nnodes} needs a c10d rendezvous endpoint",
                           field="launch.rdzv_endpoint", fix="add --rdzv-endpoint HOST:PORT")
     lo, hi = world_sizes(spec.launch)
+    # The degrees' owner (ParallelDims) checks tp/pp/dp arithmetic; imported here, lazily, so that every
+    # spec is refused before any process starts (it needs no torch.distributed state).
+    from tandem.train.parallel.dims import from_spec
     for world in sorted({lo, hi}):
-        grad_accum(spec, world)
+        grad_accum(spec, from_spec(spec, world, warn=world == hi).dp)
 
     if spec.data.name == "npz":
         p = Path(spec.data.path)

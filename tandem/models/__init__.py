@@ -11,7 +11,7 @@ from tandem.core.spec import ModelSpec
 from tandem.models.resnet import ResNet, resnet18, resnet34, resnet50
 
 BUILTIN = {"resnet18": 18, "resnet34": 34, "resnet50": 50}
-VALID = " | ".join(BUILTIN) + " | an import path 'pkg.module:factory'"
+VALID = " | ".join(BUILTIN) + " | gpt | an import path 'pkg.module:factory'"
 
 __all__ = ["ResNet", "resnet18", "resnet34", "resnet50", "build_model", "model_signature",
            "count_params", "BUILTIN"]
@@ -20,6 +20,10 @@ __all__ = ["ResNet", "resnet18", "resnet34", "resnet50", "build_model", "model_s
 def build_model(spec: ModelSpec) -> nn.Module:
     """The model the spec names, on the CPU, freshly initialised (seed the RNG first)."""
     name = spec.name
+    if name == "gpt":
+        from tandem.models.gpt import gpt
+        return gpt(layers=spec.layers, hidden=spec.hidden, heads=spec.heads, kv_heads=spec.kv_heads,
+                   ffn=spec.ffn, seq=spec.seq, vocab=spec.vocab, tied=spec.tied)
     if name in BUILTIN:
         return ResNet(depth=BUILTIN[name], width=spec.width, num_classes=spec.num_classes,
                       in_channels=spec.in_channels, small_input=spec.small_input)

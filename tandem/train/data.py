@@ -25,8 +25,12 @@ DIGITS_CLASSES = 10
 
 
 def load_datasets(spec: DataSpec, seed: int, num_classes: int,
-                  in_channels: int) -> tuple[Dataset, Dataset | None]:
-    """(train, held_out) for the spec; held_out is None when spec.held_out == 0."""
+                  in_channels: int, seq: int = 16) -> tuple[Dataset, Dataset | None]:
+    """(train, held_out) for the spec; held_out is None when spec.held_out == 0.
+    ``seq``: sequence length of the token tasks (reverse, sort: see tandem.train.tasks)."""
+    if spec.name in ("reverse", "sort"):
+        from tandem.train.tasks import load_task
+        return load_task(spec.name, spec.num_samples, seq, spec.held_out, seed)
     if spec.name == "digits":
         return _digits(spec, seed, num_classes, in_channels)
     if spec.name == "synthetic":
@@ -34,7 +38,7 @@ def load_datasets(spec: DataSpec, seed: int, num_classes: int,
     if spec.name == "npz":
         return _npz(spec, seed, num_classes, in_channels)
     raise DataError("unknown data set", field="data.name", value=spec.name,
-                    fix="use digits | synthetic | npz")
+                    fix="use digits | synthetic | npz | reverse | sort")
 
 
 def _held_out_count(n: int, frac: float) -> int:

@@ -24,6 +24,8 @@ from tandem.train.data import load_datasets
 from tandem.train.elastic import resume as el_resume
 from tandem.train.elastic.hooks import ElasticHooks
 from tandem.train.metrics import MetricsWriter
+from tandem.train.parallel import build_optimizer as par_optimizer
+from tandem.train.parallel import parallelize
 from tandem.train.sampler import ResumableDistributedSampler
 from tandem.train.schedule import make_scheduler
 
@@ -57,17 +59,26 @@ def evaluate(model, held, ctx: rt.DistContext, spec: JobSpec, fmt=torch.contiguo
     """Exact accuracy over the held-out set: rank r scores samples r, r+world, ... (no padding)."""
     rt.sync_buffers(model, ctx)
     model.eval()
-    idx = list(range(ctx.rank, len(held), ctx.world))
-    correct = 0
+    dp = getattr(model, "_tandem_dp", None)
+    rank, world = (model._tandem_dp_rank, dp) if dp else (ctx.rank, ctx.world)
+    idx = list(range(rank, len(held), world))
+    correct, scored = 0, 0
     for i in range(0, len(idx), 256):
         x, y = held[idx[i:i + 256]]
         with rt.autocast(ctx, spec.precision.dtype):
             x = x.to(ctx.device)
-            pred = model(x.contiguous(memory_format=fmt) if x.dim() == 4 else x).argmax(1)
-        correct += int((pred.cpu() == y).sum())
+            out = model(x.contiguous(memory_format=fmt) if x.dim() == 4 else x)
+        out = out.full_tensor() if hasattr(out, "full_tensor") else out  # tp: logits sharded over the vocab
+        if y.dim() == 2:  # sequence task: token accuracy over the scored positions
+            from tandem.train.tasks import token_accuracy
+            c_i, n_i = token_accuracy(out.cpu(), y)
+            correct, scored = correct + c_i, scored + n_i
+        else:
+            correct, scored = correct + int((out.argmax(1).cpu() == y).sum()), scored + len(y)
     model.train()
-    c, t = rt.all_reduce_sum([correct, len(idx)], ctx)
-    return int(c), int(t)
+    rep_ = getattr(model, "_tandem_replicas", 1)  # tp ranks score the same samples: count them once
+    c, t = rt.all_reduce_sum([correct / rep_, scored / rep_], ctx)
+    return round(c), round(t)
 
 
 def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
@@ -80,21 +91,27 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
     nhwc = spec.model.channels_last and spec.precision.dtype != "fp32"
     fmt = torch.channels_last if nhwc else torch.contiguous_format
     model = model.to(memory_format=fmt)
-    train_ds, held = load_datasets(spec.data, s.seed, spec.model.num_classes, spec.model.in_channels)
-    accum = grad_accum(spec, ctx.world)
-    sampler = ResumableDistributedSampler(train_ds, ctx.world, ctx.rank, shuffle=spec.data.shuffle, seed=s.seed,
+    train_ds, held = load_datasets(spec.data, s.seed, spec.model.num_classes, spec.model.in_channels,
+                                   seq=spec.model.seq)
+    log = print if ctx.is_main else (lambda *a, **k: None)
+    par = parallelize(model, spec, ctx, log)  # tp, pp, checkpointing, compile, dp sharding (docs/parallel.md)
+    dp_world, dp_rank = par.dp, par.dp_rank   # data ranks: tp and pp ranks of one replica read the same batch
+    accum = grad_accum(spec, dp_world)
+    sampler = ResumableDistributedSampler(train_ds, dp_world, dp_rank, shuffle=spec.data.shuffle, seed=s.seed,
                                           drop_last=spec.data.remainder == "drop")
+    y0 = train_ds[0][1]
+    per_sample = int((y0 != -100).sum()) if y0.dim() else 1  # scored targets per sample (tokens for gpt tasks)
     per_step = s.micro_batch * accum  # samples per rank per optimizer step
     steps_per_epoch = -(-sampler.num_samples // per_step)
     total = min(s.max_steps, s.epochs * steps_per_epoch) if s.max_steps else s.epochs * steps_per_epoch
 
-    ddp = rt.wrap_ddp(model, ctx, spec.parallel)
-    optim = build_optimizer(spec, ddp)
+    ddp = par.model
+    ddp._tandem_dp, ddp._tandem_dp_rank, ddp._tandem_replicas = dp_world, dp_rank, ctx.world // dp_world
+    optim = par_optimizer(spec, par, effective_lr(spec), build_optimizer)
     sched = make_scheduler(optim, total, s.warmup_steps, s.decay, s.min_lr_ratio)
     scaler = rt.grad_scaler(ctx, spec.precision.dtype)
     ckdir = checkpoint_dir(spec, run_dir)
     metrics = MetricsWriter(run_dir, ctx.is_main)
-    log = print if ctx.is_main else (lambda *a, **k: None)
     el = ElasticHooks(spec, ctx, run_dir, metrics, log, ckdir)
 
     step, epoch, resumed = 0, 0, None
@@ -104,7 +121,8 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
         ckpt.load(path, ddp, optim, ctx)
         sched.load_state_dict(meta["scheduler"])
         step, epoch = meta["step"], meta["epoch"]
-        position = el_resume.carry_position(meta, ctx.world, log)  # per rank, at this world size
+        old = {**meta, "world_size": meta.get("data_world", meta.get("world_size"))}
+        position = el_resume.carry_position(old, dp_world, log)  # per data rank, at this dp size
         el.resumed(path, step)
         if position >= sampler.num_samples:
             epoch += 1
@@ -120,9 +138,11 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
                   micro_batch=s.micro_batch, grad_accum=accum, effective_lr=lr0, base_lr=spec.optim.lr,
                   ref_batch=spec.optim.ref_batch, total_steps=total, steps_per_epoch=steps_per_epoch,
                   train_samples=len(train_ds), remainder=spec.data.remainder, padding=pad, resumed_from=resumed,
-                  start_step=step, device=str(ctx.device), backend=ctx.backend, dtype=spec.precision.dtype)
+                  start_step=step, device=str(ctx.device), backend=ctx.backend, dtype=spec.precision.dtype,
+                  parallel=par.dims.describe(), pipeline_split=par.split)
     log(f"world {ctx.world} ({ctx.world // ctx.local_world} nodes x {ctx.local_world}) on {ctx.device}/{ctx.backend}"
-        f" | global batch {s.global_batch} = {ctx.world} workers x micro {s.micro_batch} x accum {accum}"
+        f" | {par.dims.describe()}"
+        f" | global batch {s.global_batch} = {dp_world} data ranks x micro {s.micro_batch} x accum {accum}"
         f" | effective lr {lr0:g} = {spec.optim.lr:g} x {s.global_batch}/{spec.optim.ref_batch or s.global_batch}"
         f" | {total} steps, {steps_per_epoch}/epoch | remainder {spec.data.remainder}: "
         f"{abs(pad)} sample(s) {'repeated' if pad >= 0 else 'left out'} per epoch", flush=True)
@@ -138,7 +158,7 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
             t0 = time.perf_counter()
             n_step = min(per_step, sampler.num_samples - consumed)  # samples of this step on this rank
             n_micro = -(-n_step // s.micro_batch)
-            data_time, loss_sum = 0.0, 0.0
+            data_time, loss_sum, batch = 0.0, 0.0, []
             for i in range(n_micro):
                 td = time.perf_counter()
                 x, y = next(loader)
@@ -149,23 +169,37 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
                 if i == n_micro - 1:
                     el.before_sync(step)
                     t_sync = time.perf_counter()
+                if par.schedule is not None:  # pipeline: the schedule runs the step's micro-batches at once
+                    batch.append((x, y))
+                    if i == n_micro - 1:
+                        x, y = torch.cat([b[0] for b in batch]), torch.cat([b[1] for b in batch])
+                        loss_sum = par.forward_backward(x, y, n_step * per_sample,
+                                                        rt.autocast(ctx, spec.precision.dtype), False)
+                    continue
+                if y.dim() == 2 or par.loss_parallel or scaler is None:
+                    loss_sum += par.forward_backward(x, y, n_step * per_sample,
+                                                     rt.autocast(ctx, spec.precision.dtype), i < n_micro - 1)
+                    continue
                 with rt.no_sync(ddp, skip=i < n_micro - 1), rt.autocast(ctx, spec.precision.dtype):
                     loss = F.cross_entropy(ddp(x), y, reduction="sum") / n_step
                     (scaler.scale(loss) if scaler else loss).backward()
                 loss_sum += loss.item()
+            par.finish_backward()  # tp/pp with dp: the gradient all-reduce DDP would have done
             if scaler:
                 scaler.step(optim)
                 scaler.update()
             else:
                 optim.step()
             optim.zero_grad(set_to_none=True)
-            loss_sum = rt.all_reduce_sum([loss_sum], ctx)[0] / ctx.world  # the step's loss over all ranks
+            par.after_step()  # local SGD: average the models every H steps
+            scored = loss_sum if par.has_last and par.coords["tp"] == 0 else 0.0  # one copy per replica
+            loss_sum = rt.all_reduce_sum([scored], ctx)[0] / dp_world  # the step's loss over all replicas
             lr = sched.get_last_lr()[0]
             sched.step()
             step += 1
             consumed += n_step
             dt = time.perf_counter() - t0
-            rate = n_step * ctx.world / dt
+            rate = n_step * dp_world / dt
             rates.append(rate)
             metrics.write("step", step=step, epoch=epoch, loss=loss_sum, lr=lr, samples_per_s=rate,
                           step_time_s=dt, data_time_s=data_time)
@@ -178,7 +212,7 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
                 last_saved = _save(ckdir, step, epoch, consumed, ddp, optim, sched, ctx, spec, signature,
                                    metrics, el) or last_saved
         if consumed >= sampler.num_samples:
-            if held is not None:
+            if held is not None and par.schedule is None:  # pp: no held-out pass (stages hold slices)
                 c, t = evaluate(ddp, held, ctx, spec, fmt)
                 accuracy = c / t
                 metrics.write("eval", epoch=epoch, step=step, accuracy=accuracy, correct=c, total=t)
@@ -190,7 +224,7 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
     result = {"step": step, "epoch": epoch, "accuracy": accuracy, "world": ctx.world,
               "samples_per_s": sum(steady) / len(steady) if steady else None, "wall_s": wall,
               "checkpoint": str(last_saved) if last_saved else None, "global_batch": s.global_batch,
-              "effective_lr": lr0, "grad_accum": accum}
+              "effective_lr": lr0, "grad_accum": accum, "parallel": par.dims.describe()}
     result.update(el.summary())
     metrics.write("end", **result)
     metrics.close()
@@ -200,7 +234,8 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
 def _save(ckdir, step, epoch, consumed, ddp, optim, sched, ctx, spec, signature, metrics, el):
     t0 = time.perf_counter()
     meta = {"epoch": epoch, "consumed": consumed, "scheduler": sched.state_dict(), "model": spec.model.name,
-            "signature": signature, "job": spec.name}
+            "signature": signature, "job": spec.name, "data_world": getattr(ddp, "_tandem_dp", ctx.world),
+            "parallel": {k: getattr(spec.parallel, k) for k in ("strategy", "tp", "pp")}}
     path = el.save(ckdir, step, ddp, optim, meta)
     if path is not None:
         metrics.write("ckpt", step=step, path=str(path), save_s=time.perf_counter() - t0)

@@ -1,0 +1,155 @@
+"""A GPT-style decoder sized by its shape, laid out for tensor and pipeline parallelism.
+
+    model = GPT(GPTConfig(layers=4, hidden=64, heads=4, kv_heads=2, seq=16, vocab=16))
+    logits = model(tokens)          # (B, T) int64 -> (B, T, vocab)
+
+Layout (torchtitan style): ``tok_emb``, ``pos_emb`` (learned positions), ``layers`` (a
+ModuleDict "0".."L-1" of pre-norm blocks, so a pipeline stage deletes the blocks it does
+not own and keeps the names of the rest), ``norm`` and ``head``. Each of them may be
+``None`` on a pipeline stage. Attention computes its local head count from the weight
+shapes, so the same code runs with the projections split column-wise across tp ranks.
+With ``tied=True`` the output layer shares the token embedding matrix (GPT-2).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tandem.core.errors import ConfigError
+
+
+@dataclass
+class GPTConfig:
+    layers: int = 2
+    hidden: int = 64
+    heads: int = 4
+    kv_heads: int = 0      # 0: same as heads (multi-head); fewer: grouped-query attention
+    ffn: int = 0           # 0: 4 * hidden
+    seq: int = 16
+    vocab: int = 16
+    tied: bool = True
+
+    def __post_init__(self):
+        self.kv_heads = self.kv_heads or self.heads
+        self.ffn = self.ffn or 4 * self.hidden
+        for k in ("layers", "hidden", "heads", "kv_heads", "ffn", "seq", "vocab"):
+            if getattr(self, k) < 1:
+                raise ConfigError(f"must be at least 1, got {getattr(self, k)}", field=f"model.{k}",
+                                  value=getattr(self, k), fix="give a positive size")
+        if self.hidden % self.heads:
+            raise ConfigError(f"hidden {self.hidden} is not divisible by heads {self.heads} "
+                              f"({self.hidden} % {self.heads} = {self.hidden % self.heads})", field="model.heads",
+                              value=self.heads, fix="choose heads that divide hidden")
+        if self.heads % self.kv_heads:
+            raise ConfigError(f"heads {self.heads} is not divisible by kv_heads {self.kv_heads}",
+                              field="model.kv_heads", value=self.kv_heads, fix="choose kv_heads that divide heads")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+class Attention(nn.Module):
+    def __init__(self, c: GPTConfig):
+        super().__init__()
+        self.head_dim = c.head_dim
+        self.wq = nn.Linear(c.hidden, c.heads * c.head_dim)
+        self.wk = nn.Linear(c.hidden, c.kv_heads * c.head_dim)
+        self.wv = nn.Linear(c.hidden, c.kv_heads * c.head_dim)
+        self.wo = nn.Linear(c.heads * c.head_dim, c.hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.wq(x).view(b, t, -1, self.head_dim).transpose(1, 2)   # local heads under tp
+        k = self.wk(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        if k.shape[1] != q.shape[1]:  # grouped-query attention: each kv head serves heads/kv_heads queries
+            rep = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(y.transpose(1, 2).reshape(b, t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, c: GPTConfig):
+        super().__init__()
+        self.w1 = nn.Linear(c.hidden, c.ffn)
+        self.w2 = nn.Linear(c.ffn, c.hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.gelu(self.w1(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, c: GPTConfig):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(c.hidden)
+        self.attn = Attention(c)
+        self.ln2 = nn.LayerNorm(c.hidden)
+        self.mlp = MLP(c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, c: GPTConfig):
+        super().__init__()
+        self.config = c
+        self.tok_emb = nn.Embedding(c.vocab, c.hidden)
+        self.pos_emb = nn.Embedding(c.seq, c.hidden)
+        self.layers = nn.ModuleDict({str(i): Block(c) for i in range(c.layers)})
+        self.norm = nn.LayerNorm(c.hidden)
+        self.head = nn.Linear(c.hidden, c.vocab, bias=False)
+        self.reset_parameters()
+        if c.tied:
+            self.head.weight = self.tok_emb.weight
+
+    def reset_parameters(self) -> None:
+        """GPT-2 initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 layers)."""
+        std = 0.02
+        for name, p in self.named_parameters():
+            if p.dim() == 1:
+                nn.init.ones_(p) if name.endswith("ln1.weight") or name.endswith("ln2.weight") \
+                    or name == "norm.weight" else nn.init.zeros_(p)
+            elif name.endswith(("wo.weight", "w2.weight")):
+                nn.init.normal_(p, 0.0, std / math.sqrt(2 * self.config.layers))
+            else:
+                nn.init.normal_(p, 0.0, std)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (B, T) int64 on the first stage, hidden states (B, T, H) on later pipeline stages."""
+        h = tokens
+        if self.tok_emb is not None:
+            pos = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0)
+            h = self.tok_emb(tokens) + self.pos_emb(pos)
+        for layer in self.layers.values():
+            h = layer(h)
+        if self.norm is not None:
+            h = self.norm(h)
+        return self.head(h) if self.head is not None else h
+
+
+def gpt(layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 0, ffn: int = 0, seq: int = 16,
+        vocab: int = 16, tied: bool = True, **_ignored) -> GPT:
+    """Factory (``model.name = "gpt"``); extra keywords (num_classes, in_channels) are ignored."""
+    return GPT(GPTConfig(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, seq=seq,
+                         vocab=vocab, tied=tied))
+
+
+def block_cost(c: GPTConfig, part: str) -> float:
+    """Forward FLOPs per token of one part (``embed``, ``block``, ``head``): the weights for the
+    pipeline's balanced split. A block: 2 x its matmul parameters + 4 x seq x hidden for attention
+    scores and values (causal halves it: 2 x seq x hidden)."""
+    h, kv = c.hidden, c.kv_heads * c.head_dim
+    if part == "block":
+        return 2 * (2 * h * h + 2 * h * kv + 2 * h * c.ffn) + 2 * c.seq * h
+    if part == "head":
+        return 2 * h * c.vocab
+    return 0.0  # embedding lookups are memory reads, no FLOPs

@@ -1,0 +1,172 @@
+"""Parallel strategies on one DeviceMesh: ``parallelize(model, spec, ctx)``.
+
+The order, on each rank (torchtitan's):
+
+1. degrees -> ``ParallelDims`` -> DeviceMesh (pp, dp_replicate, dp_shard, tp);
+2. pipeline split: keep only this rank's stages' blocks (``pp.keep_only``);
+3. tensor parallel on the tp mesh (``tp.apply_tp``): DTensor parameters;
+4. activation checkpointing per block (``ac.apply_ac``);
+5. ``torch.compile`` per block (optional);
+6. data parallel on the dp mesh: DDP / ZeRO-1 (``ddp``), FSDP2 ``fully_shard`` for zero2, zero3
+   and hsdp (``fsdp``), or a bucketed gradient all-reduce when tp or pp rule DDP out;
+7. pipeline stages and schedule over the (possibly sharded) skeleton (``pp.build_schedule``).
+
+Tensor parallel must come before FSDP (FSDP shards the DTensors tp made, on the other mesh
+dimension), and checkpointing and compile before FSDP so each FSDP unit wraps the final block.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from tandem.train.parallel.dims import SHARDED, ParallelDims, from_spec
+from tandem.train.tasks import IGNORE
+
+__all__ = ["Parallel", "parallelize", "ParallelDims", "from_spec"]
+
+
+@dataclass
+class Parallel:
+    dims: ParallelDims
+    model: nn.Module                 # what forward calls (DDP-wrapped, or the FSDP/tp root)
+    root: nn.Module                  # the unwrapped module: checkpoints, signatures, parameters
+    coords: dict
+    mesh: object = None
+    dp_mesh: object = None
+    grad_sync: object = None         # bucketed dp all-reduce (tp / pp with ddp)
+    schedule: object = None          # pipeline schedule (pp > 1)
+    stages: list = field(default_factory=list)
+    loss_parallel: bool = False
+    split: str = ""                  # the pipeline split, printed
+    hook_state: object = None        # comm hook / local SGD state
+    averager: object = None          # local SGD model averager
+
+    @property
+    def dp_rank(self) -> int:
+        return self.coords["dp"]
+
+    @property
+    def dp(self) -> int:
+        return self.dims.dp
+
+    @property
+    def has_first(self) -> bool:
+        return any(s.is_first for s in self.stages) if self.stages else True
+
+    @property
+    def has_last(self) -> bool:
+        return any(s.is_last for s in self.stages) if self.stages else True
+
+    def dp_group(self):
+        return self.dp_mesh.get_group() if self.dp_mesh is not None else None
+
+    def loss_context(self):
+        if self.loss_parallel:
+            from torch.distributed.tensor.parallel import loss_parallel
+            return loss_parallel()
+        return nullcontext()
+
+    def no_sync(self, skip: bool):
+        if skip and isinstance(self.model, nn.parallel.DistributedDataParallel) and self.averager is None:
+            return self.model.no_sync()
+        return nullcontext()
+
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor, denom: float, autocast, skip_sync: bool) -> float:
+        """One micro-batch (or, with pp, the whole step's micro-batches): backward of sum-loss / denom."""
+        if self.schedule is not None:
+            with self.loss_context(), autocast:
+                self._denom = denom
+                losses = _pp_step(self, x, y)
+            return float(sum(l.detach().float() for l in losses)) if losses else 0.0
+        with self.no_sync(skip_sync), self.loss_context(), autocast:
+            loss = loss_sum(self.model(x), y) / denom
+            loss.backward()
+        return float(loss.detach())
+
+    def finish_backward(self) -> None:
+        if self.grad_sync is not None:
+            self.grad_sync()
+
+    def after_step(self) -> None:
+        if self.averager is not None:
+            self.averager.average_parameters(self.root.parameters())
+
+
+def _pp_step(par: Parallel, x, y):
+    from tandem.train.parallel import pp
+    return pp.step(par.schedule, x, y, par.has_first, par.has_last)
+
+
+def loss_sum(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Sum of the cross-entropy over the scored targets: classes (N,) or token targets (N, T)."""
+    if y.dim() == 2:
+        return F.cross_entropy(out.flatten(0, 1), y.flatten(), reduction="sum", ignore_index=IGNORE)
+    return F.cross_entropy(out, y, reduction="sum")
+
+
+def parallelize(model: nn.Module, spec, ctx, log=lambda *a: None) -> Parallel:
+    """Apply the spec's strategy to a freshly built model (same seed on every rank). Collective."""
+    p = spec.parallel
+    dims = from_spec(spec, ctx.world, ctx.local_world)
+    coords = dims.coords(ctx.rank)
+    if ctx.world == 1 or not dist.is_initialized():
+        return Parallel(dims, model, model, coords)
+    mesh, dp_mesh = dims.build_mesh(ctx.device.type)
+    par = Parallel(dims, model, model, coords, mesh=mesh, dp_mesh=dp_mesh)
+    parts, mine = None, None
+    if dims.pp > 1:
+        from tandem.train.parallel import pp
+        v = p.pp_virtual if p.pp_schedule == "interleaved" else 1
+        parts = pp.split_layers(model, dims.pp * v, p.pp_split)
+        par.split = pp.describe_split(model, parts)
+        log(f"pipeline split ({p.pp_split}): {par.split}")
+        mine = pp.stage_ids(coords["pp"], dims.pp, v)
+        pp.keep_only(model, parts, mine)
+    if dims.tp > 1:
+        from tandem.train.parallel.tp import apply_tp
+        par.loss_parallel = p.loss_parallel and getattr(model, "head", None) is not None
+        apply_tp(model, mesh["tp"], p.sequence_parallel, par.loss_parallel)
+    from tandem.train.parallel.ac import apply_ac
+    apply_ac(model, p.activation_checkpoint, p.ac_every)
+    if p.compile:
+        from tandem.train.parallel.fsdp import blocks
+        for b in blocks(model):
+            b.compile()
+    if dims.dp > 1:
+        if p.strategy in SHARDED:
+            from tandem.train.parallel.fsdp import apply_fsdp
+            dp_mesh = mesh["dp_replicate", "dp_shard"] if p.strategy == "hsdp" else dp_mesh
+            apply_fsdp(model, dp_mesh, p.strategy)
+        elif dims.tp > 1 or dims.pp > 1:
+            from tandem.train.parallel.ddp import GradSync
+            par.grad_sync = GradSync(model.parameters(), dp_mesh.get_group(), dims.dp, p.bucket_cap_mb)
+        else:
+            from tandem.train.parallel.ddp import wrap_ddp
+            par.model = wrap_ddp(model, p, ctx.device, dp_mesh.get_group())
+            from tandem.train.parallel.hooks import install
+            install(par, p)
+    if dims.pp > 1:
+        from tandem.train.parallel import pp
+
+        def loss_fn(out, y):
+            return loss_sum(out, y) / par._denom
+
+        n_micro = spec.schedule.global_batch // (dims.dp * spec.schedule.micro_batch)
+        par.schedule, par.stages = pp.build_schedule(model, parts, mine, coords["pp"], dims.pp,
+                                                     mesh["pp"].get_group(), ctx.device, p.pp_schedule,
+                                                     n_micro, loss_fn)
+    return par
+
+
+def build_optimizer(spec, par: Parallel, lr: float, default_builder):
+    """zero1: ZeroRedundancyOptimizer over the dp group; otherwise ``default_builder(spec, root)``."""
+    if spec.parallel.strategy == "zero1" and par.mesh is not None and par.dp > 1:
+        from tandem.train.parallel.ddp import zero1_optimizer
+        return zero1_optimizer(spec, par.root.parameters(), lr, par.dp_group())
+    return default_builder(spec, par.root)

@@ -1,0 +1,38 @@
+"""Activation checkpointing: none, selective (every N-th block) or full (every block).
+
+A checkpointed block keeps only its input during forward and recomputes its activations
+in backward (one extra forward of that block). Applied before data-parallel wrapping so
+FSDP's units contain the checkpoint wrappers (the order torchtitan uses).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+from tandem.train.parallel.fsdp import blocks
+
+
+def apply_ac(model: nn.Module, mode: str, every: int = 2) -> int:
+    """Wrap blocks in place; returns how many were wrapped."""
+    if mode == "none":
+        return 0
+    n = 0
+    for parent in _parents(model):
+        for name, child in list(parent.named_children()):
+            if child in _block_set(model):
+                idx = n
+                if mode == "full" or idx % every == 0:
+                    parent.register_module(name, checkpoint_wrapper(child, preserve_rng_state=False))
+                n += 1
+    return sum(1 for m in model.modules() if type(m).__name__ == "CheckpointWrapper")
+
+
+def _block_set(model):
+    return set(blocks(model))
+
+
+def _parents(model: nn.Module):
+    if isinstance(getattr(model, "layers", None), nn.ModuleDict):
+        return [model.layers]
+    return [getattr(model, n) for n in ("layer1", "layer2", "layer3", "layer4") if hasattr(model, n)]

@@ -1,0 +1,198 @@
+"""Numerics harness: run N steps of a job spec on real processes, compare with one process.
+
+    out = spawn(run_steps, world=4, spec=spec, steps=3)   # per-step losses, full weights, bytes
+    ref = run_steps_single(spec, steps=3)                  # the same, in this process
+
+Every run draws the same batches (the reverse task, seeded) and the same initial weights
+(seeded before the model is built): rank r of the data-parallel group takes rows
+[r x B/dp, (r+1) x B/dp) of each global batch B, in micro-batches of ``micro_batch``.
+The loss is the sum of the token cross-entropies divided by the step's scored tokens on
+that rank, so the data-parallel mean of the gradients equals the single-process mean.
+Workers join through a FileStore (no ports), one thread each.
+"""
+
+from __future__ import annotations
+
+import copy
+import faulthandler
+import os
+import tempfile
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from tandem.core.validate import effective_lr
+from tandem.models import build_model
+from tandem.train import runtime as rt
+from tandem.train.parallel import build_optimizer, parallelize
+from tandem.train.parallel.comm import CommCounter
+from tandem.train.tasks import make_task
+
+
+def _default_opt(spec, model):
+    from tandem.train.trainer import build_optimizer as b
+    return b(spec, model)
+
+
+def local_state_bytes(par, optim) -> dict:
+    """Bytes of parameters, gradients and optimizer state this rank holds (local shards)."""
+    from torch.distributed.tensor import DTensor
+
+    def nb(t):
+        t = t.to_local() if isinstance(t, DTensor) else t
+        return t.numel() * t.element_size()
+    params = {id(p): p for p in par.root.parameters()}.values()
+    out = {"params": sum(nb(p) for p in params), "grads": sum(nb(p.grad) for p in params if p.grad is not None)}
+    inner = getattr(optim, "optim", optim)     # ZeroRedundancyOptimizer keeps its shard's optimizer in .optim
+    out["optimizer"] = sum(nb(v) for st in inner.state.values() for v in st.values()
+                           if isinstance(v, torch.Tensor) and v.dim() > 0)
+    return out
+
+
+def full_state(par) -> dict:
+    """The full (unsharded) weights by name, on every rank; pipeline slices merged over pp."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    if par.mesh is None:
+        return {k: v.detach().clone() for k, v in par.root.state_dict().items()}
+    sd = get_model_state_dict(par.root, options=StateDictOptions(full_state_dict=True, cpu_offload=False,
+                                                                 broadcast_from_rank0=False))
+    sd = {k: v.detach().cpu().clone() for k, v in sd.items()}
+    if par.dims.pp > 1:
+        parts = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, sd)
+        merged: dict = {}
+        for s in parts:
+            merged.update(s)
+        sd = merged
+    return sd
+
+
+def batches(spec, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """n samples: the reverse task for gpt, Gaussian images with random labels for image models."""
+    g = torch.Generator().manual_seed(spec.schedule.seed + 1)
+    if spec.model.name == "gpt":
+        return make_task("reverse", n, spec.model.seq, spec.schedule.seed + 1)
+    m = spec.model
+    return (torch.randn(n, m.in_channels, spec.data.image_size, spec.data.image_size, generator=g),
+            torch.randint(0, m.num_classes, (n,), generator=g))
+
+
+def run_steps(spec, ctx, steps: int, count: bool = False, save: str = "", load: str = "") -> dict:
+    """``steps`` optimizer steps; ``load``: start from that DCP checkpoint; ``save``: write one at the end."""
+    s = spec.schedule
+    rt.seed_everything(s.seed)
+    model = build_model(spec.model)
+    par = parallelize(model, spec, ctx)
+    optim = build_optimizer(spec, par, effective_lr(spec), _default_opt)
+    B, mb, dp = s.global_batch, s.micro_batch, par.dp
+    per = B // dp
+    x, y = batches(spec, steps * B)
+    denom = per * (spec.model.seq // 2 if spec.model.name == "gpt" else 1)
+    tp_rank = par.coords["tp"]
+    if load:
+        from tandem.train import checkpoint as ckpt
+        ckpt.load(Path(load), par.model, optim, ctx)
+        if not steps:
+            return {"state": full_state(par), "rank": ctx.rank, "dims": par.dims.describe()}
+    losses, states, counter = [], [], CommCounter()
+    for step in range(steps):
+        lo = step * B + par.dp_rank * per
+        xs, ys = x[lo:lo + per], y[lo:lo + per]
+        with (counter if count else _null()):
+            local = 0.0
+            if par.schedule is not None:
+                local = par.forward_backward(xs, ys, denom, rt.autocast(ctx, spec.precision.dtype), False)
+            else:
+                n_micro = per // mb
+                for i in range(n_micro):
+                    local += par.forward_backward(xs[i * mb:(i + 1) * mb], ys[i * mb:(i + 1) * mb], denom,
+                                                  rt.autocast(ctx, spec.precision.dtype), i < n_micro - 1)
+            par.finish_backward()
+            if step == 0:
+                states.append(local_state_bytes(par, optim))
+            optim.step()
+            optim.zero_grad(set_to_none=True)
+            par.after_step()
+        scored = local if (par.has_last and tp_rank == 0) else 0.0
+        losses.append(rt.all_reduce_sum([scored], ctx)[0] / dp)
+    if count and states:
+        states[0]["optimizer"] = local_state_bytes(par, optim)["optimizer"]  # state exists after a step
+    if save:
+        from tandem.train import checkpoint as ckpt
+        ckpt.save(Path(save), steps, par.model, optim, ctx, {"job": "check"}, keep_last=1)
+    return {"losses": losses, "state": full_state(par), "bytes": states[0] if states else {},
+            "comm": counter.summary(steps) if count else {}, "split": par.split, "dims": par.dims.describe(),
+            "rank": ctx.rank}
+
+
+def run_many(specs: dict, ctx, steps: int, count: bool = False) -> dict:
+    """Several configurations in one set of processes (saves the process start-up): name -> result.
+    A configuration that fails records its traceback under its name instead."""
+    out = {}
+    for name, spec in specs.items():
+        spec, kw = spec if isinstance(spec, tuple) else (spec, {})
+        try:
+            out[name] = run_steps(spec, ctx, kw.pop("steps", steps), count, **kw)
+        except Exception:
+            out[name] = {"error": traceback.format_exc()}
+        dist.barrier()
+    return out
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def run_steps_single(spec, steps: int, count: bool = False) -> dict:
+    spec = copy.deepcopy(spec)
+    spec.parallel.strategy, spec.parallel.tp, spec.parallel.pp = "ddp", 1, 1
+    spec.parallel.comm_hook, spec.parallel.local_sgd_every = "none", 0
+    torch.set_num_threads(1)
+    ctx = rt.DistContext(0, 1, 0, 1, 0, torch.device("cpu"), "gloo")
+    return run_steps(spec, ctx, steps, count)
+
+
+def _worker(rank: int, world: int, local_world: int, store: str, out: str, fn, args, kwargs):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank % local_world),
+                      LOCAL_WORLD_SIZE=str(local_world), GROUP_RANK=str(rank // local_world),
+                      OMP_NUM_THREADS="1")
+    torch.set_num_threads(1)
+    # a hung collective dumps every thread's stack to the error file and exits, instead of hanging a test
+    err = open(f"{out}.{rank}.stacks", "w")
+    faulthandler.dump_traceback_later(float(os.environ.get("TANDEM_WORKER_TIMEOUT", "300")), exit=True, file=err)
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+        ctx = rt.DistContext(rank, world, rank % local_world, local_world, rank // local_world,
+                             torch.device("cpu"), "gloo")
+        res = fn(*args, ctx=ctx, **kwargs)
+        torch.save(res, f"{out}.{rank}")
+    except BaseException:
+        Path(f"{out}.{rank}.err").write_text(traceback.format_exc())
+        raise
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def spawn(fn, world: int, *args, local_world: int | None = None, **kwargs) -> list:
+    """Run ``fn(*args, ctx=ctx, **kwargs)`` on ``world`` fresh processes; every rank's result, in rank order.
+    ``local_world``: ranks per simulated node (default: all on one)."""
+    with tempfile.TemporaryDirectory() as d:
+        store, out = os.path.join(d, "store"), os.path.join(d, "res")
+        try:
+            mp.spawn(_worker, args=(world, local_world or world, store, out, fn, args, kwargs), nprocs=world,
+                     join=True)
+        except Exception as e:
+            errs = sorted(Path(d).glob("res.*.err")) + [p for p in sorted(Path(d).glob("res.*.stacks"))
+                                                         if p.stat().st_size]
+            detail = "\n".join(p.read_text()[-4000:] for p in errs[:2])
+            raise RuntimeError(f"worker failed: {e}\n{detail}") from e
+        return [torch.load(f"{out}.{r}", weights_only=False) for r in range(world)]

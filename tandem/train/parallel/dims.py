@@ -1,0 +1,147 @@
+"""ParallelDims: the one owner of the parallel degrees.
+
+It turns a job spec and a world size into degrees (pp x dp_replicate x dp_shard x tp),
+validates them before any process starts (every error shows its arithmetic), and,
+inside a worker, builds the DeviceMesh everything else slices:
+
+    mesh dims, outermost first:  pp, dp_replicate, dp_shard, tp
+
+tp is innermost so a tp group is consecutive ranks (one node, fast links), then data
+parallel, then pipeline stages outermost (Megatron-LM's order; the planner assumes the
+same). ``dp = dp_replicate x dp_shard``; only hsdp has dp_replicate > 1.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+from tandem.core.errors import ConfigError
+
+SHARDED = ("zero2", "zero3", "fsdp", "hsdp")    # FSDP2 strategies
+STRATEGIES = ("ddp", "zero1") + SHARDED
+ZERO_STAGE = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3, "hsdp": 3}
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    world: int
+    pp: int
+    dp_replicate: int
+    dp_shard: int
+    tp: int
+    strategy: str = "ddp"
+
+    @property
+    def dp(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return ("pp", "dp_replicate", "dp_shard", "tp")
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.pp, self.dp_replicate, self.dp_shard, self.tp)
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """Position of a global rank on the mesh (row-major over ``names``)."""
+        out, rest = {}, rank
+        for name, size in zip(reversed(self.names), reversed(self.shape)):
+            out[name] = rest % size
+            rest //= size
+        out["dp"] = out["dp_replicate"] * self.dp_shard + out["dp_shard"]
+        return out
+
+    def build_mesh(self, device_type: str):
+        """(mesh, dp mesh): the DeviceMesh (collective: every rank calls it) and its flattened dp dimension."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh(device_type, self.shape, mesh_dim_names=self.names)
+        return mesh, mesh["dp_replicate", "dp_shard"]._flatten("dp")
+
+    def describe(self) -> str:
+        dp = f"dp {self.dp}" + (f" (replicate {self.dp_replicate} x shard {self.dp_shard})"
+                                if self.dp_replicate > 1 else "")
+        return f"{self.strategy}: pp {self.pp} x {dp} x tp {self.tp} = {self.world} ranks"
+
+
+def _need(cond: bool, message: str, field: str, value, fix: str) -> None:
+    if not cond:
+        raise ConfigError(message, field=field, value=value, fix=fix)
+
+
+def from_spec(spec, world: int, local_world: int | None = None, warn: bool = True) -> ParallelDims:
+    """Degrees for ``spec`` on ``world`` ranks with ``local_world`` ranks per node; raises ConfigError."""
+    p, m = spec.parallel, spec.model
+    local_world = local_world or spec.launch.nproc_per_node
+    tp, pp = p.tp, p.pp
+    _need(p.strategy in STRATEGIES, f"{p.strategy!r} is not one of {', '.join(STRATEGIES)}", "parallel.strategy",
+          p.strategy, f"set parallel.strategy to one of: {', '.join(STRATEGIES)}")
+    _need(tp >= 1 and pp >= 1, f"degrees must be at least 1 (tp {tp}, pp {pp})", "parallel.tp", (tp, pp),
+          "give tp >= 1 and pp >= 1")
+    _need(world % (tp * pp) == 0, f"tp {tp} x pp {pp} = {tp * pp} does not divide the world size {world} "
+          f"({world} % {tp * pp} = {world % (tp * pp)})", "parallel.tp", (tp, pp),
+          f"choose tp x pp among the divisors of {world}, or change the number of workers")
+    dp = world // (tp * pp)
+    is_gpt = m.name == "gpt"
+    if tp > 1 or pp > 1:
+        _need(is_gpt, f"tensor and pipeline parallelism split transformer blocks; model {m.name!r} has none "
+              f"(tp {tp}, pp {pp})", "parallel.tp" if tp > 1 else "parallel.pp", tp if tp > 1 else pp,
+              "use model.name=gpt, or tp=1 pp=1 with a data-parallel strategy (ddp, zero1..3, hsdp)")
+    if tp > 1:
+        kv = m.kv_heads or m.heads
+        ffn = m.ffn or 4 * m.hidden
+        for name, val in (("heads", m.heads), ("kv_heads", kv), ("ffn", ffn), ("vocab", m.vocab)):
+            _need(val % tp == 0, f"{name} {val} is not divisible by tp {tp} ({val} % {tp} = {val % tp})",
+                  f"model.{name}", val, f"choose tp dividing {name}, or {name} a multiple of {tp}")
+        if p.sequence_parallel:
+            _need(m.seq % tp == 0, f"sequence parallel splits seq {m.seq} over tp {tp} "
+                  f"({m.seq} % {tp} = {m.seq % tp})", "model.seq", m.seq, f"make seq a multiple of {tp}")
+        if warn and tp > local_world:
+            warnings.warn(f"tp {tp} spans more than one node ({local_world} ranks per node): every block's "
+                          "all-reduce crosses the network; keep tp <= ranks per node", stacklevel=2)
+    if pp > 1:
+        v = p.pp_virtual if p.pp_schedule == "interleaved" else 1
+        stages = pp * v
+        _need(not m.tied, f"tied embeddings share one matrix between the first and the last of {pp} stages",
+              "model.tied", True, "set model.tied=false with pp > 1")
+        if p.pp_split == "even":
+            _need(m.layers % stages == 0, f"layers {m.layers} do not split evenly into pp {pp} x {v} chunk(s) = "
+                  f"{stages} stages ({m.layers} % {stages} = {m.layers % stages})", "model.layers", m.layers,
+                  f"use a multiple of {stages} layers, or parallel.pp_split=cost")
+        _need(m.layers >= stages, f"layers {m.layers} < pp {pp} x {v} chunk(s) = {stages} stages: a stage "
+              "would hold no block", "model.layers", m.layers, f"use at least {stages} layers or fewer stages")
+        mb = spec.schedule.global_batch // max(1, dp * spec.schedule.micro_batch)
+        _need(mb >= pp, f"{mb} micro-batch(es) per step (global_batch {spec.schedule.global_batch} / (dp {dp} x "
+              f"micro_batch {spec.schedule.micro_batch})) < pp {pp} stages: the pipeline would stall",
+              "schedule.micro_batch", spec.schedule.micro_batch,
+              f"give at least {pp} micro-batches per step (smaller micro_batch or larger global_batch)")
+        if p.pp_schedule == "interleaved":
+            _need(mb % pp == 0, f"interleaved 1F1B runs micro-batches in rounds of pp {pp}; {mb} % {pp} = "
+                  f"{mb % pp}", "schedule.micro_batch", spec.schedule.micro_batch,
+                  f"make the micro-batches per step a multiple of {pp}")
+        _need(p.strategy == "ddp", f"strategy {p.strategy!r} with pp {pp} is not supported (data parallel "
+              "over pipeline stages all-reduces gradients)", "parallel.strategy", p.strategy,
+              "use parallel.strategy=ddp with pp > 1")
+    if p.strategy == "zero1":
+        _need(tp == 1 and pp == 1, f"zero1 (ZeroRedundancyOptimizer) takes plain tensors; tp {tp} / pp {pp} "
+              "give DTensors or stage slices", "parallel.strategy", "zero1",
+              "use zero2/zero3 with tp, ddp with pp, or tp=pp=1")
+    replicate, shard = 1, dp
+    if p.strategy == "hsdp":
+        shard = p.dp_shard or max(1, min(dp, local_world // (tp * pp) if local_world >= tp * pp else 1))
+        _need(dp % shard == 0, f"dp_shard {shard} does not divide dp {dp} = world {world} / (tp {tp} x pp {pp})",
+              "parallel.dp_shard", shard, f"choose dp_shard among the divisors of {dp}")
+        replicate = dp // shard
+    if p.comm_hook != "none" or p.local_sgd_every:
+        what = "comm_hook" if p.comm_hook != "none" else "local_sgd_every"
+        _need(p.strategy == "ddp" and tp == 1 and pp == 1, f"{what} works on DDP's gradient buckets "
+              f"(strategy {p.strategy}, tp {tp}, pp {pp})", f"parallel.{what}", getattr(p, what),
+              "use strategy=ddp with tp=pp=1, or turn it off")
+    _need(not (p.comm_hook != "none" and p.local_sgd_every), "comm_hook and local SGD both replace DDP's hook",
+          "parallel.comm_hook", p.comm_hook, "choose one of them")
+    if p.activation_checkpoint == "selective":
+        _need(p.ac_every >= 1, f"ac_every must be at least 1, got {p.ac_every}", "parallel.ac_every",
+              p.ac_every, "checkpoint one block in N, N >= 1")
+    return ParallelDims(world=world, pp=pp, dp_replicate=replicate, dp_shard=shard, tp=tp, strategy=p.strategy)

@@ -1,0 +1,115 @@
+"""Pipeline parallelism on ``torch.distributed.pipelining``: split, stages, schedules.
+
+The layers are split into ``pp x virtual`` contiguous stages balanced by estimated cost
+(forward FLOPs per token of each block, plus the output layer on the last stage: with a
+large vocabulary the last stage gets fewer blocks), or into equal layer counts
+(``pp_split=even``). Rank r of the pp group owns stages r, r+pp, ... (interleaved
+1F1B's loop placement; one stage per rank otherwise). Each rank keeps a skeleton of the
+GPT with only its blocks (and the embeddings on the first stage, the norm and head on the
+last), so parameter names match the full model and checkpoints reshard across pp degrees.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+from tandem.models.gpt import GPT, block_cost
+
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
+
+
+def balanced_split(costs: list[float], stages: int, first: float = 0.0, last: float = 0.0) -> list[int]:
+    """Start index of each stage's layers minimising the largest stage cost (exact, by dynamic
+    programming over contiguous splits); ``first``/``last`` are fixed costs of the first and last stage."""
+    n = len(costs)
+    pre = [0.0]
+    for c in costs:
+        pre.append(pre[-1] + c)
+    INF = float("inf")
+    # best[s][i]: minimal max cost placing layers[:i] into s stages
+    best = [[INF] * (n + 1) for _ in range(stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = 0.0
+    for s in range(1, stages + 1):
+        for i in range(s, n - (stages - s) + 1):
+            for j in range(s - 1, i):
+                c = pre[i] - pre[j] + (first if s == 1 else 0.0) + (last if s == stages else 0.0)
+                v = max(best[s - 1][j], c)
+                if v < best[s][i] - 1e-12:
+                    best[s][i], cut[s][i] = v, j
+    starts, i = [], n
+    for s in range(stages, 0, -1):
+        i = cut[s][i]
+        starts.append(i)
+    return starts[::-1]
+
+
+def split_layers(model: GPT, stages: int, how: str) -> list[list[int]]:
+    c = model.config
+    n = c.layers
+    if how == "even":
+        starts = [s * n // stages for s in range(stages)]
+    else:
+        starts = balanced_split([block_cost(c, "block")] * n, stages, block_cost(c, "embed"), block_cost(c, "head"))
+    bounds = starts + [n]
+    return [list(range(bounds[s], bounds[s + 1])) for s in range(stages)]
+
+
+def describe_split(model: GPT, parts: list[list[int]]) -> str:
+    c = model.config
+    out = []
+    for s, ids in enumerate(parts):
+        cost = len(ids) * block_cost(c, "block") + (block_cost(c, "head") if s == len(parts) - 1 else 0)
+        extra = ("+emb" if s == 0 else "") + ("+head" if s == len(parts) - 1 else "")
+        out.append(f"stage {s}: layers {ids[0]}-{ids[-1]}{extra} ({cost / 1e6:.3g} MFLOP/token)")
+    return "; ".join(out)
+
+
+class Chunk(nn.Module):
+    """One pipeline stage: a view on some of the skeleton's modules (shared, not copied)."""
+
+    def __init__(self, model: GPT, ids: list[int], first: bool, last: bool):
+        super().__init__()
+        self.tok_emb = model.tok_emb if first else None
+        self.pos_emb = model.pos_emb if first else None
+        self.layers = nn.ModuleDict({str(i): model.layers[str(i)] for i in ids})
+        self.norm = model.norm if last else None
+        self.head = model.head if last else None
+
+    forward = GPT.forward
+
+
+def keep_only(model: GPT, parts: list[list[int]], mine: list[int]) -> None:
+    """Turn ``model`` into this rank's skeleton: only the blocks of stages ``mine``."""
+    owned = {i for s in mine for i in parts[s]}
+    for i in list(model.layers.keys()):
+        if int(i) not in owned:
+            del model.layers[i]
+    if 0 not in mine:
+        model.tok_emb = model.pos_emb = None
+    if len(parts) - 1 not in mine:
+        model.norm = model.head = None
+
+
+def build_schedule(model: GPT, parts, mine, pp_rank: int, pp_size: int, group, device, schedule: str,
+                   n_micro: int, loss_fn):
+    stages = [PipelineStage(Chunk(model, parts[s], s == 0, s == len(parts) - 1), s, len(parts), device,
+                            group=group) for s in mine]
+    cls = SCHEDULES[schedule]
+    if schedule == "interleaved":
+        return cls(stages, n_micro, loss_fn=loss_fn, scale_grads=False), stages
+    return cls(stages[0], n_micro, loss_fn=loss_fn, scale_grads=False), stages
+
+
+def stage_ids(pp_rank: int, pp_size: int, virtual: int) -> list[int]:
+    return [pp_rank + k * pp_size for k in range(virtual)]
+
+
+def step(schedule, x: torch.Tensor, y: torch.Tensor, has_first: bool, has_last: bool) -> list[torch.Tensor]:
+    losses: list = []
+    args = (x,) if has_first else ()
+    kw = dict(target=y, losses=losses) if has_last else {}
+    schedule.step(*args, **kw)
+    return losses

@@ -1,0 +1,77 @@
+"""Job specs of the parallel tests: tiny GPT and ResNet runs per strategy and mesh."""
+
+from __future__ import annotations
+
+import copy
+
+from tandem.core.spec import JobSpec
+
+
+def gpt_job(strategy="ddp", tp=1, pp=1, world=2, dtype="fp32", optim="sgd", **par) -> JobSpec:
+    s = JobSpec()
+    m = s.model
+    m.name, m.layers, m.hidden, m.heads, m.kv_heads, m.seq, m.vocab = "gpt", 4, 32, 4, 2, 8, 16
+    m.tied = pp == 1
+    s.data.name = "reverse"
+    s.parallel.strategy, s.parallel.tp, s.parallel.pp = strategy, tp, pp
+    for k, v in par.items():
+        setattr(s.parallel, k, v)
+    s.optim.name, s.optim.ref_batch, s.optim.weight_decay = optim, 0, 0.0
+    s.optim.lr = 0.5 if optim == "sgd" else 1e-2
+    s.schedule.global_batch, s.schedule.micro_batch = 16, 4
+    s.precision.dtype = dtype
+    s.launch.nproc_per_node = world
+    return s
+
+
+def resnet_job(strategy="ddp", world=2) -> JobSpec:
+    s = gpt_job(strategy, world=world)
+    s.model.name, s.model.width, s.model.in_channels, s.model.small_input = "resnet18", 4, 1, True
+    s.data.name, s.data.image_size = "synthetic", 8
+    s.optim.lr = 0.05
+    return s
+
+
+def single(spec: JobSpec) -> JobSpec:
+    s = copy.deepcopy(spec)
+    s.parallel.strategy, s.parallel.tp, s.parallel.pp = "ddp", 1, 1
+    return s
+
+
+STEPS = 3
+
+WORLD2 = {
+    "ddp": gpt_job("ddp"),
+    "zero1": gpt_job("zero1"),
+    "zero2": gpt_job("zero2"),
+    "zero3": gpt_job("zero3"),
+    "zero3-adamw": gpt_job("zero3", optim="adamw"),
+    "tp2": gpt_job(tp=2),
+    "tp2-sp": gpt_job(tp=2, sequence_parallel=True),
+    "tp2-noloss-parallel": gpt_job(tp=2, loss_parallel=False),
+    "pp2-gpipe": gpt_job(pp=2, pp_schedule="gpipe"),
+    "pp2-1f1b": gpt_job(pp=2, pp_schedule="1f1b"),
+    "pp2-interleaved": gpt_job(pp=2, pp_schedule="interleaved"),
+    "zero3-ac-full": gpt_job("zero3", activation_checkpoint="full"),
+    "ddp-ac-selective": gpt_job("ddp", activation_checkpoint="selective"),
+    "ddp-bf16": gpt_job("ddp", dtype="bf16"),
+    "zero3-bf16": gpt_job("zero3", dtype="bf16"),
+    "tp2-bf16": gpt_job(tp=2, dtype="bf16"),
+    "pp2-bf16": gpt_job(pp=2, dtype="bf16"),
+    "resnet-ddp": resnet_job("ddp"),
+    "resnet-zero1": resnet_job("zero1"),
+    "resnet-zero2": resnet_job("zero2"),
+    "resnet-zero3": resnet_job("zero3"),
+}
+WORLD4 = {  # 2 simulated nodes of 2 ranks
+    "hsdp": gpt_job("hsdp", world=2),
+    "dp2xtp2-zero3": gpt_job("zero3", tp=2, world=2),
+    "dp2xtp2-ddp": gpt_job("ddp", tp=2, world=2),
+    "dp2xpp2": gpt_job("ddp", pp=2, world=2),
+    "dp2xpp2-interleaved": gpt_job("ddp", pp=2, world=2, pp_schedule="interleaved"),
+    "tp2xpp2": gpt_job("ddp", tp=2, pp=2, world=2),
+}
+WORLD8 = {"dp2xtp2xpp2": gpt_job("ddp", tp=2, pp=2, world=4),
+          "dp4xtp2-zero2-sp": gpt_job("zero2", tp=2, world=4, sequence_parallel=True)}
+WORLDS = {2: (WORLD2, 2), 4: (WORLD4, 2), 8: (WORLD8, 4)}
+
