@@ -154,8 +154,9 @@ class LaunchSpec:
 
 @dataclass
 class ElasticSpec:
-    straggler_every: int = f(50, "Compare per-rank busy and data-wait times every N steps (0: off).")
-    straggler_ratio: float = f(1.5, "A rank busier than this times the median of the others is a straggler.")
+    straggler_every: int = f(50, "Compare per-rank data-wait (and record busy) times every N steps (0: off).")
+    straggler_ratio: float = f(1.5, "A rank whose data wait exceeds this times the median of the others, two "
+                                    "windows in a row, is named a straggler.")
     straggler_min_ms: float = f(10.0, "...and by at least this many milliseconds per step (no alarms on noise).")
 
 

@@ -112,7 +112,7 @@ def run_agent(opts: LaunchSpec, argv: list[str], run_dir: Path, *, agent_index: 
     _worker_env(opts, run_dir, nodes_here)
     config = LaunchConfig(
         min_nodes=mn, max_nodes=mx, nproc_per_node=opts.nproc_per_node,
-        logs_specs=RankLogsSpecs(run_dir, tee=tee), run_id=run_id or uuid.uuid4().hex[:12],
+        logs_specs=RankLogsSpecs(run_dir, tee=tee), run_id=run_id or _run_id(opts, mx),
         rdzv_endpoint=endpoint, rdzv_backend=backend, rdzv_configs=rdzv_cfg,
         max_restarts=opts.max_restarts, monitor_interval=0.1, start_method="spawn",
         log_line_prefix_template="[rank${rank}]:", local_addr="127.0.0.1" if _is_local(opts) else None,
@@ -151,6 +151,12 @@ def start_watchdog(opts: LaunchSpec, run_dir: Path, node: int):
     dog = Watchdog(run_dir, opts.watchdog_s, node=node)
     dog.start()
     return dog
+
+
+def _run_id(opts: LaunchSpec, max_nodes: int) -> str:
+    """One node: a fresh id. Several nodes started separately must agree on it (the
+    rendezvous keys are prefixed by it), as torchrun's default rdzv_id does."""
+    return uuid.uuid4().hex[:12] if max_nodes == 1 else "tandem"
 
 
 def _is_local(opts: LaunchSpec) -> bool:

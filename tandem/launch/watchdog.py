@@ -38,6 +38,18 @@ def proc_state(pid: int) -> str | None:
     return text.rsplit(")", 1)[1].split()[0]
 
 
+def _signal_main_thread(pid: int, sig: int) -> None:
+    """tgkill(pid, pid, sig): the main thread handles it, so a stopped process dumps the stack
+    where it stopped, before running on after SIGCONT (os.kill lets any thread take it)."""
+    nr = {"x86_64": 234, "aarch64": 131}.get(os.uname().machine)
+    if nr is not None:
+        import ctypes
+
+        if ctypes.CDLL(None, use_errno=True).syscall(nr, pid, pid, sig) == 0:
+            return
+    os.kill(pid, sig)
+
+
 def alive(pid: int) -> bool:
     return proc_state(pid) not in (None, "Z", "X")
 
@@ -87,7 +99,7 @@ class Watchdog(threading.Thread):
         attempt = mine[0].get("attempt", 0)
         for b in mine:  # stack dumps: SIGUSR1 -> faulthandler; a stopped process must run to write it
             try:
-                os.kill(b["pid"], signal.SIGUSR1)
+                _signal_main_thread(b["pid"], signal.SIGUSR1)
                 if states[b["rank"]] == "T":
                     os.kill(b["pid"], signal.SIGCONT)
             except ProcessLookupError:
@@ -96,7 +108,6 @@ class Watchdog(threading.Thread):
         deadline = time.monotonic() + 3.0
         while time.monotonic() < deadline and not all(f.is_file() and f.stat().st_size for f in files.values()):
             time.sleep(0.05)  # waiting for the workers' own stack files, with a deadline
-        stacks = {r: f.read_text(errors="replace") if f.is_file() else "" for r, f in files.items()}
         report = {
             "detected_at": now, "timeout_s": self.timeout_s, "node": self.node, "attempt": attempt, "host": host,
             "first_stopped_rank": first["rank"], "why": why,
@@ -124,5 +135,4 @@ class Watchdog(threading.Thread):
                 os.kill(b["pid"], signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        _ = stacks
         return out

@@ -1,4 +1,5 @@
-"""The session's reference run, shared by the fault tests."""
+"""The fault-injection suite: every test here is marked `fault` (pytest -m fault); the session's
+reference run, shared by the tests."""
 
 import json
 from pathlib import Path
@@ -6,6 +7,17 @@ from pathlib import Path
 import pytest
 
 from elastic.fault_helpers import final_state, finish, samples_seen, start_train, write_spec
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "fault: the fault-injection suite (tests/elastic; run alone with -m fault)")
+
+
+def pytest_collection_modifyitems(config, items):
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(item.fspath).parents:
+            item.add_marker(pytest.mark.fault)
 
 
 @pytest.fixture(scope="session")

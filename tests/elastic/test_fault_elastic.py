@@ -40,4 +40,4 @@ def test_node_loss_continues_at_smaller_world_with_same_global_batch(reference, 
     flagged = records(run, "straggler")
     assert flagged and {f["rank"] for f in flagged} == {1} and all(f["data_ms"] > 60 for f in flagged)
     assert [w["step"] for w in records(run, "ranks")][:2] == [5, 10]
-    assert "straggler: rank 1 busy" in (run / "logs" / "rank-0.log").read_text()
+    assert "straggler: rank 1 data wait" in (run / "logs" / "rank-0.log").read_text()

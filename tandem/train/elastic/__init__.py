@@ -5,7 +5,7 @@
 
     watchdog.py   a thread in each agent: no progress for T s -> dump stacks, name the first stopped
                   rank, end the group so that torchrun restarts it
-    straggler.py  per-rank busy and data-wait times compared every K steps
+    straggler.py  per-rank data-wait (and busy) times compared every K steps
     faults.py     fault injection (TANDEM_FAULTS) for the tests
     hooks.py      the one object the trainer calls
 See docs/elastic.md.

@@ -53,7 +53,7 @@ class ElasticHooks:
         self.hb = Heartbeat(self.run_dir, ctx.rank, ctx.local_rank)
         el = getattr(spec, "elastic", None)
         self.straggler = StragglerMonitor(ctx, metrics, log, getattr(el, "straggler_every", 0),
-                                          getattr(el, "straggler_ratio", 1.5), getattr(el, "straggler_min_ms", 5.0))
+                                          getattr(el, "straggler_ratio", 1.5), getattr(el, "straggler_min_ms", 10.0))
         self.before = mt.read(self.run_dir) if ctx.is_main else []
         self.prev = rs.previous_attempt(self.before)
         self.report: dict | None = None

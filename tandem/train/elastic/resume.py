@@ -1,9 +1,11 @@
 """What a (re)started worker group resumes from, and what the restart cost.
 
-* ``own_latest``: after torchrun restarts the group (a failure with ``max_restarts``
-  left, or a node lost or added in an elastic job), the newest checkpoint this run
-  wrote (same TORCHELASTIC_RUN_ID, complete, matching its manifest) wins over the
-  spec's ``checkpoint.resume``: a restart never goes back to the run's starting point.
+* ``own_latest``: after torchrun restarts the group (TORCHELASTIC_RESTART_COUNT > 0: a
+  failure with ``max_restarts`` left, which is also how survivors see a lost node), the
+  newest checkpoint this run wrote (same TORCHELASTIC_RUN_ID, complete, matching its
+  manifest) wins over the spec's ``checkpoint.resume``: a restart never goes back to the
+  run's starting point. (A node that joins later, at restart count 0, follows the spec:
+  with the default ``resume = "auto"`` that is the same checkpoint.)
 * ``carry_position``: checkpoints store the samples each rank consumed in the epoch.
   Rank r of W takes positions r, r+W, ... of the epoch's shuffled list, so c per rank
   means the first c*W positions are done, whatever W is; a new world W' continues at
@@ -31,7 +33,7 @@ def run_id() -> str:
 
 def own_latest(ckpt_dir: Path) -> Path | None:
     rid = run_id()
-    if not rid:
+    if not rid or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0:
         return None
     for p in reversed(ckpt.list_complete(Path(ckpt_dir))):
         try:

@@ -1,13 +1,18 @@
-"""Straggler report: per-rank busy time and data wait, compared across ranks every K steps.
+"""Straggler report: per-rank data wait and busy time, compared across ranks every K steps.
 
-In a data-parallel step every rank waits for the slowest in the gradient all-reduce,
-so the step time is the same everywhere. What differs is the *busy* time: the step
-minus the last backward (where the all-reduce waits), i.e. data loading, forwards and
-the accumulation micro-steps. Every ``every`` steps the ranks all-gather the median
-busy and data-wait times of the window; a rank whose busy time exceeds ``ratio`` times
-the median of the others (and by at least ``min_ms``) is named in the log and in
-``metrics.jsonl`` (kind ``straggler``). Each window also writes a ``ranks`` record with
-every rank's numbers.
+In a data-parallel step every rank waits for the slowest in the collectives, so the
+step time is the same everywhere. What differs per rank is the time outside them:
+
+* *data wait*: time in ``next(loader)``, with no collective inside: a clean signal;
+* *busy*: the step minus the last micro-batch (where the gradient all-reduce waits):
+  data, the accumulation micro-steps, and, under DDP with buffers (BatchNorm), the
+  forward's buffer broadcast, which makes every other rank wait for rank 0 (which also
+  writes the metrics). Busy is recorded for inspection, not judged.
+
+Every ``every`` steps the ranks all-gather their medians over the window and write a
+``ranks`` record (``metrics.jsonl``). A rank whose data wait exceeds ``ratio`` times the
+median of the others, and by at least ``min_ms``, in ``confirm`` (2) windows in a row is
+named in the log and recorded (kind ``straggler``): one noisy window is not a straggler.
 """
 
 from __future__ import annotations
@@ -19,9 +24,10 @@ import torch.distributed as dist
 
 
 class StragglerMonitor:
-    def __init__(self, ctx, metrics, log, every: int, ratio: float, min_ms: float) -> None:
+    def __init__(self, ctx, metrics, log, every: int, ratio: float, min_ms: float, confirm: int = 2) -> None:
         self.ctx, self.metrics, self.log = ctx, metrics, log
-        self.every, self.ratio, self.min_ms = every, ratio, min_ms
+        self.every, self.ratio, self.min_ms, self.confirm = every, ratio, min_ms, confirm
+        self.streak: dict[int, int] = {}
         self.busy: list[float] = []
         self.data: list[float] = []
         self.flagged: list[dict] = []
@@ -47,18 +53,22 @@ class StragglerMonitor:
         self.metrics.write("ranks", step=step, busy_ms=busy, data_ms=data, window=self.every)
         found = []
         for r in range(len(rows)):
-            others = busy[:r] + busy[r + 1:]
-            if not others:
+            if len(rows) < 2:
+                break
+            ref_b = statistics.median(busy[:r] + busy[r + 1:])
+            ref_d = statistics.median(data[:r] + data[r + 1:])
+            slow_d = data[r] > self.ratio * ref_d and data[r] - ref_d > self.min_ms
+            self.streak[r] = self.streak.get(r, 0) + 1 if slow_d else 0
+            if self.streak[r] < self.confirm:  # a straggler persists; one noisy window is not one
                 continue
-            ref = statistics.median(others)
-            if busy[r] > self.ratio * ref and busy[r] - ref > self.min_ms:
-                rec = {"step": step, "rank": r, "busy_ms": round(busy[r], 2), "ref_ms": round(ref, 2),
-                       "ratio": round(busy[r] / max(ref, 1e-9), 2), "data_ms": round(data[r], 2),
-                       "data_ref_ms": round(statistics.median(data[:r] + data[r + 1:]), 2)}
-                found.append(rec)
-                self.metrics.write("straggler", **rec)
-                self.log(f"straggler: rank {r} busy {rec['busy_ms']:.1f} ms/step vs {ref:.1f} ms on the others "
-                         f"({rec['ratio']:.1f}x; data wait {rec['data_ms']:.1f} vs {rec['data_ref_ms']:.1f} ms) "
-                         f"over steps {step - self.every + 1}-{step}", flush=True)
+            what, mine_ms, ref = "data wait", data[r], ref_d
+            rec = {"step": step, "rank": r, "what": what, "ms": round(mine_ms, 2), "ref_ms": round(ref, 2),
+                   "ratio": round(mine_ms / max(ref, 1e-9), 2), "busy_ms": round(busy[r], 2),
+                   "data_ms": round(data[r], 2), "data_ref_ms": round(ref_d, 2), "busy_ref_ms": round(ref_b, 2)}
+            found.append(rec)
+            self.metrics.write("straggler", **rec)
+            self.log(f"straggler: rank {r} {what} {mine_ms:.1f} ms/step vs {ref:.1f} ms on the others "
+                     f"({rec['ratio']:.1f}x; busy {busy[r]:.1f} vs {ref_b:.1f} ms, data wait {data[r]:.1f} vs "
+                     f"{ref_d:.1f} ms) over steps {step - self.every * self.confirm + 1}-{step}", flush=True)
         self.flagged += found
         return found
