@@ -102,7 +102,10 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
     y0 = train_ds[0][1]
     per_sample = int((y0 != -100).sum()) if y0.dim() else 1  # scored targets per sample (tokens for gpt tasks)
     per_step = s.micro_batch * accum  # samples per rank per optimizer step
-    steps_per_epoch = -(-sampler.num_samples // per_step)
+    epoch_len = sampler.num_samples  # samples per rank per epoch
+    if par.schedule is not None:  # pipeline stages keep static shapes: whole steps only, the tail is left out
+        epoch_len -= epoch_len % per_step
+    steps_per_epoch = -(-epoch_len // per_step)
     total = min(s.max_steps, s.epochs * steps_per_epoch) if s.max_steps else s.epochs * steps_per_epoch
 
     ddp = par.model
@@ -124,7 +127,7 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
         old = {**meta, "world_size": meta.get("data_world", meta.get("world_size"))}
         position = el_resume.carry_position(old, dp_world, log)  # per data rank, at this dp size
         el.resumed(path, step)
-        if position >= sampler.num_samples:
+        if position >= epoch_len:
             epoch += 1
         else:
             sampler.set_epoch(epoch)
@@ -154,9 +157,9 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
         consumed = sampler.start
         loader = iter(DataLoader(train_ds, batch_size=s.micro_batch, sampler=el.trace(sampler),
                                  num_workers=spec.data.num_workers))
-        while step < total and consumed < sampler.num_samples:
+        while step < total and consumed < epoch_len:
             t0 = time.perf_counter()
-            n_step = min(per_step, sampler.num_samples - consumed)  # samples of this step on this rank
+            n_step = min(per_step, epoch_len - consumed)  # samples of this step on this rank
             n_micro = -(-n_step // s.micro_batch)
             data_time, loss_sum, batch = 0.0, 0.0, []
             for i in range(n_micro):
@@ -211,7 +214,7 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
             if (every and step % every == 0) or (step == total and spec.checkpoint.at_end):
                 last_saved = _save(ckdir, step, epoch, consumed, ddp, optim, sched, ctx, spec, signature,
                                    metrics, el) or last_saved
-        if consumed >= sampler.num_samples:
+        if consumed >= epoch_len:
             if held is not None and par.schedule is None:  # pp: no held-out pass (stages hold slices)
                 c, t = evaluate(ddp, held, ctx, spec, fmt)
                 accuracy = c / t
