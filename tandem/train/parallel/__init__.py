@@ -84,6 +84,11 @@ class Parallel:
                 self._denom = denom
                 losses = _pp_step(self, x, y)
             return float(sum(l.detach().float() for l in losses)) if losses else 0.0
+        if self.dims.dp > 1 and self.dims.strategy in ("zero2", "hsdp") and self.mesh is not None:
+            if self.dims.strategy == "zero2":   # ZeRO-2: parameters stay gathered across the step's micro-batches
+                self.model.set_reshard_after_backward(not skip_sync, recurse=True)
+            else:                               # hsdp: replicas all-reduce their shards once per step
+                self.model.set_requires_all_reduce(not skip_sync, recurse=True)
         with self.no_sync(skip_sync), self.loss_context(), autocast:
             loss = loss_sum(self.model(x), y) / denom
             loss.backward()
@@ -94,8 +99,12 @@ class Parallel:
             self.grad_sync()
 
     def after_step(self) -> None:
-        if self.averager is not None:
-            self.averager.average_parameters(self.root.parameters())
+        a = self.averager   # PeriodicModelAverager's schedule, on every parameter (its own helper skips
+        if a is not None:   # parameters whose .grad is None, i.e. all of them after zero_grad(set_to_none))
+            from torch.distributed.algorithms.model_averaging.utils import average_parameters
+            if a.step >= a.warmup_steps and (a.step - a.warmup_steps) % a.period == 0:
+                average_parameters(iter(list(self.root.parameters())), a.process_group)
+            a.step += 1
 
 
 def _pp_step(par: Parallel, x, y):

@@ -9,43 +9,29 @@
   stop all-reducing gradients and instead average their parameters every H steps
   (torch's PostLocalSGDState + PeriodicModelAverager): about 1/H of DDP's bytes.
 
-Every hook is wrapped so the bytes it actually hands to the process group are recorded
-into the active ``comm.CommCounter`` (set ``TANDEM_COUNT_COMM=1`` to count plain DDP too).
+The bytes each hook hands to the process group reach the active ``comm.CommCounter``: the
+fp16/bf16 hooks' 16-bit functional all-reduce through its dispatch mode; PowerSGD, local SGD and the plain all-reduce hook (installed with
+``TANDEM_COUNT_COMM=1`` so plain DDP is counted too) call ``dist.all_reduce``, which the counter wraps.
 """
 
 from __future__ import annotations
 
 import os
 
-import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState, post_localSGD_hook
-
-from tandem.train.parallel import comm
-
-
-def _bucket_bytes(bucket, itemsize: int | None = None) -> int:
-    buf = bucket.buffer()
-    return buf.numel() * (itemsize or buf.element_size())
 
 
 def install(par, p) -> None:
     """Register the hook ``p.comm_hook`` (or local SGD) on the DDP model ``par.model``."""
     model = par.model
     group = par.dp_group()
-    n = dist.get_world_size(group)
     if p.local_sgd_every:
         from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
         state = PostLocalSGDState(process_group=group, subgroup=None, start_localSGD_iter=p.local_sgd_warmup,
                                   post_local_gradient_allreduce=False)
-
-        def local_sgd(state, bucket):
-            if state.iter < state.start_localSGD_iter:
-                comm.record("all_reduce", _bucket_bytes(bucket), n)
-            return post_localSGD_hook(state, bucket)
-
-        model.register_comm_hook(state, local_sgd)
+        model.register_comm_hook(state, post_localSGD_hook)  # warm-up all-reduce: dist.all_reduce, counted
         par.hook_state = state
         # parameters averaged every H steps with dist.all_reduce (counted by CommCounter's wrapper)
         par.averager = PeriodicModelAverager(period=p.local_sgd_every, warmup_steps=p.local_sgd_warmup,
@@ -55,9 +41,8 @@ def install(par, p) -> None:
     if hook in ("fp16", "bf16"):
         inner = default_hooks.fp16_compress_hook if hook == "fp16" else default_hooks.bf16_compress_hook
 
-        def compress(state, bucket):
-            comm.record("all_reduce", _bucket_bytes(bucket, 2), n)
-            return inner(state, bucket)
+        def compress(state, bucket):   # a wrapper: DDP refuses torch's own bf16 hook object off NCCL
+            return inner(state, bucket)   # 16-bit functional all-reduce: seen by CommCounter's dispatch mode
 
         model.register_comm_hook(group, compress)
     elif hook == "powersgd":
@@ -65,16 +50,8 @@ def install(par, p) -> None:
                                    start_powerSGD_iter=2, min_compression_rate=1.0, warm_start=True,
                                    use_error_feedback=True, random_seed=0)
 
-        def power(state, bucket):
-            if state.iter < state.start_powerSGD_iter:  # vanilla all-reduce (not via dist.all_reduce)
-                comm.record("all_reduce", _bucket_bytes(bucket), n)
-            return psgd.powerSGD_hook(state, bucket)  # P and Q go through dist.all_reduce: counted there
-
-        model.register_comm_hook(state, power)
+        # vanilla all-reduce before start, then P, Q and the uncompressed vectors: all via dist.all_reduce
+        model.register_comm_hook(state, psgd.powerSGD_hook)
         par.hook_state = state
-    elif os.environ.get("TANDEM_COUNT_COMM") == "1":
-        def plain(state, bucket):
-            comm.record("all_reduce", _bucket_bytes(bucket), n)
-            return default_hooks.allreduce_hook(state, bucket)
-
-        model.register_comm_hook(group, plain)
+    elif os.environ.get("TANDEM_COUNT_COMM") == "1":  # the Python all-reduce hook: dist.all_reduce, counted
+        model.register_comm_hook(group, default_hooks.allreduce_hook)

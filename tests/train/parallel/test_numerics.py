@@ -52,7 +52,10 @@ def check(name, spec, results):
           f"{max(abs(a - b) for a, b in zip(r['losses'], ref['losses'])):.2e}, max |weight diff| {worst:.2e}")
 
 
-@pytest.mark.parametrize("name", list(WORLD2))
+EXACT2 = [n for n in WORLD2 if not n.startswith(("hook-", "local-sgd"))]  # compression: test_hooks.py
+
+
+@pytest.mark.parametrize("name", EXACT2)
 def test_two_ranks_match_one(name, runs):
     cfgs, ranks = runs(2)
     check(name, cfgs[name], ranks[0])
