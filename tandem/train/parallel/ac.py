@@ -14,22 +14,18 @@ from tandem.train.parallel.fsdp import blocks
 
 
 def apply_ac(model: nn.Module, mode: str, every: int = 2) -> int:
-    """Wrap blocks in place; returns how many were wrapped."""
+    """Wrap blocks in place (block i is wrapped when ``full`` or i % every == 0); returns how many."""
     if mode == "none":
         return 0
-    n = 0
+    targets, i, wrapped = set(blocks(model)), 0, 0
     for parent in _parents(model):
         for name, child in list(parent.named_children()):
-            if child in _block_set(model):
-                idx = n
-                if mode == "full" or idx % every == 0:
+            if child in targets:
+                if mode == "full" or i % every == 0:
                     parent.register_module(name, checkpoint_wrapper(child, preserve_rng_state=False))
-                n += 1
-    return sum(1 for m in model.modules() if type(m).__name__ == "CheckpointWrapper")
-
-
-def _block_set(model):
-    return set(blocks(model))
+                    wrapped += 1
+                i += 1
+    return wrapped
 
 
 def _parents(model: nn.Module):

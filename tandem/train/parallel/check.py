@@ -17,6 +17,7 @@ import copy
 import faulthandler
 import os
 import tempfile
+import time
 import traceback
 from pathlib import Path
 
@@ -98,7 +99,9 @@ def run_steps(spec, ctx, steps: int, count: bool = False, save: str = "", load: 
         if not steps:
             return {"state": full_state(par), "rank": ctx.rank, "dims": par.dims.describe()}
     losses, states, counter = [], [], CommCounter()
+    times = []
     for step in range(steps):
+        t0 = time.perf_counter()
         lo = step * B + par.dp_rank * per
         xs, ys = x[lo:lo + per], y[lo:lo + per]
         with (counter if count else _null()):
@@ -118,12 +121,14 @@ def run_steps(spec, ctx, steps: int, count: bool = False, save: str = "", load: 
             par.after_step()
         scored = local if (par.has_last and tp_rank == 0) else 0.0
         losses.append(rt.all_reduce_sum([scored], ctx)[0] / dp)
+        times.append(time.perf_counter() - t0)
     if count and states:
         states[0]["optimizer"] = local_state_bytes(par, optim)["optimizer"]  # state exists after a step
     if save:
         from tandem.train import checkpoint as ckpt
         ckpt.save(Path(save), steps, par.model, optim, ctx, {"job": "check"}, keep_last=1)
-    return {"losses": losses, "state": full_state(par), "bytes": states[0] if states else {},
+    steady = sorted(times[1:] or times)
+    return {"losses": losses, "step_s": steady[len(steady) // 2] if steady else None, "state": full_state(par), "bytes": states[0] if states else {},
             "comm": counter.summary(steps) if count else {}, "split": par.split, "dims": par.dims.describe(),
             "rank": ctx.rank}
 

@@ -81,7 +81,7 @@ def from_spec(spec, world: int, local_world: int | None = None, warn: bool = Tru
     _need(tp >= 1 and pp >= 1, f"degrees must be at least 1 (tp {tp}, pp {pp})", "parallel.tp", (tp, pp),
           "give tp >= 1 and pp >= 1")
     _need(world % (tp * pp) == 0, f"tp {tp} x pp {pp} = {tp * pp} does not divide the world size {world} "
-          f"({world} % {tp * pp} = {world % (tp * pp)})", "parallel.tp", (tp, pp),
+          f"({world} % {tp * pp} = {world % (tp * pp)})", "parallel.tp", f"tp={tp} pp={pp}",
           f"choose tp x pp among the divisors of {world}, or change the number of workers")
     dp = world // (tp * pp)
     is_gpt = m.name == "gpt"
