@@ -7,7 +7,8 @@
 
 ``phase`` is where the rank was: ``start`` (before the first step), ``sync`` (about to
 run the backward that all-reduces the gradients: the collective it would wait in),
-``step`` (a step finished), ``save``, ``eval``. ``ppid`` is the torchrun agent that
+``step`` (a step finished), and, not judged by the watchdog, ``save``, ``eval``, ``done``
+(after the last step). ``ppid`` is the torchrun agent that
 spawned the worker: each agent's watchdog acts only on its own workers.
 
 On SIGUSR1 the rank writes every thread's Python stack (faulthandler) to

@@ -1,6 +1,8 @@
 """The hang watchdog: a thread in each torchrun agent that reads its workers' heartbeats.
 
-When one of this agent's workers has made no progress for ``timeout_s`` seconds
+When one of this agent's workers has made no progress for ``timeout_s`` seconds in the
+training loop (its last heartbeat's phase is ``step`` or ``sync``; a rank saving or
+evaluating is not judged, but the ranks waiting for it in the next step are)
 (a SIGSTOPped process, a rank stuck in a collective, a dead-locked data loader), it
 
 1. names the rank that stopped first: a process in state T (stopped) if there is one,
@@ -27,6 +29,9 @@ import time
 from pathlib import Path
 
 from tandem.launch.heartbeat import read_all, stack_file
+
+
+JUDGED = ("step", "sync")  # phases held to timeout_s; save, eval and done are not (they take their time)
 
 
 def proc_state(pid: int) -> str | None:
@@ -87,7 +92,7 @@ class Watchdog(threading.Thread):
         now = now or time.time()
         beats = [b for b in read_all(self.run_dir) if alive(b["pid"])]
         mine = [b for b in beats if b.get("ppid") == os.getpid() and b["pid"] not in self.handled]
-        stale = [b for b in mine if now - b["time"] > self.timeout_s]
+        stale = [b for b in mine if b["phase"] in JUDGED and now - b["time"] > self.timeout_s]
         if not stale:
             return None
         return self.fire(mine, [b for b in beats if b.get("attempt") == stale[0].get("attempt")], now)

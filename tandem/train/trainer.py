@@ -216,6 +216,7 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
                                    metrics, el) or last_saved
         if consumed >= epoch_len:
             if held is not None and par.schedule is None:  # pp: no held-out pass (stages hold slices)
+                el.pause("eval")  # the hang watchdog judges training steps, not evaluation
                 c, t = evaluate(ddp, held, ctx, spec, fmt)
                 accuracy = c / t
                 metrics.write("eval", epoch=epoch, step=step, accuracy=accuracy, correct=c, total=t)

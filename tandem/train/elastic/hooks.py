@@ -88,6 +88,10 @@ class ElasticHooks:
     def before_sync(self, step: int) -> None:
         self.hb.beat(step, "sync")
 
+    def pause(self, phase: str) -> None:
+        """Leaving the step loop for a while (eval, done): the watchdog does not judge it."""
+        self.hb.beat(self.hb.step, phase)
+
     def on_step(self, step: int, epoch: int, dt: float, data_s: float, sync_s: float) -> None:
         self.hb.beat(step, "step")
         if self._trace_f:
@@ -134,6 +138,7 @@ class ElasticHooks:
 
     def finish(self) -> Path | None:
         """Wait for an async save in flight; its folder, if there was one."""
+        self.pause("done")
         if self.pending is None:
             return None
         self._published(self.pending.wait())
