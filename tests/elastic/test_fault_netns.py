@@ -68,14 +68,15 @@ def test_two_namespace_hosts_train_then_cut_link_is_caught(two_hosts, tmp_path):
     assert "all_reduce sum 1 (expect 1)" in (tmp_path / "hello1" / "logs" / "rank-1.log").read_text()
 
     # 2. training across the hosts, then the link is cut: both watchdogs catch the hang
-    T = 4
+    T = 10  # generous: a busy 2-core VM runs other suites beside this one
     runs = [tmp_path / f"host{i}" for i in range(2)]
     procs = []
     for i in range(2):
         spec = write_spec(tmp_path / f"job{i}.toml", runs[i], nproc=1, max_steps=400, every=0)
         procs.append(_on_host(h, i, "train", "--json", str(spec), "--launch.nnodes", "2", "--launch.node_rank", str(i),
                               "--launch.master_addr", h["addr"][0], "--launch.master_port", str(int(port) + 1),
-                              "--launch.watchdog_s", str(T), "--checkpoint.at_end", "false"))
+                              "--launch.watchdog_s", str(T), "--launch.threads_per_worker", "1",
+                              "--checkpoint.at_end", "false"))
     wait_for(lambda: any(r["kind"] == "step" and r["step"] >= 3 for r in _metrics(runs[0])), timeout=180,
              what="training across the two hosts to make progress")
     _ip("-n", h["ns"][0], "link", "set", h["veth"][0], "down")
