@@ -8,8 +8,9 @@ evaluating is not judged, but the ranks waiting for it in the next step are)
 1. names the rank that stopped first: a process in state T (stopped) if there is one,
    else the rank whose last heartbeat is oldest (the others went on to wait for it in
    the next collective; their ``phase`` says which);
-2. dumps the Python stack of every worker of this agent (SIGUSR1 -> faulthandler; a
-   stopped one gets SIGCONT right after, so it can write its stack);
+2. dumps the Python stack of every worker of this agent (SIGUSR1 -> faulthandler) and
+   ends the running ones; then a stopped one gets SIGUSR1 and SIGCONT, so it writes its
+   stack where it stopped (and cannot complete a step with peers that are gone);
 3. writes ``run_dir/watchdog/hang-attempt<k>-node<i>.json`` and one line to stderr;
 4. ends its workers with SIGKILL, so torchrun's agent restarts the group (``max_restarts``)
    and training resumes from the newest checkpoint.
@@ -102,17 +103,25 @@ class Watchdog(threading.Thread):
         first, why = first_stopped(peers, host)
         states = {b["rank"]: proc_state(b["pid"]) for b in mine}
         attempt = mine[0].get("attempt", 0)
-        for b in mine:  # stack dumps: SIGUSR1 -> faulthandler; a stopped process must run to write it
-            try:
-                _signal_main_thread(b["pid"], signal.SIGUSR1)
-                if states[b["rank"]] == "T":
-                    os.kill(b["pid"], signal.SIGCONT)
-            except ProcessLookupError:
-                pass
         files = {b["rank"]: stack_file(self.run_dir, b["rank"], attempt) for b in mine}
-        deadline = time.monotonic() + 3.0
-        while time.monotonic() < deadline and not all(f.is_file() and f.stat().st_size for f in files.values()):
-            time.sleep(0.05)  # waiting for the workers' own stack files, with a deadline
+        # Running ranks first: dump, then end them. Only then is a stopped rank continued (it
+        # must run to write its stack), so it cannot make progress with its peers meanwhile.
+        running = [b for b in mine if states[b["rank"]] != "T"]
+        stopped = [b for b in mine if states[b["rank"]] == "T"]
+        for group, cont in ((running, False), (stopped, True)):
+            for b in group:
+                try:
+                    _signal_main_thread(b["pid"], signal.SIGUSR1)
+                    if cont:
+                        os.kill(b["pid"], signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + 3.0
+            while time.monotonic() < deadline and not all(
+                    files[b["rank"]].is_file() and files[b["rank"]].stat().st_size for b in group):
+                time.sleep(0.05)  # waiting for the workers' own stack files, with a deadline
+            if not cont:
+                self._kill(group)
         report = {
             "detected_at": now, "timeout_s": self.timeout_s, "node": self.node, "attempt": attempt, "host": host,
             "first_stopped_rank": first["rank"], "why": why,
@@ -134,10 +143,13 @@ class Watchdog(threading.Thread):
               f"(limit {self.timeout_s:g} s) on ranks {ranks}; rank {first['rank']} stopped first: {why}. "
               f"Stacks: {self.run_dir / 'watchdog'}/stacks-rank-*.attempt{attempt}.txt; ending the group so that "
               f"it restarts", file=sys.stderr, flush=True)
-        for b in mine:
+        self._kill(mine)
+        return out
+
+    def _kill(self, group: list[dict]) -> None:
+        for b in group:
             self.handled.add(b["pid"])
             try:
                 os.kill(b["pid"], signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        return out
