@@ -27,6 +27,10 @@ def launch_cmd(
     simulate_nodes: int = typer.Option(0, "--simulate-nodes", help="K real agents on this machine (c10d)."),
     max_restarts: int = typer.Option(0, "--max-restarts", help="Restarts of the worker group on failure."),
     timeout: int = typer.Option(60, "--timeout", help="Seconds to wait for the rendezvous / master."),
+    watchdog_s: float = typer.Option(0, "--watchdog-s", help="Hang watchdog: end the group when a rank that "
+                                                              "writes heartbeats stalls this long (0: off)."),
+    last_call_s: int = typer.Option(3, "--last-call-s", help="Elastic MIN:MAX: wait this long for more nodes "
+                                                              "once MIN joined."),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda."),
     backend: str = typer.Option("auto", "--backend", help="auto | gloo | nccl."),
     threads: int = typer.Option(0, "--threads-per-worker", help="Intra-op threads (0: cores / workers)."),
@@ -45,13 +49,13 @@ def launch_cmd(
     if nproc_per_node < 1:
         raise ConfigError(f"must be at least 1, got {nproc_per_node}", field="--nproc-per-node", fix="use 1 or more")
     parse_nnodes(nnodes)
-    if simulate_nodes and nnodes != "1":
-        raise ConfigError("give either --simulate-nodes or --nnodes", field="--simulate-nodes",
-                          value=simulate_nodes, fix="drop --nnodes when simulating nodes")
+    if simulate_nodes and nnodes != "1" and parse_nnodes(nnodes)[1] != simulate_nodes:
+        raise ConfigError(f"--nnodes {nnodes} does not fit --simulate-nodes {simulate_nodes}", field="--nnodes",
+                          value=nnodes, fix=f"drop --nnodes, or give MIN:{simulate_nodes} for an elastic job")
     opts = LaunchSpec(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
                       master_port=master_port, rdzv_endpoint=rdzv_endpoint, simulate_nodes=simulate_nodes,
                       max_restarts=max_restarts, timeout_s=timeout, device=device, backend=backend,
-                      threads_per_worker=threads)
+                      threads_per_worker=threads, watchdog_s=watchdog_s, last_call_s=last_call_s)
     argv = ["-m", *ctx.args] if script == "-m" else [script, *ctx.args]
     console = Console(stderr=True)
     try:

@@ -119,6 +119,9 @@ def print_result(result: dict, run_dir: Path, console: Console) -> None:
     acc = f"{result['accuracy']:.4f}" if result.get("accuracy") is not None else "n/a (no held-out set)"
     console.print(f"[green]done[/]: {result['step']} steps on {result['world']} workers, "
                   f"{result['samples_per_s']:.0f} samples/s, held-out accuracy {acc}", highlight=False)
+    for r in result.get("restarts") or []:
+        console.print(f"  restart {r.get('restart')}: resumed at step {r.get('resumed_step')}, "
+                      f"{r.get('steps_redone')} step(s) redone, {r.get('lost_s', 0):.1f} s lost", highlight=False)
     console.print(f"  checkpoint: {result['checkpoint']}\n  logs: {run_dir / 'logs'}/rank-*.log"
                   f"\n  metrics: {run_dir / 'metrics.jsonl'}", highlight=False)
 
