@@ -27,6 +27,9 @@ from tandem.train.parallel.check import run_many, spawn
 from tandem.train.tasks import make_task, token_accuracy
 
 
+OPT = {"name": "sgd", "lr": 0.3}
+
+
 def job(strategy="ddp", tp=1, pp=1, **par) -> JobSpec:
     s = JobSpec()
     m = s.model
@@ -34,19 +37,20 @@ def job(strategy="ddp", tp=1, pp=1, **par) -> JobSpec:
     s.parallel.strategy, s.parallel.tp, s.parallel.pp = strategy, tp, pp
     for k, v in par.items():
         setattr(s.parallel, k, v)
-    s.optim.name, s.optim.lr, s.optim.ref_batch, s.optim.weight_decay = "sgd", 0.3, 0, 0.0
+    s.optim.name, s.optim.lr, s.optim.ref_batch, s.optim.weight_decay = OPT["name"], OPT["lr"], 0, 0.0
     s.schedule.global_batch, s.schedule.micro_batch = 32, 8
     return s
 
 
-WORLD2 = {"ddp": job(), "zero1": job("zero1"), "zero2": job("zero2"), "zero3": job("zero3"),
-          "zero3+ac-full": job("zero3", activation_checkpoint="full"), "tp2": job(tp=2),
-          "tp2+sp": job(tp=2, sequence_parallel=True), "pp2-gpipe": job(pp=2, pp_schedule="gpipe"),
-          "pp2-1f1b": job(pp=2), "pp2-interleaved": job(pp=2, pp_schedule="interleaved"),
-          "ddp+fp16": job(comm_hook="fp16"), "ddp+powersgd-r2": job(comm_hook="powersgd", powersgd_rank=2),
-          "local-sgd-H4": job(local_sgd_every=4), "post-local-sgd-H4-w10": job(local_sgd_every=4, local_sgd_warmup=10)}
-WORLD4 = {"hsdp-2x2": job("hsdp"), "dp2xtp2-zero3": job("zero3", tp=2), "dp2xpp2": job(pp=2),
-          "tp2xpp2": job(tp=2, pp=2)}
+WORLD2 = {"ddp": {}, "zero1": dict(strategy="zero1"), "zero2": dict(strategy="zero2"),
+          "zero3": dict(strategy="zero3"), "zero3+ac-full": dict(strategy="zero3", activation_checkpoint="full"),
+          "tp2": dict(tp=2), "tp2+sp": dict(tp=2, sequence_parallel=True),
+          "pp2-gpipe": dict(pp=2, pp_schedule="gpipe"), "pp2-1f1b": dict(pp=2),
+          "pp2-interleaved": dict(pp=2, pp_schedule="interleaved"), "ddp+fp16": dict(comm_hook="fp16"),
+          "ddp+powersgd-r2": dict(comm_hook="powersgd", powersgd_rank=2), "local-sgd-H4": dict(local_sgd_every=4),
+          "post-local-sgd-H4-w10": dict(local_sgd_every=4, local_sgd_warmup=10)}
+WORLD4 = {"hsdp-2x2": dict(strategy="hsdp"), "dp2xtp2-zero3": dict(strategy="zero3", tp=2),
+          "dp2xpp2": dict(pp=2), "tp2xpp2": dict(tp=2, pp=2)}
 
 
 def accuracy(spec, state) -> float:
@@ -63,10 +67,18 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--json", default="")
+    ap.add_argument("--optim", default="sgd", choices=["sgd", "adamw"])
+    ap.add_argument("--lr", type=float, default=0.3)
+    ap.add_argument("--only", default="", help="comma-separated strategy names (default: all)")
     a = ap.parse_args()
+    OPT.update(name=a.optim, lr=a.lr)
+    only = set(a.only.split(",")) if a.only else None
     os.environ["TANDEM_COUNT_COMM"] = "1"
     rows = []
     for world, cfgs in ((2, WORLD2), (4, WORLD4)):
+        cfgs = {n: job(**kw) for n, kw in cfgs.items() if only is None or n in only}
+        if not cfgs:
+            continue
         res = spawn(run_many, world, cfgs, steps=a.steps, count=True, local_world=2)[0]
         for name, spec in cfgs.items():
             r = res[name]
@@ -76,7 +88,7 @@ def main() -> None:
             rows.append({"strategy": name, "layout": r["dims"], "step_ms": r["step_s"] * 1e3,
                          "bytes_per_step": sum(v["payload_bytes"] for v in r["comm"].values()),
                          "final_loss": r["losses"][-1], "accuracy": accuracy(spec, r["state"]), "state": r["state"]})
-    ref = next(r for r in rows if r["strategy"] == "ddp")
+    ref = next(r for r in rows if r["strategy"] == "ddp")  # pp rows use untied embeddings: another model
     print(f"{'strategy':24s} {'layout':44s} {'step ms':>8s} {'KiB/step':>9s} {'loss':>7s} {'acc':>6s} "
           f"{'max|w-ddp|':>10s}")
     for r in rows:

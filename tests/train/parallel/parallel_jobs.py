@@ -74,8 +74,8 @@ WORLD4 = {  # 2 simulated nodes of 2 ranks
     "dp2xpp2": gpt_job("ddp", pp=2, world=2),
     "dp2xpp2-interleaved": gpt_job("ddp", pp=2, world=2, pp_schedule="interleaved"),
     "tp2xpp2": gpt_job("ddp", tp=2, pp=2, world=2),
+    "dp2xtp2-zero2-sp": gpt_job("zero2", tp=2, world=2, sequence_parallel=True),
 }
-WORLD8 = {"dp2xtp2xpp2": gpt_job("ddp", tp=2, pp=2, world=4),
-          "dp4xtp2-zero2-sp": gpt_job("zero2", tp=2, world=4, sequence_parallel=True)}
+WORLD8 = {"dp2xtp2xpp2": gpt_job("ddp", tp=2, pp=2, world=4)}
 WORLDS = {2: (WORLD2, 2), 4: (WORLD4, 2), 8: (WORLD8, 4)}
 
