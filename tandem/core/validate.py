@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tandem.core.dims import from_spec
 from tandem.core.errors import ConfigError
 from tandem.core.spec import JobSpec, LaunchSpec
 
@@ -109,9 +110,7 @@ def validate(spec: JobSpec) -> JobSpec:
         raise ConfigError(f"elastic nnodes {spec.launch.nnodes} needs a c10d rendezvous endpoint",
                           field="launch.rdzv_endpoint", fix="add --rdzv-endpoint HOST:PORT")
     lo, hi = world_sizes(spec.launch)
-    # The degrees' owner (ParallelDims) checks tp/pp/dp arithmetic; imported here, lazily, so that every
-    # spec is refused before any process starts (it needs no torch.distributed state).
-    from tandem.train.parallel.dims import from_spec
+    # The degrees' owner (ParallelDims) checks tp/pp/dp arithmetic before any process starts.
     for world in sorted({lo, hi}):
         grad_accum(spec, from_spec(spec, world, warn=world == hi).dp)
 

@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from tandem.train.parallel.dims import SHARDED, ParallelDims, from_spec
+from tandem.core.dims import SHARDED, ParallelDims, from_spec
 from tandem.train.tasks import IGNORE
 
 __all__ = ["Parallel", "parallelize", "ParallelDims", "from_spec"]

@@ -15,7 +15,7 @@ from tandem.plan.cost import evaluate
 from tandem.plan.hardware import make_cluster
 from tandem.plan.memory import memory
 from tandem.plan.model import GPTShape, gpt_stats
-from tandem.train.parallel.dims import ZERO_STAGE
+from tandem.core.dims import ZERO_STAGE
 
 OPTIM = {"sgd": "sgd-momentum", "adamw": "adamw"}
 KIND = {"all_reduce": "all_reduce", "reduce_scatter": "reduce_scatter", "all_gather": "all_gather",

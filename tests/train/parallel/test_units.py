@@ -8,7 +8,7 @@ from tandem.core.errors import ConfigError
 from tandem.core.spec import JobSpec
 from tandem.core.validate import validate
 from tandem.models.gpt import GPTConfig, block_cost, gpt
-from tandem.train.parallel.dims import from_spec
+from tandem.core.dims import from_spec
 from tandem.train.parallel.pp import balanced_split, split_layers
 from tandem.train.tasks import IGNORE, make_task, token_accuracy
 
