@@ -158,6 +158,15 @@ class ElasticSpec:
     straggler_ratio: float = f(1.5, "A rank whose data wait exceeds this times the median of the others, two "
                                     "windows in a row, is named a straggler.")
     straggler_min_ms: float = f(10.0, "...and by at least this many milliseconds per step (no alarms on noise).")
+    on_resize: str = f("keep_batch", "When the data-parallel world changes (elastic nnodes MIN:MAX): keep_batch "
+                                     "keeps the global batch (gradient accumulation adjusts, LR unchanged) | "
+                                     "scale_lr keeps micro_batch and accumulation, so the global batch follows "
+                                     "the world and the LR follows it by the linear scaling rule (x new/old "
+                                     "global batch, Goyal et al. 2017); the schedule goes on from the same point, "
+                                     "counted in samples (max_steps then counts steps of the configured batch).")
+    join: bool = f(False, "tandem train on a node that joins an elastic job already running (same run_dir, "
+                          "rdzv_endpoint and nnodes MIN:MAX): keep the run's spec.json, metrics and result "
+                          "instead of starting a new run; the running nodes restart at the larger world.")
 
 
 @dataclass

@@ -25,6 +25,7 @@ CHOICES = {
     "precision.dtype": ("fp32", "bf16", "fp16"),
     "launch.device": ("auto", "cpu", "cuda"),
     "launch.backend": ("auto", "gloo", "nccl"),
+    "elastic.on_resize": ("keep_batch", "scale_lr"),
 }
 
 
@@ -74,6 +75,27 @@ def effective_lr(spec: JobSpec) -> float:
     return o.lr * spec.schedule.global_batch / o.ref_batch if o.ref_batch else o.lr
 
 
+def _check_scale_lr(spec: JobSpec) -> None:
+    """scale_lr keeps micro x accum, so the global batch is dp x micro x accum at every world. A
+    resized run continues the epoch at position D (samples done), D a sum of such global batches;
+    every data rank of the new world must get D / dp of them: each dp must divide each global batch."""
+    mn, mx = node_counts(spec.launch)
+    n = spec.launch.nproc_per_node
+    dps = sorted({from_spec(spec, k * n, warn=False).dp for k in range(mn, mx + 1)})
+    m = spec.schedule.micro_batch
+    for start in dps:  # the run may start at any allowed world; its accumulation then stays
+        accum = grad_accum(spec, start)
+        for v in dps:
+            for w in dps:
+                if (v * m * accum) % w:
+                    raise ConfigError(
+                        f"scale_lr keeps micro_batch {m} x accumulation {accum} (set at {start} data ranks), so "
+                        f"the global batch at {v} data ranks is {v * m * accum}, which {w} data ranks cannot "
+                        f"share evenly when the epoch continues at the new world", field="elastic.on_resize",
+                        value="scale_lr", fix=f"use a micro_batch that every data-parallel size in {dps} "
+                                              f"divides, or elastic.on_resize=keep_batch")
+
+
 def validate(spec: JobSpec) -> JobSpec:
     for key, choices in CHOICES.items():
         sec, name = key.split(".")
@@ -113,6 +135,12 @@ def validate(spec: JobSpec) -> JobSpec:
     # The degrees' owner (ParallelDims) checks tp/pp/dp arithmetic before any process starts.
     for world in sorted({lo, hi}):
         grad_accum(spec, from_spec(spec, world, warn=world == hi).dp)
+    if spec.elastic.on_resize == "scale_lr" and lo != hi:
+        _check_scale_lr(spec)
+    if spec.elastic.join and (mn == mx or not spec.launch.rdzv_endpoint or spec.launch.simulate_nodes):
+        raise ConfigError("joining a running job needs elastic nnodes MIN:MAX and the job's c10d rendezvous "
+                          "endpoint (and no simulated nodes)", field="elastic.join", value=True,
+                          fix="give the running job's --launch.nnodes MIN:MAX and --launch.rdzv_endpoint HOST:PORT")
 
     if spec.data.name == "npz":
         p = Path(spec.data.path)

@@ -9,7 +9,10 @@ agent assigns at (re)start:
     run_dir/errors/rank-<R>.json     torch's @record error file (exception + traceback)
 
 After a restart (attempt k > 0) the names gain ``.restart<k>`` so that the first
-failure's logs survive.
+failure's logs survive. k counts this agent's worker starts: torchrun's restart count
+does not move when the group restarts for a node that joined (a membership change is
+not a retry), and those restarts need their own files too. Workers get k as
+TANDEM_AGENT_STARTS (the group agrees on one attempt from it, see elastic/resume.py).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ class RankLogsSpecs(LogsSpecs):
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         (self.run_dir / "errors").mkdir(parents=True, exist_ok=True)
         super().__init__(str(self.run_dir / "logs"), redirects=Std.ALL, tee=Std.ALL if tee else Std.NONE)
+        self.starts = 0  # worker group starts of this agent so far
 
     @property
     def root_log_dir(self) -> str:
@@ -34,9 +38,11 @@ class RankLogsSpecs(LogsSpecs):
     def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
         dest = LogsDest()
         tee = to_map(self._tee, len(envs))
+        attempt = max(self.starts, *(int(e.get("TORCHELASTIC_RESTART_COUNT", "0")) for e in envs.values()))
+        self.starts += 1
         for local_rank, env in envs.items():
             rank = env.get("RANK", str(local_rank))
-            attempt = int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
+            env["TANDEM_AGENT_STARTS"] = str(attempt)
             tag = f"rank-{rank}" + (f".restart{attempt}" if attempt else "")
             dest.stdouts[local_rank] = str(self.run_dir / "logs" / f"{tag}.log")
             dest.stderrs[local_rank] = str(self.run_dir / "logs" / f"{tag}.err.log")

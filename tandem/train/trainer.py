@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from tandem.core.spec import JobSpec
-from tandem.core.validate import effective_lr, grad_accum
+from tandem.core.validate import effective_lr
 from tandem.models import build_model, model_signature
 from tandem.train import checkpoint as ckpt
 from tandem.train import runtime as rt
@@ -96,7 +96,11 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
     log = print if ctx.is_main else (lambda *a, **k: None)
     par = parallelize(model, spec, ctx, log)  # tp, pp, checkpointing, compile, dp sharding (docs/parallel.md)
     dp_world, dp_rank = par.dp, par.dp_rank   # data ranks: tp and pp ranks of one replica read the same batch
-    accum = grad_accum(spec, dp_world)
+    el_resume.agree_attempt(ctx)  # one attempt number for the group, a node that just joined included
+    path = resume_path(spec, run_dir)
+    meta = ckpt.read_meta(path) if path is not None else None
+    rz = el_resume.plan_resize(spec, meta, dp_world)  # elastic.on_resize: the batch at this world size
+    accum = rz.accum
     sampler = ResumableDistributedSampler(train_ds, dp_world, dp_rank, shuffle=spec.data.shuffle, seed=s.seed,
                                           drop_last=spec.data.remainder == "drop")
     y0 = train_ds[0][1]
@@ -110,6 +114,7 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
 
     ddp = par.model
     ddp._tandem_dp, ddp._tandem_dp_rank, ddp._tandem_replicas = dp_world, dp_rank, ctx.world // dp_world
+    ddp._tandem_accum = accum
     optim = par_optimizer(spec, par, effective_lr(spec), build_optimizer)
     sched = make_scheduler(optim, total, s.warmup_steps, s.decay, s.min_lr_ratio)
     scaler = rt.grad_scaler(ctx, spec.precision.dtype)
@@ -118,8 +123,7 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
     el = ElasticHooks(spec, ctx, run_dir, metrics, log, ckdir)
 
     step, epoch, resumed = 0, 0, None
-    if (path := resume_path(spec, run_dir)) is not None:
-        meta = ckpt.read_meta(path)
+    if path is not None:
         ckpt.check_compatible(meta, spec.model.name, signature, path)
         ckpt.load(path, ddp, optim, ctx)
         sched.load_state_dict(meta["scheduler"])
@@ -128,29 +132,47 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
         position = el_resume.carry_position(old, dp_world, log)  # per data rank, at this dp size
         el.resumed(path, step)
         if position >= epoch_len:
-            epoch += 1
+            epoch, position = epoch + 1, 0
         else:
             sampler.set_epoch(epoch)
             sampler.set_start(position)
         resumed = str(path)
         log(f"resumed from {path} at step {step}, epoch {epoch}", flush=True)
+        old_ratio = sched.ratio
+        if rz.ratio != 1 or old_ratio != 1:  # a global batch off the configured one: the schedule follows it
+            total = step + el_resume.steps_left(spec, epoch, position, epoch_len, per_step, steps_per_epoch,
+                                                sched.position(step), rz.ratio)
+            sched.resize(step, rz.ratio, total - step)
+        if rz.changed:
+            peak = effective_lr(spec)
+            log(el_resume.describe_resize(rz, s.micro_batch, step, peak * old_ratio, peak * rz.ratio,
+                                          sched.get_last_lr()[0], sched.position(step), sched.horizon,
+                                          total - step), flush=True)
+            metrics.write("resize", step=step, **rz.record(), peak_lr_before=peak * old_ratio,
+                          peak_lr_after=peak * rz.ratio, lr_now=sched.get_last_lr()[0],
+                          schedule_position=sched.position(step), schedule_horizon=sched.horizon,
+                          total_steps=total)
 
-    lr0 = effective_lr(spec)
+    lr0 = effective_lr(spec) * rz.ratio
+    scaled = f" x {rz.global_batch}/{s.global_batch} (on_resize scale_lr)" if rz.ratio != 1 else ""
     pad = sampler.padding
-    metrics.write("start", world=ctx.world, nodes=ctx.world // ctx.local_world, global_batch=s.global_batch,
-                  micro_batch=s.micro_batch, grad_accum=accum, effective_lr=lr0, base_lr=spec.optim.lr,
+    metrics.write("start", world=ctx.world, nodes=ctx.world // ctx.local_world, global_batch=rz.global_batch,
+                  micro_batch=s.micro_batch, grad_accum=accum, effective_lr=lr0, on_resize=rz.mode,
+                  lr_scale=rz.ratio, base_lr=spec.optim.lr,
                   ref_batch=spec.optim.ref_batch, total_steps=total, steps_per_epoch=steps_per_epoch,
                   train_samples=len(train_ds), remainder=spec.data.remainder, padding=pad, resumed_from=resumed,
                   start_step=step, device=str(ctx.device), backend=ctx.backend, dtype=spec.precision.dtype,
                   parallel=par.dims.describe(), pipeline_split=par.split)
     log(f"world {ctx.world} ({ctx.world // ctx.local_world} nodes x {ctx.local_world}) on {ctx.device}/{ctx.backend}"
         f" | {par.dims.describe()}"
-        f" | global batch {s.global_batch} = {dp_world} data ranks x micro {s.micro_batch} x accum {accum}"
+        f" | global batch {rz.global_batch} = {dp_world} data ranks x micro {s.micro_batch} x accum {accum}"
         f" | effective lr {lr0:g} = {spec.optim.lr:g} x {s.global_batch}/{spec.optim.ref_batch or s.global_batch}"
+        f"{scaled}"
         f" | {total} steps, {steps_per_epoch}/epoch | remainder {spec.data.remainder}: "
         f"{abs(pad)} sample(s) {'repeated' if pad >= 0 else 'left out'} per epoch", flush=True)
 
     accuracy, rates, t_start, last_saved = None, [], time.perf_counter(), None
+    records = _StepRecords(metrics, log, s.log_every, total, dp_world)
     ddp.train()
     while step < total:
         sampler.set_epoch(epoch)
@@ -196,7 +218,7 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
             optim.zero_grad(set_to_none=True)
             par.after_step()  # local SGD: average the models every H steps
             scored = loss_sum if par.has_last and par.coords["tp"] == 0 else 0.0  # one copy per replica
-            loss_sum = rt.all_reduce_sum([scored], ctx)[0] / dp_world  # the step's loss over all replicas
+            loss_all = rt.PendingSum([scored], ctx)  # the step's loss over all replicas, read next step
             lr = sched.get_last_lr()[0]
             sched.step()
             step += 1
@@ -204,16 +226,15 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
             dt = time.perf_counter() - t0
             rate = n_step * dp_world / dt
             rates.append(rate)
-            metrics.write("step", step=step, epoch=epoch, loss=loss_sum, lr=lr, samples_per_s=rate,
-                          step_time_s=dt, data_time_s=data_time)
+            records.add(loss_all, step=step, epoch=epoch, lr=lr, samples_per_s=rate, step_time_s=dt,
+                        data_time_s=data_time, time=time.time())
             el.on_step(step, epoch, dt, data_time, time.perf_counter() - t0 - (t_sync - t0))
-            if step % s.log_every == 0 or step == total:
-                log(f"step {step}/{total} epoch {epoch} loss {loss_sum:.4f} lr {lr:.4g} "
-                    f"{rate:.0f} samples/s step {dt * 1e3:.1f} ms (data {data_time * 1e3:.1f} ms)", flush=True)
             every = spec.checkpoint.every_steps
             if (every and step % every == 0) or (step == total and spec.checkpoint.at_end):
+                records.flush()
                 last_saved = _save(ckdir, step, epoch, consumed, ddp, optim, sched, ctx, spec, signature,
                                    metrics, el) or last_saved
+        records.flush()
         if consumed >= epoch_len:
             if held is not None and par.schedule is None:  # pp: no held-out pass (stages hold slices)
                 el.pause("eval")  # the hang watchdog judges training steps, not evaluation
@@ -227,7 +248,7 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
     steady = rates[len(rates) // 5:] or rates  # the first steps pay for warm-up
     result = {"step": step, "epoch": epoch, "accuracy": accuracy, "world": ctx.world,
               "samples_per_s": sum(steady) / len(steady) if steady else None, "wall_s": wall,
-              "checkpoint": str(last_saved) if last_saved else None, "global_batch": s.global_batch,
+              "checkpoint": str(last_saved) if last_saved else None, "global_batch": rz.global_batch,
               "effective_lr": lr0, "grad_accum": accum, "parallel": par.dims.describe()}
     result.update(el.summary())
     metrics.write("end", **result)
@@ -235,10 +256,35 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
     return result
 
 
+class _StepRecords:
+    """A step's record (and log line) waits for the next step, which hides its loss all-reduce."""
+
+    def __init__(self, metrics: MetricsWriter, log, every: int, total: int, dp_world: int) -> None:
+        self.metrics, self.log, self.every, self.total, self.dp_world = metrics, log, every, total, dp_world
+        self.pending = None
+
+    def add(self, loss: rt.PendingSum, **rec) -> None:
+        self.flush()
+        self.pending = (loss, rec)
+
+    def flush(self) -> None:
+        if self.pending is None:
+            return
+        (loss, r), self.pending = self.pending, None
+        r = {"step": r.pop("step"), "epoch": r.pop("epoch"), "loss": loss.result()[0] / self.dp_world, **r}
+        self.metrics.write("step", **r)
+        if r["step"] % self.every == 0 or r["step"] == self.total:
+            self.log(f"step {r['step']}/{self.total} epoch {r['epoch']} loss {r['loss']:.4f} lr {r['lr']:.4g} "
+                     f"{r['samples_per_s']:.0f} samples/s step {r['step_time_s'] * 1e3:.1f} ms "
+                     f"(data {r['data_time_s'] * 1e3:.1f} ms)", flush=True)
+
+
 def _save(ckdir, step, epoch, consumed, ddp, optim, sched, ctx, spec, signature, metrics, el):
     t0 = time.perf_counter()
     meta = {"epoch": epoch, "consumed": consumed, "scheduler": sched.state_dict(), "model": spec.model.name,
             "signature": signature, "job": spec.name, "data_world": getattr(ddp, "_tandem_dp", ctx.world),
+            "grad_accum": ddp._tandem_accum, "global_batch": getattr(ddp, "_tandem_dp", ctx.world) *
+            spec.schedule.micro_batch * ddp._tandem_accum,
             "parallel": {k: getattr(spec.parallel, k) for k in ("strategy", "tp", "pp")}}
     path = el.save(ckdir, step, ddp, optim, meta)
     if path is not None:

@@ -3,7 +3,7 @@
     el = ElasticHooks(spec, ctx, run_dir, metrics, log)    # cleans partial saves, reads the last attempt
     sampler_for_loader = el.trace(sampler)                 # counts samples (TANDEM_TRACE_SAMPLES=1), slow faults
     el.before_sync(step)                                   # heartbeat: about to enter the gradient all-reduce
-    el.on_step(step, epoch, dt, data_s, sync_s)            # heartbeat, stragglers, async publish, restart report
+    el.on_step(step, epoch, dt, data_s, sync_s)            # heartbeat, stragglers, async save record, restart report
     path = el.save(ckdir, step, model, optim, meta)        # sync or async (checkpoint.async_save)
     el.finish() / el.summary()                             # wait for the last async save; restarts for result.json
 """
@@ -21,7 +21,7 @@ from tandem.train import checkpoint as ckpt
 from tandem.train import metrics as mt
 from tandem.train.elastic import faults
 from tandem.train.elastic import resume as rs
-from tandem.launch.heartbeat import Heartbeat
+from tandem.launch.heartbeat import Heartbeat, read_all
 from tandem.train.elastic.straggler import StragglerMonitor
 
 TRACE_ENV = "TANDEM_TRACE_SAMPLES"
@@ -48,14 +48,14 @@ class _TracedSampler:
 class ElasticHooks:
     def __init__(self, spec, ctx, run_dir: Path, metrics, log, ckdir: Path) -> None:
         self.spec, self.ctx, self.run_dir, self.metrics, self.log = spec, ctx, Path(run_dir), metrics, log
-        self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self.attempt = rs.attempt()  # the group's attempt (a joined node included), see resume.agree_attempt
         self.proc_start = rs.process_start_time()
         self.hb = Heartbeat(self.run_dir, ctx.rank, ctx.local_rank)
         el = getattr(spec, "elastic", None)
         self.straggler = StragglerMonitor(ctx, metrics, log, getattr(el, "straggler_every", 0),
                                           getattr(el, "straggler_ratio", 1.5), getattr(el, "straggler_min_ms", 10.0))
         self.before = mt.read(self.run_dir) if ctx.is_main else []
-        self.prev = rs.previous_attempt(self.before)
+        self.prev = rs.previous_attempt(self.before, read_all(self.run_dir) if ctx.is_main else [])
         self.report: dict | None = None
         self.tracing = os.environ.get(TRACE_ENV) == "1"
         self.drawn: list[int] = []
@@ -115,25 +115,31 @@ class ElasticHooks:
     # -- checkpoints -----------------------------------------------------------------------------
     def save(self, ckdir: Path, step: int, model, optim, meta: dict):
         """The published folder (sync), or None while an async save is in flight."""
-        if self.pending is not None:
+        self.hb.beat(step, "save")  # before the wait below: a slow previous publish is not a hang
+        if self.pending is not None:  # one save in flight: DCP's group and the folder rules allow one
             self._published(self.pending.wait())
-        self.hb.beat(step, "save")
         t0 = time.perf_counter()
         out = ckpt.save(ckdir, step, model, optim, self.ctx, {**meta, "run_id": rs.run_id()},
                         self.spec.checkpoint.keep_last, async_pg=self.pg)
-        blocked = time.perf_counter() - t0
         if isinstance(out, ckpt.PendingSave):
-            out.t0, out.blocked = t0, blocked
+            out.t0, out.staged_s = t0, time.perf_counter() - t0
             self.pending = out
             return None
         return out
 
     def _published(self, path: Path) -> None:
+        """On the training thread, once the publish thread finished (seen by poll) or after a wait.
+        A save's blocking time is its staging copy plus any wait for its publish (at the next save
+        or at the end); the hashing and renaming ran in the background."""
         p, self.pending = self.pending, None
-        total = time.perf_counter() - p.t0
-        self.metrics.write("ckpt", step=p.step, path=str(path), save_s=total, block_s=p.blocked, mode="async")
-        self.log(f"checkpoint {path.name}: training blocked {p.blocked * 1e3:.0f} ms (async save; written and "
-                 f"published {total:.2f} s after it started)", flush=True)
+        rec = {"step": p.step, "path": str(path), "save_s": p.published_at - p.t0, "block_s": p.staged_s + p.waited_s,
+               "stage_s": p.staged_s, "wait_s": p.waited_s, "written_s": p.written_at - p.t0,
+               "publish_s": p.published_at - p.written_at, "mode": "async"}
+        self.metrics.write("ckpt", **rec)
+        self.log(f"checkpoint {path.name}: training blocked {rec['block_s'] * 1e3:.0f} ms (async save: staging "
+                 f"{p.staged_s * 1e3:.0f} ms + waiting for the publish {p.waited_s * 1e3:.0f} ms); written after "
+                 f"{rec['written_s']:.2f} s, hashed and published in the background after {rec['save_s']:.2f} s",
+                 flush=True)
         self.last_published = path
 
     def finish(self) -> Path | None:

@@ -10,7 +10,11 @@
   Rank r of W takes positions r, r+W, ... of the epoch's shuffled list, so c per rank
   means the first c*W positions are done, whatever W is; a new world W' continues at
   c*W / W' per rank. No sample is skipped or repeated (c*W is a multiple of the
-  global batch, which W' x micro_batch divides).
+  global batch, which W' x micro_batch divides; under scale_lr validate checks that every
+  allowed world divides every allowed global batch).
+* ``plan_resize``: the batch arithmetic against the checkpoint's world (elastic.on_resize):
+  keep_batch recomputes the accumulation; scale_lr keeps micro x accum, so the global
+  batch follows the world, and the LR follows the global batch (``Schedule.resize``).
 * ``restart_report``: from the previous attempt's records in metrics.jsonl: steps
   redone, and the time lost = down (last progress -> new worker started: detection,
   teardown, rendezvous, spawn) + startup (imports, process group, checkpoint load).
@@ -19,7 +23,9 @@
 from __future__ import annotations
 
 import json
+import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from tandem.core.errors import CheckpointError
@@ -31,9 +37,35 @@ def run_id() -> str:
     return os.environ.get("TORCHELASTIC_RUN_ID", "")
 
 
+ATTEMPT_ENV, AGENT_STARTS_ENV = "TANDEM_ATTEMPT", "TANDEM_AGENT_STARTS"
+
+
+def attempt() -> int:
+    """This worker group's attempt: torchrun's restart count, or the run-wide attempt the
+    ranks agreed on (``agree_attempt``), which also counts restarts for a joining node."""
+    return int(os.environ.get(ATTEMPT_ENV, os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+
+
+def agree_attempt(ctx) -> int:
+    """torchrun does not count a restart for new nodes as a restart (TORCHELASTIC_RESTART_COUNT
+    stays), and a joining agent starts at 0: each agent counts its own worker starts
+    (TANDEM_AGENT_STARTS, set by the launcher's log specs), and the group takes the maximum,
+    so every rank of a group names the same attempt and a later group a larger one."""
+    import torch
+    import torch.distributed as dist
+
+    mine = max(int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")), int(os.environ.get(AGENT_STARTS_ENV, "0")))
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        t = torch.tensor([mine], dtype=torch.int64, device=ctx.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        mine = int(t.item())
+    os.environ[ATTEMPT_ENV] = str(mine)
+    return mine
+
+
 def own_latest(ckpt_dir: Path) -> Path | None:
     rid = run_id()
-    if not rid or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0:
+    if not rid or attempt() == 0:
         return None
     for p in reversed(ckpt.list_complete(Path(ckpt_dir))):
         try:
@@ -61,6 +93,68 @@ def carry_position(meta: dict, world: int, log=print) -> int:
     return done // world
 
 
+@dataclass
+class Resize:
+    """This start's batch arithmetic; ``old_*`` describe the checkpoint it resumes (if any)."""
+    mode: str           # elastic.on_resize
+    world: int          # data-parallel ranks now
+    accum: int
+    global_batch: int
+    ratio: float        # global batch / configured one: the LR multiplier and the schedule's pace
+    old_world: int | None = None
+    old_accum: int | None = None
+    old_global: int | None = None
+
+    @property
+    def changed(self) -> bool:
+        return self.old_world is not None and (self.old_world, self.old_global) != (self.world, self.global_batch)
+
+    def record(self) -> dict:
+        return {"on_resize": self.mode, "old_world": self.old_world, "new_world": self.world,
+                "old_global_batch": self.old_global, "new_global_batch": self.global_batch,
+                "old_grad_accum": self.old_accum, "new_grad_accum": self.accum, "lr_scale": self.ratio}
+
+
+def plan_resize(spec, meta: dict | None, world: int) -> Resize:
+    from tandem.core.validate import grad_accum
+
+    s, mode = spec.schedule, spec.elastic.on_resize
+    if meta is None:
+        accum = grad_accum(spec, world)
+        return Resize(mode, world, accum, s.global_batch, 1.0)
+    old_world = int(meta.get("data_world", meta.get("world_size", world)))
+    old_global = int(meta.get("global_batch", s.global_batch))  # checkpoints before on_resize: as configured
+    old_accum = int(meta.get("grad_accum", 0)) or max(1, old_global // (old_world * s.micro_batch))
+    accum = old_accum if mode == "scale_lr" else grad_accum(spec, world)
+    g = world * s.micro_batch * accum
+    return Resize(mode, world, accum, g, g / s.global_batch, old_world, old_accum, old_global)
+
+
+def steps_left(spec, epoch: int, pos: int, epoch_len: int, per_step: int, steps_per_epoch: int,
+               sched_pos: float, ratio: float) -> int:
+    """Optimizer steps to the end of the run from (epoch, pos) at the current batch. With a
+    global batch off the configured one, max_steps counts configured-batch steps (samples)."""
+    s = spec.schedule
+    left = 0
+    if epoch < s.epochs:
+        left = -(-(epoch_len - pos) // per_step) + (s.epochs - epoch - 1) * steps_per_epoch
+    if s.max_steps:
+        left = min(left, max(0, math.ceil((s.max_steps - sched_pos) / ratio - 1e-9)))
+    return left
+
+
+def describe_resize(rz: Resize, micro: int, step: int, old_peak: float, new_peak: float, lr_now: float,
+                    pos: float, horizon: float, left: int) -> str:
+    head = f"world size changed {rz.old_world} -> {rz.world} data ranks, on_resize = {rz.mode}: "
+    if rz.mode == "keep_batch":
+        return (head + f"global batch {rz.global_batch} kept = {rz.world} x micro {micro} x accum {rz.accum} "
+                f"(accum was {rz.old_accum}); LR unchanged (peak {new_peak:g}, now {lr_now:.4g})")
+    return (head + f"micro {micro} x accum {rz.accum} kept, global batch {rz.old_global} -> {rz.global_batch}; "
+            f"LR x {rz.global_batch}/{rz.old_global} (linear scaling rule): peak {old_peak:g} -> {new_peak:g}, "
+            f"now {lr_now:.4g}; schedule continues at step {step} (position {pos:g} of {horizon:g} steps of "
+            f"the configured batch), {left} steps left")
+
+
 def process_start_time() -> float:
     """Wall-clock time this process started (Linux /proc; now as a fallback)."""
     import time
@@ -73,14 +167,23 @@ def process_start_time() -> float:
         return time.time()
 
 
-def previous_attempt(records: list[dict]) -> dict | None:
-    """The last step record before this start, if an earlier attempt of this run made progress."""
+def previous_attempt(records: list[dict], beats: list[dict] = ()) -> dict | None:
+    """The last progress before this start, if an earlier attempt of this run made some.
+
+    From the step records, and from the heartbeats the earlier attempt left (a step's
+    record is written when the next step ends, with its all-reduced loss, so the
+    heartbeat can be one step ahead)."""
     if not any(r["kind"] == "start" for r in records):
         return None
     steps = [r for r in records if r["kind"] == "step"]
     starts = [r for r in records if r["kind"] == "start"]
-    return {"last_step": steps[-1]["step"] if steps else starts[-1].get("start_step", 0),
-            "last_time": steps[-1]["time"] if steps else starts[-1]["time"], "attempts": len(starts)}
+    last_step = steps[-1]["step"] if steps else starts[-1].get("start_step", 0)
+    last_time = steps[-1]["time"] if steps else starts[-1]["time"]
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    for b in beats:
+        if b.get("run_id") == run_id() and b.get("attempt", 0) < attempt and b["step"] > last_step:
+            last_step, last_time = b["step"], b.get("step_time", b["time"])
+    return {"last_step": last_step, "last_time": last_time, "attempts": len(starts)}
 
 
 def restart_report(prev: dict, resumed_step: int, proc_start: float, first_step_time: float,
