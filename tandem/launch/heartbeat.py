@@ -1,9 +1,16 @@
 """Each rank's progress file, read by the agent's watchdog and by the tests.
 
-``run_dir/heartbeat/rank-<R>.json``, replaced atomically at every beat::
+``run_dir/heartbeat/rank-<R>.json``, rewritten in place at every beat::
 
     {"rank": 1, "local_rank": 1, "pid": 4242, "ppid": 4200, "host": "vm", "attempt": 0,
-     "run_id": "...", "step": 17, "phase": "step", "time": 1764400000.12}
+     "run_id": "...", "step": 17, "phase": "step", "time": 1764400000.12, "step_time": 1764400000.10}
+
+``time`` is the last beat, ``step_time`` when ``step`` finished (the last progress).
+The file is a fixed-size page the rank keeps memory-mapped: a beat is a JSON text padded
+with spaces and copied into the map (microseconds), where writing a new file and renaming
+it cost 0.4-2 ms, twice a step, on a 2-core machine. The page cache makes the bytes
+visible to readers at once and keeps them when the rank is killed. A reader may catch a
+beat half-copied: it sees invalid JSON and reads again (``read``).
 
 ``phase`` is where the rank was: ``start`` (before the first step), ``sync`` (about to
 run the backward that all-reduces the gradients: the collective it would wait in),
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import faulthandler
 import json
+import mmap
 import os
 import signal
 import socket
@@ -30,34 +38,59 @@ def stack_file(run_dir: Path, rank: int, attempt: int) -> Path:
     return Path(run_dir) / "watchdog" / f"stacks-rank-{rank}.attempt{attempt}.txt"
 
 
+SIZE = 1024  # bytes of a heartbeat file: room for any host name and run id
+
+
 class Heartbeat:
     def __init__(self, run_dir: Path, rank: int, local_rank: int) -> None:
         self.dir = Path(run_dir) / "heartbeat"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / f"rank-{rank}.json"
-        self._tmp = self.dir / f".rank-{rank}.json.tmp"
         attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         self.base = {"rank": rank, "local_rank": local_rank, "pid": os.getpid(), "ppid": os.getppid(),
-                     "host": socket.gethostname(), "attempt": attempt,
-                     "run_id": os.environ.get("TORCHELASTIC_RUN_ID", "")}
+                     "host": socket.gethostname()[:200], "attempt": attempt,
+                     "run_id": os.environ.get("TORCHELASTIC_RUN_ID", "")[:200]}
         stacks = stack_file(run_dir, rank, attempt)
         stacks.parent.mkdir(parents=True, exist_ok=True)
         self._stacks = open(stacks, "w")
         if hasattr(signal, "SIGUSR1"):
             faulthandler.register(signal.SIGUSR1, file=self._stacks, all_threads=True)
-        self.step = 0
+        self.step, self.step_time = 0, time.time()
+        # The previous attempt's last beat stays readable until this rank's first beat.
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if os.fstat(fd).st_size != SIZE:
+                os.ftruncate(fd, SIZE)
+            self._map = mmap.mmap(fd, SIZE)
+        finally:
+            os.close(fd)
 
     def beat(self, step: int, phase: str = "step") -> None:
+        now = time.time()
+        if phase == "step":
+            self.step_time = now
         self.step = step
-        self._tmp.write_text(json.dumps({**self.base, "step": step, "phase": phase, "time": time.time()}))
-        os.replace(self._tmp, self.path)
+        text = json.dumps({**self.base, "step": step, "phase": phase, "time": now,
+                           "step_time": self.step_time}).encode()
+        self._map[:] = text.ljust(SIZE)
+
+
+def read(path: Path, tries: int = 20) -> dict | None:
+    """One heartbeat file; None when absent or never written (a beat half-copied is read again)."""
+    for _ in range(tries):
+        try:
+            text = Path(path).read_bytes().strip(b" \0")
+        except FileNotFoundError:
+            return None
+        if not text:
+            return None
+        try:
+            return json.loads(text)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue
+    return None
 
 
 def read_all(run_dir: Path) -> list[dict]:
-    out = []
-    for p in sorted((Path(run_dir) / "heartbeat").glob("rank-*.json")):
-        try:
-            out.append(json.loads(p.read_text()))
-        except (json.JSONDecodeError, FileNotFoundError):
-            pass
-    return out
+    beats = (read(p) for p in sorted((Path(run_dir) / "heartbeat").glob("rank-*.json")))
+    return [b for b in beats if b is not None]

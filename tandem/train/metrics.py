@@ -40,7 +40,7 @@ class MetricsWriter:
         self._f.flush()
         if self._tb is not None and "step" in fields:
             for k, v in fields.items():
-                if isinstance(v, (int, float)) and k not in ("step", "epoch"):
+                if isinstance(v, (int, float)) and k not in ("step", "epoch", "time"):
                     self._tb.add_scalar(f"{kind}/{k}", v, fields["step"])
 
     def close(self) -> None:

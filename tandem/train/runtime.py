@@ -151,3 +151,18 @@ def all_reduce_sum(values: list[float], ctx: DistContext) -> list[float]:
     if dist.is_initialized() and ctx.world > 1:
         dist.all_reduce(t)
     return t.tolist()
+
+
+class PendingSum:
+    """An all-reduce (sum) started now and read later, so that the next step's compute hides
+    its latency instead of every rank waiting for it (and for the slowest peer) at each step."""
+
+    def __init__(self, values: list[float], ctx: DistContext) -> None:
+        self.t = torch.tensor(values, dtype=torch.float64, device=ctx.device)
+        self.work = dist.all_reduce(self.t, async_op=True) if dist.is_initialized() and ctx.world > 1 else None
+
+    def result(self) -> list[float]:
+        if self.work is not None:
+            self.work.wait()
+            self.work = None
+        return self.t.tolist()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from tandem.launch.heartbeat import read as read_heartbeat
 from tandem_testing import ROOT, TINY
 
 # One epoch of digits (1438 train samples: nothing dropped or padded at world 1 or 2) in 45 steps.
@@ -52,10 +53,7 @@ def wait_for(pred, timeout: float, what: str, interval: float = 0.05):
 
 
 def heartbeat(run_dir: Path, rank: int) -> dict | None:
-    try:
-        return json.loads((Path(run_dir) / "heartbeat" / f"rank-{rank}.json").read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
+    return read_heartbeat(Path(run_dir) / "heartbeat" / f"rank-{rank}.json")
 
 
 def final_state(ckpt: Path) -> dict:
