@@ -101,11 +101,9 @@ def wrap_ddp(model: nn.Module, ctx: DistContext, p: ParallelSpec | None = None) 
     """DistributedDataParallel with the knobs that matter for speed exposed (a world of one: unchanged)."""
     if ctx.world == 1 or not dist.is_initialized():
         return model
-    p = p or ParallelSpec()
-    return nn.parallel.DistributedDataParallel(
-        model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None,
-        bucket_cap_mb=p.bucket_cap_mb, gradient_as_bucket_view=p.gradient_as_bucket_view,
-        static_graph=p.static_graph, find_unused_parameters=p.find_unused_parameters)
+    from tandem.train.parallel.ddp import wrap_ddp as wrap  # the one DDP wrapper, parallelize()'s too
+
+    return wrap(model, p or ParallelSpec(), ctx.device)
 
 
 def sync_buffers(model: nn.Module, ctx: DistContext) -> None:
