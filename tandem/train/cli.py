@@ -81,9 +81,11 @@ def run_training(spec: JobSpec, console: Console, *, stream: bool = False, label
     run_dir = run_dir_of(spec)
     preflight(spec, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "spec.json").write_text(json.dumps(to_dict(spec), indent=1))
-    (run_dir / "result.json").unlink(missing_ok=True)
-    (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    joining = spec.elastic.join and (run_dir / "spec.json").is_file()
+    if not joining:  # a node joining a running job (same run_dir) keeps the run's spec, metrics and result
+        (run_dir / "spec.json").write_text(json.dumps(to_dict(spec), indent=1))
+        (run_dir / "result.json").unlink(missing_ok=True)
+        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
     argv = ["-m", "tandem.train.worker", str(run_dir)]
     try:
         if stream:
@@ -112,7 +114,12 @@ def run_training(spec: JobSpec, console: Console, *, stream: bool = False, label
     except WorkerFailure:
         fl.render(fl.read_failures(run_dir), console)
         raise
-    return json.loads((run_dir / "result.json").read_text())
+    result = run_dir / "result.json"
+    if spec.elastic.join and not result.is_file():  # rank 0 ran on a node whose run_dir is not shared
+        console.print(f"done: this node's workers finished; the result is in rank 0's run_dir ({result} "
+                      "on the node that ran rank 0)", highlight=False)
+        raise SystemExit(0)
+    return json.loads(result.read_text())
 
 
 def print_result(result: dict, run_dir: Path, console: Console) -> None:
