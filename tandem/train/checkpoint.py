@@ -14,7 +14,8 @@ atomically) and deletes checkpoints beyond ``keep_last``. A folder without
 writes ``manifest.json`` (sha256 of every file, see manifest.py): ``latest`` skips a
 checkpoint whose files no longer match it, and an explicit resume refuses it.
 With ``async_save`` the shards are written by ``dcp.async_save`` in a background thread
-(on a process group of its own) and the folder is published by ``poll``/``wait``.
+(on a process group of its own) and rank 0 publishes the folder in a thread of its own
+(PendingSave): training blocks only for the staging copy.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import os
 import re
 import shutil
 import sys
+import threading
+import time
 from pathlib import Path
 
 import torch
@@ -111,8 +114,11 @@ def check_compatible(meta: dict, model_name: str, signature: dict[str, list[int]
 
 
 def clean_partial(ckpt_dir: Path) -> list[str]:
-    """Delete ``.tmp-step-*`` folders left by a save that died (call on rank 0 before training)."""
-    gone = [p.name for p in Path(ckpt_dir).glob(".tmp-step-*") if p.is_dir()] if Path(ckpt_dir).is_dir() else []
+    """Delete ``.tmp-step-*`` folders left by a save that died, and ``.tmp-pruned-*`` ones left by
+    a pruning that died (call on rank 0 before training)."""
+    d = Path(ckpt_dir)
+    gone = sorted(p.name for pat in (".tmp-step-*", ".tmp-pruned-*") for p in d.glob(pat) if p.is_dir()) \
+        if d.is_dir() else []
     for name in gone:
         shutil.rmtree(Path(ckpt_dir) / name, ignore_errors=True)
     return gone
@@ -146,46 +152,89 @@ def save(ckpt_dir: Path, step: int, model: nn.Module, optim: torch.optim.Optimiz
 
 def publish(ckpt_dir: Path, step: int, tmp: Path, final: Path, ctx: DistContext, meta: dict,
             keep_last: int) -> Path:
-    """Collective, after every rank wrote its files: meta, manifest, rename, pointer, pruning."""
+    """Collective (sync saves), after every rank wrote its files: rank 0 publishes between two barriers."""
     from tandem.train.elastic import faults
 
     faults.point("save", step=step, rank=ctx.rank)  # fault injection: die with the shards written
     barrier()
     if ctx.is_main:
-        (tmp / "meta.json").write_text(json.dumps({**meta, "step": step, "world_size": ctx.world}, indent=1))
-        manifest.write(tmp, step)
-        if final.exists():  # a copy that failed its manifest: replaced by this good one
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        pointer = ckpt_dir / "latest.tmp"
-        pointer.write_text(final.name + "\n")
-        os.replace(pointer, ckpt_dir / "latest")
-        for old in list_complete(ckpt_dir)[:-keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+        publish_files(ckpt_dir, step, tmp, final, ctx.world, meta, keep_last)
     barrier()
     return final
 
 
+def publish_files(ckpt_dir: Path, step: int, tmp: Path, final: Path, world: int, meta: dict, keep_last: int) -> None:
+    """Rank 0 only, no collective: meta, manifest, rename, pointer, pruning. The order is the
+    safety argument: a kill before the rename leaves ``.tmp-step-N`` (cleaned at the next start),
+    a kill before the pointer moves leaves a complete, hashed ``step-N`` and the old pointer."""
+    from tandem.train.elastic import faults
+
+    (tmp / "meta.json").write_text(json.dumps({**meta, "step": step, "world_size": world}, indent=1))
+    manifest.write(tmp, step)
+    faults.point("publish", step=step, rank=0)  # fault injection: die hashed, not yet renamed
+    if final.exists():  # a copy that failed its manifest: replaced by this good one
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    pointer = ckpt_dir / "latest.tmp"
+    pointer.write_text(final.name + "\n")
+    os.replace(pointer, ckpt_dir / "latest")
+    for old in list_complete(ckpt_dir)[:-keep_last]:
+        gone = old.with_name(".tmp-pruned-" + old.name)  # renamed first: a kill mid-delete leaves no half folder
+        os.replace(old, gone)
+        shutil.rmtree(gone, ignore_errors=True)
+
+
 class PendingSave:
-    """An async save in flight: ``poll`` (collective) publishes it once every rank's write is done."""
+    """An async save in flight, published off the training thread.
+
+    DCP's writer thread writes this rank's shards, then its finish step gathers every rank's
+    result on rank 0 over the save's own process group and raises if any rank failed; only
+    then does rank 0 write ``.metadata`` and complete its future. So on rank 0 a completed
+    future means every rank's files are on disk, and a thread of ours publishes (hash, rename,
+    pointer, pruning) with no further collective. The training thread only calls ``poll``
+    (never blocks) or ``wait`` (before the next save and at the end: one save in flight)."""
 
     def __init__(self, fut, ckpt_dir, step, tmp, final, ctx, meta, keep_last) -> None:
         self.fut, self.ckpt_dir, self.step, self.tmp, self.final = fut, ckpt_dir, step, tmp, final
         self.ctx, self.meta, self.keep_last = ctx, meta, keep_last
+        self.written_at = self.published_at = None  # time.perf_counter() stamps, set by the thread
+        self.waited_s = 0.0  # how long the training thread blocked in ``wait``
+        self.error: BaseException | None = None
+        self._done = threading.Event()
+        # daemon: a process that dies with a publish in flight leaves .tmp-step-N, as a SIGKILL would
+        threading.Thread(target=self._run, name=f"tandem-publish-{step}", daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            self.fut.result()
+            self.written_at = time.perf_counter()
+            if self.ctx.is_main:
+                publish_files(self.ckpt_dir, self.step, self.tmp, self.final, self.ctx.world, self.meta,
+                              self.keep_last)
+            self.published_at = time.perf_counter()
+        except BaseException as e:  # handed to the training thread by poll/wait
+            self.error = e
+        finally:
+            self._done.set()
+
+    def done(self) -> bool:
+        return self._done.is_set()
 
     def poll(self) -> Path | None:
-        """Collective: the published folder when every rank finished writing, else None."""
-        import torch.distributed as dist
-
-        done = torch.tensor([1 if self.fut.done() else 0])
-        if dist.is_initialized() and self.ctx.world > 1:
-            dist.all_reduce(done, op=dist.ReduceOp.MIN)
-        return self.wait() if int(done) else None
+        """The published folder once the save is published (on rank 0; written, elsewhere), else None."""
+        return self._result() if self._done.is_set() else None
 
     def wait(self) -> Path:
-        """Collective: block until the write is done, then publish."""
-        self.fut.result()
-        return publish(self.ckpt_dir, self.step, self.tmp, self.final, self.ctx, self.meta, self.keep_last)
+        t = time.perf_counter()
+        self._done.wait()
+        self.waited_s += time.perf_counter() - t
+        return self._result()
+
+    def _result(self) -> Path:
+        if self.error is not None:
+            raise RuntimeError(f"async checkpoint {self.final.name} failed: "
+                               f"{type(self.error).__name__}: {self.error}") from self.error
+        return self.final
 
 
 def load(path: Path, model: nn.Module, optim: torch.optim.Optimizer, ctx: DistContext) -> dict:

@@ -63,3 +63,75 @@ def test_altered_newest_shard_falls_back_and_ends_bitwise(reference, tmp_path):
     assert "checkpoint step-00000045 refused" in (tmp_path / "run" / "logs" / "rank-0.log").read_text()
     assert manifest.problem(ck / "step-00000045") is None  # re-saved from the redone steps
     assert_bitwise_equal(final_state(result["checkpoint"]), reference["state"])
+
+
+def _pending(tmp_path, step, fut, keep_last=2):
+    """A PendingSave of a world of one whose DCP future the test completes by hand."""
+    import torch
+
+    from tandem.train.runtime import DistContext
+
+    ctx = DistContext(rank=0, world=1, local_rank=0, local_world=1, node=0, device=torch.device("cpu"),
+                      backend="gloo")
+    ck = tmp_path / "checkpoints"
+    tmp = ck / f".tmp-step-{step:08d}"
+    tmp.mkdir(parents=True)
+    (tmp / ".metadata").write_bytes(b"meta")
+    (tmp / "__0_0.distcp").write_bytes(bytes(range(256)) * 64)
+    return ck, ckpt.PendingSave(fut, ck, step, tmp, ck / f"step-{step:08d}", ctx, {"model": "x"}, keep_last)
+
+
+def test_background_publish_moves_latest_only_after_write_and_hash(tmp_path):
+    from concurrent.futures import Future
+
+    fut = Future()
+    ck, p = _pending(tmp_path, 10, fut)
+    (ck / "latest").write_text("step-00000005\n")
+    assert p.poll() is None and not p.done()  # the write is in flight: poll returns at once
+    assert (ck / "latest").read_text() == "step-00000005\n" and not (ck / "step-00000010").exists()
+    fut.set_result(None)
+    assert p.wait() == ck / "step-00000010"
+    assert (ck / "latest").read_text() == "step-00000010\n" and not (ck / ".tmp-step-00000010").exists()
+    assert manifest.problem(ck / "step-00000010") is None
+    assert set(json.loads((ck / "step-00000010" / "manifest.json").read_text())["files"]) == {
+        ".metadata", "__0_0.distcp", "meta.json"}
+    assert p.written_at <= p.published_at and p.poll() == ck / "step-00000010"
+
+
+def test_failed_background_write_is_not_published(tmp_path):
+    from concurrent.futures import Future
+
+    fut = Future()
+    ck, p = _pending(tmp_path, 20, fut)
+    fut.set_exception(RuntimeError("Connection closed by peer"))
+    with pytest.raises(RuntimeError, match="async checkpoint step-00000020 failed: RuntimeError: Connection closed"):
+        p.wait()
+    assert not (ck / "latest").exists() and not (ck / "step-00000020").exists()
+    assert ckpt.clean_partial(ck) == [".tmp-step-00000020"]
+
+
+@pytest.mark.slow
+def test_sigkill_during_background_publish_resumes_from_previous(reference, tmp_path):
+    """Rank 0 dies in its publish thread with step 30 written and hashed but not renamed: the
+    restart uses step 20, removes the partial folder and ends bitwise equal to the reference."""
+    spec = write_spec(tmp_path / "job.toml", tmp_path / "run")
+    rc, out, err = finish(start_train(spec, "--launch.max_restarts", "1", "--checkpoint.async_save", "true",
+                                      env={"TANDEM_FAULTS": "sigkill:rank=0:publish=30"}))
+    assert rc == 0, err[-3000:]
+    run = tmp_path / "run"
+    # fired in the background thread: the training thread never ran the publish
+    assert ("fault injection: sigkill on rank 0 at publish 30 (thread tandem-publish-30)"
+            in (run / "logs" / "rank-0.log").read_text())
+    result = json.loads(out)
+    (restart,) = result["restarts"]
+    assert restart["resumed_step"] == 20, restart
+    assert records(run, "ckpt_cleaned")[0]["folders"] == [".tmp-step-00000030"]
+    assert [p.name for p in ckpt.list_complete(run / "checkpoints")] == [
+        "step-00000030", "step-00000040", "step-00000045"]
+    saves = records(run, "ckpt")
+    assert saves and all(s["mode"] == "async" and s["stage_s"] <= s["block_s"] <= s["save_s"] for s in saves)
+    assert all(s["publish_s"] > 0 and s["written_s"] <= s["save_s"] for s in saves)
+    assert_bitwise_equal(final_state(result["checkpoint"]), reference["state"])
+    print("\nasync saves: " + ", ".join(f"step {s['step']} blocked {s['block_s'] * 1e3:.0f} ms (staging "
+                                        f"{s['stage_s'] * 1e3:.0f}, wait {s['wait_s'] * 1e3:.0f}) of "
+                                        f"{s['save_s'] * 1e3:.0f} ms" for s in saves))

@@ -5,7 +5,11 @@
     sigkill:rank=1:step=7          rank 1 sends itself SIGKILL right after step 7
     sigkill:rank=0:save=6          rank 0 dies inside the save of step 6 (shards written, not published)
     sigkill:rank=1:async_save=6    rank 1 dies while its async write of step 6 is in flight
+    sigkill:rank=0:publish=6       rank 0 dies while publishing step 6: hashed, not yet renamed
+                                   (with async_save, in the background publish thread)
     sigstop:rank=1:step=5          rank 1 stops itself (SIGSTOP) after step 5: a hang
+    hang:rank=1:step=5             rank 1 sleeps (running, out of any collective) after step 5;
+                                   its peers wait for it inside the next collective
     exit:rank=1:step=3:code=3      rank 1 exits with code 3 after step 3
     slow:rank=1:ms=40              rank 1 waits 40 ms on every batch it loads (a slow data path)
 
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 ENV = "TANDEM_FAULTS"
@@ -42,16 +47,19 @@ def _active() -> list[dict]:
 
 
 def point(where: str, *, step: int, rank: int) -> None:
-    """Fire the faults registered for ``where`` ('step' or 'save') at this step on this rank."""
+    """Fire the faults registered for ``where`` ('step', 'save', 'async_save', 'publish') at this step on this rank."""
     for f in _active():
         if f.get(where) is None or int(f[where]) != step or int(f.get("rank", -1)) != rank:
             continue
         kind = f["kind"]
-        print(f"tandem fault injection: {kind} on rank {rank} at {where} {step}", flush=True)
+        print(f"tandem fault injection: {kind} on rank {rank} at {where} {step} "
+              f"(thread {threading.current_thread().name})", flush=True)
         if kind == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
         elif kind == "sigstop":
             os.kill(os.getpid(), signal.SIGSTOP)
+        elif kind == "hang":
+            time.sleep(float(f.get("s", 3600)))
         elif kind == "exit":
             os._exit(int(f.get("code", 1)))
 

@@ -51,6 +51,10 @@ class ElasticHooks:
         self.attempt = rs.attempt()  # the group's attempt (a joined node included), see resume.agree_attempt
         self.proc_start = rs.process_start_time()
         self.hb = Heartbeat(self.run_dir, ctx.rank, ctx.local_rank)
+        if getattr(getattr(spec, "launch", None), "watchdog_s", 0):
+            why = hangdump.serve()  # torch's worker server: the watchdog reads the flight recorder through it
+            if why:
+                log(f"hang dumps will lack the flight recorder: {why}", flush=True)
         el = getattr(spec, "elastic", None)
         self.straggler = StragglerMonitor(ctx, metrics, log, getattr(el, "straggler_every", 0),
                                           getattr(el, "straggler_ratio", 1.5), getattr(el, "straggler_min_ms", 10.0))

@@ -1,0 +1,178 @@
+"""What the hang watchdog collects from each worker: stacks and the last collectives.
+
+Both come from tools torch and Python already have:
+
+* **Collectives: torch's flight recorder.** torch 2.13 records every collective of every
+  process group, gloo included (on by default; ``TORCH_FR_BUFFER_SIZE`` entries, 0 turns it
+  off): op, sizes, sequence number, and per group the last enqueued and last completed
+  sequence number. A hung rank cannot run Python, so each worker starts torch's own worker
+  server (``torch._C._distributed_c10d._WorkerServer``, what ``torch.distributed.elastic.
+  control_plane.worker_main`` starts): a C++ thread on a unix socket that answers
+  ``fr_trace_json`` while the main thread waits inside a collective. A SIGSTOPped process
+  answers once continued.
+* **Stacks: py-spy when installed** (``pip install tandem[debug]``): ``py-spy dump --native``
+  from the agent reads the worker's Python and C++ frames with ptrace, without the worker's
+  help (a stopped process is read as it is). Otherwise, or when py-spy fails (no ptrace
+  permission), faulthandler in the worker writes its Python stacks on SIGUSR1 (heartbeat.py).
+  ``TANDEM_HANG_STACKS=faulthandler`` forces the fallback.
+
+The socket is ``$TMPDIR/tandem-ws/<pid>.sock``: the agent knows its workers' pids from
+their heartbeats, and the path stays under the 107-byte limit of a unix socket name.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+STACKS_ENV = "TANDEM_HANG_STACKS"  # auto (default), py-spy, faulthandler
+
+
+def socket_path(pid: int) -> Path:
+    return Path(tempfile.gettempdir()) / "tandem-ws" / f"{pid}.sock"
+
+
+_SERVER = None
+
+
+def serve() -> str | None:
+    """In a worker: start torch's worker server for this process. None, or why it is not there."""
+    global _SERVER
+    if _SERVER is not None:
+        return None
+    try:
+        from torch._C._distributed_c10d import _WorkerServer
+    except ImportError as e:
+        return f"this torch has no worker server ({e})"
+    path = socket_path(os.getpid())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)  # a dead process with the same pid left it
+    try:
+        _SERVER = _WorkerServer(str(path))
+    except Exception as e:  # the dump falls back to heartbeats; training must not fail for it
+        return f"worker server did not start: {type(e).__name__}: {e}"
+    import atexit
+
+    atexit.register(_SERVER.shutdown)
+    return None
+
+
+class _UnixHTTP(http.client.HTTPConnection):
+    def __init__(self, path: Path, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(str(self.path))
+
+
+class Request:
+    """A handler call of a worker's server. Sent at once (a stopped worker's kernel queues it),
+    answered when ``result`` reads the reply."""
+
+    def __init__(self, pid: int, handler: str, timeout: float = 5.0) -> None:
+        self.conn = _UnixHTTP(socket_path(pid), timeout)
+        self.error: str | None = None
+        try:
+            self.conn.request("POST", f"/handler/{handler}")
+        except OSError as e:
+            self.error = f"no worker server at {socket_path(pid)} ({type(e).__name__}: {e})"
+
+    def result(self) -> bytes:
+        if self.error:
+            raise OSError(self.error)
+        try:
+            r = self.conn.getresponse()
+            body = r.read()
+        except (OSError, http.client.HTTPException) as e:
+            raise OSError(f"worker server did not answer ({type(e).__name__}: {e})") from e
+        finally:
+            self.conn.close()
+        if r.status != 200:
+            raise OSError(f"worker server answered {r.status}: {body[:200]!r}")
+        return body
+
+
+def flight_recorder(req: Request) -> dict:
+    """The worker's flight recorder dump, or ``{"error": why}``."""
+    try:
+        return json.loads(req.result())
+    except (OSError, ValueError) as e:
+        return {"error": str(e)}
+
+
+def summarize(fr: dict, last: int = 4) -> dict:
+    """Per process group: last enqueued and completed sequence numbers, the collectives not
+    completed, and the last few. gloo entries stay 'scheduled' (it reports no start or end per
+    entry), so completion is read from the group's status."""
+    if "error" in fr:
+        return {"source": "flight recorder", "error": fr["error"]}
+    groups = {}
+    for pg, st in (fr.get("pg_status") or {}).items():
+        done, queued = int(st["last_completed_collective"]), int(st["last_enqueued_collective"])
+        ents = [e for e in fr.get("entries", []) if str(e["pg_id"]) == pg and not e.get("is_p2p")]
+        name = ents[-1]["process_group"][1] if ents else pg
+
+        def show(e):
+            return f"#{e['collective_seq_id']} {e['profiling_name']} {e['input_sizes']}"
+        groups[name] = {"pg_id": pg, "enqueued": queued, "completed": done,
+                        "pending": [show(e) for e in ents if e["collective_seq_id"] > done],
+                        "last": [show(e) for e in ents[-last:]]}
+    if not groups:
+        return {"source": "flight recorder", "error": "no collectives recorded (TORCH_FR_BUFFER_SIZE=0?)"}
+    return {"source": "flight recorder", "groups": groups}
+
+
+def waits(per_rank: dict[int, dict]) -> list[str]:
+    """Which ranks wait in a collective that which others never entered, per process group."""
+    lines = []
+    by_group: dict[str, dict[int, dict]] = {}
+    for rank, s in per_rank.items():
+        for name, g in (s.get("groups") or {}).items():
+            by_group.setdefault(name, {})[rank] = g
+    for name, ranks in sorted(by_group.items()):
+        waiting = {r: g for r, g in ranks.items() if g["pending"]}
+        if not waiting:
+            continue
+        first = min(g["completed"] + 1 for g in waiting.values())  # the oldest collective not completed
+        behind = sorted(r for r, g in ranks.items() if g["enqueued"] < first)
+        who = ", ".join(f"rank {r} waits in {g['pending'][0]}" for r, g in sorted(waiting.items()))
+        lines.append(f"{name}: {who}" + (f"; rank(s) {behind} never entered #{first} (last entered: "
+                                          + ", ".join(f"#{ranks[r]['enqueued']}" for r in behind) + ")"
+                                          if behind else ""))
+    return lines
+
+
+def pyspy_exe() -> str | None:
+    """py-spy next to this Python (a venv's bin) or on PATH; None when absent or switched off."""
+    if os.environ.get(STACKS_ENV, "auto") == "faulthandler":
+        return None
+    near = Path(sys.executable).parent / "py-spy"
+    return str(near) if near.is_file() else shutil.which("py-spy")
+
+
+def pyspy_dump(exe: str, pid: int, out: Path, timeout: float = 20.0) -> str | None:
+    """Write ``py-spy dump --native`` of ``pid`` to ``out``; None, or why it failed."""
+    try:
+        r = subprocess.run([exe, "dump", "--native", "--pid", str(pid)], capture_output=True, text=True,
+                           timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"py-spy dump took over {timeout:g} s"
+    if r.returncode != 0 or not r.stdout.strip():
+        return f"py-spy dump exited {r.returncode}: {' '.join(r.stderr.split())[:300]}"
+    out.write_text(r.stdout)
+    return None
+
+
+def forget(pid: int) -> None:
+    """The worker is gone (SIGKILL skips its atexit): remove its socket."""
+    socket_path(pid).unlink(missing_ok=True)
