@@ -23,7 +23,7 @@ demo: $(STAMP)
 	$(BIN)/tandem demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra --durations=25
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
