@@ -146,18 +146,20 @@ def train_cmd(
                               fix="run `tandem bench comm --calibration FILE` first, or omit --calibration")
         out.print(f"no calibration at {cal}: measuring all_reduce on {max(counts)} workers first")
         quick = CommOptions(collectives=["all_reduce"], min_bytes=1 << 10, max_bytes=16 << 20, factor=4,
-                            warmup=2, iters=10, mode="out").validate()
+                            warmup=2, iters=10, mode="in").validate()  # DDP reduces its buckets in place
         res = measure(quick, WorkerLaunch(nproc_per_node=max(2, max(counts))), run_dir / "comm")
         fit.write_calibration(cal, res)
     res = tb.run(opts, run_dir, cal, Console(stderr=True))
-    tb.write_model_flops(cal, res["model"])
     out.print(tb.table(res))
     if res["model"]:
         mdl = res["model"]
         out.print(f"model on 1 worker: {mdl['achieved_flops'] / 1e9:.2f} GFLOP/s achieved ({mdl['name']}, "
-                  f"{mdl['precision']}), written to {cal} (compute.model)", highlight=False)
-    out.print(f"planner error: median |predicted/measured - 1| = {res['median_abs_pred_error'] * 100:.0f}%",
-              highlight=False)
+                  f"{mdl['precision']}, {mdl['threads_per_worker']} thread(s), {mdl['background_threads']:.1f} "
+                  f"other runnable threads on {mdl['cores']} cores), written to {cal} (compute.model); "
+                  f"the other rows are predicted from it", highlight=False)
+    which = "predicted rows" if res["error_rows"] == "predicted" else "all rows (no 1-worker calibration row)"
+    out.print(f"planner error over {which}: median |predicted/measured - 1| = "
+              f"{res['median_abs_pred_error'] * 100:.0f}%", highlight=False)
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(res, indent=1))

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import os
 import statistics
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,12 +72,16 @@ def spec_for(base: JobSpec, opts: TrainBenchOptions, workers: int, run_dir: Path
                                    threads_per_worker=threads, run_dir=str(run_dir / f"w{workers}")))
 
 
-def measured_step_s(run_dir: Path) -> float:
+def steady_steps(run_dir: Path) -> list[float]:
+    """Step times after the first fifth (the trainer's warm-up: allocator, oneDNN kernel choice)."""
     from tandem.train import metrics
 
     times = [r["step_time_s"] for r in metrics.read(run_dir) if r["kind"] == "step"]
-    steady = times[len(times) // 5:] or times
-    return statistics.median(steady)
+    return times[len(times) // 5:] or times
+
+
+def measured_step_s(run_dir: Path) -> float:
+    return statistics.median(steady_steps(run_dir))
 
 
 def predict(spec_path: Path, calibration: Path, workers: int) -> dict:
@@ -88,51 +93,95 @@ def predict(spec_path: Path, calibration: Path, workers: int) -> dict:
                                   nodes=1))
     p = evaluate(m, c, t, strategy(v, c, t))
     return {"step_s": p.step_s, "compute_s": p.compute_s, "comm_s": p.exposed_comm_s,
-            "model_flops_per_worker": p.model_flops_per_gpu}
+            "model_flops_per_worker": p.model_flops_per_gpu, "flops_per_sample": m.flops_per_sample,
+            "host_factors": p.host_factors}
+
+
+class RunnableSampler:
+    """Mean of /proc/stat procs_running while a run goes on: how busy the host is besides us."""
+
+    def __init__(self, period_s: float = 0.1):
+        self.period_s, self.samples = period_s, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.period_s):
+            try:
+                for line in Path("/proc/stat").read_text().splitlines():
+                    if line.startswith("procs_running"):
+                        self.samples.append(int(line.split()[1]))
+            except OSError:  # not Linux: no sample, background counts as 0
+                return
+
+    def __enter__(self) -> "RunnableSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def background(self, own_threads: int) -> float:
+        """Runnable threads that are not the worker's (own_threads) nor this sampler's (1)."""
+        return max(0.0, statistics.mean(self.samples) - own_threads - 1) if self.samples else 0.0
+
+
+def model_entry(spec: JobSpec, wdir: Path, pred: dict, background: float) -> dict:
+    """calibration compute.model from a 1-worker run: the model's FLOP/s on its whole step, the host."""
+    steady = steady_steps(wdir)
+    step = statistics.median(steady)
+    return {"name": spec.model.name, "width": spec.model.width, "precision": spec.precision.dtype,
+            "micro_batch": spec.schedule.micro_batch, "flops_per_sample": pred["flops_per_sample"],
+            "step_s": step, "achieved_flops": pred["model_flops_per_worker"] / step,
+            "threads_per_worker": spec.launch.threads_per_worker, "cores": os.cpu_count() or 1,
+            "background_threads": background, "step_samples_s": sorted(steady)}
 
 
 def run(opts: TrainBenchOptions, run_dir: Path, calibration: Path, console: Console) -> dict:
+    """Measure every worker count; the 1-worker run (first) calibrates the model, the others are predicted."""
     from tandem.train.cli import run_training
 
     base = load_spec(opts.config) if opts.config else builtin_spec()
-    rows = []
-    for n in opts.workers:
+    rows, model = [], {}
+    for n in sorted(opts.workers, key=lambda w: (w != 1, w)):
         spec = spec_for(base, opts, n, run_dir)
         wdir = Path(spec.launch.run_dir)
         wdir.mkdir(parents=True, exist_ok=True)
         spec_path = wdir / "bench-spec.yaml"
         spec_path.write_text(yaml.safe_dump(to_dict(spec)))
-        result = run_training(spec, console, label=f"{n} worker(s)")
+        with RunnableSampler() as load:
+            result = run_training(spec, console, label=f"{n} worker(s)")
         step = measured_step_s(wdir)
+        if n == 1:  # calibrate on this row, before any prediction
+            model = model_entry(spec, wdir, predict(spec_path, calibration, n),
+                                load.background(spec.launch.threads_per_worker))
+            write_model_flops(calibration, model)
         pred = predict(spec_path, calibration, n)
         rows.append({"workers": n, "global_batch": spec.schedule.global_batch, "step_s": step,
                      "samples_per_s": spec.schedule.global_batch / step,
-                     "trainer_samples_per_s": result.get("samples_per_s"),
+                     "trainer_samples_per_s": result.get("samples_per_s"), "calibration_row": n == 1,
                      "predicted_step_s": pred["step_s"], "predicted_compute_s": pred["compute_s"],
                      "predicted_comm_s": pred["comm_s"], "ratio": pred["step_s"] / step,
-                     "model_flops_per_worker": pred["model_flops_per_worker"]})
-    return summarize(rows, base, opts, calibration)
+                     "host_factors": pred["host_factors"], "model_flops_per_worker": pred["model_flops_per_worker"]})
+    return summarize(rows, model, calibration)
 
 
-def summarize(rows: list[dict], base: JobSpec, opts: TrainBenchOptions, calibration: Path) -> dict:
-    """Speedup, efficiency, the 1-worker model FLOP/s and the planner's median error, from measured rows."""
+def summarize(rows: list[dict], model: dict, calibration: Path) -> dict:
+    """Speedup, efficiency and the planner's median error over the rows it predicted (not the calibration row)."""
     base_rate = rows[0]["samples_per_s"] / rows[0]["workers"]
     for r in rows:
         r["speedup"] = r["samples_per_s"] / base_rate  # against the first row, per worker
         r["efficiency"] = r["speedup"] / r["workers"]
-    one = next((r for r in rows if r["workers"] == 1), None)
-    model = {}
-    if one:
-        model = {"name": base.model.name, "width": base.model.width, "precision": opts.precision or
-                 base.precision.dtype, "micro_batch": one["global_batch"], "step_s": one["step_s"],
-                 "achieved_flops": one["model_flops_per_worker"] / one["step_s"]}
-    errs = [abs(r["ratio"] - 1) for r in rows]
+    predicted = [r for r in rows if not r.get("calibration_row")]
+    errs = [abs(r["ratio"] - 1) for r in predicted or rows]
     return {"schema": "tandem.bench.train/1", "rows": rows, "model": model,
-            "median_abs_pred_error": statistics.median(errs), "calibration": str(calibration)}
+            "median_abs_pred_error": statistics.median(errs), "error_rows": "predicted" if predicted else "all",
+            "calibration": str(calibration)}
 
 
 def write_model_flops(calibration: Path, model: dict) -> None:
-    """Add the model's achieved FLOP/s (compute.model); the matmul numbers the planner scales stay as they are."""
+    """Write compute.model; the matmul numbers (compute.achieved_flops) stay as `bench comm` measured them."""
     if not model:
         return
     doc = json.loads(calibration.read_text())
@@ -151,5 +200,6 @@ def table(res: dict) -> Table:
     for r in res["rows"]:
         t.add_row(str(r["workers"]), str(r["global_batch"]), f"{r['step_s'] * 1e3:.1f}",
                   f"{r['samples_per_s']:.0f}", f"{r['speedup']:.2f}x", f"{r['efficiency'] * 100:.0f}%",
-                  f"{r['predicted_step_s'] * 1e3:.1f}", f"{r['ratio']:.2f}")
+                  f"{r['predicted_step_s'] * 1e3:.1f}",
+                  f"{r['ratio']:.2f}" + (" (calibration row)" if r.get("calibration_row") else ""))
     return t

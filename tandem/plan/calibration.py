@@ -7,7 +7,9 @@ Schema ``tandem.calibration/1`` (JSON)::
      "links": {"intra_node": {"bandwidth_Bps": busbw, "latency_s": s,
                               "collectives": {"all_reduce": {"alpha_s", "beta_s_per_byte", "busbw_Bps"}, ...}},
                "inter_node": {... same; absent when measured on one node}},
-     "compute": {"achieved_flops": {"fp32": FLOP/s, "bf16": FLOP/s, ...}}}
+     "compute": {"achieved_flops": {"fp32": FLOP/s, "bf16": FLOP/s, ...},
+                 "model": {"name", "precision", "flops_per_sample", "achieved_flops", "threads_per_worker",
+                           "cores", "background_threads", "step_samples_s": [s, ...], ...}}}   # bench train
 
 Mapping (docs/plan.md, "Calibration"):
 - intra_node: bus bandwidth B_intra = collectives.all_reduce.busbw_Bps if present, else bandwidth_Bps;
@@ -30,6 +32,7 @@ from pathlib import Path
 
 from tandem.core.errors import ConfigError
 from tandem.plan.hardware import Cluster, Link
+from tandem.plan.host import ModelCalibration
 
 SCHEMA = "tandem.calibration/1"
 
@@ -106,8 +109,19 @@ def apply(c: Cluster, data: dict) -> Cluster:
             achieved[str(k)] = float(v)
     if achieved:
         notes.append("compute: achieved FLOP/s " + ", ".join(f"{k} {v / 1e12:.3g} T" for k, v in achieved.items()))
+    host_model = None
+    entry = (data.get("compute") or {}).get("model")
+    if isinstance(entry, dict) and "flops_per_sample" not in entry:
+        notes.append("compute.model ignored: written by an older `tandem bench train` (no flops_per_sample); "
+                     "re-run it to calibrate the model's FLOP/s")
+    elif entry is not None:
+        host_model = ModelCalibration.from_doc(data["compute"]["model"], str(data.get("device") or "cpu"))
+        notes.append(f"compute: {host_model.name} ({host_model.precision}) measured at "
+                     f"{host_model.achieved_flops / 1e9:.3g} GFLOP/s per worker on {host_model.threads} thread(s) "
+                     f"of {host_model.cores} cores, {host_model.background:.1f} other runnable threads")
     return replace(c, intra=intra, inter=inter, nics_per_node=nics, achieved_flops=achieved,
-                   efficiency_ref="calibration" if achieved else c.efficiency_ref, notes=notes)
+                   efficiency_ref="calibration" if achieved else c.efficiency_ref, notes=notes,
+                   host_model=host_model)
 
 
 def load(path: str | Path, c: Cluster) -> Cluster:

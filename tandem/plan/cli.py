@@ -64,6 +64,9 @@ def plan_cmd(
     epochs: Optional[float] = O(None, help="Epochs over --samples."),
     ref_batch: Optional[int] = O(None, "--ref-batch", help="Batch the learning rate was tuned at."),
     warmup_steps: Optional[int] = O(None, "--warmup-steps", help="LR warm-up steps of the job."),
+    threads_per_worker: Optional[int] = O(None, "--threads-per-worker",
+                                          help="CPU workers: intra-op threads each (default cores / workers); "
+                                               "used with a calibration's measured model."),
     config: Optional[str] = O(None, help="A tandem job spec (toml/yaml) to take the inputs from."),
     do_search: bool = O(False, "--search", help="Enumerate every valid strategy and rank them."),
     objective: str = O("time", help="Search objective: time | cost (cost also tries fewer nodes)."),

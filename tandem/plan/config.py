@@ -44,6 +44,7 @@ class Training:
     ref_batch: int = 0                       # batch the LR was tuned at (0: unknown)
     warmup_steps: int = 0
     bucket_bytes: float = 25 * 1024**2       # DDP bucket_cap_mb (25 MiB default)
+    threads_per_worker: int | None = None    # CPU workers' intra-op threads (None: cores / workers)
 
     def __post_init__(self):
         if not isinstance(self.global_batch, int) or self.global_batch <= 0:
@@ -60,6 +61,10 @@ class Training:
         if self.compute_time_s is not None and self.compute_time_s <= 0:
             raise ConfigError("must be positive", field="compute-time", value=self.compute_time_s,
                               fix="give the measured seconds of forward+backward per step")
+        if self.threads_per_worker is not None and (not isinstance(self.threads_per_worker, int)
+                                                    or self.threads_per_worker < 1):
+            raise ConfigError("must be a positive integer", field="threads-per-worker",
+                              value=self.threads_per_worker, fix="give --threads-per-worker 1 or more")
         for k in ("steps", "tokens", "samples"):
             v = getattr(self, k)
             if v is not None and v <= 0:

@@ -12,6 +12,7 @@ from tandem.core.errors import ConfigError
 from tandem.plan import comm as C
 from tandem.plan.config import Strategy, Training
 from tandem.plan.hardware import Cluster
+from tandem.plan.host import default_threads
 from tandem.plan.memory import Memory, memory, shard_group
 from tandem.plan.model import ModelStats
 
@@ -52,6 +53,8 @@ class Plan:
     compute_measured: bool
     warnings: list[str] = field(default_factory=list)
     explain: list[str] = field(default_factory=list)
+    # calibration compute.model in use: (core-share slowdown, straggler factor), else None
+    host_factors: tuple[float, float] | None = None
 
     @property
     def comm_s(self) -> float:
@@ -162,6 +165,15 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
     # ---- compute
     eff = default_efficiency(m, c, t)
     rate = c.flops_ref(t.precision) * eff
+    host = c.host_model
+    factors = None
+    if host is not None and t.efficiency is None and host.matches(m.name, m.flops_per_sample, t.precision):
+        # The model itself was timed on one worker of this host: its rate already holds the
+        # efficiency; workers sharing the cores and waiting for the slowest rank slow it down.
+        threads = t.threads_per_worker or default_threads(host.cores, gpn)
+        factors = (host.core_slowdown(gpn, threads), host.straggler_factor(n))
+        eff = 1.0
+        rate = host.achieved_flops / (factors[0] * factors[1])
     f_model = m.flops_per_sample or 0.0
     f_hw = f_model + m.recompute_flops_per_sample(s.recompute) * (1 if m.gpt is not None or s.recompute == "full" else 0)
     model_fpg = f_model * t.global_batch / n
@@ -225,4 +237,5 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
             ops.append(CommOp("pp-p2p", "send_recv", act / s.tp, calls, ppg,
                               c.inter.name if cross else c.intra.name, tm, tm))
     mem = mem or memory(m, c, t, s, mb)
-    return Plan(m, c, t, s, mb, mem, ops, eff, rate, hw_fpg, model_fpg, compute, bubble, measured)
+    return Plan(m, c, t, s, mb, mem, ops, eff, rate, hw_fpg, model_fpg, compute, bubble, measured,
+                host_factors=factors)

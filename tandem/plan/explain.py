@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tandem.plan import comm as C
 from tandem.plan.cost import Plan
+from tandem.plan.host import default_threads
 
 
 def si(x: float, unit: str = "B") -> str:
@@ -73,6 +74,13 @@ def explain(p: Plan) -> list[str]:
                                            else "; all of it on the critical path."))
     if p.compute_measured:
         out.append(f"Compute: {ms(p.compute_s)} per step, as measured (--compute-time).")
+    elif p.hw_flops_per_gpu and p.host_factors:
+        h, (share, strag) = c.host_model, p.host_factors
+        out.append(f"Compute: {si(p.hw_flops_per_gpu, 'FLOP')} per worker per step at {si(h.achieved_flops, 'FLOP/s')}"
+                   f" (this model measured on one worker, calibration) / {share:.2f} core sharing ({c.gpus_per_node}"
+                   f" workers x {t.threads_per_worker or default_threads(h.cores, c.gpus_per_node)} threads on"
+                   f" {h.cores} cores, {h.background:.1f} other runnable threads) / {strag:.2f} waiting for the"
+                   f" slowest of {s.world} ranks = {ms(p.compute_s)}.")
     elif p.hw_flops_per_gpu:
         out.append(f"Compute: {si(p.hw_flops_per_gpu, 'FLOP')} per GPU per step "
                    f"({t.global_batch} samples x {si(p.hw_flops_per_gpu * s.world / t.global_batch, 'FLOP')} / "

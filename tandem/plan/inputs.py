@@ -57,6 +57,7 @@ class PlanArgs:
     epochs: float | None = None
     ref_batch: int | None = None
     warmup_steps: int | None = None
+    threads_per_worker: int | None = None
     config: str | None = None
 
 
@@ -77,7 +78,7 @@ def from_job_spec(path: str) -> dict:
     out = dict(model=spec.model.name, global_batch=spec.schedule.global_batch,
                micro_batch=spec.schedule.micro_batch, precision=spec.precision.dtype, optimizer=opt,
                gpus_per_node=spec.launch.nproc_per_node, nodes=int(nnodes), ref_batch=spec.optim.ref_batch,
-               warmup_steps=spec.schedule.warmup_steps)
+               warmup_steps=spec.schedule.warmup_steps, threads_per_worker=spec.launch.threads_per_worker or None)
     if spec.model.name in CNN_PRESETS and (spec.model.width != 64 or spec.model.small_input
                                            or spec.model.num_classes != 1000):
         out["_spec_model"] = spec.model
@@ -165,7 +166,7 @@ def resolve(a: PlanArgs) -> tuple[ModelStats, Cluster, Training, dict]:
     t = Training(global_batch=v["global_batch"], precision=v["precision"], optimizer=v["optimizer"],
                  efficiency=v.get("efficiency"), overlap=v["overlap"], compute_time_s=v.get("compute_time"),
                  steps=v.get("steps"), tokens=v.get("tokens"), samples=samples, ref_batch=v.get("ref_batch") or 0,
-                 warmup_steps=v.get("warmup_steps") or 0)
+                 warmup_steps=v.get("warmup_steps") or 0, threads_per_worker=v.get("threads_per_worker"))
     return m, c, t, v
 
 
