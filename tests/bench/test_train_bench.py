@@ -19,15 +19,47 @@ def test_bad_worker_counts():
 
 
 def test_summary_arithmetic(tmp_path):
-    from tandem.bench.train import builtin_spec, summarize
+    from tandem.bench.train import summarize
 
     rows = [{"workers": w, "global_batch": 32 * w, "step_s": s, "samples_per_s": 32 * w / s, "ratio": q,
-             "model_flops_per_worker": 1e9} for w, s, q in ((1, 0.1, 0.8), (2, 0.125, 1.1), (4, 0.2, 1.5))]
-    res = summarize(rows, builtin_spec(), TrainBenchOptions(workers=[1, 2, 4]), tmp_path / "c.json")
-    assert [round(r["speedup"], 3) for r in res["rows"]] == [1.0, 1.6, 2.0]
-    assert [round(r["efficiency"], 3) for r in res["rows"]] == [1.0, 0.8, 0.5]
-    assert res["model"]["achieved_flops"] == pytest.approx(1e10)
-    assert res["median_abs_pred_error"] == pytest.approx(0.2)
+             "calibration_row": w == 1, "model_flops_per_worker": 1e9}
+            for w, s, q in ((1, 0.1, 0.8), (2, 0.125, 1.1), (4, 0.2, 1.5), (8, 0.4, 0.7))]
+    res = summarize(rows, {}, tmp_path / "c.json")
+    assert [round(r["speedup"], 3) for r in res["rows"]] == [1.0, 1.6, 2.0, 2.0]
+    assert [round(r["efficiency"], 3) for r in res["rows"]] == [1.0, 0.8, 0.5, 0.25]
+    # the calibration row (|0.8 - 1| = 0.2) is not scored: median of 0.1, 0.5, 0.3
+    assert res["median_abs_pred_error"] == pytest.approx(0.3) and res["error_rows"] == "predicted"
+    only = summarize(rows[:1], {}, tmp_path / "c.json")
+    assert only["median_abs_pred_error"] == pytest.approx(0.2) and only["error_rows"] == "all"
+
+
+def test_model_entry_from_a_run(tmp_path):
+    from tandem.bench.train import builtin_spec, model_entry, spec_for, TrainBenchOptions
+
+    spec = spec_for(builtin_spec(), TrainBenchOptions(workers=[1, 2]), 1, tmp_path)
+    wdir = tmp_path / "w1"
+    wdir.mkdir()
+    steps = [0.5, 0.5] + [0.1, 0.3, 0.2, 0.2, 0.1, 0.4, 0.2, 0.2]  # the first fifth (2 of 10) is warm-up
+    (wdir / "metrics.jsonl").write_text("".join(json.dumps({"kind": "step", "step": i + 1, "step_time_s": t,
+                                                            "data_time_s": 0.0}) + "\n" for i, t in enumerate(steps)))
+    e = model_entry(spec, wdir, {"flops_per_sample": 12e6, "model_flops_per_worker": 32 * 12e6}, 1.25)
+    assert e["step_s"] == pytest.approx(0.2) and e["achieved_flops"] == pytest.approx(32 * 12e6 / 0.2)
+    assert e["step_samples_s"] == sorted(steps[2:]) and e["background_threads"] == 1.25
+    assert e["threads_per_worker"] == spec.launch.threads_per_worker >= 1 and e["flops_per_sample"] == 12e6
+
+
+def test_runnable_sampler_background():
+    from tandem.bench.train import RunnableSampler
+
+    s = RunnableSampler()
+    s.samples = [4, 6, 5]
+    assert s.background(own_threads=2) == pytest.approx(2.0)   # 5 - 2 worker threads - 1 sampler
+    s.samples = [1, 2]
+    assert s.background(own_threads=2) == 0.0
+    with RunnableSampler(period_s=0.01) as live:
+        while len(live.samples) < 3:  # a real read of /proc/stat (Linux): the sampler itself runs
+            pass
+    assert min(live.samples) >= 1
 
 
 @pytest.mark.slow
@@ -52,5 +84,8 @@ def test_bench_train_real_run(tmp_path, fake_result):
     assert rows[0]["speedup"] == pytest.approx(1.0)
     assert out["median_abs_pred_error"] >= 0
     doc = json.loads(cal.read_text())
-    assert doc["compute"]["model"]["achieved_flops"] > 0 and doc["compute"]["model"]["name"] == "resnet18"
+    mdl = doc["compute"]["model"]
+    assert mdl["achieved_flops"] > 0 and mdl["name"] == "resnet18" and mdl["cores"] >= 1
+    assert mdl["achieved_flops"] == pytest.approx(8 * mdl["flops_per_sample"] / mdl["step_s"])
+    assert rows[0]["calibration_row"] and rows[0]["ratio"] == pytest.approx(1.0, rel=1e-6)
     assert doc["compute"]["achieved_flops"] == {"fp32": 1e11, "bf16": 2e9}  # the matmul numbers stay
