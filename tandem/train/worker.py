@@ -9,17 +9,42 @@ the launcher assigned, for the root-cause summary.
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
+import traceback
 from pathlib import Path
 
-from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, record
 
 from tandem.core.config import from_dict
 from tandem.train import runtime as rt
 from tandem.train.trainer import train
 
 
-@record
+class _AtomicErrorFile(ErrorHandler):
+    """torch writes the error file with open('w') + write. A rank that fails on a lost peer is
+    often SIGKILLed by its agent while writing it; the agent then reads an empty file and
+    fails itself (JSONDecodeError) instead of restarting the group. Write-then-rename: the
+    agent finds either no file or a whole one."""
+
+    def _write_error_file(self, file_path: str, error_msg: str) -> None:
+        tmp = f"{file_path}.tmp{os.getpid()}"
+        try:
+            with open(tmp, "w") as fp:
+                fp.write(error_msg)
+            os.replace(tmp, file_path)
+        except OSError as e:
+            print(f"could not write the error file {file_path}: {e}", file=sys.stderr)
+
+    def record_exception(self, e: BaseException) -> None:  # torch's content, written atomically
+        file = self._get_error_file_path()
+        if file:
+            info = {"py_callstack": traceback.format_exc(), "timestamp": str(int(time.time()))}
+            self._write_error_file(file, json.dumps({"message": {"message": f"{type(e).__name__}: {e}",
+                                                                 "extraInfo": info}}))
+
+
 def main(run_dir: str) -> None:
     run = Path(run_dir)
     spec = from_dict(json.loads((run / "spec.json").read_text()))
@@ -33,6 +58,8 @@ def main(run_dir: str) -> None:
     finally:
         rt.shutdown()
 
+
+main = record(main, error_handler=_AtomicErrorFile())
 
 if __name__ == "__main__":
     main(sys.argv[1])
