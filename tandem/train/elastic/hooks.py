@@ -21,6 +21,7 @@ from tandem.train import checkpoint as ckpt
 from tandem.train import metrics as mt
 from tandem.train.elastic import faults
 from tandem.train.elastic import resume as rs
+from tandem.launch import hangdump
 from tandem.launch.heartbeat import Heartbeat, read_all
 from tandem.train.elastic.straggler import StragglerMonitor
 
