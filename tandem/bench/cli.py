@@ -14,6 +14,7 @@ from tandem.bench import fit, report
 from tandem.bench.options import CommOptions, check_memory, mem_available, parse_size
 from tandem.bench.runner import WorkerLaunch, read_result, run_module
 from tandem.core.errors import ConfigError, WorkerFailure
+from tandem.launch.options import LaunchArgs, launch_options
 
 bench_app = typer.Typer(help="Measure collectives (nccl-tests style) and training scaling; calibrate `tandem plan`.",
                         no_args_is_help=True)
@@ -21,6 +22,9 @@ bench_app = typer.Typer(help="Measure collectives (nccl-tests style) and trainin
 RESULT_FILE = "bench-comm.json"
 
 
+@launch_options("nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "rdzv_endpoint",
+                "simulate_nodes", "timeout", "device", "backend", nproc_per_node=(2, "Workers per node."),
+                nnodes=("1", "Nodes (run this command on every node)."))
 def comm_cmd(
     collectives: str = typer.Option("all_reduce", "--collectives", "-c",
                                     help="Comma list: all_reduce, all_gather, reduce_scatter, all_to_all, "
@@ -34,16 +38,7 @@ def comm_cmd(
     mode: str = typer.Option("both", "--mode", help="both | out (out-of-place) | in (in-place)."),
     no_check: bool = typer.Option(False, "--no-check", help="Skip the correctness check (nccl-tests -c 0)."),
     no_compute: bool = typer.Option(False, "--no-compute", help="Skip the matmul FLOP/s measurement."),
-    nproc_per_node: int = typer.Option(2, "--nproc-per-node", help="Workers per node."),
-    nnodes: str = typer.Option("1", "--nnodes", help="Nodes (run this command on every node)."),
-    node_rank: int = typer.Option(0, "--node-rank", help="This node's rank (static rendezvous)."),
-    master_addr: str = typer.Option("127.0.0.1", "--master-addr", help="Address of node 0."),
-    master_port: int = typer.Option(29500, "--master-port", help="Rendezvous port on node 0."),
-    rdzv_endpoint: str = typer.Option("", "--rdzv-endpoint", help="host:port of a c10d rendezvous."),
-    simulate_nodes: int = typer.Option(0, "--simulate-nodes", help="K real agents on this machine."),
-    timeout: int = typer.Option(60, "--timeout", help="Seconds to wait for the rendezvous."),
-    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda."),
-    backend: str = typer.Option("auto", "--backend", help="auto | gloo | nccl."),
+    launch: LaunchArgs = None,
     run_dir: Path = typer.Option(Path("runs/bench-comm"), "--run-dir", help="Logs and raw results go here."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write results + fits as JSON."),
     csv_out: Optional[Path] = typer.Option(None, "--csv", help="Write one CSV row per measurement."),
@@ -60,10 +55,9 @@ def comm_cmd(
                        min_bytes=parse_size(min_bytes, "--min-bytes"),
                        max_bytes=parse_size(max_bytes, "--max-bytes"), factor=factor, dtype=dtype,
                        warmup=warmup, iters=iters, mode=mode, check=not no_check, compute=not no_compute,
-                       device=device, backend=backend).validate()
-    wl = WorkerLaunch(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
-                      master_port=master_port, rdzv_endpoint=rdzv_endpoint, simulate_nodes=simulate_nodes,
-                      timeout_s=timeout, device=device, backend=backend)
+                       device=launch.device, backend=launch.backend).validate()
+    wl = WorkerLaunch.of(launch)
+    nproc_per_node, simulate_nodes, device = wl.nproc_per_node, wl.simulate_nodes, wl.device
     spec = wl.spec()  # validate launcher options before anything starts
     from tandem.core.validate import parse_nnodes
 

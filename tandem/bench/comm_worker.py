@@ -25,6 +25,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -243,20 +244,27 @@ def write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tandem.bench.comm_worker")
-    p.add_argument("--options", required=True, help="JSON file of CommOptions")
+def worker_main(argv: list[str] | None, prog: str, load: Callable[[dict], Any], run_fn: Callable[[Any], Any],
+                payload: Callable[[Any, Any], dict]) -> int:
+    """A worker module's main (bench comm, doctor): read the options file, run, rank 0 writes the result."""
+    p = argparse.ArgumentParser(prog=prog)
+    p.add_argument("--options", required=True, help="JSON file of the verb's options")
     p.add_argument("--out", required=True, help="where rank 0 writes the result JSON")
     a = p.parse_args(argv)
-    opts = CommOptions.from_dict(json.loads(Path(a.options).read_text())).validate()
+    opts = load(json.loads(Path(a.options).read_text()))
     try:
-        result = run(opts)
-        if result is not None:
-            write_json(Path(a.out), result)
+        result = run_fn(opts)
+        if result is not None:  # ranks other than 0 return None
+            write_json(Path(a.out), payload(opts, result))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return worker_main(argv, "python -m tandem.bench.comm_worker",
+                       lambda d: CommOptions.from_dict(d).validate(), run, lambda opts, result: result)
 
 
 if __name__ == "__main__":

@@ -3,27 +3,22 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tandem.core.errors import ConfigError, WorkerFailure
 from tandem.core.spec import LaunchSpec
 from tandem.core.validate import parse_nnodes
+from tandem.launch.options import LaunchArgs
 
 
 @dataclass
-class WorkerLaunch:
-    """The launcher options every bench/doctor verb takes (a subset of LaunchSpec)."""
-    nproc_per_node: int = 1
-    nnodes: str = "1"
-    node_rank: int = 0
-    master_addr: str = "127.0.0.1"
-    master_port: int = 29500
-    rdzv_endpoint: str = ""
-    simulate_nodes: int = 0
-    timeout_s: int = 60
-    device: str = "auto"
-    backend: str = "auto"
+class WorkerLaunch(LaunchArgs):
+    """The launcher options of a bench/doctor verb, validated with their flag names."""
+
+    @classmethod
+    def of(cls, args: LaunchArgs) -> "WorkerLaunch":
+        return cls(**asdict(args))
 
     def spec(self) -> LaunchSpec:
         if self.device not in ("auto", "cpu", "cuda"):
@@ -37,10 +32,7 @@ class WorkerLaunch:
         if self.simulate_nodes and self.nnodes != "1":
             raise ConfigError("give either --simulate-nodes or --nnodes", field="--simulate-nodes",
                               value=self.simulate_nodes, fix="drop --nnodes when simulating nodes")
-        return LaunchSpec(nproc_per_node=self.nproc_per_node, nnodes=self.nnodes, node_rank=self.node_rank,
-                          master_addr=self.master_addr, master_port=self.master_port,
-                          rdzv_endpoint=self.rdzv_endpoint, simulate_nodes=self.simulate_nodes,
-                          timeout_s=self.timeout_s, device=self.device, backend=self.backend)
+        return self.launch_spec()
 
     def procs_on_this_host(self) -> int:
         return self.nproc_per_node * max(1, self.simulate_nodes)

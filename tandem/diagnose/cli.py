@@ -18,6 +18,7 @@ from tandem.core.errors import ConfigError, LaunchError, TandemError, WorkerFail
 from tandem.diagnose import nccl_log, network, system
 from tandem.diagnose.checks import FAIL, Check, ChecksFailed, print_summary, table, worst
 from tandem.diagnose.options import DoctorOptions
+from tandem.launch.options import LaunchArgs, launch_options
 
 
 def _expected_busbw(expect: float, calibration: Optional[Path], nnodes_max: int) -> float:
@@ -68,18 +69,15 @@ def nccl_log_report(path: Path, json_out: Optional[Path]) -> None:
     _emit(checks, json_out, f"NCCL log: {path}", extra)
 
 
+@launch_options("nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "rdzv_endpoint",
+                "simulate_nodes", "timeout", "device",
+                nproc_per_node=(0, "Workers per node (0: GPUs, or 2 on CPU)."),
+                nnodes=("1", "Nodes (run `tandem doctor` on each)."),
+                timeout=(30, "Seconds to wait for every node to join."))
 def doctor_cmd(
     nccl_log_file: Optional[Path] = typer.Option(None, "--nccl-log",
                                                  help="Summarise an NCCL_DEBUG=INFO log instead of checking."),
-    nproc_per_node: int = typer.Option(0, "--nproc-per-node", help="Workers per node (0: GPUs, or 2 on CPU)."),
-    nnodes: str = typer.Option("1", "--nnodes", help="Nodes (run `tandem doctor` on each)."),
-    node_rank: int = typer.Option(0, "--node-rank", help="This node's rank (static rendezvous)."),
-    master_addr: str = typer.Option("127.0.0.1", "--master-addr", help="Address of node 0."),
-    master_port: int = typer.Option(29500, "--master-port", help="Rendezvous port on node 0."),
-    rdzv_endpoint: str = typer.Option("", "--rdzv-endpoint", help="host:port of a c10d rendezvous."),
-    simulate_nodes: int = typer.Option(0, "--simulate-nodes", help="K real agents on this machine."),
-    timeout: int = typer.Option(30, "--timeout", help="Seconds to wait for every node to join."),
-    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda."),
+    launch: LaunchArgs = None,
     checkpoint_path: Path = typer.Option(Path("runs"), "--checkpoint-path", help="Where checkpoints will go."),
     shared_path: Optional[Path] = typer.Option(None, "--shared-path",
                                                help="Path that must be shared by all nodes (default: "
@@ -99,13 +97,13 @@ def doctor_cmd(
     if nccl_log_file is not None:
         nccl_log_report(nccl_log_file, json_out)
         return
-    if nproc_per_node == 0:
+    device, simulate_nodes, timeout = launch.device, launch.simulate_nodes, launch.timeout_s
+    if launch.nproc_per_node == 0:
         import torch
 
-        nproc_per_node = torch.cuda.device_count() if device != "cpu" and torch.cuda.is_available() else 2
-    wl = WorkerLaunch(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
-                      master_port=master_port, rdzv_endpoint=rdzv_endpoint, simulate_nodes=simulate_nodes,
-                      timeout_s=timeout, device=device)
+        launch.nproc_per_node = torch.cuda.device_count() if device != "cpu" and torch.cuda.is_available() else 2
+    nproc_per_node = launch.nproc_per_node
+    wl = WorkerLaunch.of(launch)
     spec = wl.spec()
     from tandem.core.validate import parse_nnodes
 

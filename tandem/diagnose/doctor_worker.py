@@ -10,13 +10,11 @@ Rank 0 gathers it all and writes RESULT.json ({"checks": [...]}).
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from tandem.diagnose.options import DoctorOptions
@@ -224,20 +222,9 @@ def run(opts: DoctorOptions) -> list[Check] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tandem.diagnose.doctor_worker")
-    p.add_argument("--options", required=True)
-    p.add_argument("--out", required=True)
-    a = p.parse_args(argv)
-    opts = DoctorOptions(**json.loads(Path(a.options).read_text()))
-    try:
-        checks = run(opts)
-        if checks is not None:
-            cw.write_json(Path(a.out), {"schema": "tandem.doctor/1", "options": asdict(opts),
-                                        "checks": [c.to_dict() for c in checks]})
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    return 0
+    return cw.worker_main(argv, "python -m tandem.diagnose.doctor_worker", lambda d: DoctorOptions(**d), run,
+                          lambda opts, checks: {"schema": "tandem.doctor/1", "options": asdict(opts),
+                                                "checks": [c.to_dict() for c in checks]})
 
 
 if __name__ == "__main__":

@@ -3,37 +3,25 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 from rich.console import Console
 
 from tandem.core.errors import ConfigError, WorkerFailure
-from tandem.core.spec import LaunchSpec
 from tandem.core.validate import parse_nnodes
 from tandem.launch import failures as fl
-from tandem.launch.launcher import launch
+from tandem.launch.launcher import launch as run_launch
+from tandem.launch.options import LaunchArgs, launch_options
 
 
+@launch_options("nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "rdzv_endpoint",
+                "simulate_nodes", "max_restarts", "timeout", "watchdog_s", "last_call_s", "device", "backend",
+                "threads", simulate_nodes=(0, "K real agents on this machine (c10d)."),
+                timeout=(60, "Seconds to wait for the rendezvous / master."))
 def launch_cmd(
     ctx: typer.Context,
     script: str = typer.Argument(..., help="Python script (or -m module) to run on every worker."),
-    nproc_per_node: int = typer.Option(1, "--nproc-per-node", help="Workers per node."),
-    nnodes: str = typer.Option("1", "--nnodes", help="Nodes, or MIN:MAX for elastic jobs."),
-    node_rank: int = typer.Option(0, "--node-rank", help="This node's rank (static rendezvous)."),
-    master_addr: str = typer.Option("127.0.0.1", "--master-addr", help="Address of node 0."),
-    master_port: int = typer.Option(29500, "--master-port", help="Rendezvous port on node 0."),
-    rdzv_endpoint: str = typer.Option("", "--rdzv-endpoint", help="host:port of a c10d rendezvous."),
-    simulate_nodes: int = typer.Option(0, "--simulate-nodes", help="K real agents on this machine (c10d)."),
-    max_restarts: int = typer.Option(0, "--max-restarts", help="Restarts of the worker group on failure."),
-    timeout: int = typer.Option(60, "--timeout", help="Seconds to wait for the rendezvous / master."),
-    watchdog_s: float = typer.Option(0, "--watchdog-s", help="Hang watchdog: end the group when a rank that "
-                                                              "writes heartbeats stalls this long (0: off)."),
-    last_call_s: int = typer.Option(3, "--last-call-s", help="Elastic MIN:MAX: wait this long for more nodes "
-                                                              "once MIN joined."),
-    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda."),
-    backend: str = typer.Option("auto", "--backend", help="auto | gloo | nccl."),
-    threads: int = typer.Option(0, "--threads-per-worker", help="Intra-op threads (0: cores / workers)."),
+    launch: LaunchArgs = None,
     run_dir: Path = typer.Option(Path("runs/launch"), "--run-dir", help="Logs and failure records go here."),
     quiet: bool = typer.Option(False, "--quiet", help="Per-rank files only, no console stream."),
     verbose: bool = typer.Option(False, "--verbose", help="Show torchrun's own logs."),
@@ -42,6 +30,8 @@ def launch_cmd(
 
     Example: tandem launch --nproc-per-node 2 --simulate-nodes 2 examples/hello_dist.py
     """
+    device, backend, nproc_per_node = launch.device, launch.backend, launch.nproc_per_node
+    nnodes, simulate_nodes = launch.nnodes, launch.simulate_nodes
     if device not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"{device!r} is not one of auto, cpu, cuda", field="--device", fix="use auto")
     if backend not in ("auto", "gloo", "nccl"):
@@ -52,14 +42,11 @@ def launch_cmd(
     if simulate_nodes and nnodes != "1" and parse_nnodes(nnodes)[1] != simulate_nodes:
         raise ConfigError(f"--nnodes {nnodes} does not fit --simulate-nodes {simulate_nodes}", field="--nnodes",
                           value=nnodes, fix=f"drop --nnodes, or give MIN:{simulate_nodes} for an elastic job")
-    opts = LaunchSpec(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
-                      master_port=master_port, rdzv_endpoint=rdzv_endpoint, simulate_nodes=simulate_nodes,
-                      max_restarts=max_restarts, timeout_s=timeout, device=device, backend=backend,
-                      threads_per_worker=threads, watchdog_s=watchdog_s, last_call_s=last_call_s)
+    opts = launch.launch_spec()
     argv = ["-m", *ctx.args] if script == "-m" else [script, *ctx.args]
     console = Console(stderr=True)
     try:
-        launch(opts, argv, run_dir, quiet=quiet, verbose=verbose)
+        run_launch(opts, argv, run_dir, quiet=quiet, verbose=verbose)
     except WorkerFailure:
         fl.render(fl.read_failures(run_dir), console)
         raise

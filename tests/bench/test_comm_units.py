@@ -141,12 +141,20 @@ def test_cli_exits_nonzero_on_wrong_results(tmp_path, monkeypatch, fake_result):
 
     monkeypatch.setattr(cli, "measure", lambda opts, wl, run_dir: _result(wrong=True))
     with pytest.raises(WorkerFailure, match="wrong"):
-        cli.comm_cmd(collectives="all_reduce", min_bytes="8", max_bytes="1M", factor=2, dtype="fp32", warmup=1,
-                     iters=1, mode="both", no_check=False, no_compute=True, nproc_per_node=2, nnodes="1",
-                     node_rank=0, master_addr="127.0.0.1", master_port=29500, rdzv_endpoint="",
-                     simulate_nodes=0, timeout=60, device="cpu", backend="auto", run_dir=tmp_path,
-                     json_out=None, csv_out=None, plot=None, calibration=None)
+        _comm_cmd(tmp_path)
     assert (tmp_path / "calibration.json").is_file()  # the good numbers are still written
+
+
+def _comm_cmd(run_dir, **over):
+    """`bench comm` as its typer defaults would call it, on a tiny all_reduce sweep."""
+    from tandem.bench import cli
+
+    kw = dict(collectives="all_reduce", min_bytes="8", max_bytes="1M", factor=2, dtype="fp32", warmup=1,
+              iters=1, mode="both", no_check=False, no_compute=True, nproc_per_node=2, nnodes="1",
+              node_rank=0, master_addr="127.0.0.1", master_port=29500, rdzv_endpoint="",
+              simulate_nodes=0, timeout=60, device="cpu", backend="auto", run_dir=run_dir,
+              json_out=None, csv_out=None, plot=None, calibration=None)
+    return cli.comm_cmd(**{**kw, **over})
 
 
 def test_fit_prefers_in_place_rows(fake_result):
@@ -164,11 +172,5 @@ def test_fit_prefers_in_place_rows(fake_result):
 
 
 def test_cli_refuses_a_single_rank(tmp_path):
-    from tandem.bench import cli
-
     with pytest.raises(ConfigError, match="at least 2 ranks"):
-        cli.comm_cmd(collectives="all_reduce", min_bytes="8", max_bytes="1M", factor=2, dtype="fp32", warmup=1,
-                     iters=1, mode="both", no_check=False, no_compute=True, nproc_per_node=1, nnodes="1",
-                     node_rank=0, master_addr="127.0.0.1", master_port=29500, rdzv_endpoint="",
-                     simulate_nodes=0, timeout=60, device="cpu", backend="auto", run_dir=tmp_path,
-                     json_out=None, csv_out=None, plot=None, calibration=None)
+        _comm_cmd(tmp_path, nproc_per_node=1)
