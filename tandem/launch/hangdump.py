@@ -12,7 +12,7 @@ Both come from tools torch and Python already have:
   answers once continued.
 * **Stacks: py-spy when installed** (``pip install tandem[debug]``): ``py-spy dump --native``
   from the agent reads the worker's Python and C++ frames with ptrace, without the worker's
-  help (a stopped process is read as it is). Otherwise, or when py-spy fails (no ptrace
+  help (a stopped process is read as it is, Python frames only: see ``pyspy_dump``). Otherwise, or when py-spy fails (no ptrace
   permission), faulthandler in the worker writes its Python stacks on SIGUSR1 (heartbeat.py).
   ``TANDEM_HANG_STACKS=faulthandler`` forces the fallback.
 
@@ -111,44 +111,53 @@ def flight_recorder(req: Request) -> dict:
 
 
 def summarize(fr: dict, last: int = 4) -> dict:
-    """Per process group: last enqueued and completed sequence numbers, the collectives not
-    completed, and the last few. gloo entries stay 'scheduled' (it reports no start or end per
-    entry), so completion is read from the group's status."""
+    """Per process group: the last entered (enqueued) and completed sequence numbers, the
+    collectives not marked completed, and the last few. gloo entries stay 'scheduled' (no start
+    or end per entry), and a group's completed number is updated by gloo's worker thread a
+    moment after the waiting rank has moved on: read ``completed`` as a lower bound."""
     if "error" in fr:
         return {"source": "flight recorder", "error": fr["error"]}
     groups = {}
     for pg, st in (fr.get("pg_status") or {}).items():
-        done, queued = int(st["last_completed_collective"]), int(st["last_enqueued_collective"])
+        done, entered = int(st["last_completed_collective"]), int(st["last_enqueued_collective"])
         ents = [e for e in fr.get("entries", []) if str(e["pg_id"]) == pg and not e.get("is_p2p")]
-        name = ents[-1]["process_group"][1] if ents else pg
+        if not ents:
+            continue
 
         def show(e):
             return f"#{e['collective_seq_id']} {e['profiling_name']} {e['input_sizes']}"
-        groups[name] = {"pg_id": pg, "enqueued": queued, "completed": done,
-                        "pending": [show(e) for e in ents if e["collective_seq_id"] > done],
-                        "last": [show(e) for e in ents[-last:]]}
+        groups[ents[-1]["process_group"][1]] = {
+            "pg_id": pg, "entered": entered, "completed": done, "newest": show(ents[-1]),
+            "pending": [show(e) for e in ents if e["collective_seq_id"] > done],
+            "last": [show(e) for e in ents[-last:]]}
     if not groups:
         return {"source": "flight recorder", "error": "no collectives recorded (TORCH_FR_BUFFER_SIZE=0?)"}
     return {"source": "flight recorder", "groups": groups}
 
 
 def waits(per_rank: dict[int, dict]) -> list[str]:
-    """Which ranks wait in a collective that which others never entered, per process group."""
+    """Per process group: which ranks wait in a collective that which ranks never entered.
+    Judged on the entered numbers (exact), not on completion (late by a moment, see summarize)."""
     lines = []
     by_group: dict[str, dict[int, dict]] = {}
     for rank, s in per_rank.items():
         for name, g in (s.get("groups") or {}).items():
             by_group.setdefault(name, {})[rank] = g
     for name, ranks in sorted(by_group.items()):
-        waiting = {r: g for r, g in ranks.items() if g["pending"]}
-        if not waiting:
+        top = max(g["entered"] for g in ranks.values())
+        ahead = sorted(r for r, g in ranks.items() if g["entered"] == top and g["completed"] < top)
+        if not ahead:
             continue
-        first = min(g["completed"] + 1 for g in waiting.values())  # the oldest collective not completed
-        behind = sorted(r for r, g in ranks.items() if g["enqueued"] < first)
-        who = ", ".join(f"rank {r} waits in {g['pending'][0]}" for r, g in sorted(waiting.items()))
-        lines.append(f"{name}: {who}" + (f"; rank(s) {behind} never entered #{first} (last entered: "
-                                          + ", ".join(f"#{ranks[r]['enqueued']}" for r in behind) + ")"
-                                          if behind else ""))
+        behind = sorted(r for r, g in ranks.items() if g["entered"] < top)
+        newest = ranks[ahead[0]]["newest"]
+        if behind:  # the first collective a rank behind never entered (gloo enqueues a few at once)
+            missing = f"#{min(ranks[r]['entered'] for r in behind) + 1} "
+            first = next((p for p in ranks[ahead[0]]["pending"] if p.startswith(missing)), newest)
+            more = f" (and {top - int(first.split()[0][1:])} more after it)" if first != newest else ""
+            lines.append(f"{name}: rank(s) {ahead} wait in {first}{more}, which rank(s) {behind} never entered "
+                         f"(last entered: {', '.join('#%d' % ranks[r]['entered'] for r in behind)})")
+        else:
+            lines.append(f"{name}: rank(s) {ahead} all entered {newest} and wait in it")
     return lines
 
 
@@ -160,17 +169,25 @@ def pyspy_exe() -> str | None:
     return str(near) if near.is_file() else shutil.which("py-spy")
 
 
-def pyspy_dump(exe: str, pid: int, out: Path, timeout: float = 20.0) -> str | None:
-    """Write ``py-spy dump --native`` of ``pid`` to ``out``; None, or why it failed."""
-    try:
-        r = subprocess.run([exe, "dump", "--native", "--pid", str(pid)], capture_output=True, text=True,
-                           timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return f"py-spy dump took over {timeout:g} s"
-    if r.returncode != 0 or not r.stdout.strip():
-        return f"py-spy dump exited {r.returncode}: {' '.join(r.stderr.split())[:300]}"
-    out.write_text(r.stdout)
-    return None
+def pyspy_dump(exe: str, pid: int, out: Path, stopped: bool, timeout: float = 20.0) -> tuple[str, str | None]:
+    """Write a py-spy dump of ``pid`` to ``out``: (the command used, None or why it failed).
+
+    ``--native`` (C++ frames too) suspends the process with ptrace, which py-spy 0.4 cannot do
+    to a process already stopped ("unexpected waitpid result"); such a process cannot move, so
+    ``--nonblocking`` reads a consistent Python stack, without native frames."""
+    err = None
+    for flag in (["--nonblocking"] if stopped else ["--native", ""]):
+        cmd = [exe, "dump", *([flag] if flag else []), "--pid", str(pid)]
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            err = f"py-spy dump took over {timeout:g} s"
+            continue
+        if r.returncode == 0 and r.stdout.strip():
+            out.write_text(r.stdout)
+            return " ".join(["py-spy dump", *([flag] if flag else [])]), None
+        err = f"py-spy dump exited {r.returncode}: {' '.join(r.stderr.split())[:300]}"
+    return "py-spy dump", err
 
 
 def forget(pid: int) -> None:

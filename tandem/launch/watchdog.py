@@ -8,10 +8,14 @@ evaluating is not judged, but the ranks waiting for it in the next step are)
 1. names the rank that stopped first: a process in state T (stopped) if there is one,
    else the rank whose last heartbeat is oldest (the others went on to wait for it in
    the next collective; their ``phase`` says which);
-2. dumps the Python stack of every worker of this agent (SIGUSR1 -> faulthandler) and
-   ends the running ones; then a stopped one gets SIGUSR1 and SIGCONT, so it writes its
-   stack where it stopped (and cannot complete a step with peers that are gone);
-3. writes ``run_dir/watchdog/hang-attempt<k>-node<i>.json`` and one line to stderr;
+2. dumps every worker of this agent (hangdump.py): the last collectives of each process
+   group from torch's flight recorder (asked through torch's worker server), and the
+   native + Python stacks with ``py-spy dump --native`` (faulthandler on SIGUSR1 when py-spy
+   is not installed or fails); the running ones are ended first, and only then is a stopped
+   one continued to answer, so it cannot complete a step with peers that are gone;
+3. writes ``run_dir/watchdog/hang-attempt<k>-node<i>.json`` (and ``fr-rank-<R>...json``,
+   ``stacks-rank-<R>...txt``) and one line to stderr, with which rank waits in which
+   collective that which rank never entered;
 4. ends its workers with SIGKILL, so torchrun's agent restarts the group (``max_restarts``)
    and training resumes from the newest checkpoint.
 
@@ -27,8 +31,10 @@ import socket
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from tandem.launch import hangdump
 from tandem.launch.heartbeat import read_all, stack_file
 
 
@@ -103,25 +109,45 @@ class Watchdog(threading.Thread):
         first, why = first_stopped(peers, host)
         states = {b["rank"]: proc_state(b["pid"]) for b in mine}
         attempt = mine[0].get("attempt", 0)
-        files = {b["rank"]: stack_file(self.run_dir, b["rank"], attempt) for b in mine}
-        # Running ranks first: dump, then end them. Only then is a stopped rank continued (it
-        # must run to write its stack), so it cannot make progress with its peers meanwhile.
+        wd = self.run_dir / "watchdog"
+        wd.mkdir(parents=True, exist_ok=True)
         running = [b for b in mine if states[b["rank"]] != "T"]
         stopped = [b for b in mine if states[b["rank"]] == "T"]
-        for group, cont in ((running, False), (stopped, True)):
-            for b in group:
-                try:
-                    _signal_main_thread(b["pid"], signal.SIGUSR1)
-                    if cont:
-                        os.kill(b["pid"], signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
-            deadline = time.monotonic() + 3.0
-            while time.monotonic() < deadline and not all(
-                    files[b["rank"]].is_file() and files[b["rank"]].stat().st_size for b in group):
-                time.sleep(0.05)  # waiting for the workers' own stack files, with a deadline
-            if not cont:
-                self._kill(group)
+        # 1. What needs no cooperation, before anything changes: the running ranks' flight
+        #    recorders (torch's worker server answers from a C++ thread), then py-spy on every
+        #    worker in parallel (a stopped one is read where it stopped, still stopped).
+        asks = {b["rank"]: hangdump.Request(b["pid"], "fr_trace_json", timeout=10) for b in running}
+        fr = {r: hangdump.flight_recorder(q) for r, q in asks.items()}
+        spy = hangdump.pyspy_exe()
+        stacks = {b["rank"]: {"tool": "faulthandler", "file": str(stack_file(self.run_dir, b["rank"], attempt)),
+                              "why": "py-spy is not installed" if os.environ.get(hangdump.STACKS_ENV, "auto")
+                              != "faulthandler" else f"{hangdump.STACKS_ENV}=faulthandler"} for b in mine}
+        if spy:
+            out = {b["rank"]: wd / f"stacks-rank-{b['rank']}.attempt{attempt}.pyspy.txt" for b in mine}
+            with ThreadPoolExecutor(len(mine)) as ex:
+                jobs = {b["rank"]: ex.submit(hangdump.pyspy_dump, spy, b["pid"], out[b["rank"]],
+                                             states[b["rank"]] == "T") for b in mine}
+            for r, job in jobs.items():
+                tool, failed = job.result()
+                stacks[r] = {"tool": tool, "file": str(out[r])} if failed is None else {**stacks[r], "why": failed}
+        # 2. faulthandler where py-spy gave nothing, running ranks first; then end them. Only then
+        #    is a stopped rank continued (to answer), so it cannot make progress with its peers.
+        self._faulthandler([b for b in running if stacks[b["rank"]]["tool"] == "faulthandler"], stacks, False)
+        self._kill(running)
+        for b in stopped:
+            ask = hangdump.Request(b["pid"], "fr_trace_json", timeout=3)  # queued while it is stopped
+            self._faulthandler([b] if stacks[b["rank"]]["tool"] == "faulthandler" else [], stacks, True)
+            if stacks[b["rank"]]["tool"] != "faulthandler":
+                self._cont(b)
+            fr[b["rank"]] = hangdump.flight_recorder(ask)
+        self._kill(stopped)
+        collectives = {}
+        for b in mine:
+            f = fr.get(b["rank"], {"error": "not asked"})
+            if "error" not in f:
+                (wd / f"fr-rank-{b['rank']}.attempt{attempt}.json").write_text(json.dumps(f, indent=1))
+            collectives[b["rank"]] = hangdump.summarize(f)
+        waits = hangdump.waits({r: c for r, c in collectives.items() if "groups" in c})
         report = {
             "detected_at": now, "timeout_s": self.timeout_s, "node": self.node, "attempt": attempt, "host": host,
             "first_stopped_rank": first["rank"], "why": why,
@@ -129,22 +155,47 @@ class Watchdog(threading.Thread):
             "ranks": {b["rank"]: {"step": b["step"], "phase": b["phase"], "pid": b["pid"],
                                   "state": states.get(b["rank"], proc_state(b["pid"])),
                                   "last_beat": b["time"]} for b in peers},
-            "stack_files": {r: str(f) for r, f in files.items()},
+            "stacks": stacks,
+            "stack_files": {r: s["file"] for r, s in stacks.items()},
+            "collectives": collectives,
+            "collective_waits": waits,
             "last_collective": {b["rank"]: ("gradient all-reduce of step %d" % (b["step"] + 1)
                                             if b["phase"] == "sync" else f"none pending ({b['phase']})")
-                                for b in peers},
+                                for b in peers},  # the heartbeat's view, for ranks of other nodes too
         }
-        out = self.run_dir / "watchdog" / f"hang-attempt{attempt}-node{self.node}.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=1))
-        self.reports.append(out)
+        out_file = wd / f"hang-attempt{attempt}-node{self.node}.json"
+        out_file.write_text(json.dumps(report, indent=1))
+        self.reports.append(out_file)
         ranks = sorted(b["rank"] for b in mine)
+        tools = sorted({s["tool"] for s in stacks.values()})
         print(f"tandem watchdog (node {self.node}): no progress for {now - first['time']:.1f} s "
               f"(limit {self.timeout_s:g} s) on ranks {ranks}; rank {first['rank']} stopped first: {why}. "
-              f"Stacks: {self.run_dir / 'watchdog'}/stacks-rank-*.attempt{attempt}.txt; ending the group so that "
-              f"it restarts", file=sys.stderr, flush=True)
+              + (f"Flight recorder: {'; '.join(waits)}. " if waits else "")
+              + f"Stacks ({', '.join(tools)}) and collectives: {out_file}; ending the group so that it restarts",
+              file=sys.stderr, flush=True)
         self._kill(mine)
-        return out
+        return out_file
+
+    def _faulthandler(self, group: list[dict], stacks: dict, cont: bool) -> None:
+        """SIGUSR1 -> faulthandler in each worker (a stopped one also gets SIGCONT); wait for the files."""
+        for b in group:
+            try:
+                _signal_main_thread(b["pid"], signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+            if cont:
+                self._cont(b)
+        deadline = time.monotonic() + 3.0
+        files = [Path(stacks[b["rank"]]["file"]) for b in group]
+        while time.monotonic() < deadline and not all(f.is_file() and f.stat().st_size for f in files):
+            time.sleep(0.05)  # waiting for the workers' own stack files, with a deadline
+
+    @staticmethod
+    def _cont(b: dict) -> None:
+        try:
+            os.kill(b["pid"], signal.SIGCONT)
+        except ProcessLookupError:
+            pass
 
     def _kill(self, group: list[dict]) -> None:
         for b in group:
@@ -153,3 +204,4 @@ class Watchdog(threading.Thread):
                 os.kill(b["pid"], signal.SIGKILL)
             except ProcessLookupError:
                 pass
+            hangdump.forget(b["pid"])

@@ -72,7 +72,8 @@ class ElasticHooks:
         self.pending = None
         self.pg = None
         if getattr(spec.checkpoint, "async_save", False) and dist.is_initialized():
-            self.pg = dist.new_group(backend="gloo")  # DCP's background thread gets a group of its own
+            # DCP's background thread gets a group of its own; the name labels it in hang dumps
+            self.pg = dist.new_group(backend="gloo", group_desc="async_checkpoint")
         if ctx.is_main:
             gone = ckpt.clean_partial(ckdir)
             if gone:
