@@ -3,10 +3,10 @@
     python bench/plan_accuracy.py [--workers 1,2,4] [--steps 30] [--rounds 2] [--run-dir runs/plan-accuracy]
 
 One go: measure the links (a quick all_reduce `bench comm` on the largest worker count, the
-alpha-beta fit), then per round run `tandem bench train` at every worker count. The
-1-worker row of each round calibrates the model (its FLOP/s, the host's cores and load,
-its step-time spread: calibration compute.model) and is NOT scored; the planner predicts
-the other rows from it. Per predicted row it also shows what earlier models would have said:
+alpha-beta fit), then per round and per worker count N > 1 run `tandem bench train
+--workers 1,N`: the 1-worker run calibrates the model (its FLOP/s, the host's cores and
+load, its step-time spread: calibration compute.model) and is NOT scored; the planner
+predicts the N-worker row from it (from nothing measured at N workers but the links). Per predicted row it also shows what earlier models would have said:
 
 - matmul: the `bench comm` matmul FLOP/s x the default CNN efficiency (the planner before
   `bench train` calibrated the model),
@@ -20,6 +20,7 @@ with the per-round medians as the spread.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import statistics
@@ -64,36 +65,40 @@ def main() -> int:
     fit.write_calibration(comm_cal, measure(quick, WorkerLaunch(nproc_per_node=max(2, max(counts))),
                                             a.run_dir / "comm"))
     opts = tb.TrainBenchOptions(workers=counts, steps=a.steps).validate()
-    table = Table(title="planner vs measured step time (1-worker row of each round calibrates, others predicted)",
+    table = Table(title="planner vs measured step time (each 1-worker run calibrates, the row after it is predicted)",
                   title_justify="left", header_style="bold")
     for col in ("round", "workers", "measured (ms)", "matmul (ms)", "+model FLOP/s (ms)", "full (ms)",
                 "core share", "straggler", "comm (ms)", "full/measured"):
         table.add_column(col, justify="right")
     errs, per_round, old_errs = [], [], []
     for rnd in range(a.rounds):
-        rdir = a.run_dir / f"round{rnd}"
-        rdir.mkdir(parents=True)
-        cal = rdir / "calibration.json"
-        shutil.copy(comm_cal, cal)
-        res = tb.run(opts, rdir, cal, err)
         round_errs = []
-        for r in res["rows"]:
-            spec_path = rdir / f"w{r['workers']}" / "bench-spec.yaml"
-            old = matmul_only(cal, spec_path, r["workers"], rdir / "no-model.json")
-            share, strag = r["host_factors"] or (1.0, 1.0)
-            plain = r["predicted_compute_s"] / (share * strag) + r["predicted_comm_s"]
-            if not r["calibration_row"]:
-                round_errs.append(abs(r["ratio"] - 1))
-                old_errs.append(abs(old / r["step_s"] - 1))
-            table.add_row(str(rnd), str(r["workers"]), f"{r['step_s'] * 1e3:.1f}", f"{old * 1e3:.1f}",
-                          f"{plain * 1e3:.1f}", f"{r['predicted_step_s'] * 1e3:.1f}", f"{share:.2f}",
-                          f"{strag:.2f}", f"{r['predicted_comm_s'] * 1e3:.1f}",
-                          "calibration" if r["calibration_row"] else f"{r['ratio']:.2f}")
+        # Each predicted row gets its own 1-worker calibration run just before it: on a shared
+        # host the load drifts within minutes, and a calibration from two runs ago describes
+        # another machine. The prediction still comes from the 1-worker run only.
+        for n in [w for w in counts if w != 1]:
+            rdir = a.run_dir / f"round{rnd}" / f"pair{n}"
+            rdir.mkdir(parents=True)
+            cal = rdir / "calibration.json"
+            shutil.copy(comm_cal, cal)
+            res = tb.run(dataclasses.replace(opts, workers=[1, n]), rdir, cal, err)
+            for r in res["rows"]:
+                spec_path = rdir / f"w{r['workers']}" / "bench-spec.yaml"
+                old = matmul_only(cal, spec_path, r["workers"], rdir / "no-model.json")
+                share, strag = r["host_factors"] or (1.0, 1.0)
+                plain = r["predicted_compute_s"] / (share * strag) + r["predicted_comm_s"]
+                if not r["calibration_row"]:
+                    round_errs.append(abs(r["ratio"] - 1))
+                    old_errs.append(abs(old / r["step_s"] - 1))
+                table.add_row(str(rnd), str(r["workers"]), f"{r['step_s'] * 1e3:.1f}", f"{old * 1e3:.1f}",
+                              f"{plain * 1e3:.1f}", f"{r['predicted_step_s'] * 1e3:.1f}", f"{share:.2f}",
+                              f"{strag:.2f}", f"{r['predicted_comm_s'] * 1e3:.1f}",
+                              "calibration" if r["calibration_row"] else f"{r['ratio']:.2f}")
+            m = res["model"]
+            err.print(f"round {rnd}, pair 1+{n}: model {m['achieved_flops'] / 1e9:.2f} GFLOP/s on 1 worker, "
+                      f"{m['background_threads']:.1f} other runnable threads, |error| {round_errs[-1] * 100:.0f}%")
         errs += round_errs
         per_round.append(statistics.median(round_errs))
-        m = res["model"]
-        err.print(f"round {rnd}: model {m['achieved_flops'] / 1e9:.2f} GFLOP/s on 1 worker, "
-                  f"{m['background_threads']:.1f} other runnable threads, median error {per_round[-1] * 100:.0f}%")
     out.print(table)
     med = statistics.median(errs)
     out.print(f"median |predicted/measured - 1| over {len(errs)} predicted rows: {med * 100:.0f}% "
