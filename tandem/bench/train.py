@@ -163,7 +163,9 @@ def run(opts: TrainBenchOptions, run_dir: Path, calibration: Path, console: Cons
                      "trainer_samples_per_s": result.get("samples_per_s"), "calibration_row": n == 1,
                      "predicted_step_s": pred["step_s"], "predicted_compute_s": pred["compute_s"],
                      "predicted_comm_s": pred["comm_s"], "ratio": pred["step_s"] / step,
-                     "host_factors": pred["host_factors"], "model_flops_per_worker": pred["model_flops_per_worker"]})
+                     "host_factors": pred["host_factors"], "model_flops_per_worker": pred["model_flops_per_worker"],
+                     # diagnostic only (the prediction uses the calibration run's): the host's load now
+                     "background_threads": load.background(n * spec.launch.threads_per_worker)})
     return summarize(rows, model, calibration)
 
 

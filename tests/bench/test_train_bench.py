@@ -89,3 +89,18 @@ def test_bench_train_real_run(tmp_path, fake_result):
     assert mdl["achieved_flops"] == pytest.approx(8 * mdl["flops_per_sample"] / mdl["step_s"])
     assert rows[0]["calibration_row"] and rows[0]["ratio"] == pytest.approx(1.0, rel=1e-6)
     assert doc["compute"]["achieved_flops"] == {"fp32": 1e11, "bf16": 2e9}  # the matmul numbers stay
+
+
+def test_bench_comm_keeps_the_model_entry(tmp_path, fake_result):
+    """Re-measuring the links onto a calibration keeps what `bench train` wrote (compute.model)."""
+    cal = tmp_path / "cal.json"
+    fit.write_calibration(cal, fake_result())
+    doc = json.loads(cal.read_text())
+    doc["compute"]["model"] = {"name": "resnet18", "flops_per_sample": 1.3e7, "achieved_flops": 4e9}
+    cal.write_text(json.dumps(doc))
+    res = fake_result()
+    res["compute"] = {"achieved_flops": {"fp32": 3e11}}
+    fit.write_calibration(cal, res)
+    after = json.loads(cal.read_text())["compute"]
+    assert after["model"] == doc["compute"]["model"]
+    assert after["achieved_flops"] == {"fp32": 3e11, "bf16": 2e9}
