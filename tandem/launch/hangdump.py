@@ -53,15 +53,31 @@ def serve() -> str | None:
         return f"this torch has no worker server ({e})"
     path = socket_path(os.getpid())
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.unlink(missing_ok=True)  # a dead process with the same pid left it
+    _sweep(path.parent)  # sockets of killed workers (SIGKILL runs no atexit), this pid's old one included
     try:
         _SERVER = _WorkerServer(str(path))
     except Exception as e:  # the dump falls back to heartbeats; training must not fail for it
         return f"worker server did not start: {type(e).__name__}: {e}"
     import atexit
 
-    atexit.register(_SERVER.shutdown)
+    # Not _SERVER.shutdown(): in torch 2.13 it hangs when the server never had a request.
+    # The server's thread ends with the process; its socket file would stay.
+    atexit.register(path.unlink, missing_ok=True)
     return None
+
+
+def _sweep(folder: Path) -> None:
+    for p in folder.glob("*.sock"):
+        try:
+            pid = int(p.stem)
+            if pid != os.getpid():
+                os.kill(pid, 0)
+                continue
+        except ProcessLookupError:
+            pass
+        except (ValueError, PermissionError):
+            continue
+        p.unlink(missing_ok=True)
 
 
 class _UnixHTTP(http.client.HTTPConnection):
