@@ -179,9 +179,8 @@ def previous_attempt(records: list[dict], beats: list[dict] = ()) -> dict | None
     starts = [r for r in records if r["kind"] == "start"]
     last_step = steps[-1]["step"] if steps else starts[-1].get("start_step", 0)
     last_time = steps[-1]["time"] if steps else starts[-1]["time"]
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     for b in beats:
-        if b.get("run_id") == run_id() and b.get("attempt", 0) < attempt and b["step"] > last_step:
+        if b.get("run_id") == run_id() and b.get("attempt", 0) < attempt() and b["step"] > last_step:
             last_step, last_time = b["step"], b.get("step_time", b["time"])
     return {"last_step": last_step, "last_time": last_time, "attempts": len(starts)}
 
