@@ -174,7 +174,7 @@ def waits(per_rank: dict[int, dict]) -> list[str]:
                          f"(last entered: {', '.join('#%d' % ranks[r]['entered'] for r in behind)})")
         else:
             lines.append(f"{name}: rank(s) {ahead} all entered {newest} and wait in it")
-    return lines
+    return sorted(lines, key=lambda line: "never entered" not in line)  # a rank left behind first
 
 
 def pyspy_exe() -> str | None:
