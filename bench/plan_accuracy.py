@@ -60,7 +60,7 @@ def main() -> int:
     counts = [int(w) for w in a.workers.split(",")]
     if 1 not in counts or len(counts) < 2:
         ap.error("--workers needs 1 (the calibration row) and at least one more count")
-    out, err = Console(width=150), Console(stderr=True)
+    out, err = Console(width=180), Console(stderr=True)
     shutil.rmtree(a.run_dir, ignore_errors=True)
     comm_cal = a.run_dir / "comm-calibration.json"
     quick = CommOptions(collectives=["all_reduce"], min_bytes=1 << 10, max_bytes=16 << 20, factor=4,
