@@ -31,3 +31,36 @@ def reference(tmp_path_factory):
     result = json.loads(out)
     return {"dir": d, "run": d / "run", "spec": spec, "result": result,
             "state": final_state(Path(result["checkpoint"])), "samples": samples_seen(d / "run")}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _pyspy_or_faulthandler():
+    """py-spy needs ptrace; where it is installed but may not attach (a locked-down CI
+    container), the hang dumps are tested on the faulthandler path instead."""
+    import os
+    import subprocess
+    import sys
+
+    from tandem.launch import hangdump
+
+    exe = hangdump.pyspy_exe()
+    if exe is None:
+        yield
+        return
+    child = subprocess.Popen([sys.executable, "-c", "import time\nprint('up', flush=True)\nwhile True: time.sleep(1)"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        child.stdout.readline()  # the interpreter is up: py-spy finds a Python to read
+        ok = subprocess.run([exe, "dump", "--pid", str(child.pid)], capture_output=True, timeout=60).returncode == 0
+    except subprocess.TimeoutExpired:
+        ok = False
+    finally:
+        child.kill()
+        child.wait()
+    if ok:
+        yield
+        return
+    os.environ[hangdump.STACKS_ENV] = "faulthandler"
+    print(f"\npy-spy at {exe} cannot attach here: hang dumps tested with faulthandler", file=sys.stderr)
+    yield
+    os.environ.pop(hangdump.STACKS_ENV, None)
