@@ -20,7 +20,9 @@ def to_dict(p: Plan, with_explain: bool = True) -> dict[str, Any]:
         "schema": SCHEMA,
         "model": {"name": m.name, "kind": m.kind, "params": m.params, "flops_per_sample": m.flops_per_sample,
                   "seq": g.seq if g else None, "source": m.source},
-        "cluster": {"gpu": c.gpu.name, "gpus_per_node": c.gpus_per_node, "nodes": c.nodes, "intra": c.intra.name,
+        "cluster": {"gpu": c.gpu.name, "compute_from": (f"{c.host_model.device} workers, measured ({c.host_model.name})"
+                                                         if p.host_factors else f"{c.gpu.name} preset"),
+                    "gpus_per_node": c.gpus_per_node, "nodes": c.nodes, "intra": c.intra.name,
                     "inter": c.inter.name, "intra_bandwidth_Bps": c.intra.bandwidth_Bps,
                     "node_bandwidth_Bps": c.node_bandwidth_Bps, "peak_flops": c.gpu.peak(t.precision),
                     "flops_ref": c.flops_ref(t.precision), "calibrated": bool(c.achieved_flops) or bool(c.notes),
@@ -56,8 +58,9 @@ def render(d: dict[str, Any], console) -> None:
     from rich.table import Table
 
     st, tm, mem, th = d["strategy"], d["time"], d["memory_per_gpu"], d["throughput"]
-    title = (f"{d['model']['name']} on {d['cluster']['nodes']}x{d['cluster']['gpus_per_node']} "
-             f"{d['cluster']['gpu']} ({d['cluster']['intra']} / {d['cluster']['inter']})")
+    cl = d["cluster"]  # compute measured on this host's workers: the GPU preset then only sets memory limits
+    who = cl["gpu"] if cl["compute_from"].endswith("preset") else f"{cl['compute_from']}; memory of {cl['gpu']}"
+    title = f"{d['model']['name']} on {cl['nodes']}x{cl['gpus_per_node']} {who} ({cl['intra']} / {cl['inter']})"
     tab = Table(title=title, show_header=True, header_style="bold")
     tab.add_column("quantity")
     tab.add_column("value", justify="right")

@@ -127,6 +127,9 @@ def test_plan_cli_uses_the_measured_model(tmp_path):
     cal.write_text(json.dumps(cal_doc(model_entry(name="resnet18", flops_per_sample=flops))))
     r = CliRunner().invoke(app, ["plan", "--config", str(sp), "--calibration", str(cal), "--json"])
     assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["cluster"]["compute_from"] == "cpu workers, measured (resnet18)"
+    table = CliRunner().invoke(app, ["plan", "--config", str(sp), "--calibration", str(cal)], env={"COLUMNS": "200"})
+    assert "cpu workers, measured (resnet18); memory of a100-80gb" in table.output  # not "an A100" in the title
     tm = json.loads(r.output)["time"]
     assert tm["host_core_slowdown"] == pytest.approx(4 * spec.launch.threads_per_worker / 2)
     assert tm["compute_s"] == pytest.approx(32 * flops / 4e9 * tm["host_core_slowdown"] * tm["host_straggler_factor"])
