@@ -5,12 +5,17 @@
     {"rank": 1, "local_rank": 1, "pid": 4242, "ppid": 4200, "host": "vm", "attempt": 0,
      "run_id": "...", "step": 17, "phase": "step", "time": 1764400000.12, "step_time": 1764400000.10}
 
-``time`` is the last beat, ``step_time`` when ``step`` finished (the last progress).
-The file is a fixed-size page the rank keeps memory-mapped: a beat is a JSON text padded
-with spaces and copied into the map (microseconds), where writing a new file and renaming
-it cost 0.4-2 ms, twice a step, on a 2-core machine. The page cache makes the bytes
-visible to readers at once and keeps them when the rank is killed. A reader may catch a
-beat half-copied: it sees invalid JSON and reads again (``read``).
+followed by a line with the CRC-32 of the JSON text (8 hex digits). ``time`` is the last
+beat, ``step_time`` when ``step`` finished (the last progress).
+
+The file is a fixed-size page the rank keeps memory-mapped: a beat is copied into the map
+(microseconds), where writing a new file and renaming it cost 0.4-2 ms, twice a step, on
+a 2-core machine. The page cache makes the bytes visible at once to readers on the same
+host (the agent's watchdog judges only its own workers) and keeps them when the rank is
+killed; on shared storage, other hosts see them when the kernel writes the page back.
+A reader can catch a beat half-copied, and that can still parse as JSON (digits of the
+old text shifted into the new), hence the checksum: ``read`` accepts a page only when it
+matches, and reads again otherwise.
 
 ``phase`` is where the rank was: ``start`` (before the first step), ``sync`` (about to
 run the backward that all-reduces the gradients: the collective it would wait in),
@@ -31,6 +36,7 @@ import os
 import signal
 import socket
 import time
+import zlib
 from pathlib import Path
 
 
@@ -74,22 +80,35 @@ class Heartbeat:
         self.step = step
         text = json.dumps({**self.base, "step": step, "phase": phase, "time": now,
                            "step_time": self.step_time}).encode()
-        self._map[:] = text.ljust(SIZE)
+        self._map[:] = (text + b"\n%08x" % zlib.crc32(text)).ljust(SIZE)
 
 
-def read(path: Path, tries: int = 20) -> dict | None:
-    """One heartbeat file; None when absent or never written (a beat half-copied is read again)."""
-    for _ in range(tries):
+def parse(page: bytes) -> dict | None:
+    """The beat on a page, or None when it is empty or torn (checksum does not match)."""
+    text, _, crc = page.strip(b" \0").rpartition(b"\n")
+    try:
+        if text and len(crc) == 8 and int(crc, 16) == zlib.crc32(text):
+            return json.loads(text)
+    except (ValueError, UnicodeDecodeError):
+        pass
+    return None
+
+
+def read(path: Path, tries: int = 50) -> dict | None:
+    """One heartbeat file; None when absent, never written, or torn on every try (a writer
+    preempted mid-copy on a busy host: the watchdog's next round reads it again)."""
+    for i in range(tries):
         try:
-            text = Path(path).read_bytes().strip(b" \0")
+            page = Path(path).read_bytes()
         except FileNotFoundError:
             return None
-        if not text:
+        if not page.strip(b" \0"):
             return None
-        try:
-            return json.loads(text)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            continue
+        beat = parse(page)
+        if beat is not None:
+            return beat
+        if i >= 5:
+            time.sleep(0.001)  # let a preempted writer finish its copy
     return None
 
 

@@ -3,6 +3,8 @@
 import json
 import subprocess
 import sys
+import time
+import zlib
 
 from tandem.launch import heartbeat as hb
 from tandem.train.elastic.resume import previous_attempt
@@ -40,10 +42,62 @@ def test_a_killed_writer_leaves_its_last_beat(tmp_path):
 
 def test_a_half_written_page_reads_as_nothing(tmp_path):
     path = tmp_path / "rank-0.json"
-    path.write_bytes(b'{"rank": 0, "step": 1' + b" " * 100)
+    text = json.dumps({"rank": 0, "step": 1}).encode()
+    path.write_bytes(text + b"\n%08x" % zlib.crc32(text) + b" " * 100)
+    assert hb.read(path) == {"rank": 0, "step": 1}
+    path.write_bytes(text[:-3] + b"2}" + b"\n%08x" % zlib.crc32(text))  # valid JSON, not what was written
     assert hb.read(path, tries=3) is None
-    path.write_bytes(json.dumps({"rank": 0}).encode() + b"\0" * 10)
-    assert hb.read(path) == {"rank": 0}
+    path.write_bytes(b'{"rank": 0, "st' + b"\0" * 10)
+    assert hb.read(path, tries=3) is None
+
+
+def test_every_torn_copy_is_refused(tmp_path):
+    """A reader copying while the writer copies sees the new page up to some byte and the old
+    one after it. Some of those mixes are valid JSON with wrong values; none may be accepted."""
+    beat = hb.Heartbeat(tmp_path, rank=0, local_rank=0)
+    pages = []
+    for step in (10**15, 7):
+        beat.beat(step, "step")
+        pages.append((tmp_path / "heartbeat" / "rank-0.json").read_bytes())
+    old, new = pages
+    good = [hb.parse(old), hb.parse(new)]
+    mixes = [new[:k] + old[k:] for k in range(len(old))] + [old[:k] + new[k:] for k in range(len(old))]
+    plain = [m.strip(b" \0").rpartition(b"\n")[0] for m in mixes]
+    fooled = [t for t in plain if _loads(t) not in (None, *good)]
+    assert fooled, "no torn copy parses as other valid JSON: this test would prove nothing"
+    assert all(hb.parse(m) in (None, *good) for m in mixes)
+
+
+def _loads(text: bytes):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def test_a_reader_racing_the_writer_never_gets_a_torn_beat(tmp_path):
+    """Beats of alternating lengths (a step of 1 digit, then 16) shift the later fields; a
+    torn copy can still be valid JSON with a wrong time. Every beat read must be one written."""
+    code = ("import sys; from tandem.launch.heartbeat import Heartbeat; h = Heartbeat(sys.argv[1], 0, 0); "
+            "print('up', flush=True)\n"
+            "for i in range(400000): h.beat(1 if i % 2 else 10**15 + i, 'step' if i % 3 else 'sync')")
+    t0 = time.time()
+    w = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    path = tmp_path / "heartbeat" / "rank-0.json"
+    reads = 0
+    try:
+        w.stdout.readline()
+        while w.poll() is None and reads < 30000:
+            b = hb.parse(path.read_bytes())  # one raw try: torn pages must be refused, not mended
+            if b is None:
+                continue
+            reads += 1
+            assert b["step"] == 1 or b["step"] >= 10**15, b
+            assert t0 <= b["step_time"] <= b["time"] <= time.time(), b
+    finally:
+        w.kill()
+        w.wait()
+    assert reads > 1000
 
 
 def test_previous_attempt_takes_the_heartbeat_when_it_is_ahead_of_the_records(monkeypatch):
@@ -55,3 +109,5 @@ def test_previous_attempt_takes_the_heartbeat_when_it_is_ahead_of_the_records(mo
              {"run_id": "other", "attempt": 0, "step": 99, "time": 99.0, "step_time": 99.0}]  # another run
     assert previous_attempt(recs, beats) == {"last_step": 18, "last_time": 111.0, "attempts": 1}
     assert previous_attempt(recs, beats[1:]) == {"last_step": 17, "last_time": 110.0, "attempts": 1}
+    stale = {"run_id": "r1", "attempt": 0, "step": 25, "time": 90.0, "step_time": 90.0}  # before the records
+    assert previous_attempt(recs, [stale]) == {"last_step": 17, "last_time": 110.0, "attempts": 1}

@@ -179,9 +179,10 @@ def previous_attempt(records: list[dict], beats: list[dict] = ()) -> dict | None
     starts = [r for r in records if r["kind"] == "start"]
     last_step = steps[-1]["step"] if steps else starts[-1].get("start_step", 0)
     last_time = steps[-1]["time"] if steps else starts[-1]["time"]
-    for b in beats:
-        if b.get("run_id") == run_id() and b.get("attempt", 0) < attempt() and b["step"] > last_step:
-            last_step, last_time = b["step"], b.get("step_time", b["time"])
+    for b in beats:  # only beats newer than the records: a rank gone since an older attempt keeps its old beat
+        t = b.get("step_time", b["time"])
+        if b.get("run_id") == run_id() and b.get("attempt", 0) < attempt() and b["step"] > last_step and t >= last_time:
+            last_step, last_time = b["step"], t
     return {"last_step": last_step, "last_time": last_time, "attempts": len(starts)}
 
 
