@@ -93,7 +93,8 @@ def predict(spec_path: Path, calibration: Path, workers: int) -> dict:
                                   nodes=1))
     p = evaluate(m, c, t, strategy(v, c, t))
     return {"step_s": p.step_s, "compute_s": p.compute_s, "comm_s": p.exposed_comm_s,
-            "model_flops_per_worker": p.model_flops_per_gpu, "flops_per_sample": m.flops_per_sample,
+            "model_flops_per_worker": p.model_flops_per_gpu, "hw_flops_per_worker": p.hw_flops_per_gpu,
+            "flops_per_sample": m.flops_per_sample,
             "host_factors": p.host_factors}
 
 
@@ -133,7 +134,8 @@ def model_entry(spec: JobSpec, wdir: Path, pred: dict, background: float) -> dic
     step = statistics.median(steady)
     return {"name": spec.model.name, "width": spec.model.width, "precision": spec.precision.dtype,
             "micro_batch": spec.schedule.micro_batch, "flops_per_sample": pred["flops_per_sample"],
-            "step_s": step, "achieved_flops": pred["model_flops_per_worker"] / step,
+            # Executed FLOPs (activation recompute included): the planner divides executed FLOPs by it.
+            "step_s": step, "achieved_flops": pred["hw_flops_per_worker"] / step,
             "threads_per_worker": spec.launch.threads_per_worker, "cores": os.cpu_count() or 1,
             "background_threads": background, "step_samples_s": sorted(steady)}
 

@@ -42,8 +42,10 @@ def test_model_entry_from_a_run(tmp_path):
     steps = [0.5, 0.5] + [0.1, 0.3, 0.2, 0.2, 0.1, 0.4, 0.2, 0.2]  # the first fifth (2 of 10) is warm-up
     (wdir / "metrics.jsonl").write_text("".join(json.dumps({"kind": "step", "step": i + 1, "step_time_s": t,
                                                             "data_time_s": 0.0}) + "\n" for i, t in enumerate(steps)))
-    e = model_entry(spec, wdir, {"flops_per_sample": 12e6, "model_flops_per_worker": 32 * 12e6}, 1.25)
-    assert e["step_s"] == pytest.approx(0.2) and e["achieved_flops"] == pytest.approx(32 * 12e6 / 0.2)
+    # with activation recompute the worker executes more FLOPs than the model's: the rate counts them
+    e = model_entry(spec, wdir, {"flops_per_sample": 12e6, "model_flops_per_worker": 32 * 12e6,
+                                 "hw_flops_per_worker": 32 * 16e6}, 1.25)
+    assert e["step_s"] == pytest.approx(0.2) and e["achieved_flops"] == pytest.approx(32 * 16e6 / 0.2)
     assert e["step_samples_s"] == sorted(steps[2:]) and e["background_threads"] == 1.25
     assert e["threads_per_worker"] == spec.launch.threads_per_worker >= 1 and e["flops_per_sample"] == 12e6
 
