@@ -36,7 +36,8 @@ STACKS_ENV = "TANDEM_HANG_STACKS"  # auto (default), py-spy, faulthandler
 
 
 def socket_path(pid: int) -> Path:
-    return Path(tempfile.gettempdir()) / "tandem-ws" / f"{pid}.sock"
+    # One folder per user, private: another user's workers neither block nor reach ours.
+    return Path(tempfile.gettempdir()) / f"tandem-ws-{os.getuid()}" / f"{pid}.sock"
 
 
 _SERVER = None
@@ -52,7 +53,7 @@ def serve() -> str | None:
     except ImportError as e:
         return f"this torch has no worker server ({e})"
     path = socket_path(os.getpid())
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     _sweep(path.parent)  # sockets of killed workers (SIGKILL runs no atexit), this pid's old one included
     try:
         _SERVER = _WorkerServer(str(path))

@@ -104,8 +104,10 @@ def test_failed_background_write_is_not_published(tmp_path):
     fut = Future()
     ck, p = _pending(tmp_path, 20, fut)
     fut.set_exception(RuntimeError("Connection closed by peer"))
-    with pytest.raises(RuntimeError, match="async checkpoint step-00000020 failed: RuntimeError: Connection closed"):
+    with pytest.raises(CheckpointError, match=r"async save of step-00000020 failed \(RuntimeError: Connection closed"
+                                              r".*'latest' still names the previous checkpoint") as e:
         p.wait()
+    assert e.value.field == "checkpoint.dir" and "free space" in e.value.fix
     assert not (ck / "latest").exists() and not (ck / "step-00000020").exists()
     assert ckpt.clean_partial(ck) == [".tmp-step-00000020"]
 
