@@ -13,14 +13,23 @@ failure's logs survive. k counts this agent's worker starts: torchrun's restart 
 does not move when the group restarts for a node that joined (a membership change is
 not a retry), and those restarts need their own files too. Workers get k as
 TANDEM_AGENT_STARTS (the group agrees on one attempt from it, see elastic/resume.py).
+
+An agent that joins a running job (``TANDEM_JOINING=1``, set by ``tandem train
+--elastic.join true``) counts from 0 while the others are further on, and torchrun may
+give its workers ranks the first nodes had: its files carry ``.join-<host>-<pid>`` so that
+they never overwrite theirs.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs, Std, to_map
+
+
+JOINING_ENV = "TANDEM_JOINING"
 
 
 class RankLogsSpecs(LogsSpecs):
@@ -30,6 +39,8 @@ class RankLogsSpecs(LogsSpecs):
         (self.run_dir / "errors").mkdir(parents=True, exist_ok=True)
         super().__init__(str(self.run_dir / "logs"), redirects=Std.ALL, tee=Std.ALL if tee else Std.NONE)
         self.starts = 0  # worker group starts of this agent so far
+        joining = os.environ.get(JOINING_ENV) == "1"
+        self.agent_tag = f".join-{socket.gethostname()}-{os.getpid()}" if joining else ""
 
     @property
     def root_log_dir(self) -> str:
@@ -43,7 +54,7 @@ class RankLogsSpecs(LogsSpecs):
         for local_rank, env in envs.items():
             rank = env.get("RANK", str(local_rank))
             env["TANDEM_AGENT_STARTS"] = str(attempt)
-            tag = f"rank-{rank}" + (f".restart{attempt}" if attempt else "")
+            tag = f"rank-{rank}{self.agent_tag}" + (f".restart{attempt}" if attempt else "")
             dest.stdouts[local_rank] = str(self.run_dir / "logs" / f"{tag}.log")
             dest.stderrs[local_rank] = str(self.run_dir / "logs" / f"{tag}.err.log")
             err = self.run_dir / "errors" / f"{tag}.json"

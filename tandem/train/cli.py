@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import threading
 from pathlib import Path
 from typing import Optional
@@ -86,6 +87,10 @@ def run_training(spec: JobSpec, console: Console, *, stream: bool = False, label
         (run_dir / "spec.json").write_text(json.dumps(to_dict(spec), indent=1))
         (run_dir / "result.json").unlink(missing_ok=True)
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    if joining:
+        from tandem.launch.logs import JOINING_ENV
+
+        os.environ[JOINING_ENV] = "1"  # this process's agent: log names of their own (launch/logs.py)
     argv = ["-m", "tandem.train.worker", str(run_dir)]
     try:
         if stream:

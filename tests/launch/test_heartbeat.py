@@ -111,3 +111,4 @@ def test_previous_attempt_takes_the_heartbeat_when_it_is_ahead_of_the_records(mo
     assert previous_attempt(recs, beats[1:]) == {"last_step": 17, "last_time": 110.0, "attempts": 1}
     stale = {"run_id": "r1", "attempt": 0, "step": 25, "time": 90.0, "step_time": 90.0}  # before the records
     assert previous_attempt(recs, [stale]) == {"last_step": 17, "last_time": 110.0, "attempts": 1}
+
