@@ -12,6 +12,7 @@ is their geometric mean over all sizes (target: at least 0.95).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import statistics
@@ -71,10 +72,12 @@ def worker(a: argparse.Namespace) -> None:
         # A/A control: the bare loop against itself, in the same rotation. Its ratio is the noise
         # floor: a tandem/bare ratio inside the control's spread is no measurable overhead.
         sides = [run_tandem, lambda: run_bare(bare_t), lambda: run_bare(control_t)]
+        orders = list(itertools.permutations(range(3)))
         for i in range(a.repeats):
-            # Rotate which side goes first so none always follows another's warm caches.
-            for k in range(3):
-                sides[(i + k) % 3]()
+            # Cycle through all six orders: each side goes first, and follows each other side,
+            # equally often (a plain rotation would always run the control right after bare).
+            for k in orders[i % len(orders)]:
+                sides[k]()
         # Average over ranks as nccl-tests does, then the median over repeats.
         both = torch.tensor([tandem_t, bare_t, control_t], dtype=torch.float64)
         dist.all_reduce(both)
