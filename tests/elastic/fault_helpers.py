@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -54,6 +55,17 @@ def wait_for(pred, timeout: float, what: str, interval: float = 0.05):
 
 def heartbeat(run_dir: Path, rank: int) -> dict | None:
     return read_heartbeat(Path(run_dir) / "heartbeat" / f"rank-{rank}.json")
+
+
+def sigkill_at_step(proc: subprocess.Popen, run_dir: Path, victim: int, step: int) -> tuple[dict, dict]:
+    """kill -9 rank ``victim`` once its heartbeat reaches ``step``; the run must still succeed.
+    Returns the victim's last heartbeat and the run's result."""
+    hb = wait_for(lambda: (h := heartbeat(run_dir, victim)) and h["step"] >= step and h,
+                  timeout=180, what=f"rank {victim} to reach step {step}", interval=0.01)
+    os.kill(hb["pid"], signal.SIGKILL)
+    rc, out, err = finish(proc)
+    assert rc == 0, err[-3000:]
+    return hb, json.loads(out)
 
 
 def final_state(ckpt: Path) -> dict:

@@ -1,7 +1,6 @@
 """kill -9 a worker at a random step: the group restarts, resumes, and ends bitwise equal."""
 
 import json
-import os
 import random
 import signal
 
@@ -9,8 +8,8 @@ import pytest
 
 from tandem.train import checkpoint as ckpt
 from tandem.train import manifest
-from elastic.fault_helpers import (assert_bitwise_equal, final_state, finish, heartbeat, records, samples_seen, start_train,
-                      wait_for, write_spec)
+from elastic.fault_helpers import (assert_bitwise_equal, final_state, finish, records, samples_seen, sigkill_at_step,
+                                  start_train, write_spec)
 
 pytestmark = [pytest.mark.slow]
 KEPT = 1438  # digits: 1797 samples, 359 held out; divides by 1 and 2 workers
@@ -36,12 +35,7 @@ def test_sigkill_at_random_step_then_during_save_resumes_bitwise(reference, tmp_
     kill_step, victim = rng.randint(12, 24), rng.randint(0, 1)
     spec = write_spec(tmp_path / "job.toml", tmp_path / "run")
     proc = start_train(spec, "--launch.max_restarts", "2", env={"TANDEM_FAULTS": "sigkill:rank=0:save=30:attempt=1"})
-    hb = wait_for(lambda: (h := heartbeat(tmp_path / "run", victim)) and h["step"] >= kill_step and h,
-                  timeout=180, what=f"rank {victim} to reach step {kill_step}", interval=0.01)
-    os.kill(hb["pid"], signal.SIGKILL)
-    rc, out, err = finish(proc)
-    assert rc == 0, err[-3000:]
-    result = json.loads(out)
+    hb, result = sigkill_at_step(proc, tmp_path / "run", victim, kill_step)
     assert result["step"] == 45 and len(result["restarts"]) == 2
     first, second = result["restarts"]
     assert first["resumed_step"] == (hb["step"] // 10) * 10  # the newest complete checkpoint

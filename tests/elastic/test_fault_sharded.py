@@ -9,6 +9,7 @@ import signal
 import pytest
 
 from elastic.fault_helpers import (assert_bitwise_equal, final_state, finish, heartbeat, records, samples_seen,
+                                   sigkill_at_step,
                                    start_train, wait_for, write_spec)
 from tandem.train import checkpoint as ckpt
 
@@ -31,12 +32,7 @@ def test_zero3_sigkill_at_random_step_resumes_bitwise(zero3_reference, tmp_path)
     kill_step, victim = random.Random(77).randint(6, 13), random.Random(78).randint(0, 1)
     spec = write_spec(tmp_path / "job.toml", tmp_path / "run", max_steps=STEPS, every=5)
     proc = start_train(spec, "--parallel.strategy", "zero3", "--launch.max_restarts", "1")
-    hb = wait_for(lambda: (h := heartbeat(tmp_path / "run", victim)) and h["step"] >= kill_step and h,
-                  timeout=180, what=f"rank {victim} to reach step {kill_step}", interval=0.01)
-    os.kill(hb["pid"], signal.SIGKILL)
-    rc, out, err = finish(proc)
-    assert rc == 0, err[-3000:]
-    result = json.loads(out)
+    hb, result = sigkill_at_step(proc, tmp_path / "run", victim, kill_step)
     assert result["step"] == STEPS and result["parallel"] == zero3_reference["result"]["parallel"]
     (r,) = result["restarts"]
     # the newest checkpoint published at the kill (killed right after a multiple of 5: maybe still saving it)
