@@ -67,11 +67,16 @@ def test_data_position_carries_over_world_sizes():
 def test_fault_spec_parsing_and_attempt_filter(monkeypatch):
     assert faults.parse("sigkill:rank=1:step=7, slow:rank=0:ms=40") == [
         {"kind": "sigkill", "rank": "1", "step": "7"}, {"kind": "slow", "rank": "0", "ms": "40"}]
+    monkeypatch.delenv("TANDEM_ATTEMPT", raising=False)
     monkeypatch.setenv(faults.ENV, "slow:rank=1:ms=40,slow:rank=1:ms=5:attempt=1,slow:rank=1:ms=1:attempts=all")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
     assert faults.slow_ms(1) == 41 and faults.slow_ms(0) == 0
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     assert faults.slow_ms(1) == 6
+    monkeypatch.setenv("TANDEM_ATTEMPT", "0")  # the group agreed on another attempt (a join): that one counts
+    assert faults.slow_ms(1) == 41
+    monkeypatch.delenv(faults.ENV)
+    assert faults.slow_ms(1) == 0
 
 
 def test_restart_report_arithmetic():

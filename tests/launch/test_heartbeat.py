@@ -13,6 +13,7 @@ from tandem.train.elastic.resume import previous_attempt
 def test_beats_rewrite_the_page_in_place_and_a_restart_keeps_the_last_one(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "r1")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    monkeypatch.delenv("TANDEM_ATTEMPT", raising=False)
     beat = hb.Heartbeat(tmp_path, rank=1, local_rank=1)
     path = tmp_path / "heartbeat" / "rank-1.json"
     assert hb.read(path) is None  # created, never written: nothing to report
@@ -103,6 +104,7 @@ def test_a_reader_racing_the_writer_never_gets_a_torn_beat(tmp_path):
 def test_previous_attempt_takes_the_heartbeat_when_it_is_ahead_of_the_records(monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "r1")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    monkeypatch.delenv("TANDEM_ATTEMPT", raising=False)
     recs = [{"kind": "start", "time": 100.0, "start_step": 0}, {"kind": "step", "time": 110.0, "step": 17}]
     beats = [{"run_id": "r1", "attempt": 0, "step": 18, "time": 111.5, "step_time": 111.0},
              {"run_id": "r1", "attempt": 1, "step": 30, "time": 130.0, "step_time": 130.0},  # this attempt
