@@ -52,9 +52,9 @@ class Heartbeat:
         self.dir = Path(run_dir) / "heartbeat"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / f"rank-{rank}.json"
-        # The group's attempt (tandem.train.elastic.resume.agree_attempt, which counts a join too),
-        # else torchrun's restart count.
-        attempt = int(os.environ.get("TANDEM_ATTEMPT", os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+        from tandem.train.elastic.resume import attempt as group_attempt  # worker side only: a join counts too
+
+        attempt = group_attempt()
         self.base = {"rank": rank, "local_rank": local_rank, "pid": os.getpid(), "ppid": os.getppid(),
                      "host": socket.gethostname()[:200], "attempt": attempt,
                      "run_id": os.environ.get("TORCHELASTIC_RUN_ID", "")[:200]}

@@ -44,8 +44,9 @@ def _active() -> list[dict]:
     text = os.environ.get(ENV)
     if not text:  # the usual case, on the step loop's path: nothing to parse
         return []
-    # The group's attempt (resume.agree_attempt, which counts a join too), else torchrun's count.
-    attempt = int(os.environ.get("TANDEM_ATTEMPT", os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+    from tandem.train.elastic.resume import attempt as group_attempt  # a join counts too
+
+    attempt = group_attempt()
     return [f for f in parse(text)
             if f.get("attempts") == "all" or attempt == int(f.get("attempt", 0))]
 
