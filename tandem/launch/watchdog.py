@@ -77,6 +77,12 @@ def first_stopped(beats: list[dict], host: str) -> tuple[dict, str]:
     return b, f"its last heartbeat is the oldest (step {b['step']}, phase {b['phase']})"
 
 
+def _ends_a_line(f: Path) -> bool:
+    with open(f, "rb") as fh:
+        fh.seek(-1, os.SEEK_END)
+        return fh.read(1) == b"\n"
+
+
 class Watchdog(threading.Thread):
     def __init__(self, run_dir: Path, timeout_s: float, node: int = 0, interval: float = 0.5) -> None:
         super().__init__(name="tandem-watchdog", daemon=True)
@@ -187,7 +193,14 @@ class Watchdog(threading.Thread):
                 self._cont(b)
         deadline = time.monotonic() + 3.0
         files = [Path(stacks[b["rank"]]["file"]) for b in group]
-        while time.monotonic() < deadline and not all(f.is_file() and f.stat().st_size for f in files):
+        # faulthandler writes a dump line by line and marks no end: a file is done when it is not
+        # empty, ends a line, and has stopped growing (else the kill that follows cuts it short).
+        seen: dict[Path, int] = {}
+        while time.monotonic() < deadline:
+            sizes = {f: f.stat().st_size if f.is_file() else 0 for f in files}
+            if all(n and n == seen.get(f) and _ends_a_line(f) for f, n in sizes.items()):
+                break
+            seen = sizes
             time.sleep(0.05)  # waiting for the workers' own stack files, with a deadline
 
     @staticmethod
