@@ -232,8 +232,9 @@ class PendingSave:
 
     def _result(self) -> Path:
         if self.error is not None:
-            raise CheckpointError(f"async save of {self.final.name} failed ({type(self.error).__name__}: {self.error}); it was not "
-                                  f"published, and 'latest' still names the previous checkpoint",
+            raise CheckpointError(f"async save of {self.final.name} failed ({type(self.error).__name__}: "
+                                  f"{self.error}); it was not published, and 'latest' still names the "
+                                  f"previous checkpoint",
                                   field="checkpoint.dir", value=str(self.final.parent),
                                   fix="check free space and write permission there, then resume "
                                       "(checkpoint.resume=auto)") from self.error
