@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -61,12 +62,41 @@ def from_child_failed(err, node: int, run_dir: Path) -> list[Failure]:
         if pf.error_file and os.path.isfile(pf.error_file):
             t_ns = os.stat(pf.error_file).st_mtime_ns
         log = run_dir / "logs" / f"rank-{rank}.err.log"
-        if not tb and log.is_file():  # no @record: the tail of stderr is the best we have
-            tb = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-25:])
+        if not tb and log.is_file():  # no @record (a signal, a fatal error): what stderr says
+            fatal, tb = _from_stderr(log.read_text(errors="replace"))
+            if fatal and (not msg or msg == "<NONE>"):
+                msg = fatal
         out.append(Failure(rank=int(rank), local_rank=pf.local_rank, node=node, host=socket.gethostname(),
                            exitcode=pf.exitcode, pid=pf.pid, time_ns=t_ns, message=str(msg or pf.message),
                            traceback=tb, error_file=str(pf.error_file), log_file=str(log)))
     return out
+
+
+def _from_stderr(text: str) -> tuple[str, str]:
+    """(the fatal error line, the stacks) of a rank that died without an error file.
+
+    A crash in native code (SIGSEGV, SIGBUS, abort) is reported by faulthandler, which torch's
+    ``@record`` enables: "Fatal Python error: ...", every thread's stack, then one line listing
+    every extension module loaded (kilobytes, and no help). Keep the first two; otherwise the
+    tail of stderr is the best there is."""
+    lines = text.splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if line.startswith("Fatal Python error:")), None)
+    if start is None:
+        return "", "".join(lines[-25:])
+    block = []
+    for line in lines[start:]:
+        if line.startswith("Extension modules:"):
+            break
+        block.append(line)
+    return lines[start].strip(), "".join(block[:60])
+
+
+def signal_name(exitcode: int) -> str:
+    """torchrun reports a worker killed by signal N as exit code -N."""
+    try:
+        return f"signal {-exitcode} ({signal.Signals(-exitcode).name})"
+    except ValueError:
+        return f"signal {-exitcode}"
 
 
 def write_node_failures(run_dir: Path, node: int, failures: list[Failure]) -> Path:
@@ -97,9 +127,10 @@ def summarize(failures: list[Failure]) -> str:
     first = root_cause(failures)
     if first is None:
         return "workers failed (no failure record found)"
-    how = f"exit code {first.exitcode}" if first.exitcode >= 0 else first.message
+    how = f"exit code {first.exitcode}" if first.exitcode >= 0 else signal_name(first.exitcode)
+    what = first.message.strip().splitlines()[-1] if first.message.strip() else ""
     return (f"rank {first.rank} (node {first.node}, local rank {first.local_rank}, host {first.host}) failed "
-            f"first with {how}: {first.message.strip().splitlines()[-1] if first.message.strip() else ''}; "
+            f"first with {how}{': ' + what if what and what != '<NONE>' else ''}; "
             f"{len(failures)} rank(s) failed in all; log: {first.log_file}")
 
 
@@ -113,9 +144,11 @@ def render(failures: list[Failure], console: Console) -> None:
     ordered = sorted(failures, key=lambda f: (f is not first, f.secondary, f.time_ns))
     for f in ordered:
         mark = "[bold red]root cause[/] " if f is first else ""
-        table.add_row(str(f.rank), str(f.node), str(f.local_rank), str(f.exitcode),
+        exit_ = str(f.exitcode) if f.exitcode >= 0 else signal_name(f.exitcode).split()[-1].strip("()")
+        table.add_row(str(f.rank), str(f.node), str(f.local_rank), exit_,
                       mark + escape((f.message.strip().splitlines() or [""])[-1][:160]))
     console.print(table)
     if first.traceback:
-        console.print(f"[bold]Traceback of rank {first.rank}[/] ({escape(first.error_file)}):", highlight=False)
+        where = first.error_file if os.path.isfile(first.error_file) else first.log_file
+        console.print(f"[bold]Traceback of rank {first.rank}[/] ({escape(where)}):", highlight=False)
         console.print(first.traceback.rstrip(), highlight=False, markup=False)

@@ -35,6 +35,21 @@ def test_failure_summary_names_root_cause(tmp_path):
     assert (tmp_path / "errors" / "rank-2.json").is_file()
 
 
+def test_native_crash_is_named_by_signal_and_fatal_error(tmp_path):
+    """A rank killed by a signal has no error file: the summary names the signal and quotes
+    faulthandler's report (its header and the crashing stack, not the list of loaded modules)."""
+    script = tmp_path / "crash.py"
+    script.write_text("import ctypes, faulthandler, os\nfaulthandler.enable()\n\n\n"
+                      "def crash_here():\n    ctypes.string_at(0)\n\n\n"
+                      "if os.environ['RANK'] == '1':\n    crash_here()\n")
+    r = run_tandem("launch", "--nproc-per-node", "2", "--run-dir", str(tmp_path / "run"), "--quiet", str(script))
+    assert r.returncode == 1
+    err = " ".join(r.stderr.split())
+    assert "rank 1 (node 0, local rank 1" in err
+    assert "failed first with signal 11 (SIGSEGV): Fatal Python error: Segmentation fault" in err
+    assert "crash_here" in r.stderr and "Extension modules" not in r.stderr
+
+
 def test_single_node_user_script_with_args(tmp_path):
     script = tmp_path / "echo.py"
     script.write_text("import os, sys\nprint('args', sys.argv[1:], os.environ['TANDEM_BACKEND'], "
