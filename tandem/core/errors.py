@@ -50,3 +50,11 @@ class WorkerFailure(TandemError):
     """One or more workers exited non-zero; the summary names the root cause."""
 
     exit_code = 1
+
+
+class Stopped(TandemError):
+    """The job was told to stop (SIGTERM, SIGINT): exit as the signal would, 128 + its number."""
+
+    def __init__(self, message: str, *, signum: int, fix: str | None = None):
+        super().__init__(message, fix=fix)
+        self.exit_code = 128 + signum

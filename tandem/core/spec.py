@@ -164,6 +164,12 @@ class ElasticSpec:
                                      "the world and the LR follows it by the linear scaling rule (x new/old "
                                      "global batch, Goyal et al. 2017); the schedule goes on from the same point, "
                                      "counted in samples (max_steps then counts steps of the configured batch).")
+    save_on_term: bool = f(True, "On SIGTERM (torchrun restarting the group for a joining node, a scheduler "
+                                 "preempting the job or draining a node), every rank agrees on one step through "
+                                 "the step's loss all-reduce, saves a checkpoint there and exits: the restart redoes "
+                                 "no step. false: a SIGTERM ends the rank at once, as by default.")
+    term_grace_s: float = f(10.0, "...unless no step is agreed this many seconds after the SIGTERM (a peer is "
+                                  "gone or stuck): then the rank exits without saving (torchrun kills at 30 s).")
     join: bool = f(False, "tandem train on a node that joins an elastic job already running (same run_dir, "
                           "rdzv_endpoint and nnodes MIN:MAX): keep the run's spec.json, metrics and result "
                           "instead of starting a new run; the running nodes restart at the larger world.")

@@ -126,6 +126,10 @@ def validate(spec: JobSpec) -> JobSpec:
                           fix="use e.g. 0.2")
     if spec.optim.lr <= 0:
         raise ConfigError(f"must be positive, got {spec.optim.lr}", field="optim.lr", fix="use e.g. 0.1")
+    if spec.elastic.term_grace_s <= 0:
+        raise ConfigError(f"must be positive, got {spec.elastic.term_grace_s}", field="elastic.term_grace_s",
+                          fix="use e.g. 10 (seconds), below torchrun's 30 s; elastic.save_on_term=false turns "
+                              "the graceful stop off")
 
     mn, mx = parse_nnodes(spec.launch.nnodes)
     if mn != mx and not spec.launch.rdzv_endpoint and not spec.launch.simulate_nodes:

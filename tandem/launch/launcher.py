@@ -16,15 +16,17 @@ import dataclasses
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Callable
 
-from tandem.core.errors import ConfigError, LaunchError, WorkerFailure
+from tandem.core.errors import ConfigError, LaunchError, Stopped, WorkerFailure
 from tandem.core.spec import LaunchSpec
 from tandem.core.validate import parse_nnodes
 from tandem.launch import failures as fl
@@ -102,6 +104,7 @@ def run_agent(opts: LaunchSpec, argv: list[str], run_dir: Path, *, agent_index: 
               run_id: str | None = None, tee: bool = True, nodes_here: int = 1,
               store_hosted: bool = False) -> None:
     """One torchrun elastic agent for this node; returns when its workers succeed."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -127,6 +130,8 @@ def run_agent(opts: LaunchSpec, argv: list[str], run_dir: Path, *, agent_index: 
             f.node = f.rank // opts.nproc_per_node
         fl.write_node_failures(run_dir, agent_index, failures)
         raise WorkerFailure(fl.summarize(failures)) from None
+    except SignalException as e:  # this agent was told to stop: torchrun has SIGTERMed its workers
+        raise stopped(run_dir, e.sigval, time.time() - (time.monotonic() - t0)) from None
     except Exception as e:  # rendezvous/store errors: make them one readable line
         waited = time.monotonic() - t0
         text = f"{type(e).__name__}: {e}".splitlines()[0][:300]
@@ -140,6 +145,25 @@ def run_agent(opts: LaunchSpec, argv: list[str], run_dir: Path, *, agent_index: 
     finally:
         if dog is not None:
             dog.stop()
+
+
+def stopped(run_dir: Path, signum: int, since: float) -> Stopped:
+    """What to tell a user whose job was stopped by a signal: the checkpoint the workers saved
+    on the way out (a tandem train job, elastic.save_on_term), read from the run's metrics."""
+    name = signal.Signals(signum).name
+    saved = None
+    try:
+        from tandem.train import metrics as mt
+
+        saved = next((r for r in reversed(mt.read(run_dir)) if r["kind"] == "stop" and r["time"] >= since), None)
+    except (OSError, ValueError, KeyError):
+        pass
+    if saved and saved.get("checkpoint"):
+        return Stopped(f"stopped by {name}: the workers saved {Path(saved['checkpoint']).name} at step "
+                       f"{saved['step']} on the way out", signum=signum,
+                       fix="run the same command again: it resumes from that checkpoint")
+    return Stopped(f"stopped by {name}", signum=signum,
+                   fix="run the same command again: a tandem train job resumes from its newest checkpoint")
 
 
 def start_watchdog(opts: LaunchSpec, run_dir: Path, node: int):
@@ -213,6 +237,15 @@ def _simulate(opts: LaunchSpec, argv: list[str], run_dir: Path, *, quiet: bool,
                                    "run_id": run_id, "agent_index": i, "nodes_here": k, "tee": not quiet, "store_hosted": True,
                                    "verbose": verbose}))
         procs.append(subprocess.Popen([sys.executable, "-m", "tandem.launch.node", str(cfg)]))
+    t0, told = time.time(), []
+
+    def forward(signum, frame):  # each node's agent stops its workers (they checkpoint), then exits
+        told.append(signum)
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+    main = threading.current_thread() is threading.main_thread()  # only there may handlers be set
+    previous = signal.signal(signal.SIGTERM, forward) if main else None
     try:
         while any(p.poll() is None for p in procs):
             if on_poll:
@@ -222,7 +255,12 @@ def _simulate(opts: LaunchSpec, argv: list[str], run_dir: Path, *, quiet: bool,
         for p in procs:
             p.terminate()
         raise
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
     codes = [p.returncode for p in procs]
+    if told:
+        raise stopped(run_dir, told[0], t0)
     del store
     if on_poll:
         on_poll()

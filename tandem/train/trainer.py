@@ -218,7 +218,8 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
             optim.zero_grad(set_to_none=True)
             par.after_step()  # local SGD: average the models every H steps
             scored = loss_sum if par.has_last and par.coords["tp"] == 0 else 0.0  # one copy per replica
-            loss_all = rt.PendingSum([scored], ctx)  # the step's loss over all replicas, read next step
+            # the step's loss over all replicas, read next step; with it, how many ranks got a SIGTERM
+            loss_all = rt.PendingSum([scored, el.stop.flag], ctx)
             lr = sched.get_last_lr()[0]
             sched.step()
             step += 1
@@ -226,14 +227,22 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
             dt = time.perf_counter() - t0
             rate = n_step * dp_world / dt
             rates.append(rate)
-            records.add(loss_all, step=step, epoch=epoch, lr=lr, samples_per_s=rate, step_time_s=dt,
-                        data_time_s=data_time, time=time.time())
+            stop_flag = records.add(loss_all, step=step, epoch=epoch, lr=lr, samples_per_s=rate, step_time_s=dt,
+                                    data_time_s=data_time, time=time.time())  # the previous step's sum
             el.on_step(step, epoch, dt, data_time, time.perf_counter() - t0 - (t_sync - t0))
             every = spec.checkpoint.every_steps
+            saved = False
             if (every and step % every == 0) or (step == total and spec.checkpoint.at_end):
-                records.flush()
+                stop_flag += records.flush()
                 last_saved = _save(ckdir, step, epoch, consumed, ddp, optim, sched, ctx, spec, signature,
                                    metrics, el) or last_saved
+                saved = True
+            if step < total and el.stop_here(stop_flag, step, saved):  # SIGTERM: every rank stops at this step
+                records.flush()
+                if not saved:
+                    last_saved = _save(ckdir, step, epoch, consumed, ddp, optim, sched, ctx, spec, signature,
+                                       metrics, el) or last_saved
+                raise el.stopped(step, last_saved)
         records.flush()
         if consumed >= epoch_len:
             if held is not None and par.schedule is None:  # pp: no held-out pass (stages hold slices)
@@ -263,20 +272,24 @@ class _StepRecords:
         self.metrics, self.log, self.every, self.total, self.dp_world = metrics, log, every, total, dp_world
         self.pending = None
 
-    def add(self, loss: rt.PendingSum, **rec) -> None:
-        self.flush()
+    def add(self, loss: rt.PendingSum, **rec) -> float:
+        """Queue this step's record; returns the previous step's other sums (the stop flag)."""
+        flag = self.flush()
         self.pending = (loss, rec)
+        return flag
 
-    def flush(self) -> None:
+    def flush(self) -> float:
         if self.pending is None:
-            return
+            return 0.0
         (loss, r), self.pending = self.pending, None
-        r = {"step": r.pop("step"), "epoch": r.pop("epoch"), "loss": loss.result()[0] / self.dp_world, **r}
+        total, flag = loss.result()
+        r = {"step": r.pop("step"), "epoch": r.pop("epoch"), "loss": total / self.dp_world, **r}
         self.metrics.write("step", **r)
         if r["step"] % self.every == 0 or r["step"] == self.total:
             self.log(f"step {r['step']}/{self.total} epoch {r['epoch']} loss {r['loss']:.4f} lr {r['lr']:.4g} "
                      f"{r['samples_per_s']:.0f} samples/s step {r['step_time_s'] * 1e3:.1f} ms "
                      f"(data {r['data_time_s'] * 1e3:.1f} ms)", flush=True)
+        return flag
 
 
 def _save(ckdir, step, epoch, consumed, ddp, optim, sched, ctx, spec, signature, metrics, el):

@@ -39,6 +39,7 @@ def test_yaml_and_defaults(tmp_path):
     (["--launch.device", "cpu", "--model.sync_bn", "true"], "model.sync_bn", "SyncBatchNorm"),
     (["--launch.nnodes", "1:4", "--launch.simulate_nodes", "0"], "launch.rdzv_endpoint", "c10d"),
     (["--optim"], "optim", "missing value"),
+    (["--elastic.term_grace_s", "0"], "elastic.term_grace_s", "elastic.save_on_term=false"),
 ])
 def test_bad_input_names_field_and_fix(args, field, words):
     with pytest.raises(ConfigError) as e:

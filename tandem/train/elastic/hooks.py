@@ -5,6 +5,7 @@
     el.before_sync(step)                                   # heartbeat: about to enter the gradient all-reduce
     el.on_step(step, epoch, dt, data_s, sync_s)            # heartbeat, stragglers, async save record, restart report
     path = el.save(ckdir, step, model, optim, meta)        # sync or async (checkpoint.async_save)
+    if el.stop_here(flag_sum, step, saved): save; raise el.stopped(step, path)   # SIGTERM: agreed stop (stop.py)
     el.finish() / el.summary()                             # wait for the last async save; restarts for result.json
 """
 
@@ -23,6 +24,7 @@ from tandem.train.elastic import faults
 from tandem.train.elastic import resume as rs
 from tandem.launch import hangdump
 from tandem.launch.heartbeat import Heartbeat, read_all
+from tandem.train.elastic.stop import Stopped, StopRequest
 from tandem.train.elastic.straggler import StragglerMonitor
 
 TRACE_ENV = "TANDEM_TRACE_SAMPLES"
@@ -57,6 +59,8 @@ class ElasticHooks:
             if why:
                 log(f"hang dumps will lack the flight recorder: {why}", flush=True)
         el = getattr(spec, "elastic", None)
+        self.stop = StopRequest(getattr(el, "save_on_term", False) and dist.is_initialized(),
+                                getattr(el, "term_grace_s", 10.0))
         self.straggler = StragglerMonitor(ctx, metrics, log, getattr(el, "straggler_every", 0),
                                           getattr(el, "straggler_ratio", 1.5), getattr(el, "straggler_min_ms", 10.0))
         self.before = mt.read(self.run_dir) if ctx.is_main else []
@@ -148,9 +152,33 @@ class ElasticHooks:
                  flush=True)
         self.last_published = path
 
+    def stop_here(self, flag_sum: float, step: int, saved: bool) -> bool:
+        """After a step whose summed SIGTERM flag is ``flag_sum`` (the same on every rank): when
+        some rank was told to stop, log it; the trainer then saves (unless ``saved``) and calls
+        ``stopped``."""
+        if not self.stop.agreed(flag_sum):
+            return False
+        self.hb.beat(step, "save")
+        if self.ctx.is_main:
+            self.log(f"SIGTERM on {int(flag_sum)} rank(s): the group stops after step {step}"
+                     f"{'' if saved else ', with a checkpoint there'}", flush=True)
+        return True
+
+    def stopped(self, step: int, path: Path | None) -> Stopped:
+        """The exception that ends every rank once the stop checkpoint is published."""
+        path = self.finish() or path
+        waited = time.time() - self.stop.signal_time if self.stop.signal_time else 0.0
+        self.metrics.write("stop", step=step, checkpoint=str(path) if path else None, after_signal_s=waited)
+        if self.ctx.is_main:
+            self.log(f"stopped at step {step}: checkpoint {Path(path).name if path else '(none)'} "
+                     f"{waited:.1f} s after the SIGTERM", flush=True)
+        return Stopped(f"stopped on SIGTERM at step {step}: checkpoint {path} saved, to resume from without "
+                       f"redoing a step")
+
     def finish(self) -> Path | None:
         """Wait for an async save in flight; its folder, if there was one."""
         self.pause("done")
+        self.stop.close()
         if self.pending is None:
             return None
         self._published(self.pending.wait())

@@ -1,0 +1,111 @@
+"""SIGTERM (a join, a preemption, a drained node): the group agrees on a step, checkpoints
+there and exits; the restart resumes from that step and redoes none."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tandem.train import checkpoint as ckpt
+from tandem.train.elastic.stop import EXIT_CODE
+from elastic.fault_helpers import (assert_bitwise_equal, final_state, finish, heartbeat, records, samples_seen,
+                                   start_train, wait_for, write_spec)
+from tandem_testing import ROOT
+
+pytestmark = [pytest.mark.slow]
+
+
+def test_sigterm_to_one_rank_checkpoints_at_an_agreed_step_and_redoes_nothing(reference, tmp_path):
+    rng = random.Random(7)
+    term_step, victim = rng.randint(12, 24), rng.randint(0, 1)
+    run = tmp_path / "run"
+    spec = write_spec(tmp_path / "job.toml", run)
+    proc = start_train(spec, "--launch.max_restarts", "1")
+    hb = wait_for(lambda: (h := heartbeat(run, victim)) and h["step"] >= term_step and h,
+                  timeout=180, what=f"rank {victim} to reach step {term_step}", interval=0.01)
+    t_term = time.time()
+    os.kill(hb["pid"], signal.SIGTERM)
+    rc, out, err = finish(proc)
+    assert rc == 0, err[-3000:]
+    result = json.loads(out)
+    stop = records(run, "stop")
+    assert len(stop) == 1, stop
+    s = stop[0]["step"]
+    # the flag rides on the step's loss all-reduce, read one step later: every rank stops together
+    assert hb["step"] <= s <= hb["step"] + 3, (hb["step"], s)
+    assert stop[0]["after_signal_s"] < 10 and stop[0]["time"] - t_term < 10
+    assert stop[0]["checkpoint"].endswith(f"step-{s:08d}")
+    (restart,) = result["restarts"]
+    assert (restart["resumed_step"], restart["last_step_before"], restart["steps_redone"]) == (s, s, 0)
+    assert s in [r["step"] for r in records(run, "ckpt")]  # saved (keep_last=3 prunes it later)
+    assert ckpt.list_complete(run / "checkpoints")[-1].name == "step-00000045"
+    # the stopped rank says why it ended, in its error file and the failure summary's terms
+    errs = [json.loads(p.read_text())["message"]["message"] for p in (run / "errors").glob("rank-*.json")]
+    assert errs and all(f"Stopped: stopped on SIGTERM at step {s}" in m for m in errs), errs
+    assert_bitwise_equal(final_state(result["checkpoint"]), reference["state"])
+    assert samples_seen(run) == reference["samples"]
+    print(f"\nSIGTERM at step {hb['step']} (rank {victim}): stopped at step {s}, "
+          f"{stop[0]['after_signal_s']:.2f} s after the signal; restart {restart}")
+
+
+def _stop_child(body: str, grace: float = 1.0) -> subprocess.Popen:
+    code = ("import os, signal, threading, time\n"
+            "from tandem.train.elastic.stop import StopRequest\n"
+            f"stop = StopRequest(True, grace_s={grace})\n"
+            "print('ready', flush=True)\n" + body)
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=ROOT)
+
+
+def test_a_rank_that_cannot_reach_an_agreed_step_exits_after_the_grace():
+    """A peer gone or stuck: the all-reduce carrying the flag never returns. The rank must not
+    hold torchrun's restart for its 30 s: it exits as SIGTERM would, after term_grace_s."""
+    child = _stop_child("threading.Event().wait()\n")  # blocked, as in a collective
+    assert child.stdout.readline() == "ready\n"
+    t0 = time.monotonic()
+    child.send_signal(signal.SIGTERM)
+    out, err = child.communicate(timeout=30)
+    assert child.returncode == EXIT_CODE == 143
+    assert 0.9 <= time.monotonic() - t0 < 10
+    assert "no step agreed with the other ranks within 1 s" in err
+
+
+def test_an_agreed_stop_disarms_the_grace_timer():
+    child = _stop_child("while not stop.flag:\n    time.sleep(0.01)\n"
+                        "assert stop.agreed(stop.flag)\n"
+                        "time.sleep(2)\n"  # a long save: the timer must not end it
+                        "print('saved', flush=True)\n", grace=0.5)
+    assert child.stdout.readline() == "ready\n"
+    child.send_signal(signal.SIGTERM)
+    out, err = child.communicate(timeout=30)
+    assert child.returncode == 0, err
+    assert out == "saved\n"
+
+
+def test_sigterm_to_the_job_stops_it_with_a_checkpoint_and_the_rerun_ends_bitwise(reference, tmp_path):
+    """A scheduler preempting the job signals `tandem train` itself (here with 2 simulated
+    nodes, whose agents it forwards the signal to): exit 143 naming the checkpoint saved on the
+    way out; the same command again resumes there and ends as the uninterrupted run."""
+    run = tmp_path / "run"
+    spec = write_spec(tmp_path / "job.toml", run, nproc=1)
+    nodes = ("--launch.simulate_nodes", "2")
+    proc = start_train(spec, *nodes)
+    wait_for(lambda: (h := heartbeat(run, 0)) and h["step"] >= 13, timeout=180, what="step 13", interval=0.01)
+    proc.send_signal(signal.SIGTERM)
+    rc, out, err = finish(proc)
+    assert rc == 143, err[-3000:]
+    (stop,) = records(run, "stop")
+    s = stop["step"]
+    msg = " ".join(err.split())
+    assert f"error: stopped by SIGTERM: the workers saved step-{s:08d} at step {s} on the way out" in msg
+    assert msg.count("error: stopped by SIGTERM") == 1  # the node agents leave the report to the parent
+    rc, out, err = finish(start_train(spec, *nodes))
+    assert rc == 0, err[-3000:]
+    result = json.loads(out)
+    assert records(run, "start")[-1]["start_step"] == s and result["step"] == 45
+    assert_bitwise_equal(final_state(result["checkpoint"]), reference["state"])
