@@ -16,6 +16,7 @@ import os
 import time
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
 from tandem.train import checkpoint as ckpt
@@ -167,7 +168,12 @@ class ElasticHooks:
     def stopped(self, step: int, path: Path | None) -> Stopped:
         """The exception that ends every rank once the stop checkpoint is published."""
         path = self.finish() or path
-        waited = time.time() - self.stop.signal_time if self.stop.signal_time else 0.0
+        first = self.stop.signal_time or float("inf")
+        if dist.is_initialized():  # the first signal, wherever it landed (rank 0 may not have had one)
+            t = torch.tensor([first], dtype=torch.float64, device=self.ctx.device)
+            dist.all_reduce(t, op=dist.ReduceOp.MIN)
+            first = float(t)
+        waited = time.time() - first
         self.metrics.write("stop", step=step, checkpoint=str(path) if path else None, after_signal_s=waited)
         if self.ctx.is_main:
             self.log(f"stopped at step {step}: checkpoint {Path(path).name if path else '(none)'} "
