@@ -28,26 +28,35 @@ def test_reference_run_sees_every_sample_once_and_no_straggler(reference):
     assert records(reference["run"], "straggler") == []  # balanced run: no false alarm
 
 
-def test_sigkill_at_random_step_then_during_save_resumes_bitwise(reference, tmp_path):
+def test_sigkill_at_random_step_then_during_save_then_sigterm_resumes_bitwise(reference, tmp_path):
     """Attempt 0: kill -9 from outside at a random step. Attempt 1: rank 0 dies inside the
-    save of step 30 (shards written, not published). Attempt 2 finishes the epoch."""
+    save of step 30 (shards written, not published). Attempt 2: rank 1 is told to stop
+    (SIGTERM) after step 35; the group agrees on a step, checkpoints there and exits
+    (elastic.save_on_term). Attempt 3 resumes there, redoing no step, and finishes the epoch."""
     rng = random.Random(1234)
     kill_step, victim = rng.randint(12, 24), rng.randint(0, 1)
     spec = write_spec(tmp_path / "job.toml", tmp_path / "run")
-    proc = start_train(spec, "--launch.max_restarts", "2", env={"TANDEM_FAULTS": "sigkill:rank=0:save=30:attempt=1"})
+    faults = "sigkill:rank=0:save=30:attempt=1,sigterm:rank=1:step=35:attempt=2"
+    proc = start_train(spec, "--launch.max_restarts", "3", env={"TANDEM_FAULTS": faults})
     hb, result = sigkill_at_step(proc, tmp_path / "run", victim, kill_step)
-    assert result["step"] == 45 and len(result["restarts"]) == 2
-    first, second = result["restarts"]
+    assert result["step"] == 45 and len(result["restarts"]) == 3
+    first, second, third = result["restarts"]
     assert first["resumed_step"] == (hb["step"] // 10) * 10  # the newest complete checkpoint
     assert first["steps_redone"] >= hb["step"] - first["resumed_step"]
     assert second["resumed_step"] == 20 and second["last_step_before"] == 30  # step 30 never published
-    assert all(r["lost_s"] < 60 for r in result["restarts"]), result["restarts"]  # back within a minute
     run = tmp_path / "run"
+    (stop,) = records(run, "stop")  # the flag rides on the step's loss all-reduce, read a step later
+    assert 35 <= stop["step"] <= 37 and stop["after_signal_s"] < 10
+    assert (third["resumed_step"], third["last_step_before"], third["steps_redone"]) == (stop["step"],) * 2 + (0,)
+    assert all(r["lost_s"] < 60 for r in result["restarts"]), result["restarts"]  # back within a minute
     assert records(run, "ckpt_cleaned")[0]["folders"] == [".tmp-step-00000030"]
     ck = run / "checkpoints"
     assert not list(ck.glob(".tmp-*"))
-    assert [p.name for p in ckpt.list_complete(ck)] == ["step-00000030", "step-00000040", "step-00000045"]
+    assert [p.name for p in ckpt.list_complete(ck)] == [f"step-{stop['step']:08d}", "step-00000040", "step-00000045"]
     assert all(manifest.problem(p) is None for p in ckpt.list_complete(ck))
+    # a stopped rank says why it ended, in its error file (the failure summary's source)
+    errs = [json.loads(p.read_text())["message"]["message"] for p in (run / "errors").glob("rank-*.json")]
+    assert any(f"Stopped: stopped on SIGTERM at step {stop['step']}" in m for m in errs), errs
     assert_bitwise_equal(final_state(result["checkpoint"]), reference["state"])
     _check_every_sample_once(samples_seen(run), reference["samples"])
     log = (run / "logs" / "rank-0.restart1.log").read_text()

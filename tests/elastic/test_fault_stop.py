@@ -1,9 +1,8 @@
 """SIGTERM (a join, a preemption, a drained node): the group agrees on a step, checkpoints
-there and exits; the restart resumes from that step and redoes none."""
+there and exits; the restart resumes from that step and redoes none. SIGTERM to one rank
+inside a restarting run: test_fault_restart.py; torchrun's SIGTERM for a join: test_fault_join.py."""
 
 import json
-import os
-import random
 import signal
 import subprocess
 import sys
@@ -11,46 +10,12 @@ import time
 
 import pytest
 
-from tandem.train import checkpoint as ckpt
 from tandem.train.elastic.stop import EXIT_CODE
-from elastic.fault_helpers import (assert_bitwise_equal, final_state, finish, heartbeat, records, samples_seen,
-                                   start_train, wait_for, write_spec)
+from elastic.fault_helpers import (assert_bitwise_equal, final_state, finish, heartbeat, records, start_train,
+                                   wait_for, write_spec)
 from tandem_testing import ROOT
 
 pytestmark = [pytest.mark.slow]
-
-
-def test_sigterm_to_one_rank_checkpoints_at_an_agreed_step_and_redoes_nothing(reference, tmp_path):
-    rng = random.Random(11)
-    term_step, victim = rng.randint(12, 24), rng.randint(0, 1)
-    run = tmp_path / "run"
-    spec = write_spec(tmp_path / "job.toml", run)
-    proc = start_train(spec, "--launch.max_restarts", "1")
-    hb = wait_for(lambda: (h := heartbeat(run, victim)) and h["step"] >= term_step and h,
-                  timeout=180, what=f"rank {victim} to reach step {term_step}", interval=0.01)
-    t_term = time.time()
-    os.kill(hb["pid"], signal.SIGTERM)
-    rc, out, err = finish(proc)
-    assert rc == 0, err[-3000:]
-    result = json.loads(out)
-    stop = records(run, "stop")
-    assert len(stop) == 1, stop
-    s = stop[0]["step"]
-    # the flag rides on the step's loss all-reduce, read one step later: every rank stops together
-    assert hb["step"] <= s <= hb["step"] + 3, (hb["step"], s)
-    assert stop[0]["after_signal_s"] < 10 and stop[0]["time"] - t_term < 10
-    assert stop[0]["checkpoint"].endswith(f"step-{s:08d}")
-    (restart,) = result["restarts"]
-    assert (restart["resumed_step"], restart["last_step_before"], restart["steps_redone"]) == (s, s, 0)
-    assert s in [r["step"] for r in records(run, "ckpt")]  # saved (keep_last=3 prunes it later)
-    assert ckpt.list_complete(run / "checkpoints")[-1].name == "step-00000045"
-    # the stopped rank says why it ended, in its error file and the failure summary's terms
-    errs = [json.loads(p.read_text())["message"]["message"] for p in (run / "errors").glob("rank-*.json")]
-    assert errs and all(f"Stopped: stopped on SIGTERM at step {s}" in m for m in errs), errs
-    assert_bitwise_equal(final_state(result["checkpoint"]), reference["state"])
-    assert samples_seen(run) == reference["samples"]
-    print(f"\nSIGTERM at step {hb['step']} (rank {victim}): stopped at step {s}, "
-          f"{stop[0]['after_signal_s']:.2f} s after the signal; restart {restart}")
 
 
 def _stop_child(body: str, grace: float = 1.0) -> subprocess.Popen:

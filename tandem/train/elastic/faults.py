@@ -11,6 +11,8 @@
     hang:rank=1:step=5             rank 1 sleeps (running, out of any collective) after step 5;
                                    its peers wait for it inside the next collective
     exit:rank=1:step=3:code=3      rank 1 exits with code 3 after step 3
+    sigterm:rank=1:step=35         rank 1 is told to stop after step 35, as torchrun or a scheduler
+                                   would tell it (elastic.save_on_term: the group stops at a step)
     slow:rank=1:ms=40              rank 1 waits 40 ms on every batch it loads (a slow data path)
 
 A fault fires on the first attempt only; add ``:attempt=2`` to fire on that restart only,
@@ -63,6 +65,8 @@ def point(where: str, *, step: int, rank: int) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         elif kind == "sigstop":
             os.kill(os.getpid(), signal.SIGSTOP)
+        elif kind == "sigterm":
+            os.kill(os.getpid(), signal.SIGTERM)
         elif kind == "hang":
             time.sleep(float(f.get("s", 3600)))
         elif kind == "exit":
