@@ -1,4 +1,5 @@
 from tandem.cli import main
+from tandem.core.fastexit import run_and_exit
 
 if __name__ == "__main__":
-    main()
+    run_and_exit(main)

@@ -66,3 +66,10 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def entry() -> None:
+    """The ``tandem`` command: main(), then leave without the interpreter's teardown (fastexit.py)."""
+    from tandem.core.fastexit import run_and_exit
+
+    run_and_exit(main)

@@ -1,5 +1,6 @@
 """Fixtures shared by the tests (helpers live in tandem_testing.py)."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -20,3 +21,11 @@ def tiny_spec(tmp_path):
         return p
 
     return make
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _data_cache(tmp_path_factory):
+    """One data cache for the session (inherited by every worker process), not the user's."""
+    os.environ["TANDEM_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
+    yield
+    os.environ.pop("TANDEM_CACHE_DIR", None)

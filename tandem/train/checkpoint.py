@@ -30,9 +30,7 @@ import time
 from pathlib import Path
 
 import torch
-import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from tandem.core.errors import CheckpointError
 from tandem.train import manifest
@@ -40,7 +38,15 @@ from tandem.train.runtime import DistContext, barrier, rng_state, set_rng_state,
 
 # Optimizer state keyed per parameter name ("state.<fqn>.exp_avg", "param_groups.<fqn>.lr"): every
 # layout (ddp, zero1..3, tp, pp) writes and reads the same keys, so checkpoints reshard across them.
-_OPTS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+def _dcp():
+    """torch.distributed.checkpoint, imported on first use: 1.2 s that the launcher's checks
+    (read_meta, latest, check_compatible) do not need."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+    return dcp, StateDictOptions(flatten_optimizer_state_dict=True), get_state_dict, set_state_dict
 
 
 def _optim(optim):
@@ -137,7 +143,8 @@ def save(ckpt_dir: Path, step: int, model: nn.Module, optim: torch.optim.Optimiz
         tmp.mkdir(parents=True)
     barrier()
     sync_buffers(model, ctx)  # else DCP keeps one rank's BatchNorm stats, not necessarily rank 0's
-    model_sd, optim_sd = get_state_dict(model, _optim(optim), options=_OPTS)
+    dcp, opts, get_state_dict, _ = _dcp()
+    model_sd, optim_sd = get_state_dict(model, _optim(optim), options=opts)
     if async_pg is not None:
         torch.save(rng_state(), tmp / f"rng-rank{ctx.rank}.pt")
         fut = dcp.async_save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp), process_group=async_pg)
@@ -244,11 +251,12 @@ class PendingSave:
 def load(path: Path, model: nn.Module, optim: torch.optim.Optimizer, ctx: DistContext) -> dict:
     """Collective: restore model and optimizer (any world size), and RNG when the world matches."""
     meta = read_meta(path)
-    model_sd, optim_sd = get_state_dict(model, _optim(optim), options=_OPTS)
+    dcp, opts, get_state_dict, set_state_dict = _dcp()
+    model_sd, optim_sd = get_state_dict(model, _optim(optim), options=opts)
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=str(path))
     set_state_dict(model, _optim(optim), model_state_dict=state["model"], optim_state_dict=state["optim"],
-                   options=_OPTS)
+                   options=opts)
     rng = Path(path) / f"rng-rank{ctx.rank}.pt"
     if meta.get("world_size") == ctx.world and rng.is_file():
         set_rng_state(torch.load(rng, weights_only=False))

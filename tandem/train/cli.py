@@ -12,7 +12,6 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -42,7 +41,7 @@ def preflight(spec: JobSpec, run_dir: Path) -> None:
 
     from tandem.models import build_model, model_signature
     from tandem.train import checkpoint as ckpt
-    from tandem.train.trainer import resume_path
+    from tandem.train.elastic.resume import resume_path
 
     device, _ = resolve_device(spec.launch)
     validate(dataclasses.replace(spec, launch=dataclasses.replace(spec.launch, device=device)))

@@ -11,6 +11,7 @@ to each other. Three sources:
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,7 @@ from tandem.core.errors import DataError
 from tandem.core.spec import DataSpec
 
 DIGITS_CLASSES = 10
+DIGITS_SAMPLES = 1797  # load_digits()
 
 
 def load_datasets(spec: DataSpec, seed: int, num_classes: int,
@@ -63,22 +65,55 @@ def _pack(x: torch.Tensor, y: torch.Tensor, held) -> tuple[Dataset, Dataset | No
     return train, TensorDataset(held[0].float().contiguous(), held[1].long().contiguous())
 
 
-def _digits(spec: DataSpec, seed: int, num_classes: int, in_channels: int):
+def cache_dir() -> Path:
+    """Where derived data is kept between runs: ``TANDEM_CACHE_DIR``, else ``$XDG_CACHE_HOME/tandem``
+    (``~/.cache/tandem``)."""
+    if os.environ.get("TANDEM_CACHE_DIR"):
+        return Path(os.environ["TANDEM_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tandem"
+
+
+def _digits_split(k: int, seed: int) -> tuple[np.ndarray, ...]:
+    """(x_train, y_train, x_held, y_held) of digits, stratified, from a cache when one exists.
+
+    Importing scikit-learn costs every worker ~1.8 s of CPU at every (re)start, more than
+    the rest of a small job's data path; the split is a pure function of (k, seed, the
+    scikit-learn release), so one run computes it and the next ones read 0.5 MB of arrays."""
+    from importlib.metadata import version
+
+    path = cache_dir() / f"digits-sklearn{version('scikit-learn')}-held{k}-seed{seed}.npz"
+    try:
+        with np.load(path) as z:
+            return tuple(z[n] for n in ("x_tr", "y_tr", "x_ho", "y_ho"))
+    except Exception:  # absent, or damaged (a zip error, a missing array): compute it again
+        pass
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
-    if num_classes < DIGITS_CLASSES:
-        raise DataError(f"digits has {DIGITS_CLASSES} classes, the model only {num_classes}",
-                        field="model.num_classes", value=num_classes, fix="set model.num_classes = 10")
     d = load_digits()
     x = d.images.astype(np.float32) / 16.0  # pixel values are 0..16
     y = d.target.astype(np.int64)
-    k = _held_out_count(len(y), spec.held_out)
     if k:
         # Stratified so that every class is in both halves in the same proportion.
         x_tr, x_ho, y_tr, y_ho = train_test_split(x, y, test_size=k, random_state=seed, stratify=y)
     else:
-        x_tr, y_tr, x_ho, y_ho = x, y, None, None
+        x_tr, y_tr, x_ho, y_ho = x, y, x[:0], y[:0]
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp.npz")
+        np.savez(tmp, x_tr=x_tr, y_tr=y_tr, x_ho=x_ho, y_ho=y_ho)
+        os.replace(tmp, path)  # whole or absent: ranks starting together may race to write it
+    except OSError:
+        pass  # a read-only home: no cache, same data
+    return x_tr, y_tr, x_ho, y_ho
+
+
+def _digits(spec: DataSpec, seed: int, num_classes: int, in_channels: int):
+    if num_classes < DIGITS_CLASSES:
+        raise DataError(f"digits has {DIGITS_CLASSES} classes, the model only {num_classes}",
+                        field="model.num_classes", value=num_classes, fix="set model.num_classes = 10")
+    k = _held_out_count(DIGITS_SAMPLES, spec.held_out)
+    x_tr, y_tr, x_ho, y_ho = _digits_split(k, seed)
 
     # Statistics of the train split only: the held-out set must not leak into them.
     mean, std = float(x_tr.mean()), float(x_tr.std())

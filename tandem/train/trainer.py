@@ -22,6 +22,7 @@ from tandem.train import checkpoint as ckpt
 from tandem.train import runtime as rt
 from tandem.train.data import load_datasets
 from tandem.train.elastic import resume as el_resume
+from tandem.train.elastic.resume import checkpoint_dir, resume_path
 from tandem.train.elastic.hooks import ElasticHooks
 from tandem.train.metrics import MetricsWriter
 from tandem.train.parallel import build_optimizer as par_optimizer
@@ -36,22 +37,6 @@ def build_optimizer(spec: JobSpec, model: torch.nn.Module) -> torch.optim.Optimi
         return torch.optim.SGD(model.parameters(), lr=lr, momentum=o.momentum, nesterov=o.nesterov,
                                weight_decay=o.weight_decay)
     return torch.optim.AdamW(model.parameters(), lr=lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
-
-
-def checkpoint_dir(spec: JobSpec, run_dir: Path) -> Path:
-    return Path(spec.checkpoint.dir) if spec.checkpoint.dir else Path(run_dir) / "checkpoints"
-
-
-def resume_path(spec: JobSpec, run_dir: Path) -> Path | None:
-    own = el_resume.own_latest(checkpoint_dir(spec, run_dir))  # a restarted group: this run's newest
-    if own is not None:
-        return own
-    r = spec.checkpoint.resume
-    if r == "none":
-        return None
-    if r == "auto":
-        return ckpt.latest(checkpoint_dir(spec, run_dir))
-    return Path(r)
 
 
 @torch.no_grad()

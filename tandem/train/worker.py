@@ -62,4 +62,6 @@ def main(run_dir: str) -> None:
 main = record(main, error_handler=_AtomicErrorFile())
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    from tandem.core.fastexit import run_and_exit
+
+    run_and_exit(main, sys.argv[1])  # skips ~1.5 s of torch teardown per worker, at every (re)start

@@ -77,6 +77,24 @@ def own_latest(ckpt_dir: Path) -> Path | None:
     return None
 
 
+def checkpoint_dir(spec, run_dir: Path) -> Path:
+    return Path(spec.checkpoint.dir) if spec.checkpoint.dir else Path(run_dir) / "checkpoints"
+
+
+def resume_path(spec, run_dir: Path) -> Path | None:
+    """The checkpoint a (re)started job loads: a restarted group's own newest, else per
+    ``checkpoint.resume`` (auto: the newest complete one in the folder)."""
+    own = own_latest(checkpoint_dir(spec, run_dir))
+    if own is not None:
+        return own
+    r = spec.checkpoint.resume
+    if r == "none":
+        return None
+    if r == "auto":
+        return ckpt.latest(checkpoint_dir(spec, run_dir))
+    return Path(r)
+
+
 def carry_position(meta: dict, world: int, log=print) -> int:
     """Samples this rank has consumed in the checkpoint's epoch, at the current world size."""
     c, old = int(meta.get("consumed", 0)), int(meta.get("world_size", world))
