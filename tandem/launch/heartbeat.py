@@ -27,7 +27,10 @@ run the backward that all-reduces the gradients: the collective it would wait in
 spawned the worker: each agent's watchdog acts only on its own workers.
 
 On SIGUSR1 the rank writes every thread's Python stack (faulthandler) to
-``run_dir/watchdog/stacks-rank-<R>.attempt<k>.txt``.
+``run_dir/watchdog/stacks-rank-<R>.attempt<k>.txt``. On SIGUSR2 its main thread holds still
+for ``HOLD_S`` seconds: the watchdog sends it to a stopped rank before continuing it only to
+read its flight recorder, which would otherwise show the collectives the rank entered in
+the moments after SIGCONT, not where it stopped (then the watchdog kills it).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import json
 import os
 import signal
 import socket
+import threading
 import time
 import zlib
 from pathlib import Path
@@ -47,6 +51,11 @@ def stack_file(run_dir: Path, rank: int, attempt: int) -> Path:
 
 
 SIZE = 1024  # bytes of a heartbeat file: room for any host name and run id
+HOLD_S = 10.0
+
+
+def _hold(signum, frame) -> None:
+    time.sleep(HOLD_S)  # see the module docstring: SIGUSR2 from the watchdog
 
 
 class Heartbeat:
@@ -65,6 +74,8 @@ class Heartbeat:
         self._stacks = open(stacks, "w")
         if hasattr(signal, "SIGUSR1"):
             faulthandler.register(signal.SIGUSR1, file=self._stacks, all_threads=True)
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGUSR2, _hold)
         self.step, self.step_time = 0, time.time()
         # The previous attempt's last beat stays readable until this rank's first beat.
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)

@@ -142,6 +142,10 @@ class Watchdog(threading.Thread):
         self._kill(running)
         for b in stopped:
             ask = hangdump.Request(b["pid"], "fr_trace_json", timeout=3)  # queued while it is stopped
+            try:  # pending until SIGCONT: its main thread holds still while the server answers (heartbeat.py)
+                _signal_main_thread(b["pid"], signal.SIGUSR2)
+            except ProcessLookupError:
+                pass
             self._faulthandler([b] if stacks[b["rank"]]["tool"] == "faulthandler" else [], stacks, True)
             if stacks[b["rank"]]["tool"] != "faulthandler":
                 self._cont(b)
