@@ -52,7 +52,7 @@ class WorkerFailure(TandemError):
     exit_code = 1
 
 
-class Stopped(TandemError):
+class JobStopped(TandemError):
     """The job was told to stop (SIGTERM, SIGINT): exit as the signal would, 128 + its number."""
 
     def __init__(self, message: str, *, signum: int, fix: str | None = None):

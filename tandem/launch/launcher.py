@@ -26,7 +26,7 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-from tandem.core.errors import ConfigError, LaunchError, Stopped, WorkerFailure
+from tandem.core.errors import ConfigError, JobStopped, LaunchError, WorkerFailure
 from tandem.core.spec import LaunchSpec
 from tandem.core.validate import parse_nnodes
 from tandem.launch import failures as fl
@@ -147,7 +147,7 @@ def run_agent(opts: LaunchSpec, argv: list[str], run_dir: Path, *, agent_index: 
             dog.stop()
 
 
-def stopped(run_dir: Path, signum: int, since: float) -> Stopped:
+def stopped(run_dir: Path, signum: int, since: float) -> JobStopped:
     """What to tell a user whose job was stopped by a signal: the checkpoint the workers saved
     on the way out (a tandem train job, elastic.save_on_term), read from the run's metrics."""
     name = signal.Signals(signum).name
@@ -159,10 +159,10 @@ def stopped(run_dir: Path, signum: int, since: float) -> Stopped:
     except (OSError, ValueError, KeyError):
         pass
     if saved and saved.get("checkpoint"):
-        return Stopped(f"stopped by {name}: the workers saved {Path(saved['checkpoint']).name} at step "
+        return JobStopped(f"stopped by {name}: the workers saved {Path(saved['checkpoint']).name} at step "
                        f"{saved['step']} on the way out", signum=signum,
                        fix="run the same command again: it resumes from that checkpoint")
-    return Stopped(f"stopped by {name}", signum=signum,
+    return JobStopped(f"stopped by {name}", signum=signum,
                    fix="run the same command again: a tandem train job resumes from its newest checkpoint")
 
 

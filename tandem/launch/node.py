@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from tandem.core.errors import Stopped, TandemError, WorkerFailure
+from tandem.core.errors import JobStopped, TandemError, WorkerFailure
 from tandem.core.spec import LaunchSpec
 from tandem.launch.launcher import quiet_torch_logs, run_agent
 
@@ -21,7 +21,7 @@ def main(cfg_path: str) -> int:
     try:
         run_agent(LaunchSpec(**cfg["opts"]), cfg["argv"], Path(cfg["run_dir"]), agent_index=cfg["agent_index"],
                   run_id=cfg["run_id"], tee=cfg["tee"], nodes_here=cfg["nodes_here"], store_hosted=cfg["store_hosted"])
-    except (WorkerFailure, Stopped) as e:  # the parent merges every node's failures and reports once
+    except (WorkerFailure, JobStopped) as e:  # the parent merges every node's failures and reports once
         return e.exit_code
     except TandemError as e:
         print(f"[node {cfg['agent_index']}] error: {e}", file=sys.stderr)
