@@ -168,8 +168,9 @@ class ElasticSpec:
                                  "preempting the job or draining a node), every rank agrees on one step through "
                                  "the step's loss all-reduce, saves a checkpoint there and exits: the restart redoes "
                                  "no step. false: a SIGTERM ends the rank at once, as by default.")
-    term_grace_s: float = f(10.0, "...unless no step is agreed this many seconds after the SIGTERM (a peer is "
-                                  "gone or stuck): then the rank exits without saving (torchrun kills at 30 s).")
+    term_grace_s: float = f(10.0, "...unless, after the SIGTERM, no step finishes for this many seconds (saves and "
+                                  "evaluation not counted: a peer is gone or stuck): then the rank exits with code "
+                                  "143 without saving, before torchrun's SIGKILL at 30 s.")
     join: bool = f(False, "tandem train on a node that joins an elastic job already running (same run_dir, "
                           "rdzv_endpoint and nnodes MIN:MAX): keep the run's spec.json, metrics and result "
                           "instead of starting a new run; the running nodes restart at the larger world.")

@@ -48,8 +48,9 @@ class Failure:
         return bool(_PEER_LOSS.search(self.message + self.traceback[-2000:]))
 
 
-def from_child_failed(err, node: int, run_dir: Path) -> list[Failure]:
-    """Failures of one agent's workers, from torch's ChildFailedError."""
+def from_child_failed(err, node: int, run_dir: Path, stderr_of: dict[int, str] | None = None) -> list[Failure]:
+    """Failures of one agent's workers, from torch's ChildFailedError; ``stderr_of``: each rank's
+    stderr file in the failed attempt (RankLogsSpecs), else the first attempt's name."""
     out = []
     for rank, pf in err.failures.items():
         data = pf.error_file_data or {}
@@ -61,7 +62,7 @@ def from_child_failed(err, node: int, run_dir: Path) -> list[Failure]:
         t_ns = pf.timestamp * 1_000_000_000
         if pf.error_file and os.path.isfile(pf.error_file):
             t_ns = os.stat(pf.error_file).st_mtime_ns
-        log = run_dir / "logs" / f"rank-{rank}.err.log"
+        log = Path((stderr_of or {}).get(int(rank)) or run_dir / "logs" / f"rank-{rank}.err.log")
         if not tb and log.is_file():  # no @record (a signal, a fatal error): what stderr says
             fatal, tb = _from_stderr(log.read_text(errors="replace"))
             if fatal and (not msg or msg == "<NONE>"):

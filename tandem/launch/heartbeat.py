@@ -30,7 +30,8 @@ On SIGUSR1 the rank writes every thread's Python stack (faulthandler) to
 ``run_dir/watchdog/stacks-rank-<R>.attempt<k>.txt``. On SIGUSR2 its main thread holds still
 for ``HOLD_S`` seconds: the watchdog sends it to a stopped rank before continuing it only to
 read its flight recorder, which would otherwise show the collectives the rank entered in
-the moments after SIGCONT, not where it stopped (then the watchdog kills it).
+the moments after SIGCONT, not where it stopped (then the watchdog kills it). Best effort:
+a rank stopped inside C++ (a backward) runs on until it is back in Python.
 """
 
 from __future__ import annotations

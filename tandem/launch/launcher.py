@@ -113,9 +113,10 @@ def run_agent(opts: LaunchSpec, argv: list[str], run_dir: Path, *, agent_index: 
     mn, mx = parse_nnodes(opts.nnodes)
     backend, endpoint, rdzv_cfg = _rendezvous(opts, store_hosted)
     _worker_env(opts, run_dir, nodes_here)
+    logs = RankLogsSpecs(run_dir, tee=tee)
     config = LaunchConfig(
         min_nodes=mn, max_nodes=mx, nproc_per_node=opts.nproc_per_node,
-        logs_specs=RankLogsSpecs(run_dir, tee=tee), run_id=run_id or _run_id(opts, mx),
+        logs_specs=logs, run_id=run_id or _run_id(opts, mx),
         rdzv_endpoint=endpoint, rdzv_backend=backend, rdzv_configs=rdzv_cfg,
         max_restarts=opts.max_restarts, monitor_interval=0.1, start_method="spawn",
         log_line_prefix_template="[rank${rank}]:", local_addr="127.0.0.1" if _is_local(opts) else None,
@@ -125,7 +126,7 @@ def run_agent(opts: LaunchSpec, argv: list[str], run_dir: Path, *, agent_index: 
     try:
         elastic_launch(config, entrypoint=sys.executable)(*argv)
     except ChildFailedError as e:
-        failures = fl.from_child_failed(e, node=0, run_dir=run_dir)
+        failures = fl.from_child_failed(e, node=0, run_dir=run_dir, stderr_of=logs.stderr_of)
         for f in failures:
             f.node = f.rank // opts.nproc_per_node
         fl.write_node_failures(run_dir, agent_index, failures)
@@ -155,7 +156,10 @@ def stopped(run_dir: Path, signum: int, since: float) -> JobStopped:
     try:
         from tandem.train import metrics as mt
 
-        saved = next((r for r in reversed(mt.read(run_dir)) if r["kind"] == "stop" and r["time"] >= since), None)
+        recs = [r for r in mt.read(run_dir) if r["time"] >= since]
+        last_start = max((i for i, r in enumerate(recs) if r["kind"] == "start"), default=-1)
+        # the workers' last start only: an earlier attempt's stop (a join) is not this one
+        saved = next((r for r in recs[last_start + 1:] if r["kind"] == "stop"), None)
     except (OSError, ValueError, KeyError):
         pass
     if saved and saved.get("checkpoint"):
@@ -259,7 +263,7 @@ def _simulate(opts: LaunchSpec, argv: list[str], run_dir: Path, *, quiet: bool,
         if main:
             signal.signal(signal.SIGTERM, previous)
     codes = [p.returncode for p in procs]
-    if told:
+    if told and any(codes):  # a signal after every node finished changes nothing
         raise stopped(run_dir, told[0], t0)
     del store
     if on_poll:

@@ -39,6 +39,7 @@ class RankLogsSpecs(LogsSpecs):
         (self.run_dir / "errors").mkdir(parents=True, exist_ok=True)
         super().__init__(str(self.run_dir / "logs"), redirects=Std.ALL, tee=Std.ALL if tee else Std.NONE)
         self.starts = 0  # worker group starts of this agent so far
+        self.stderr_of: dict[int, str] = {}  # global rank -> its stderr file in the latest start
         joining = os.environ.get(JOINING_ENV) == "1"
         self.agent_tag = f".join-{socket.gethostname()}-{os.getpid()}" if joining else ""
 
@@ -57,6 +58,7 @@ class RankLogsSpecs(LogsSpecs):
             tag = f"rank-{rank}{self.agent_tag}" + (f".restart{attempt}" if attempt else "")
             dest.stdouts[local_rank] = str(self.run_dir / "logs" / f"{tag}.log")
             dest.stderrs[local_rank] = str(self.run_dir / "logs" / f"{tag}.err.log")
+            self.stderr_of[int(rank)] = dest.stderrs[local_rank]
             err = self.run_dir / "errors" / f"{tag}.json"
             if err.exists():  # a stale file from an earlier run would be read as this failure
                 os.remove(err)

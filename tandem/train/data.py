@@ -12,6 +12,7 @@ to each other. Three sources:
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 import numpy as np
@@ -81,7 +82,8 @@ def _digits_split(k: int, seed: int) -> tuple[np.ndarray, ...]:
     scikit-learn release), so one run computes it and the next ones read 0.5 MB of arrays."""
     from importlib.metadata import version
 
-    path = cache_dir() / f"digits-sklearn{version('scikit-learn')}-held{k}-seed{seed}.npz"
+    # v1: images / 16 as float32, labels int64, split by train_test_split(stratify=y)
+    path = cache_dir() / f"digits-v1-sklearn{version('scikit-learn')}-held{k}-seed{seed}.npz"
     try:
         with np.load(path) as z:
             return tuple(z[n] for n in ("x_tr", "y_tr", "x_ho", "y_ho"))
@@ -100,7 +102,7 @@ def _digits_split(k: int, seed: int) -> tuple[np.ndarray, ...]:
         x_tr, y_tr, x_ho, y_ho = x, y, x[:0], y[:0]
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp.npz")
+        tmp = path.with_name(f"{path.name}.{socket.gethostname()}-{os.getpid()}.tmp.npz")  # a shared home too
         np.savez(tmp, x_tr=x_tr, y_tr=y_tr, x_ho=x_ho, y_ho=y_ho)
         os.replace(tmp, path)  # whole or absent: ranks starting together may race to write it
     except OSError:

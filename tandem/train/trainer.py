@@ -158,6 +158,7 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
 
     accuracy, rates, t_start, last_saved = None, [], time.perf_counter(), None
     records = _StepRecords(metrics, log, s.log_every, total, dp_world)
+    carry = 0.0  # a SIGTERM flag read when an epoch's records were flushed, for the next step
     ddp.train()
     while step < total:
         sampler.set_epoch(epoch)
@@ -212,8 +213,9 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
             dt = time.perf_counter() - t0
             rate = n_step * dp_world / dt
             rates.append(rate)
-            stop_flag = records.add(loss_all, step=step, epoch=epoch, lr=lr, samples_per_s=rate, step_time_s=dt,
-                                    data_time_s=data_time, time=time.time())  # the previous step's sum
+            stop_flag = carry + records.add(loss_all, step=step, epoch=epoch, lr=lr, samples_per_s=rate,
+                                            step_time_s=dt, data_time_s=data_time, time=time.time())
+            carry = 0.0  # the previous step's sum (and one read at the end of the last epoch)
             el.on_step(step, epoch, dt, data_time, time.perf_counter() - t0 - (t_sync - t0))
             every = spec.checkpoint.every_steps
             saved = False
@@ -228,7 +230,7 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
                     last_saved = _save(ckdir, step, epoch, consumed, ddp, optim, sched, ctx, spec, signature,
                                        metrics, el) or last_saved
                 raise el.stopped(step, last_saved)
-        records.flush()
+        carry = records.flush()
         if consumed >= epoch_len:
             if held is not None and par.schedule is None:  # pp: no held-out pass (stages hold slices)
                 el.pause("eval")  # the hang watchdog judges training steps, not evaluation

@@ -37,7 +37,7 @@ def test_digits_cache_gives_the_same_arrays_and_survives_damage(tmp_path, monkey
     monkeypatch.setenv("TANDEM_CACHE_DIR", str(tmp_path))
     spec = DataSpec(name="digits", held_out=0.2)
     first = load_datasets(spec, seed=5, num_classes=10, in_channels=1)
-    (cached,) = tmp_path.glob("digits-sklearn*-held359-seed5.npz")
+    (cached,) = tmp_path.glob("digits-v1-sklearn*-held359-seed5.npz")
     again = load_datasets(spec, seed=5, num_classes=10, in_channels=1)  # read from the cache
     cached.write_bytes(cached.read_bytes()[:1000])  # cut short, as by a crash mid-write elsewhere
     redone = load_datasets(spec, seed=5, num_classes=10, in_channels=1)

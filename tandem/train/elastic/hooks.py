@@ -100,11 +100,14 @@ class ElasticHooks:
         self.hb.beat(step, "sync")
 
     def pause(self, phase: str) -> None:
-        """Leaving the step loop for a while (eval, done): the watchdog does not judge it."""
+        """Leaving the step loop for a while (eval, done): neither the watchdog nor a SIGTERM's
+        deadline judges it."""
         self.hb.beat(self.hb.step, phase)
+        self.stop.progress(busy=True)
 
     def on_step(self, step: int, epoch: int, dt: float, data_s: float, sync_s: float) -> None:
         self.hb.beat(step, "step")
+        self.stop.progress()
         if self._trace_f:
             self._trace_f.write(json.dumps({"step": step, "epoch": epoch, "idx": self.drawn}) + "\n")
             self._trace_f.flush()
@@ -127,6 +130,7 @@ class ElasticHooks:
     def save(self, ckdir: Path, step: int, model, optim, meta: dict):
         """The published folder (sync), or None while an async save is in flight."""
         self.hb.beat(step, "save")  # before the wait below: a slow previous publish is not a hang
+        self.stop.progress(busy=True)  # a SIGTERM's deadline does not run during a save
         if self.pending is not None:  # one save in flight: DCP's group and the folder rules allow one
             self._published(self.pending.wait())
         t0 = time.perf_counter()

@@ -1,20 +1,25 @@
 """A graceful stop: on SIGTERM, checkpoint at a step every rank agrees on, then exit.
 
 torchrun's agent stops its workers with SIGTERM and kills them 30 s later: when a node joins
-(the group restarts at the larger world), when the agent itself is told to stop (a scheduler
-preempting the job, Kubernetes evicting a pod, Ctrl-C) and when a worker failed. Without a
-handler the worker dies at once and the restart redoes every step since the last periodic
-checkpoint.
+(the group restarts at the larger world), when the agent itself gets SIGTERM (a scheduler
+preempting the job, Kubernetes evicting a pod, ``kill`` on ``tandem train``) and when a
+worker failed. Without a handler the worker dies at once and the restart redoes every step
+since the last periodic checkpoint.
 
-With ``elastic.save_on_term`` (on by default) the handler only raises a flag. The flag rides
+With ``elastic.save_on_term`` (on by default) the signal only raises a flag. The flag rides
 on the step's loss all-reduce (``runtime.PendingSum``, already paid for), so one step later
-every rank reads the same sum at the same step, saves the same checkpoint there and exits,
-and the restart redoes no step. A SIGTERM that reaches one node only (one pod drained) stops
-the whole group at one step just the same.
+every rank reads the same sum at the same step, saves the same checkpoint there and exits
+(the ``Stopped`` exception: exit code 1, its message in the rank's error file), and the
+restart redoes no step. A SIGTERM that reaches one node only (one pod drained) stops the
+whole group at one step just the same.
 
-A rank that cannot reach that step (a peer died or hangs, so the all-reduce never returns)
-must not hold the restart back for torchrun's 30 s: unless the agreed save has begun
-``grace_s`` after the signal, a timer thread ends the process as SIGTERM would have.
+A rank that cannot reach that step (a peer died or hangs, so a collective never returns)
+must not hold the restart back for torchrun's 30 s. Python runs a signal handler only when
+the main thread is back in the interpreter, which a rank blocked in a collective never is;
+so the signal is also caught by a thread of ours through ``signal.set_wakeup_fd`` (written
+by the C-level handler at once, whatever the main thread does). That thread raises the flag
+and, when no step finishes for ``grace_s`` seconds (not counting time in a save or an
+evaluation), ends the process with exit code 143.
 """
 
 from __future__ import annotations
@@ -38,36 +43,96 @@ class StopRequest:
         self.flag = 0.0  # summed over ranks with the step's loss: > 0 means some rank was told to stop
         self.signal_time: float | None = None
         self.grace_s = grace_s
-        self._agreed = threading.Event()
+        self.pid = os.getpid()
+        self._last_progress = time.monotonic()
+        self._done = threading.Event()  # the stop was agreed, or the run is over: no deadline
+        self._lock = threading.Lock()
         self._installed = enabled and threading.current_thread() is threading.main_thread()
+        if not self._installed:
+            return
+        self._previous = signal.signal(signal.SIGTERM, self._on_term)
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        self._wakeup = (r, w)
+        self._old_wakeup = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        threading.Thread(target=self._watch, args=(r,), name="tandem-stop-watch", daemon=True).start()
+        os.register_at_fork(after_in_child=self._in_child)
+
+    def _in_child(self) -> None:
+        # A forked DataLoader worker: not a rank. Default SIGTERM, and no writes into our pipe.
         if self._installed:
-            self._previous = signal.signal(signal.SIGTERM, self._on_term)
+            try:
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            except ValueError:  # forked from another thread: _on_term checks the pid instead
+                pass
 
     def _on_term(self, signum, frame) -> None:
-        if self.signal_time is not None:
-            return  # a second SIGTERM changes nothing: the save is coming or the timer ends us
-        self.flag, self.signal_time = 1.0, time.time()
+        if os.getpid() == self.pid:
+            self._raise()
+        else:  # caught in a forked child before _in_child ran: end it as SIGTERM would
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def _watch(self, r: int) -> None:
+        while True:
+            try:
+                data = os.read(r, 64)
+            except OSError:
+                data = b""
+            if not data:  # closed by close()
+                os.close(r)
+                return
+            if signal.SIGTERM in data:
+                self._raise()
+            if self._old_wakeup != -1:  # someone else's wakeup fd, set before ours: pass the bytes on
+                try:
+                    os.write(self._old_wakeup, data)
+                except OSError:
+                    pass
+
+    def _raise(self) -> None:
+        with self._lock:
+            if self.signal_time is not None:
+                return  # a second SIGTERM changes nothing: the save is coming or the deadline ends us
+            self.flag, self.signal_time = 1.0, time.time()
         threading.Thread(target=self._deadline, name="tandem-stop-deadline", daemon=True).start()
 
+    def progress(self, busy: bool = False) -> None:
+        """A step finished (the deadline counts from here), or a save or an evaluation starts
+        (``busy``: no deadline until the next step; a save stuck on a dead peer is left to
+        torchrun's SIGKILL)."""
+        self._busy = busy
+        self._last_progress = time.monotonic()
+
+    _busy = False
+
     def _deadline(self) -> None:
-        if self._agreed.wait(self.grace_s):
-            return
-        # A peer is gone or stuck: the agreed step will never come. End as SIGTERM would have.
-        print(f"SIGTERM: no step agreed with the other ranks within {self.grace_s:g} s (a peer is gone or "
-              "stuck); exiting without a checkpoint", file=sys.stderr, flush=True)
-        os._exit(EXIT_CODE)
+        while not self._done.is_set():
+            if self._busy:
+                self._done.wait(0.5)
+                continue
+            left = self.grace_s - (time.monotonic() - self._last_progress)
+            if left <= 0:
+                # A peer is gone or stuck: the agreed step will never come. End as SIGTERM would have.
+                print(f"SIGTERM: no progress for {self.grace_s:g} s and no step agreed with the other ranks "
+                      "(a peer is gone or stuck); exiting without a checkpoint", file=sys.stderr, flush=True)
+                os._exit(EXIT_CODE)
+            self._done.wait(left)
 
     def agreed(self, flag_sum: float) -> bool:
         """Called with the step's summed flag, the same on every rank: stop here?"""
         if flag_sum <= 0:
             return False
-        self._agreed.set()
+        self._done.set()
         return True
 
     def close(self) -> None:
         """After the last step: a SIGTERM from now on ends the process at once, as by default,
         and one already received lets the run finish (its end is as near as any agreed step)."""
-        self._agreed.set()
+        self._done.set()
         if self._installed:
+            signal.set_wakeup_fd(self._old_wakeup)
             signal.signal(signal.SIGTERM, self._previous)
+            os.close(self._wakeup[1])  # the watcher reads EOF and ends
             self._installed = False
