@@ -1,5 +1,4 @@
-from tandem.cli import main
-from tandem.core.fastexit import run_and_exit
+from tandem.cli import entry
 
 if __name__ == "__main__":
-    run_and_exit(main)
+    entry()

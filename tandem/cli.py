@@ -64,12 +64,12 @@ def main(argv: list[str] | None = None) -> None:
         raise
 
 
-if __name__ == "__main__":
-    main()
-
-
 def entry() -> None:
     """The ``tandem`` command: main(), then leave without the interpreter's teardown (fastexit.py)."""
     from tandem.core.fastexit import run_and_exit
 
     run_and_exit(main)
+
+
+if __name__ == "__main__":
+    entry()

@@ -92,12 +92,16 @@ def _from_stderr(text: str) -> tuple[str, str]:
     return lines[start].strip(), "".join(block[:60])
 
 
-def signal_name(exitcode: int) -> str:
-    """torchrun reports a worker killed by signal N as exit code -N."""
+def _signal(exitcode: int) -> str:
+    """torchrun reports a worker killed by signal N as exit code -N: its name, or N."""
     try:
-        return f"signal {-exitcode} ({signal.Signals(-exitcode).name})"
+        return signal.Signals(-exitcode).name
     except ValueError:
-        return f"signal {-exitcode}"
+        return str(-exitcode)
+
+
+def signal_name(exitcode: int) -> str:
+    return f"signal {-exitcode} ({_signal(exitcode)})"
 
 
 def write_node_failures(run_dir: Path, node: int, failures: list[Failure]) -> Path:
@@ -145,8 +149,8 @@ def render(failures: list[Failure], console: Console) -> None:
     ordered = sorted(failures, key=lambda f: (f is not first, f.secondary, f.time_ns))
     for f in ordered:
         mark = "[bold red]root cause[/] " if f is first else ""
-        exit_ = str(f.exitcode) if f.exitcode >= 0 else signal_name(f.exitcode).split()[-1].strip("()")
-        table.add_row(str(f.rank), str(f.node), str(f.local_rank), exit_,
+        table.add_row(str(f.rank), str(f.node), str(f.local_rank),
+                      str(f.exitcode) if f.exitcode >= 0 else _signal(f.exitcode),
                       mark + escape((f.message.strip().splitlines() or [""])[-1][:160]))
     console.print(table)
     if first.traceback:

@@ -164,10 +164,10 @@ def stopped(run_dir: Path, signum: int, since: float) -> JobStopped:
         pass
     if saved and saved.get("checkpoint"):
         return JobStopped(f"stopped by {name}: the workers saved {Path(saved['checkpoint']).name} at step "
-                       f"{saved['step']} on the way out", signum=signum,
-                       fix="run the same command again: it resumes from that checkpoint")
+                          f"{saved['step']} on the way out", signum=signum,
+                          fix="run the same command again: it resumes from that checkpoint")
     return JobStopped(f"stopped by {name}", signum=signum,
-                   fix="run the same command again: a tandem train job resumes from its newest checkpoint")
+                      fix="run the same command again: a tandem train job resumes from its newest checkpoint")
 
 
 def start_watchdog(opts: LaunchSpec, run_dir: Path, node: int):

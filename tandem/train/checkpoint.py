@@ -36,16 +36,14 @@ from tandem.core.errors import CheckpointError
 from tandem.train import manifest
 from tandem.train.runtime import DistContext, barrier, rng_state, set_rng_state, sync_buffers
 
-# Optimizer state keyed per parameter name ("state.<fqn>.exp_avg", "param_groups.<fqn>.lr"): every
-# layout (ddp, zero1..3, tp, pp) writes and reads the same keys, so checkpoints reshard across them.
-
-
 def _dcp():
     """torch.distributed.checkpoint, imported on first use: 1.2 s that the launcher's checks
     (read_meta, latest, check_compatible) do not need."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+    # Optimizer state keyed per parameter name ("state.<fqn>.exp_avg", "param_groups.<fqn>.lr"): every
+    # layout (ddp, zero1..3, tp, pp) writes and reads the same keys, so checkpoints reshard across them.
     return dcp, StateDictOptions(flatten_optimizer_state_dict=True), get_state_dict, set_state_dict
 
 

@@ -218,17 +218,15 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
             carry = 0.0  # the previous step's sum (and one read at the end of the last epoch)
             el.on_step(step, epoch, dt, data_time, time.perf_counter() - t0 - (t_sync - t0))
             every = spec.checkpoint.every_steps
-            saved = False
-            if (every and step % every == 0) or (step == total and spec.checkpoint.at_end):
+            periodic = (every and step % every == 0) or (step == total and spec.checkpoint.at_end)
+            if periodic:
                 stop_flag += records.flush()
+            stop = step < total and el.stop_here(stop_flag, step, periodic)  # SIGTERM: every rank stops here
+            if periodic or stop:
+                records.flush()
                 last_saved = _save(ckdir, step, epoch, consumed, ddp, optim, sched, ctx, spec, signature,
                                    metrics, el) or last_saved
-                saved = True
-            if step < total and el.stop_here(stop_flag, step, saved):  # SIGTERM: every rank stops at this step
-                records.flush()
-                if not saved:
-                    last_saved = _save(ckdir, step, epoch, consumed, ddp, optim, sched, ctx, spec, signature,
-                                       metrics, el) or last_saved
+            if stop:
                 raise el.stopped(step, last_saved)
         carry = records.flush()
         if consumed >= epoch_len:

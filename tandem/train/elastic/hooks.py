@@ -5,7 +5,7 @@
     el.before_sync(step)                                   # heartbeat: about to enter the gradient all-reduce
     el.on_step(step, epoch, dt, data_s, sync_s)            # heartbeat, stragglers, async save record, restart report
     path = el.save(ckdir, step, model, optim, meta)        # sync or async (checkpoint.async_save)
-    if el.stop_here(flag_sum, step, saved): save; raise el.stopped(step, path)   # SIGTERM: agreed stop (stop.py)
+    if el.stop_here(flag_sum, step, periodic): save; raise el.stopped(step, path)  # SIGTERM: agreed stop
     el.finish() / el.summary()                             # wait for the last async save; restarts for result.json
 """
 
@@ -159,8 +159,8 @@ class ElasticHooks:
 
     def stop_here(self, flag_sum: float, step: int, saved: bool) -> bool:
         """After a step whose summed SIGTERM flag is ``flag_sum`` (the same on every rank): when
-        some rank was told to stop, log it; the trainer then saves (unless ``saved``) and calls
-        ``stopped``."""
+        some rank was told to stop, log it; the trainer then saves (``saved``: a periodic save
+        of this step does it anyway) and raises ``stopped``."""
         if not self.stop.agreed(flag_sum):
             return False
         self.hb.beat(step, "save")
