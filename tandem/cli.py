@@ -19,7 +19,22 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        import tandem
+
+        print(f"tandem {tandem.__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", "-V", is_eager=True, callback=_version,
+                                       help="Print tandem's version and exit.")) -> None:
+    """From one GPU to many machines and on into serving, with numbers that say why."""
 
 # Verbs that take a script or overrides after their own options.
 PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "allow_interspersed_args": False}
@@ -55,13 +70,22 @@ def main(argv: list[str] | None = None) -> None:
     except typer.Abort:
         err.print("aborted")
         sys.exit(130)
-    except Exception as e:  # click usage errors
-        import click
-
-        if isinstance(e, click.ClickException):
-            e.show()
+    except Exception as e:
+        if _is_usage_error(e):
+            e.show()  # usage line, then "Error: ..." (exit 2 for a usage error)
             sys.exit(e.exit_code)
         raise
+
+
+def _is_usage_error(e: BaseException) -> bool:
+    """A click usage error, whichever click raised it.
+
+    typer >= 0.20 carries its own copy of click (``typer._click``) and no longer
+    installs ``click``; older typer uses ``click`` itself. Both exception classes
+    are named ClickException and have ``show()`` and ``exit_code``, so match on
+    that rather than import a module that may be absent.
+    """
+    return any(c.__name__ == "ClickException" for c in type(e).__mro__) and hasattr(e, "show")
 
 
 def entry() -> None:
