@@ -166,8 +166,7 @@ def stopped(run_dir: Path, signum: int, since: float) -> JobStopped:
         return JobStopped(f"stopped by {name}: the workers saved {Path(saved['checkpoint']).name} at step "
                           f"{saved['step']} on the way out", signum=signum,
                           fix="run the same command again: it resumes from that checkpoint")
-    return JobStopped(f"stopped by {name}", signum=signum,
-                      fix="run the same command again: a tandem train job resumes from its newest checkpoint")
+    return JobStopped(f"stopped by {name}", signum=signum)
 
 
 def start_watchdog(opts: LaunchSpec, run_dir: Path, node: int):
@@ -193,8 +192,15 @@ def _is_local(opts: LaunchSpec) -> bool:
 
 
 def quiet_torch_logs(verbose: bool) -> None:
-    level = logging.INFO if verbose else logging.CRITICAL  # our summary replaces torch's
-    for name in ("torch.distributed.elastic", "torch.distributed.launcher", "torch.distributed.run"):
+    """Our summary replaces torch's warnings. torch's elastic modules give each of their loggers
+    its own level when imported (``elastic.utils.logging.get_logger``), so setting the parent's is
+    not enough: import them first, then set every one of them."""
+    import torch.distributed.elastic.agent.server.api  # noqa: F401
+    import torch.distributed.launcher.api  # noqa: F401
+
+    level = logging.INFO if verbose else logging.CRITICAL
+    prefixes = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.distributed.run")
+    for name in [n for n in logging.Logger.manager.loggerDict if n.startswith(prefixes)] + list(prefixes):
         logging.getLogger(name).setLevel(level)
 
 
@@ -240,7 +246,9 @@ def _simulate(opts: LaunchSpec, argv: list[str], run_dir: Path, *, quiet: bool,
         cfg.write_text(json.dumps({"opts": dataclasses.asdict(node_opts), "argv": argv, "run_dir": str(run_dir),
                                    "run_id": run_id, "agent_index": i, "nodes_here": k, "tee": not quiet, "store_hosted": True,
                                    "verbose": verbose}))
-        procs.append(subprocess.Popen([sys.executable, "-m", "tandem.launch.node", str(cfg)]))
+        # Own process groups: a Ctrl-C in the terminal reaches this process only, which passes it
+        # on once to each agent (an agent told twice cuts short its workers' graceful stop).
+        procs.append(subprocess.Popen([sys.executable, "-m", "tandem.launch.node", str(cfg)], process_group=0))
     t0, told = time.time(), []
 
     def forward(signum, frame):  # each node's agent stops its workers (they checkpoint), then exits
@@ -249,22 +257,21 @@ def _simulate(opts: LaunchSpec, argv: list[str], run_dir: Path, *, quiet: bool,
             if p.poll() is None:
                 p.send_signal(signum)
     main = threading.current_thread() is threading.main_thread()  # only there may handlers be set
-    previous = signal.signal(signal.SIGTERM, forward) if main else None
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)} if main else {}
     try:
         while any(p.poll() is None for p in procs):
             if on_poll:
                 on_poll()
             time.sleep(0.2)  # polling our own children's exit codes, not waiting on a peer
-    except KeyboardInterrupt:
-        for p in procs:
-            p.terminate()
-        raise
     finally:
-        if main:
-            signal.signal(signal.SIGTERM, previous)
+        for s, h in previous.items():
+            signal.signal(s, h)
     codes = [p.returncode for p in procs]
     if told and any(codes):  # a signal after every node finished changes nothing
         raise stopped(run_dir, told[0], t0)
+    by_signal = [c - 128 for c in codes if c and c > 128 and c - 128 in signal.valid_signals()]
+    if by_signal and len(by_signal) == sum(1 for c in codes if c):  # the agents were signalled, not us
+        raise stopped(run_dir, by_signal[0], t0)
     del store
     if on_poll:
         on_poll()

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tandem.core.config import load_spec, to_dict
-from tandem.core.errors import WorkerFailure
+from tandem.core.errors import ConfigError, JobStopped, WorkerFailure
 from tandem.core.spec import JobSpec
 from tandem.core.validate import validate
 from tandem.launch import failures as fl
@@ -35,8 +35,11 @@ def run_dir_of(spec: JobSpec) -> Path:
     return Path(spec.launch.run_dir.format(name=spec.name))
 
 
-def preflight(spec: JobSpec, run_dir: Path) -> None:
-    """Checks that need torch but no process group: device, and the checkpoint to resume."""
+def preflight(spec: JobSpec, run_dir: Path) -> tuple[Path | None, dict | None]:
+    """Checks that need torch but no process group: device, and the checkpoint to resume.
+
+    Returns the checkpoint a start would resume and its meta (None, None for a fresh start).
+    """
     import torch  # here, not at the top: `tandem --help` and spec errors stay fast
 
     from tandem.models import build_model, model_signature
@@ -46,11 +49,59 @@ def preflight(spec: JobSpec, run_dir: Path) -> None:
     device, _ = resolve_device(spec.launch)
     validate(dataclasses.replace(spec, launch=dataclasses.replace(spec.launch, device=device)))
     path = resume_path(spec, run_dir)
-    if path is not None:
-        meta = ckpt.read_meta(path)
-        with torch.device("meta"):
-            model = build_model(spec.model)
-        ckpt.check_compatible(meta, spec.model.name, model_signature(model), path)
+    if path is None:
+        return None, None
+    meta = ckpt.read_meta(path)
+    with torch.device("meta"):
+        model = build_model(spec.model)
+    ckpt.check_compatible(meta, spec.model.name, model_signature(model), path)
+    if spec.checkpoint.resume == "auto":
+        check_same_layout(spec, meta, path)
+    return path, meta
+
+
+def check_same_layout(spec: JobSpec, meta: dict, path: Path) -> None:
+    """`resume = auto` finds the run dir's own checkpoint: a spec that splits the model another way
+    (another strategy, tp or pp) is most likely a new experiment pointed at an old run dir.
+    Resharding is what DCP does well, but only when asked for (resume = that path)."""
+    from tandem.train.elastic.resume import layout_of
+
+    old, new = meta.get("parallel"), layout_of(spec)
+    if not old:  # checkpoints written before layouts were recorded
+        return
+    old = {**old, "strategy": "zero3" if old.get("strategy") == "fsdp" else old.get("strategy")}
+    diff = next((k for k in ("strategy", "tp", "pp") if old.get(k) != new[k]), None)
+    if diff is None:
+        return
+
+    def describe(d: dict) -> str:
+        return f"{d['strategy']} (tp {d['tp']}, pp {d['pp']})"
+
+    raise ConfigError(f"the run dir's checkpoint {path.name} was trained as {describe(old)}, this spec asks for "
+                      f"{describe(new)}; resuming would reshard it silently", field=f"parallel.{diff}",
+                      value=new[diff], fix=f"give this run its own --launch.run_dir, start over with --fresh, "
+                                           f"or reshard that checkpoint on purpose with --checkpoint.resume {path}")
+
+
+def finished(spec: JobSpec, meta: dict | None) -> bool:
+    """The checkpoint to resume is the last step of this same schedule: a rerun would train nothing."""
+    from tandem.train.elastic.resume import schedule_key
+
+    return (meta is not None and meta.get("total_steps") is not None and meta["step"] >= meta["total_steps"]
+            and meta.get("schedule_key") == schedule_key(spec))
+
+
+def archive(spec: JobSpec, run_dir: Path, console: Console) -> None:
+    """--fresh: move the previous run (and a checkpoint.dir outside it) aside, never delete it."""
+    import time
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    dirs = [run_dir] + ([Path(spec.checkpoint.dir)] if spec.checkpoint.dir else [])
+    for d in dirs:  # a checkpoint.dir inside the run dir has moved with it
+        if d.is_dir() and any(d.iterdir()):
+            dest = d.with_name(f"{d.name}.{stamp}")
+            d.rename(dest)
+            console.print(f"--fresh: the previous run in {d} moved to {dest}", highlight=False)
 
 
 class _Watch:
@@ -76,10 +127,24 @@ class _Watch:
                              start["start_step"], info=info)
 
 
-def run_training(spec: JobSpec, console: Console, *, stream: bool = False, label: str = "train") -> dict:
-    """Validate, launch, watch; returns RUN_DIR/result.json. Raises TandemError subclasses."""
+class AlreadyComplete(Exception):
+    """The run dir's newest checkpoint is this schedule's last step: nothing to train."""
+
+    def __init__(self, run_dir: Path, path: Path, step: int) -> None:
+        super().__init__(f"already complete at step {step}: nothing to do ({path})")
+        self.run_dir, self.path, self.step = run_dir, path, step
+
+
+def run_training(spec: JobSpec, console: Console, *, stream: bool = False, label: str = "train",
+                 fresh: bool = False) -> dict:
+    """Validate, launch, watch; returns RUN_DIR/result.json. Raises TandemError subclasses,
+    and AlreadyComplete when a rerun would train nothing (RUN_DIR is left as it is)."""
     run_dir = run_dir_of(spec)
-    preflight(spec, run_dir)
+    if fresh:
+        archive(spec, run_dir, console)
+    path, meta = preflight(spec, run_dir)
+    if finished(spec, meta):
+        raise AlreadyComplete(run_dir, path, meta["step"])
     run_dir.mkdir(parents=True, exist_ok=True)
     joining = spec.elastic.join and (run_dir / "spec.json").is_file()
     if not joining:  # a node joining a running job (same run_dir) keeps the run's spec, metrics and result
@@ -118,6 +183,9 @@ def run_training(spec: JobSpec, console: Console, *, stream: bool = False, label
     except WorkerFailure:
         fl.render(fl.read_failures(run_dir), console)
         raise
+    except JobStopped as e:  # say what a rerun would really do
+        e.fix = rerun_hint(spec, run_dir)
+        raise
     result = run_dir / "result.json"
     if spec.elastic.join and not result.is_file():  # rank 0 ran on a node whose run_dir is not shared
         console.print(f"done: this node's workers finished; the result is in rank 0's run_dir ({result} "
@@ -126,10 +194,22 @@ def run_training(spec: JobSpec, console: Console, *, stream: bool = False, label
     return json.loads(result.read_text())
 
 
+def rerun_hint(spec: JobSpec, run_dir: Path) -> str:
+    from tandem.train import checkpoint as ckpt
+    from tandem.train.elastic.resume import checkpoint_dir
+
+    newest = ckpt.latest(checkpoint_dir(spec, run_dir))
+    if spec.checkpoint.resume == "none" or newest is None:
+        return "no checkpoint was saved: run the same command again to start over"
+    return f"run the same command again: it resumes from {newest}"
+
+
 def print_result(result: dict, run_dir: Path, console: Console) -> None:
-    acc = f"{result['accuracy']:.4f}" if result.get("accuracy") is not None else "n/a (no held-out set)"
+    acc = (f"{result['accuracy']:.4f}" if result.get("accuracy") is not None else
+           "not measured (it runs at the end of each epoch; this run ended before one)")
+    rate = f"{result['samples_per_s']:.0f}" if result.get("samples_per_s") is not None else "n/a"
     console.print(f"[green]done[/]: {result['step']} steps on {result['world']} workers, "
-                  f"{result['samples_per_s']:.0f} samples/s, held-out accuracy {acc}", highlight=False)
+                  f"{rate} samples/s, held-out accuracy {acc}", highlight=False)
     for r in result.get("restarts") or []:
         console.print(f"  restart {r.get('restart')}: resumed at step {r.get('resumed_step')}, "
                       f"{r.get('steps_redone')} step(s) redone, {r.get('lost_s', 0):.1f} s lost", highlight=False)
@@ -143,16 +223,26 @@ def train_cmd(
     stream: bool = typer.Option(False, "--stream", help="Stream every rank's output (rank-prefixed) "
                                                         "instead of a progress bar."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    fresh: bool = typer.Option(False, "--fresh", help="Start over: move the run dir's previous run aside "
+                                                      "(RUN_DIR.<time>), then train from step 0."),
 ) -> None:
     """Train the job in CONFIG; override any field with --section.key VALUE.
 
     Example: tandem train examples/digits_resnet.toml --launch.simulate_nodes 2 --launch.nproc_per_node 2
     """
-    overrides, flags = split_flags(ctx.args, ("--json", "--stream"))
-    as_json, stream = as_json or "--json" in flags, stream or "--stream" in flags
+    overrides, flags = split_flags(ctx.args, ("--json", "--stream", "--fresh"))
+    as_json, stream, fresh = as_json or "--json" in flags, stream or "--stream" in flags, fresh or "--fresh" in flags
     spec = load_spec(config, overrides)
     console = Console(stderr=as_json)
-    result = run_training(spec, console, stream=stream)
+    try:
+        result = run_training(spec, console, stream=stream, fresh=fresh)
+    except AlreadyComplete as e:
+        old = e.run_dir / "result.json"
+        if as_json and old.is_file():
+            print(old.read_text())
+        console.print(f"{e} (result: {old if old.is_file() else 'n/a'}). To train it again from the start: "
+                      "--fresh; to train longer: raise --schedule.epochs or --schedule.max_steps", highlight=False)
+        return
     if as_json:
         print(json.dumps(result, indent=1))
     else:

@@ -22,7 +22,7 @@ from tandem.train import checkpoint as ckpt
 from tandem.train import runtime as rt
 from tandem.train.data import load_datasets
 from tandem.train.elastic import resume as el_resume
-from tandem.train.elastic.resume import checkpoint_dir, resume_path
+from tandem.train.elastic.resume import checkpoint_dir, layout_of, resume_path, schedule_key
 from tandem.train.elastic.hooks import ElasticHooks
 from tandem.train.metrics import MetricsWriter
 from tandem.train.parallel import build_optimizer as par_optimizer
@@ -225,7 +225,7 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
             if periodic or stop:
                 records.flush()
                 last_saved = _save(ckdir, step, epoch, consumed, ddp, optim, sched, ctx, spec, signature,
-                                   metrics, el) or last_saved
+                                   metrics, el, total) or last_saved
             if stop:
                 raise el.stopped(step, last_saved)
         carry = records.flush()
@@ -277,13 +277,13 @@ class _StepRecords:
         return flag
 
 
-def _save(ckdir, step, epoch, consumed, ddp, optim, sched, ctx, spec, signature, metrics, el):
+def _save(ckdir, step, epoch, consumed, ddp, optim, sched, ctx, spec, signature, metrics, el, total):
     t0 = time.perf_counter()
     meta = {"epoch": epoch, "consumed": consumed, "scheduler": sched.state_dict(), "model": spec.model.name,
             "signature": signature, "job": spec.name, "data_world": getattr(ddp, "_tandem_dp", ctx.world),
             "grad_accum": ddp._tandem_accum, "global_batch": getattr(ddp, "_tandem_dp", ctx.world) *
             spec.schedule.micro_batch * ddp._tandem_accum,
-            "parallel": {k: getattr(spec.parallel, k) for k in ("strategy", "tp", "pp")}}
+            "parallel": layout_of(spec), "total_steps": total, "schedule_key": schedule_key(spec)}
     path = el.save(ckdir, step, ddp, optim, meta)
     if path is not None:
         metrics.write("ckpt", step=step, path=str(path), save_s=time.perf_counter() - t0)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -165,7 +166,7 @@ class ElasticHooks:
             return False
         self.hb.beat(step, "save")
         if self.ctx.is_main:
-            self.log(f"SIGTERM on {int(flag_sum)} rank(s): the group stops after step {step}"
+            self.log(f"stop signal (SIGTERM/SIGINT) on {int(flag_sum)} rank(s): the group stops after step {step}"
                      f"{'' if saved else ', with a checkpoint there'}", flush=True)
         return True
 
@@ -181,8 +182,9 @@ class ElasticHooks:
         self.metrics.write("stop", step=step, checkpoint=str(path) if path else None, after_signal_s=waited)
         if self.ctx.is_main:
             self.log(f"stopped at step {step}: checkpoint {Path(path).name if path else '(none)'} "
-                     f"{waited:.1f} s after the SIGTERM", flush=True)
-        return Stopped(f"stopped on SIGTERM at step {step}: checkpoint {path} saved, to resume from without "
+                     f"{waited:.1f} s after the first stop signal", flush=True)
+        name = signal.Signals(self.stop.signum).name if self.stop.signal_time else "a peer's signal"
+        return Stopped(f"stopped on {name} at step {step}: checkpoint {path} saved, to resume from without "
                        f"redoing a step")
 
     def finish(self) -> Path | None:

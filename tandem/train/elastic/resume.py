@@ -95,6 +95,19 @@ def resume_path(spec, run_dir: Path) -> Path | None:
     return Path(r)
 
 
+def layout_of(spec) -> dict:
+    """How the weights are split: a checkpoint records it, a rerun compares it (train/cli.py)."""
+    p = spec.parallel
+    return {"strategy": "zero3" if p.strategy == "fsdp" else p.strategy, "tp": p.tp, "pp": p.pp}
+
+
+def schedule_key(spec) -> dict:
+    """The fields that decide a run's length: a checkpoint at its total with the same ones is a finished run."""
+    s = spec.schedule
+    return {"epochs": s.epochs, "max_steps": s.max_steps, "global_batch": s.global_batch,
+            "micro_batch": s.micro_batch}
+
+
 def carry_position(meta: dict, world: int, log=print) -> int:
     """Samples this rank has consumed in the checkpoint's epoch, at the current world size."""
     c, old = int(meta.get("consumed", 0)), int(meta.get("world_size", world))

@@ -1,4 +1,4 @@
-"""A graceful stop: on SIGTERM, checkpoint at a step every rank agrees on, then exit.
+"""A graceful stop: on SIGTERM (or Ctrl-C's SIGINT), checkpoint at a step every rank agrees on, then exit.
 
 torchrun's agent stops its workers with SIGTERM and kills them 30 s later: when a node joins
 (the group restarts at the larger world), when the agent itself gets SIGTERM (a scheduler
@@ -11,7 +11,9 @@ on the step's loss all-reduce (``runtime.PendingSum``, already paid for), so one
 every rank reads the same sum at the same step, saves the same checkpoint there and exits
 (the ``Stopped`` exception: exit code 1, its message in the rank's error file), and the
 restart redoes no step. A SIGTERM that reaches one node only (one pod drained) stops the
-whole group at one step just the same.
+whole group at one step just the same. Ctrl-C in a terminal sends SIGINT to every process of the
+job, and torchrun's agent passes its own SIGINT on to the workers: it is handled the same way,
+so Ctrl-C keeps the work done, as a preemption does.
 
 A rank that cannot reach that step (a peer died or hangs, so a collective never returns)
 must not hold the restart back for torchrun's 30 s. Python runs a signal handler only when
@@ -31,6 +33,7 @@ import threading
 import time
 
 EXIT_CODE = 128 + signal.SIGTERM  # what a shell reports for a process ended by SIGTERM
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class Stopped(Exception):
@@ -42,6 +45,7 @@ class StopRequest:
     def __init__(self, enabled: bool, grace_s: float = 10.0) -> None:
         self.flag = 0.0  # summed over ranks with the step's loss: > 0 means some rank was told to stop
         self.signal_time: float | None = None
+        self.signum = signal.SIGTERM  # the first stop signal received
         self.grace_s = grace_s
         self.pid = os.getpid()
         self._last_progress = time.monotonic()
@@ -50,7 +54,7 @@ class StopRequest:
         self._installed = enabled and threading.current_thread() is threading.main_thread()
         if not self._installed:
             return
-        self._previous = signal.signal(signal.SIGTERM, self._on_term)
+        self._previous = {s: signal.signal(s, self._on_term) for s in SIGNALS}
         r, w = os.pipe()
         os.set_blocking(w, False)
         self._wakeup = (r, w)
@@ -64,15 +68,16 @@ class StopRequest:
             try:
                 signal.set_wakeup_fd(-1)
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, self._previous[signal.SIGINT])
             except ValueError:  # forked from another thread: _on_term checks the pid instead
                 pass
 
     def _on_term(self, signum, frame) -> None:
         if os.getpid() == self.pid:
-            self._raise()
-        else:  # caught in a forked child before _in_child ran: end it as SIGTERM would
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
+            self._raise(signum)
+        else:  # caught in a forked child before _in_child ran: end it as the signal would
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
 
     def _watch(self, r: int) -> None:
         while True:
@@ -83,19 +88,20 @@ class StopRequest:
             if not data:  # closed by close()
                 os.close(r)
                 return
-            if signal.SIGTERM in data:
-                self._raise()
+            for s in SIGNALS:
+                if s in data:
+                    self._raise(s)
             if self._old_wakeup != -1:  # someone else's wakeup fd, set before ours: pass the bytes on
                 try:
                     os.write(self._old_wakeup, data)
                 except OSError:
                     pass
 
-    def _raise(self) -> None:
+    def _raise(self, signum: int) -> None:
         with self._lock:
             if self.signal_time is not None:
-                return  # a second SIGTERM changes nothing: the save is coming or the deadline ends us
-            self.flag, self.signal_time = 1.0, time.time()
+                return  # a second signal changes nothing: the save is coming or the deadline ends us
+            self.flag, self.signal_time, self.signum = 1.0, time.time(), signum
         threading.Thread(target=self._deadline, name="tandem-stop-deadline", daemon=True).start()
 
     def progress(self, busy: bool = False) -> None:
@@ -115,9 +121,10 @@ class StopRequest:
             left = self.grace_s - (time.monotonic() - self._last_progress)
             if left <= 0:
                 # A peer is gone or stuck: the agreed step will never come. End as SIGTERM would have.
-                print(f"SIGTERM: no progress for {self.grace_s:g} s and no step agreed with the other ranks "
-                      "(a peer is gone or stuck); exiting without a checkpoint", file=sys.stderr, flush=True)
-                os._exit(EXIT_CODE)
+                print(f"{signal.Signals(self.signum).name}: no progress for {self.grace_s:g} s and no step "
+                      "agreed with the other ranks (a peer is gone or stuck); exiting without a checkpoint",
+                      file=sys.stderr, flush=True)
+                os._exit(128 + self.signum)
             self._done.wait(left)
 
     def agreed(self, flag_sum: float) -> bool:
@@ -133,6 +140,7 @@ class StopRequest:
         self._done.set()
         if self._installed:
             signal.set_wakeup_fd(self._old_wakeup)
-            signal.signal(signal.SIGTERM, self._previous)
+            for s, h in self._previous.items():
+                signal.signal(s, h)
             os.close(self._wakeup[1])  # the watcher reads EOF and ends
             self._installed = False
