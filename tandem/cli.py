@@ -61,7 +61,7 @@ _register()
 def main(argv: list[str] | None = None) -> None:
     err = Console(stderr=True)
     try:
-        app(args=argv, standalone_mode=False)
+        app(args=argv, prog_name="tandem", standalone_mode=False)
     except TandemError as e:
         err.print(f"[bold red]error[/]: {e}", highlight=False, soft_wrap=True)
         sys.exit(e.exit_code)

@@ -31,10 +31,13 @@ def write_spec(path: Path, run_dir: Path, straggler_every: int = 0, **kw) -> Pat
     return path
 
 
-def start_train(spec: Path, *overrides: str, env: dict | None = None) -> subprocess.Popen:
+def start_train(spec: Path, *overrides: str, env: dict | None = None, own_group: bool = False) -> subprocess.Popen:
+    """``own_group``: the job in a process group of its own, as a terminal's foreground job
+    (os.killpg then does what Ctrl-C does)."""
     full = {**os.environ, "COLUMNS": "200", "TANDEM_TRACE_SAMPLES": "1", **(env or {})}
     return subprocess.Popen([sys.executable, "-m", "tandem", "train", "--json", str(spec), *overrides],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full, cwd=ROOT)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full, cwd=ROOT,
+                            process_group=0 if own_group else None)
 
 
 def finish(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, str, str]:

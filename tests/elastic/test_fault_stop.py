@@ -3,10 +3,12 @@ there and exits; the restart resumes from that step and redoes none. SIGTERM to 
 inside a restarting run: test_fault_restart.py; torchrun's SIGTERM for a join: test_fault_join.py."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -90,3 +92,39 @@ def test_sigterm_to_the_job_stops_it_with_a_checkpoint_and_the_rerun_ends_bitwis
     result = json.loads(out)
     assert records(run, "start")[-1]["start_step"] == s and result["step"] == 45
     assert_bitwise_equal(final_state(result["checkpoint"]), reference["state"])
+
+
+def _processes_with(text: str) -> list[int]:
+    """Live processes whose command line names ``text`` (a run dir): none may outlive the job."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if text in cmd and int(d.name) != os.getpid():
+                found.append(int(d.name))
+    return found
+
+
+@pytest.mark.parametrize("nodes", [0, 2], ids=["one-node", "2-simulated-nodes"])
+def test_ctrl_c_stops_with_a_checkpoint_and_says_so(tmp_path, nodes):
+    """Ctrl-C in a terminal: SIGINT to every process of the foreground job. The workers save at
+    an agreed step as on SIGTERM; exit 130 with one true line naming that checkpoint and what a
+    rerun does; no process of the job outlives it."""
+    run = tmp_path / "run"
+    spec = write_spec(tmp_path / "job.toml", run, nproc=1 if nodes else 2)
+    extra = ("--launch.simulate_nodes", str(nodes)) if nodes else ()
+    proc = start_train(spec, *extra, own_group=True)
+    wait_for(lambda: (h := heartbeat(run, 0)) and h["step"] >= 5, timeout=180, what="step 5", interval=0.01)
+    os.killpg(proc.pid, signal.SIGINT)
+    rc, out, err = finish(proc)
+    assert rc == 130, err[-3000:]
+    (stop,) = records(run, "stop")
+    s = stop["step"]
+    lines = [l for l in err.splitlines() if l.startswith("error:")]
+    assert lines == [f"error: stopped by SIGINT: the workers saved step-{s:08d} at step {s} on the way out. "
+                     f"Fix: run the same command again: it resumes from {run / 'checkpoints' / f'step-{s:08d}'}"], err
+    assert (run / "checkpoints" / f"step-{s:08d}" / "manifest.json").is_file()
+    assert _processes_with(str(run)) == []

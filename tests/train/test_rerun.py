@@ -1,0 +1,72 @@
+"""Running a job again: a finished run trains nothing and keeps its result; a spec that splits
+the model another way is refused instead of silently resharding the old run; --fresh moves the
+old run aside (nothing deleted) and starts from step 0."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tandem_testing import TINY, run_tandem
+
+pytestmark = [pytest.mark.slow]
+
+
+def snapshot(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """One small finished run (its last checkpoint is its last step), shared by the tests below."""
+    tmp = tmp_path_factory.mktemp("finished")
+    spec = tmp / "job.toml"
+    spec.write_text(TINY.format(model="resnet18", remainder="pad", global_batch=32, micro_batch=8, max_steps=4,
+                                dtype="fp32", every=2, keep=2, nproc=2, run_dir=str(tmp / "run")))
+    r = run_tandem("train", str(spec))
+    assert r.returncode == 0, r.stderr
+    return spec, tmp / "run"
+
+
+def test_a_finished_run_trains_nothing_and_keeps_its_result(finished):
+    spec, run = finished
+    before = snapshot(run)
+    r = run_tandem("train", str(spec))
+    text = " ".join((r.stdout + r.stderr).split())
+    assert r.returncode == 0, text
+    assert "already complete at step 4: nothing to do" in text and "--fresh" in text, text
+    assert snapshot(run) == before  # result.json, metrics, checkpoints: untouched
+    r = run_tandem("train", str(spec), "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["step"] == 4, r.stderr
+
+
+@pytest.mark.parametrize("override,field,old,new", [
+    (("--parallel.strategy", "zero2"), "parallel.strategy", "ddp (tp 1, pp 1)", "zero2 (tp 1, pp 1)"),
+])
+def test_another_layout_in_the_same_run_dir_is_refused(finished, override, field, old, new):
+    spec, run = finished
+    before = snapshot(run)
+    r = run_tandem("train", str(spec), *override)
+    assert r.returncode == 2, r.stdout + r.stderr
+    text = " ".join(r.stderr.split())
+    assert text.startswith(f"error: {field}: the run dir's checkpoint step-00000004 was trained as {old}, "
+                           f"this spec asks for {new}"), text
+    assert "--launch.run_dir" in text and "--fresh" in text and "--checkpoint.resume" in text, text
+    assert snapshot(run) == before
+
+
+def test_fresh_moves_the_old_run_aside_and_starts_over(finished, tmp_path):
+    spec, run = finished
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    before = snapshot(copy)
+    r = run_tandem("train", str(spec), "--fresh", "--launch.run_dir", str(copy))
+    assert r.returncode == 0, r.stderr
+    (moved,) = [p for p in tmp_path.iterdir() if p.name.startswith("run.")]
+    assert f"--fresh: the previous run in {copy} moved to {moved}" in " ".join(r.stdout.split())
+    assert snapshot(moved) == before  # the old run, whole
+    starts = [json.loads(l) for l in (copy / "metrics.jsonl").read_text().splitlines()]
+    assert [s["start_step"] for s in starts if s["kind"] == "start"] == [0]
+    assert json.loads((copy / "result.json").read_text())["step"] == 4
