@@ -250,7 +250,8 @@ def train_cmd(
 
 
 def demo_cmd(
-    config: str = typer.Option("examples/digits_resnet.toml", "--config", help="Job spec of the demo."),
+    config: str = typer.Option(None, "--config", help="Job spec of the demo (default: the packaged "
+                                                      "examples/digits_resnet.toml)."),
     run_dir: str = typer.Option("runs/demo", "--run-dir", help="Where both runs go."),
 ) -> None:
     """The seed's case at CPU scale: 2 simulated nodes x 2 workers, DDP, bf16, cosine LR, digits.
