@@ -1,0 +1,145 @@
+"""Run the examples in README.md and docs/*.md, so that the docs cannot drift from the code.
+
+A ```console block is executed: every ``$ command`` line (with ``\\`` continuations) runs in
+bash, in a sandbox folder of its own per document (``examples/`` linked in, so ``runs/...``
+lands in the sandbox), the blocks of one document in order (a later block may use what an
+earlier one wrote). The lines after a command are its expected output:
+
+* blank lines, ``...`` lines, progress bars (``━``) and table rules are not compared;
+* any other line must be found among the command's output lines (each answers one, in any
+  order: ranks print in any order): the text with
+  every number masked must match, and ``...`` inside a line stands for any text;
+* each number must equal the printed one within the block's ``tol`` (relative; default 0,
+  i.e. as printed); a number written ``~N`` is an example value and is not compared;
+* the exit code is 2 when the expected output has an ``error:`` line, else 0 (``exit=N``
+  overrides).
+
+Options follow the language on the fence line: ```console tol=0.05 exit=1. A block that cannot
+run here says why: ```console skip=needs-two-hosts. ``` bash blocks are not run, but each of
+their ``tandem train`` lines must pass ``tandem spec`` (the same spec and overrides).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+NUM = re.compile(r"(?<![\w.])~?-?\d+(?:\.\d+)?(?:e[+-]?\d+)?(?![\w])")
+SKIP_LINE = re.compile(r"^\s*(\.\.\.)?\s*$|━|^[┏┡└┃┗╭╰]")
+
+
+@dataclass
+class Command:
+    text: str
+    expected: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Block:
+    doc: Path
+    line: int
+    lang: str
+    opts: dict
+    body: list[str]
+
+    def commands(self) -> list[Command]:
+        out: list[Command] = []
+        lines = iter(self.body)
+        for ln in lines:
+            if ln.startswith("$ "):
+                text = ln[2:]
+                while text.endswith("\\"):
+                    text = text[:-1] + " " + next(lines, "").strip()
+                out.append(Command(text.strip()))
+            elif out:
+                out[-1].expected.append(ln)
+        return out
+
+
+def blocks(doc: Path) -> list[Block]:
+    found, cur = [], None
+    for i, ln in enumerate(doc.read_text().splitlines(), 1):
+        if cur is None and ln.startswith("```"):
+            info = ln[3:].strip().split()
+            opts = dict(o.split("=", 1) for o in info[1:] if "=" in o)
+            cur = Block(doc, i, info[0] if info else "", opts, [])
+        elif cur is not None and ln.startswith("```"):
+            found.append(cur)
+            cur = None
+        elif cur is not None:
+            cur.body.append(ln)
+    return found
+
+
+def numbers(text: str) -> list[str]:
+    return NUM.findall(text)
+
+
+def mask(text: str) -> str:
+    return " ".join(NUM.sub("#", text).split())
+
+
+def line_matches(expected: str, actual: str, tol: float) -> bool:
+    exp, act = mask(expected), mask(actual)
+    parts = [p.strip() for p in exp.split("...")]
+    pos = 0
+    for p in parts:
+        if not p:
+            continue
+        k = act.find(p, pos)
+        if k < 0:
+            return False
+        pos = k + len(p)
+    if "..." in expected:  # numbers of the elided parts cannot be paired: the text is the check
+        return True
+    want, got = numbers(expected), numbers(actual)
+    if len(want) != len(got):
+        return False
+    for w, g in zip(want, got):
+        if w.startswith("~"):
+            continue
+        a, b = float(w), float(g)
+        if abs(a - b) > tol * max(abs(a), abs(b)) + 1e-12 and not (tol == 0 and w == g):
+            return False
+    return True
+
+
+def check_output(cmd: Command, output: str, tol: float) -> list[str]:
+    """The expected lines not found in the output. Each output line answers one expected line;
+    order is not required (ranks print in any order)."""
+    got = [ln for ln in output.splitlines() if ln.strip()]
+    missing, used = [], set()
+    for e in cmd.expected:
+        if SKIP_LINE.search(e):
+            continue
+        k = next((j for j in range(len(got)) if j not in used and line_matches(e, got[j], tol)), None)
+        if k is None:
+            missing.append(e)
+        else:
+            used.add(k)
+    return missing
+
+
+def expected_exit(cmd: Command, block: Block) -> int:
+    if "exit" in block.opts:
+        return int(block.opts["exit"])
+    return 2 if any(e.lstrip().startswith("error:") for e in cmd.expected) else 0
+
+
+def train_lines(block: Block) -> list[str]:
+    """`tandem train ...` lines of a bash block (continuations joined, comments dropped)."""
+    text = "\n".join(block.body).replace("\\\n", " ")
+    out = []
+    for ln in text.splitlines():
+        ln = ln.split(" #", 1)[0].strip()
+        if ln.startswith("tandem train "):
+            out.append(ln)
+    return out
+
+
+def as_spec_check(line: str) -> list[str]:
+    """`tandem train CONFIG args` -> `tandem spec CONFIG args` (flags of train only dropped)."""
+    args = shlex.split(line)[2:]
+    return ["spec"] + [a for a in args if a not in ("--json", "--stream", "--fresh")]

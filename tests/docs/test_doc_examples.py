@@ -1,0 +1,87 @@
+"""The examples in README.md and docs/*.md run, and print what the docs say (doc_examples.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from docs.doc_examples import Block, Command, as_spec_check, blocks, check_output, expected_exit, line_matches, \
+    train_lines
+from tandem_testing import ROOT, run_tandem
+
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def _sandbox(tmp_path: Path) -> Path:
+    box = tmp_path / "sandbox"
+    box.mkdir()
+    for name in ("examples", "bench"):
+        (box / name).symlink_to(ROOT / name)
+    return box
+
+
+def _run(cmd: Command, box: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": "200", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    return subprocess.run(["bash", "-c", cmd.text], cwd=box, env=env, capture_output=True, text=True, timeout=900)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("doc", DOCS, ids=[str(d.relative_to(ROOT)) for d in DOCS])
+def test_console_examples_run_and_print_what_the_doc_says(doc, tmp_path):
+    box, problems = _sandbox(tmp_path), []
+    for block in [b for b in blocks(doc) if b.lang == "console"]:
+        if "skip" in block.opts:
+            continue
+        tol = float(block.opts.get("tol", 0))
+        for cmd in block.commands():
+            r = _run(cmd, box)
+            where = f"{doc.name}:{block.line} $ {cmd.text}"
+            want = expected_exit(cmd, block)
+            if r.returncode != want:
+                problems.append(f"{where}: exit {r.returncode}, the doc implies {want}\n{r.stderr[-1500:]}")
+                continue
+            missing = check_output(cmd, r.stdout + r.stderr, tol)
+            if missing:
+                problems.append(f"{where}: not printed (tol {tol}):\n  " + "\n  ".join(missing) +
+                                f"\n--- printed:\n{(r.stdout + r.stderr)[-3000:]}")
+    assert not problems, "\n\n".join(problems)
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=[str(d.relative_to(ROOT)) for d in DOCS])
+def test_train_lines_in_bash_examples_are_valid_specs(doc):
+    """The `tandem train ...` lines the docs show (not run: they train) pass `tandem spec`."""
+    problems = []
+    for block in [b for b in blocks(doc) if b.lang == "bash"]:
+        for line in train_lines(block):
+            r = run_tandem(*as_spec_check(line), timeout=120)
+            if r.returncode != 0:
+                problems.append(f"{doc.name}:{block.line} {line}\n  {r.stderr.strip()}")
+    assert not problems, "\n".join(problems)
+
+
+def test_every_skipped_block_says_why():
+    for doc in DOCS:
+        for b in blocks(doc):
+            if "skip" in b.opts:
+                assert len(b.opts["skip"]) > 3, f"{doc.name}:{b.line}: skip= needs a reason"
+
+
+def test_the_matcher_can_fail():
+    """The doc test's own rules: text with numbers masked, numbers within tol, ~N not compared."""
+    assert line_matches("done: 69 steps on 4 workers", "done: 69 steps on 4 workers", 0)
+    assert not line_matches("done: 69 steps on 4 workers", "done: 70 steps on 4 workers", 0)
+    assert line_matches("acc 0.95", "acc 0.96", 0.05) and not line_matches("acc 0.95", "acc 0.85", 0.05)
+    assert line_matches("~211 samples/s", "180 samples/s", 0)
+    assert not line_matches("211 samples/s", "211 tokens/s", 1.0)
+    assert line_matches("error: tp: ... (got 3)", "error: tp: tp 3 x pp 1 = 3 does not divide 2 (got 3)", 0)
+    cmd = Command("tandem x", ["a 1", "", "...", "b 2"])
+    assert check_output(cmd, "a 1\nnoise\nb 2\n", 0) == []
+    assert check_output(cmd, "b 2\na 1\n", 0) == []  # any order (ranks print in any order)
+    assert check_output(Command("x", ["a 1", "a 1"]), "a 1\n", 0) == ["a 1"]  # one output line answers one
+    b = Block(Path("x.md"), 1, "bash", {}, ["tandem train a.toml \\", "  --x.y 1   # comment", "echo hi"])
+    assert train_lines(b) == ["tandem train a.toml --x.y 1"]
+    assert as_spec_check("tandem train a.toml --json --x.y 1") == ["spec", "a.toml", "--x.y", "1"]
