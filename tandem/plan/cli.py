@@ -33,7 +33,7 @@ def plan_cmd(
     seq: Optional[int] = O(None, help="Sequence length."),
     vocab: Optional[int] = O(None, help="GPT: vocabulary size."),
     gated: Optional[bool] = O(None, "--gated/--no-gated", help="GPT: SwiGLU MLP (three matrices)."),
-    input_shape: Optional[str] = O(None, "--input-shape", help="For pkg.mod:factory: C,H,W or tokens:SEQ."),
+    input_shape: Optional[str] = O(None, "--input-shape", help="Input of a pkg.mod:factory model (C,H,W, or tokens:SEQ)."),
     gpu: Optional[str] = O(None, help="GPU preset (a100-80gb, h100-sxm, ...; default a100-80gb)."),
     gpus_per_node: Optional[int] = O(None, "--gpus-per-node", help="GPUs per node (default 8)."),
     nodes: Optional[int] = O(None, help="Nodes (default 1)."),
