@@ -54,7 +54,7 @@ def to_dict(p: Plan, with_explain: bool = True) -> dict[str, Any]:
     }
 
 
-def render(d: dict[str, Any], console) -> None:
+def render(d: dict[str, Any], console, assumed: list[str] | None = None) -> None:
     from rich.table import Table
 
     st, tm, mem, th = d["strategy"], d["time"], d["memory_per_gpu"], d["throughput"]
@@ -90,6 +90,8 @@ def render(d: dict[str, Any], console) -> None:
     for k, v in rows:
         tab.add_row(k, v)
     console.print(tab)
+    if assumed:
+        console.print("assumed: " + "; ".join(assumed), highlight=False)
     if d["comm"]:
         ct = Table(show_header=True, header_style="bold", title="communication per step")
         for col in ("name", "collective", "bytes", "calls", "group", "link", "time", "exposed"):
@@ -102,3 +104,28 @@ def render(d: dict[str, Any], console) -> None:
         console.print(f"[yellow]warning[/]: {w}", highlight=False)
     for line in d["explain"]:
         console.print(f"  {line}", highlight=False)
+
+
+def assumptions(p: Plan, given: set[str], mb_auto: bool) -> list[str]:
+    """The inputs that decide the answer, each marked as given or as the planner's default (and its flag)."""
+    c, t, s = p.cluster, p.training, p.strategy
+
+    def how(flag: str, default_why: str) -> str:
+        return "given" if flag in given else f"{default_why}; --{flag.replace('_', '-')} to change"
+
+    out = [f"micro-batch {s.micro_batch} x {p.grad_accum} accumulation ("
+           + (("the largest that fits" if p.memory.fits else "none fits: the smallest") if mb_auto else "given") + ")"]
+    if c.nodes > 1 and not c.inter.name.endswith("(measured)"):
+        out.append(f"{c.nics_per_node} x {c.inter.name} NIC(s) per node = {c.node_bandwidth_Bps / 1e9:.3g} GB/s "
+                   f"({how('nics_per_node', 'default')})")
+    if p.comm:
+        out.append(f"overlap {t.overlap:g} of DP communication hidden ({how('overlap', 'default, none hidden')})")
+    if p.compute_measured:
+        out.append("compute time measured (--compute-time)")
+    elif p.host_factors:
+        out.append("compute from this model's measured FLOP/s (calibration)")
+    else:
+        ref = "calibrated" if t.precision in c.achieved_flops else "datasheet peak"
+        out.append(f"efficiency {p.efficiency:.2f} of {ref} {t.precision} FLOP/s "
+                   f"({how('efficiency', 'default for a ' + p.model.kind)})")
+    return out
