@@ -6,7 +6,6 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from tandem.core.errors import ConfigError
-from tandem.plan import calibration
 from tandem.plan.config import Strategy, Training
 from tandem.plan.hardware import Cluster, load_cluster_file, make_cluster
 from tandem.plan.model import (CNN_PRESETS, GPT_PRESETS, GPTShape, ModelStats, from_hf_config, gpt_stats,
@@ -152,24 +151,40 @@ def resolve_model(v: dict, spec: dict) -> ModelStats:
     return m
 
 
-def resolve_cluster(v: dict) -> Cluster:
+def resolve_cluster(v: dict, spec: dict | None = None) -> Cluster:
     kw = dict(gpu=v["gpu"], gpus_per_node=v["gpus_per_node"], nodes=v["nodes"], intra=v.get("intra"),
               inter=v["inter"], nics_per_node=v["nics_per_node"], price_per_gpu_hour=v.get("price"))
+    given = set(v.get("_given", ()))
+    file_cluster = None
     if v.get("cluster"):
-        given = {k: getattr_given for k, getattr_given in kw.items() if k in v.get("_given", ())}
-        c = load_cluster_file(v["cluster"], **given)
-    else:
-        c = make_cluster(**kw)
+        file_cluster = load_cluster_file(v["cluster"], **{k: x for k, x in kw.items() if k in given})
+        given |= cluster_file_keys(v["cluster"])
+        v.update(gpu=file_cluster.gpu.name, gpus_per_node=file_cluster.gpus_per_node, nodes=file_cluster.nodes,
+                 intra=file_cluster.intra.name, inter=file_cluster.inter.name,
+                 nics_per_node=file_cluster.nics_per_node)
     if v.get("calibration"):
-        c = calibration.load(v["calibration"], c)
-    return c
+        from tandem.plan.calibrated import cluster_for
+
+        # a job spec's launch shape is the job's, as if given on the command line
+        given |= {k for k in ("gpus_per_node", "nodes") if k in (spec or {})}
+        return cluster_for(v["calibration"], v, given, file_cluster)
+    return file_cluster if file_cluster is not None else make_cluster(**kw)
+
+
+def cluster_file_keys(path: str) -> set[str]:
+    import yaml
+
+    keys = set(yaml.safe_load(Path(path).read_text()) or {})
+    return {"gpu" if k == "custom_gpu" else k for k in keys}
 
 
 def resolve(a: PlanArgs) -> tuple[ModelStats, Cluster, Training, dict]:
     v, spec = merge(a)
     v["_given"] = {f.name for f in fields(a) if getattr(a, f.name) is not None}
     m = resolve_model(v, spec)
-    c = resolve_cluster(v)
+    c = resolve_cluster(v, spec)
+    if c.gpu.name == "cpu" and "precision" not in v["_given"] and "precision" not in spec:
+        v["precision"] = "fp32"  # CPU workers train in fp32 unless told otherwise (tandem's default)
     samples = v.get("samples")
     if v.get("epochs") is not None:
         if not samples:

@@ -59,8 +59,12 @@ def render(d: dict[str, Any], console, assumed: list[str] | None = None) -> None
 
     st, tm, mem, th = d["strategy"], d["time"], d["memory_per_gpu"], d["throughput"]
     cl = d["cluster"]  # compute measured on this host's workers: the GPU preset then only sets memory limits
-    who = cl["gpu"] if cl["compute_from"].endswith("preset") else f"{cl['compute_from']}; memory of {cl['gpu']}"
-    title = f"{d['model']['name']} on {cl['nodes']}x{cl['gpus_per_node']} {who} ({cl['intra']} / {cl['inter']})"
+    if cl["gpu"] == "cpu":  # a CPU cluster from a calibration: its workers, the host's RAM shared
+        who = "cpu workers" if cl["compute_from"].endswith("preset") else cl["compute_from"]
+    else:
+        who = cl["gpu"] if cl["compute_from"].endswith("preset") else f"{cl['compute_from']}; memory of {cl['gpu']}"
+    links = cl["intra"] if cl["nodes"] == 1 else f"{cl['intra']} / {cl['inter']}"
+    title = f"{d['model']['name']} on {cl['nodes']}x{cl['gpus_per_node']} {who} ({links})"
     tab = Table(title=title, show_header=True, header_style="bold")
     tab.add_column("quantity")
     tab.add_column("value", justify="right")
