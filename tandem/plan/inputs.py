@@ -82,8 +82,9 @@ def from_job_spec(path: str) -> dict:
 
     par = spec.parallel
     out.update(tp=par.tp, pp=par.pp, zero=ZERO_STAGE.get(par.strategy, 0), hsdp=par.strategy == "hsdp",
-               schedule=par.pp_schedule, virtual=par.pp_virtual, recompute=par.activation_checkpoint,
-               device=spec.launch.device)
+               schedule=par.pp_schedule, virtual=par.pp_virtual)
+    if par.activation_checkpoint == "full":  # tandem's "selective" (every ac_every-th block) has no planner twin
+        out["recompute"] = "full"
     if spec.model.name == "gpt":  # tandem's own GPT (tandem/models/gpt.py): biases, LayerNorm, learned positions
         m = spec.model
         out.update(layers=m.layers, hidden=m.hidden, heads=m.heads, kv_heads=m.kv_heads, ffn=m.ffn, seq=m.seq,

@@ -8,6 +8,7 @@ from tandem.plan.cost import Plan
 from tandem.plan.explain import explain, gib, ms, si, warnings
 
 SCHEMA = "tandem.plan/1"
+KINDS = {"gpt": "transformer", "cnn": "CNN", "net": "measured token model", "params": "bare parameter count"}
 
 
 def to_dict(p: Plan, with_explain: bool = True) -> dict[str, Any]:
@@ -131,5 +132,5 @@ def assumptions(p: Plan, given: set[str], mb_auto: bool) -> list[str]:
     else:
         ref = "calibrated" if t.precision in c.achieved_flops else "datasheet peak"
         out.append(f"efficiency {p.efficiency:.2f} of {ref} {t.precision} FLOP/s "
-                   f"({how('efficiency', 'default for a ' + p.model.kind)})")
+                   f"({how('efficiency', 'default for a ' + KINDS.get(p.model.kind, p.model.kind))})")
     return out
