@@ -99,8 +99,9 @@ def cluster_for(path: str | Path, v: dict, given: set[str], file_cluster: Cluste
             gpu = want
             notes.append(f"the calibration does not name its GPU: {want.name} assumed")
         elif want.name != gpu.name:
+            src = "--gpu" if file_cluster is None else "gpu from the --cluster file"
             raise ConfigError(f"{path} was measured on {described(data)}, not on {want.name}", field="gpu",
-                              value=want.name, fix=f"drop --gpu to plan the measured {gpu.name} cluster, or "
+                              value=want.name, fix=f"drop {src} to plan the measured {gpu.name} cluster, or "
                                                    f"plan with a calibration measured on {want.name} GPUs "
                                                    "(`tandem bench comm --device cuda --calibration FILE` there)")
     for flag, link in (("intra", "intra_node"), ("inter", "inter_node"), ("nics_per_node", "inter_node")):

@@ -13,6 +13,7 @@ above its fence: `<!-- doc-test: skip (why) -->`, `<!-- doc-test: numbers not ch
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -91,17 +92,27 @@ def argv_files(argv: list[str]) -> list[str]:
     return [argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--calibration", "--config")]
 
 
+PRODUCED: dict[str, Path] = {}  # a command already run (the same line in two docs) -> its directory
+
+
 def run_producers(before: list[str], needs: list[str], cwd: Path) -> None:
     exe = Path(sys.executable).parent / "tandem"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     for cmd in before:
         argv = shlex.split(cmd)
-        if not any(f in argv for f in needs if not (cwd / f).exists()):
+        wanted = [f for f in needs if f in argv and not (cwd / f).exists()]
+        if not wanted:
+            continue
+        if cmd in PRODUCED and all((PRODUCED[cmd] / f).is_file() for f in wanted):
+            for f in wanted:
+                (cwd / f).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(PRODUCED[cmd] / f, cwd / f)
             continue
         extra = next((v for k, v in QUICK.items() if " ".join(argv[1:3]) == k), [])
         r = subprocess.run([str(exe), *argv[1:], *extra], cwd=cwd, env=env, capture_output=True, text=True,
                            timeout=300)
         assert r.returncode == 0, f"{cmd}: {r.stderr[-2000:]}"
+        PRODUCED[cmd] = cwd
 
 
 def numbers(text: str) -> list[tuple[float, str]]:
