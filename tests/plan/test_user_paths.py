@@ -211,3 +211,26 @@ def test_llama_first_answer_says_why_and_what_fits(capsys):
     assert "(the largest that fits)" in assumed and "1 x ib-hdr NIC(s) per node = 25 GB/s (default" in assumed
     assert "overlap 0.5 of DP communication hidden (given)" in assumed
     assert "(fits)" in out
+
+
+@pytest.mark.parametrize("name, preset", [("NVIDIA A100-SXM4-80GB", "a100-80gb"), ("NVIDIA A100-PCIE-40GB", "a100-40gb-pcie"),
+                                          ("NVIDIA H100 80GB HBM3", "h100-sxm"), ("NVIDIA H100 PCIe", "h100-pcie"),
+                                          ("NVIDIA H200", "h200"), ("Tesla V100-SXM2-32GB", "v100-32gb"),
+                                          ("NVIDIA L40S", "l40s"), ("NVIDIA GeForce RTX 4090", "rtx4090"),
+                                          ("NVIDIA B200", None)])
+def test_cuda_device_names_map_to_presets(name, preset):
+    from tandem.plan.calibrated import match_gpu
+
+    g = match_gpu(name)
+    assert (g.name if g else None) == preset
+
+
+def test_unknown_gpu_is_planned_with_its_measured_memory_and_flops(capsys, tmp_path):
+    cal = cpu_calibration(tmp_path / "cal.json", device="cuda", backend="nccl", device_name="NVIDIA B200",
+                          device_memory_bytes=180 * 2**30, hosts=["n0", "n1"],
+                          compute={"achieved_flops": {"bf16": 1.5e15}})
+    code, out, _ = run(capsys, "plan", "resnet18", "--calibration", str(cal), "--json")
+    assert code == 0
+    d = json.loads(out)
+    assert d["cluster"]["gpu"] == "nvidia b200" and d["memory_per_gpu"]["capacity"] == 180 * 2**30
+    assert d["cluster"]["peak_flops"] == 1.5e15
