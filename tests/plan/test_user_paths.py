@@ -213,11 +213,11 @@ def test_llama_first_answer_says_why_and_what_fits(capsys):
     assert "(fits)" in out
 
 
-@pytest.mark.parametrize("name, preset", [("NVIDIA A100-SXM4-80GB", "a100-80gb"), ("NVIDIA A100-PCIE-40GB", "a100-40gb-pcie"),
-                                          ("NVIDIA H100 80GB HBM3", "h100-sxm"), ("NVIDIA H100 PCIe", "h100-pcie"),
-                                          ("NVIDIA H200", "h200"), ("Tesla V100-SXM2-32GB", "v100-32gb"),
-                                          ("NVIDIA L40S", "l40s"), ("NVIDIA GeForce RTX 4090", "rtx4090"),
-                                          ("NVIDIA B200", None)])
+@pytest.mark.parametrize("name, preset", [
+    ("NVIDIA A100-SXM4-80GB", "a100-80gb"), ("NVIDIA A100-PCIE-40GB", "a100-40gb-pcie"),
+    ("NVIDIA H100 80GB HBM3", "h100-sxm"), ("NVIDIA H100 PCIe", "h100-pcie"), ("NVIDIA H200", "h200"),
+    ("Tesla V100-SXM2-32GB", "v100-32gb"), ("NVIDIA L40S", "l40s"), ("NVIDIA GeForce RTX 4090", "rtx4090"),
+    ("NVIDIA B200", None)])
 def test_cuda_device_names_map_to_presets(name, preset):
     from tandem.plan.calibrated import match_gpu
 
