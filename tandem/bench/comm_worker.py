@@ -210,6 +210,18 @@ def _check_device_memory(opts: CommOptions, device: str) -> None:
                           value=format_size(opts.max_bytes), fix="lower --max-bytes")
 
 
+def device_info(device: str) -> dict:
+    """What the calibration was measured on, so `tandem plan` can plan that cluster (or refuse another)."""
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        return {"device_name": props.name, "device_memory_bytes": props.total_memory}
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not POSIX: memory unknown to the planner
+        ram = None
+    return {"device_name": "cpu", "device_memory_bytes": ram, "cores": os.cpu_count()}
+
+
 def run(opts: CommOptions) -> dict | None:
     """Measure everything; returns the result on global rank 0, None elsewhere."""
     device, backend = resolve(opts.device, opts.backend)
@@ -231,7 +243,7 @@ def run(opts: CommOptions) -> dict | None:
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "host": topo.hosts[0], "hosts": topo.hosts, "backend": backend, "device": device,
         "world_size": topo.world, "nnodes": topo.nnodes, "local_world_size": topo.local_world,
-        "torch": torch.__version__, "options": opts.to_dict(), "rows": rows,
+        "torch": torch.__version__, "options": opts.to_dict(), "rows": rows, **device_info(device),
         "compute": {"achieved_flops": compute} if compute else {},
     }
 

@@ -111,6 +111,10 @@ def calibration(result: dict, fitted: dict | None = None, previous: dict | None 
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "host": result["host"], "backend": result["backend"], "device": result["device"],
         "world_size": result["world_size"], "nnodes": result["nnodes"],
+        # the cluster measured, for the planner: workers per node, machines (simulated nodes share one)
+        "nproc_per_node": result.get("local_world_size") or result["world_size"] // max(1, result["nnodes"]),
+        "hosts": result.get("hosts") or [result["host"]],
+        **{k: result[k] for k in ("device_name", "device_memory_bytes", "cores") if result.get(k) is not None},
         "links": links, "compute": compute,
     }
 

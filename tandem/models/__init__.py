@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import importlib
-
 from torch import nn
 
 from tandem.core.errors import ConfigError
 from tandem.core.spec import ModelSpec
+from tandem.models.factory import import_factory
 from tandem.models.resnet import ResNet, resnet18, resnet34, resnet50
 
 BUILTIN = {"resnet18": 18, "resnet34": 34, "resnet50": 50}
@@ -30,13 +29,7 @@ def build_model(spec: ModelSpec) -> nn.Module:
     if ":" not in name:
         raise ConfigError("unknown model", field="model.name", value=name,
                           fix=f"use {VALID} (got {name!r})")
-    module_name, _, attr = name.partition(":")
-    try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError, ValueError) as e:
-        # ValueError: an empty module name such as ':factory'.
-        raise ConfigError(f"cannot import {name!r} ({type(e).__name__}: {e})", field="model.name",
-                          value=name, fix=f"use {VALID}, with the module on PYTHONPATH") from e
+    factory = import_factory(name, field="model.name", valid=VALID)
     # The spec's width and small_input are ResNet knobs; a custom factory gets only what
     # every classifier needs.
     try:

@@ -3,7 +3,8 @@
 Schema ``tandem.calibration/1`` (JSON)::
 
     {"schema": "tandem.calibration/1", "created": ISO time, "host": str, "backend": "gloo"|"nccl",
-     "device": "cpu"|"cuda", "world_size": int, "nnodes": int,
+     "device": "cpu"|"cuda", "world_size": int, "nnodes": int, "nproc_per_node": int, "hosts": [str, ...],
+     "device_name": "cpu"|"NVIDIA A100-SXM4-80GB"|..., "device_memory_bytes": int, "cores": int,
      "links": {"intra_node": {"bandwidth_Bps": busbw, "latency_s": s,
                               "collectives": {"all_reduce": {"alpha_s", "beta_s_per_byte", "busbw_Bps"}, ...}},
                "inter_node": {... same; absent when measured on one node}},
@@ -20,6 +21,9 @@ Mapping (docs/plan.md, "Calibration"):
   hierarchical model gives that all-reduce 2(N-1)/N x S / B_node across nodes, nccl-tests's busbw is
   2(W-1)/W x S / t; equating the two (ignoring the intra-node phase) gives
   B_node = busbw x (N-1)/N x W/(W-1). That B_node replaces NICs x datasheet rate.
+- the cluster: a calibration describes the cluster it measured (device, nodes, workers per node,
+  one machine or several); `cluster_for` plans that cluster unless flags say otherwise, and refuses
+  flags that contradict it (docs/plan.md, "Calibration").
 - compute: achieved FLOP/s per precision replace the datasheet peak as the reference that the
   efficiency multiplies (default efficiency is then divided by 0.8, a GEMM's usual share of peak).
 """
@@ -76,6 +80,11 @@ def _busbw(link: dict, where: str) -> float:
     return _num(link, "bandwidth_Bps", where)
 
 
+def _datasheet(link: Link, bw: float) -> str:
+    """The datasheet number a measurement replaces; none when the link had none (a CPU cluster)."""
+    return "" if link.name.endswith("(unused)") else f" (datasheet {bw / 1e9:.3g})"
+
+
 def apply(c: Cluster, data: dict) -> Cluster:
     """The cluster with measured links and FLOP/s; notes say what was replaced."""
     notes = list(c.notes)
@@ -85,10 +94,10 @@ def apply(c: Cluster, data: dict) -> Cluster:
     if "intra_node" in links:
         li = links["intra_node"]
         bw = _busbw(li, "links.intra_node")
-        intra = Link(f"{c.intra.name}(measured)", bw, _step_latency(li, "links.intra_node"), "intra",
+        intra = Link(link_label(data, "intra"), bw, _step_latency(li, "links.intra_node"), "intra",
                      f"calibration {data.get('host', '?')}")
-        notes.append(f"intra-node: {bw / 1e9:.3g} GB/s bus bandwidth measured (datasheet "
-                     f"{c.intra.bandwidth_Bps / 1e9:.3g})")
+        notes.append(f"intra-node: {bw / 1e9:.3g} GB/s bus bandwidth measured"
+                     + _datasheet(c.intra, c.intra.bandwidth_Bps))
     if "inter_node" in links:
         le = links["inter_node"]
         busbw = _busbw(le, "links.inter_node")
@@ -98,11 +107,11 @@ def apply(c: Cluster, data: dict) -> Cluster:
             raise ConfigError("inter_node needs world_size >= 2 and nnodes >= 2", field="calibration",
                               value=(w, n), fix="re-run `tandem bench` across at least two nodes")
         b_node = busbw * (n - 1) / n * w / (w - 1)
-        inter = Link(f"{c.inter.name}(measured)", b_node, _step_latency(le, "links.inter_node"), "inter",
+        inter = Link(link_label(data, "inter"), b_node, _step_latency(le, "links.inter_node"), "inter",
                      f"calibration {data.get('host', '?')}")
         nics = 1
         notes.append(f"inter-node: {busbw / 1e9:.3g} GB/s busbw over {w} ranks on {n} nodes -> "
-                     f"{b_node / 1e9:.3g} GB/s per node (datasheet {c.node_bandwidth_Bps / 1e9:.3g})")
+                     f"{b_node / 1e9:.3g} GB/s per node" + _datasheet(c.inter, c.node_bandwidth_Bps))
     achieved = {}
     for k, v in ((data.get("compute") or {}).get("achieved_flops") or {}).items():
         if isinstance(v, (int, float)) and v > 0:
@@ -126,3 +135,15 @@ def apply(c: Cluster, data: dict) -> Cluster:
 
 def load(path: str | Path, c: Cluster) -> Cluster:
     return apply(c, read(path))
+
+
+def link_label(data: dict, kind: str) -> str:
+    """What a measured link is: gloo between processes of one machine runs over loopback TCP;
+    simulated nodes are processes of one machine too."""
+    backend = data.get("backend") or "?"
+    one_machine = len(set(data.get("hosts") or [])) == 1
+    if kind == "intra":
+        where = "loopback" if (data.get("device") or "cpu") == "cpu" else "intra-node"
+    else:  # a file from before "hosts" does not say whether its nodes were simulated
+        where = "inter-node" if not data.get("hosts") else "loopback" if one_machine else "network"
+    return f"{where}/{backend} (measured)"

@@ -7,6 +7,7 @@ it never starts a process or touches a GPU.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Optional
 
 import typer
@@ -14,8 +15,8 @@ import typer
 from tandem.core.errors import ConfigError
 from tandem.plan.cost import evaluate, validate
 from tandem.plan.inputs import PlanArgs, resolve, strategy
-from tandem.plan.report import render, to_dict
-from tandem.plan.search import fitting_micro_batch, reasons, search
+from tandem.plan.report import assumptions, render, to_dict
+from tandem.plan.search import default_micro_batch, fitting_micro_batch, reasons, search
 
 O = typer.Option
 
@@ -33,7 +34,8 @@ def plan_cmd(
     seq: Optional[int] = O(None, help="Sequence length."),
     vocab: Optional[int] = O(None, help="GPT: vocabulary size."),
     gated: Optional[bool] = O(None, "--gated/--no-gated", help="GPT: SwiGLU MLP (three matrices)."),
-    input_shape: Optional[str] = O(None, "--input-shape", help="For pkg.mod:factory: C,H,W or tokens:SEQ."),
+    input_shape: Optional[str] = O(None, "--input-shape",
+                                   help="Input of a pkg.mod:factory model (C,H,W, or tokens:SEQ)."),
     gpu: Optional[str] = O(None, help="GPU preset (a100-80gb, h100-sxm, ...; default a100-80gb)."),
     gpus_per_node: Optional[int] = O(None, "--gpus-per-node", help="GPUs per node (default 8)."),
     nodes: Optional[int] = O(None, help="Nodes (default 1)."),
@@ -97,16 +99,14 @@ def plan_cmd(
     else:
         s = strategy(v, c, t)
         validate(m, c, t, s)
+        mb_auto = not v.get("micro_batch")
+        if mb_auto:  # global batch / dp in one micro-batch rarely fits a large model: pick what does
+            s = default_micro_batch(m, c, t, s)
         p = evaluate(m, c, t, s)
         plans = [p]
+        extra["assumptions"] = assumptions(p, v["_given"], mb_auto)
         if not p.memory.fits:
-            fit = fitting_micro_batch(m, c, t, s)
-            if fit is not None:
-                g = t.global_batch // (s.dp * fit.micro_batch)
-                rc = f" --recompute {fit.recompute}" if fit.recompute != s.recompute else ""
-                extra["suggestion"] = (f"micro-batch {s.micro_batch} does not fit; micro-batch {fit.micro_batch} "
-                                       f"with {g} gradient accumulation step(s){rc and ' and ' + rc.strip()} "
-                                       f"does (--micro-batch {fit.micro_batch}{rc})")
+            extra["suggestion"] = suggestion(m, c, t, s)
     out = [to_dict(p) for p in plans]
     for d in out:
         d["cluster"]["notes"] = list(c.notes)
@@ -127,6 +127,24 @@ def plan_cmd(
             con.print(line, highlight=False)
         render(out[0], con)
         return
-    render(out[0], con)
+    render(out[0], con, extra.get("assumptions"))
     if "suggestion" in extra:
         con.print(f"[yellow]suggestion[/]: {extra['suggestion']}", highlight=False)
+
+
+def suggestion(m, c, t, s) -> str:
+    """What does fit: a smaller micro-batch (and recompute) with these degrees, else ZeRO-3, else --search."""
+    fit = fitting_micro_batch(m, c, t, s)
+    if fit is not None:
+        g = t.global_batch // (s.dp * fit.micro_batch)
+        rc = f" --recompute {fit.recompute}" if fit.recompute != s.recompute else ""
+        return (f"micro-batch {s.micro_batch} does not fit; micro-batch {fit.micro_batch} "
+                f"with {g} gradient accumulation step(s){rc and ' and ' + rc.strip()} "
+                f"does (--micro-batch {fit.micro_batch}{rc})")
+    if s.zero < 3 and s.pp == 1:
+        z3 = fitting_micro_batch(m, c, t, replace(s, zero=3))
+        if z3 is not None:
+            rc = f" --recompute {z3.recompute}" if z3.recompute != "none" else ""
+            return (f"no micro-batch fits with zero {s.zero}; sharding the model states over the {s.dp} "
+                    f"data-parallel GPUs does (--zero 3 --micro-batch {z3.micro_batch}{rc})")
+    return "no micro-batch fits with these degrees; try more GPUs, --tp/--pp, or --search"

@@ -6,7 +6,6 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from tandem.core.errors import ConfigError
-from tandem.plan import calibration
 from tandem.plan.config import Strategy, Training
 from tandem.plan.hardware import Cluster, load_cluster_file, make_cluster
 from tandem.plan.model import (CNN_PRESETS, GPT_PRESETS, GPTShape, ModelStats, from_hf_config, gpt_stats,
@@ -79,6 +78,18 @@ def from_job_spec(path: str) -> dict:
                micro_batch=spec.schedule.micro_batch, precision=spec.precision.dtype, optimizer=opt,
                gpus_per_node=spec.launch.nproc_per_node, nodes=int(nnodes), ref_batch=spec.optim.ref_batch,
                warmup_steps=spec.schedule.warmup_steps, threads_per_worker=spec.launch.threads_per_worker or None)
+    from tandem.core.dims import ZERO_STAGE
+
+    par = spec.parallel
+    out.update(tp=par.tp, pp=par.pp, zero=ZERO_STAGE.get(par.strategy, 0), hsdp=par.strategy == "hsdp",
+               schedule=par.pp_schedule, virtual=par.pp_virtual)
+    if par.activation_checkpoint == "full":  # tandem's "selective" (every ac_every-th block) has no planner twin
+        out["recompute"] = "full"
+    if spec.model.name == "gpt":  # tandem's own GPT (tandem/models/gpt.py): biases, LayerNorm, learned positions
+        m = spec.model
+        out.update(layers=m.layers, hidden=m.hidden, heads=m.heads, kv_heads=m.kv_heads, ffn=m.ffn, seq=m.seq,
+                   vocab=m.vocab)
+        out["_tied"] = m.tied
     if spec.model.name in CNN_PRESETS and (spec.model.width != 64 or spec.model.small_input
                                            or spec.model.num_classes != 1000):
         out["_spec_model"] = spec.model
@@ -121,42 +132,60 @@ def resolve_model(v: dict, spec: dict) -> ModelStats:
         return measure(name, v["input_shape"])
     if name and name.endswith(".json"):
         return from_hf_config(name, v.get("seq"))
-    if name in (None, "gpt") and any(v.get(k) for k in shape_keys):
+    if name == "gpt" or (name is None and any(v.get(k) for k in shape_keys)):
         missing = [k for k in shape_keys if not v.get(k)]
         if missing:
             raise ConfigError(f"a GPT shape needs {', '.join('--' + k for k in missing)}", field=missing[0],
                               fix="give --layers --hidden --heads --vocab (and --seq, --ffn, --kv-heads)")
         shape = GPTShape(layers=v["layers"], hidden=v["hidden"], heads=v["heads"], seq=v.get("seq") or 2048,
                          vocab=v["vocab"], kv_heads=v.get("kv_heads") or 0, ffn=v.get("ffn") or 0,
-                         gated=bool(v.get("gated")))
-        return gpt_stats(shape)
+                         gated=bool(v.get("gated")), tied=spec.get("_tied", True))
+        return gpt_stats(shape, source="job spec" if "_tied" in spec else "formula")
     if name is None:
-        raise ConfigError("no model given", field="model", fix="give --model resnet50 | gpt3-175b | ... , "
-                          "--params N, --layers/--hidden/--heads/--vocab, a config.json, or pkg.mod:factory")
+        raise ConfigError("no model given", field="model",
+                          fix="name one as the first argument (tandem plan resnet50 | gpt3-175b | llama2-7b | "
+                              "gpt --layers ... | config.json | pkg.mod:factory), or give --config job.toml "
+                              "or --params N")
     m = preset(name, v.get("seq"))
     if v.get("params") is not None and name not in GPT_PRESETS:
         m.params = int(v["params"])  # a preset's compute with an explicit parameter count (e.g. 25.6e6)
     return m
 
 
-def resolve_cluster(v: dict) -> Cluster:
+def resolve_cluster(v: dict, spec: dict | None = None) -> Cluster:
     kw = dict(gpu=v["gpu"], gpus_per_node=v["gpus_per_node"], nodes=v["nodes"], intra=v.get("intra"),
               inter=v["inter"], nics_per_node=v["nics_per_node"], price_per_gpu_hour=v.get("price"))
+    given = set(v.get("_given", ()))
+    file_cluster = None
     if v.get("cluster"):
-        given = {k: getattr_given for k, getattr_given in kw.items() if k in v.get("_given", ())}
-        c = load_cluster_file(v["cluster"], **given)
-    else:
-        c = make_cluster(**kw)
+        file_cluster = load_cluster_file(v["cluster"], **{k: x for k, x in kw.items() if k in given})
+        given |= cluster_file_keys(v["cluster"])
+        v.update(gpu=file_cluster.gpu.name, gpus_per_node=file_cluster.gpus_per_node, nodes=file_cluster.nodes,
+                 intra=file_cluster.intra.name, inter=file_cluster.inter.name,
+                 nics_per_node=file_cluster.nics_per_node)
     if v.get("calibration"):
-        c = calibration.load(v["calibration"], c)
-    return c
+        from tandem.plan.calibrated import cluster_for
+
+        # a job spec's launch shape is the job's, as if given on the command line
+        given |= {k for k in ("gpus_per_node", "nodes") if k in (spec or {})}
+        return cluster_for(v["calibration"], v, given, file_cluster)
+    return file_cluster if file_cluster is not None else make_cluster(**kw)
+
+
+def cluster_file_keys(path: str) -> set[str]:
+    import yaml
+
+    keys = set(yaml.safe_load(Path(path).read_text()) or {})
+    return {"gpu" if k == "custom_gpu" else k for k in keys}
 
 
 def resolve(a: PlanArgs) -> tuple[ModelStats, Cluster, Training, dict]:
     v, spec = merge(a)
     v["_given"] = {f.name for f in fields(a) if getattr(a, f.name) is not None}
     m = resolve_model(v, spec)
-    c = resolve_cluster(v)
+    c = resolve_cluster(v, spec)
+    if c.gpu.name == "cpu" and "precision" not in v["_given"] and "precision" not in spec:
+        v["precision"] = "fp32"  # CPU workers train in fp32 unless told otherwise (tandem's default)
     samples = v.get("samples")
     if v.get("epochs") is not None:
         if not samples:
@@ -178,8 +207,13 @@ def strategy(v: dict, c: Cluster, t: Training) -> Strategy:
     dp = v.get("dp")
     if dp is None:
         if c.world % (tp * pp):
-            raise ConfigError(f"tp x pp = {tp * pp} does not divide the {c.world} GPUs", field="tp",
-                              value=tp, fix="choose tp and pp whose product divides the GPU count")
+            # name the degree the user can change: tp alone already fails, or pp is what breaks it
+            k, val, other = ("tp", tp, pp) if c.world % tp else ("pp", pp, tp)
+            ok = [d for d in range(1, c.world // other + 1) if c.world % (d * other) == 0]
+            raise ConfigError(f"tp {tp} x pp {pp} = {tp * pp} does not divide the {c.world} GPUs", field=k,
+                              value=val, fix=f"choose --{k} among {', '.join(map(str, ok))} (with "
+                                             f"{'pp' if k == 'tp' else 'tp'} {other}), or change "
+                                             "--gpus-per-node/--nodes")
         dp = c.world // (tp * pp)
     return Strategy(dp=dp, tp=tp, pp=pp, zero=v["zero"], micro_batch=v.get("micro_batch") or 0,
                     schedule=v["schedule"], virtual=v["virtual"], recompute=v["recompute"], hsdp=v["hsdp"])

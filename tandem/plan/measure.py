@@ -12,8 +12,6 @@ Runs on the CPU in about a second for a ResNet-50.
 
 from __future__ import annotations
 
-import importlib
-
 from tandem.core.errors import ConfigError
 from tandem.plan.model import ModelStats
 
@@ -38,12 +36,9 @@ def build(path: str, kwargs: dict | None = None):
     import torch
     from torch import nn
 
-    module_name, _, attr = path.partition(":")
-    try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError, ValueError) as e:
-        raise ConfigError(f"cannot import {path!r} ({type(e).__name__}: {e})", field="model", value=path,
-                          fix="give pkg.module:factory with the module on PYTHONPATH") from None
+    from tandem.models.factory import import_factory
+
+    factory = import_factory(path, field="model", valid="pkg.module:factory")
     with torch.device("meta"):
         model = factory(**(kwargs or {}))
     if not isinstance(model, nn.Module):

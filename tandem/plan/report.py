@@ -8,6 +8,7 @@ from tandem.plan.cost import Plan
 from tandem.plan.explain import explain, gib, ms, si, warnings
 
 SCHEMA = "tandem.plan/1"
+KINDS = {"gpt": "transformer", "cnn": "CNN", "net": "measured token model", "params": "bare parameter count"}
 
 
 def to_dict(p: Plan, with_explain: bool = True) -> dict[str, Any]:
@@ -54,13 +55,17 @@ def to_dict(p: Plan, with_explain: bool = True) -> dict[str, Any]:
     }
 
 
-def render(d: dict[str, Any], console) -> None:
+def render(d: dict[str, Any], console, assumed: list[str] | None = None) -> None:
     from rich.table import Table
 
     st, tm, mem, th = d["strategy"], d["time"], d["memory_per_gpu"], d["throughput"]
     cl = d["cluster"]  # compute measured on this host's workers: the GPU preset then only sets memory limits
-    who = cl["gpu"] if cl["compute_from"].endswith("preset") else f"{cl['compute_from']}; memory of {cl['gpu']}"
-    title = f"{d['model']['name']} on {cl['nodes']}x{cl['gpus_per_node']} {who} ({cl['intra']} / {cl['inter']})"
+    if cl["gpu"] == "cpu":  # a CPU cluster from a calibration: its workers, the host's RAM shared
+        who = "cpu workers" if cl["compute_from"].endswith("preset") else cl["compute_from"]
+    else:
+        who = cl["gpu"] if cl["compute_from"].endswith("preset") else f"{cl['compute_from']}; memory of {cl['gpu']}"
+    links = cl["intra"] if cl["nodes"] == 1 else f"{cl['intra']} / {cl['inter']}"
+    title = f"{d['model']['name']} on {cl['nodes']}x{cl['gpus_per_node']} {who} ({links})"
     tab = Table(title=title, show_header=True, header_style="bold")
     tab.add_column("quantity")
     tab.add_column("value", justify="right")
@@ -90,6 +95,8 @@ def render(d: dict[str, Any], console) -> None:
     for k, v in rows:
         tab.add_row(k, v)
     console.print(tab)
+    if assumed:
+        console.print("assumed: " + "; ".join(assumed), highlight=False)
     if d["comm"]:
         ct = Table(show_header=True, header_style="bold", title="communication per step")
         for col in ("name", "collective", "bytes", "calls", "group", "link", "time", "exposed"):
@@ -102,3 +109,28 @@ def render(d: dict[str, Any], console) -> None:
         console.print(f"[yellow]warning[/]: {w}", highlight=False)
     for line in d["explain"]:
         console.print(f"  {line}", highlight=False)
+
+
+def assumptions(p: Plan, given: set[str], mb_auto: bool) -> list[str]:
+    """The inputs that decide the answer, each marked as given or as the planner's default (and its flag)."""
+    c, t, s = p.cluster, p.training, p.strategy
+
+    def how(flag: str, default_why: str) -> str:
+        return "given" if flag in given else f"{default_why}; --{flag.replace('_', '-')} to change"
+
+    out = [f"micro-batch {s.micro_batch} x {p.grad_accum} accumulation ("
+           + (("the largest that fits" if p.memory.fits else "none fits: the smallest") if mb_auto else "given") + ")"]
+    if c.nodes > 1 and not c.inter.name.endswith("(measured)"):
+        out.append(f"{c.nics_per_node} x {c.inter.name} NIC(s) per node = {c.node_bandwidth_Bps / 1e9:.3g} GB/s "
+                   f"({how('nics_per_node', 'default')})")
+    if p.comm:
+        out.append(f"overlap {t.overlap:g} of DP communication hidden ({how('overlap', 'default, none hidden')})")
+    if p.compute_measured:
+        out.append("compute time measured (--compute-time)")
+    elif p.host_factors:
+        out.append("compute from this model's measured FLOP/s (calibration)")
+    else:
+        ref = "calibrated" if t.precision in c.achieved_flops else "datasheet peak"
+        out.append(f"efficiency {p.efficiency:.2f} of {ref} {t.precision} FLOP/s "
+                   f"({how('efficiency', 'default for a ' + KINDS.get(p.model.kind, p.model.kind))})")
+    return out

@@ -168,3 +168,16 @@ def fitting_micro_batch(m: ModelStats, c: Cluster, t: Training, s: Strategy) -> 
             if check(m, c, t, cand) is None and evaluate(m, c, t, cand).memory.fits:
                 return cand
     return None
+
+
+def default_micro_batch(m: ModelStats, c: Cluster, t: Training, s: Strategy) -> Strategy:
+    """A planner user who gives no --micro-batch: the largest that fits with these degrees and this
+    recompute (gradient accumulation keeps the global batch), with at least pp micro-batches per step
+    when there is a pipeline; micro-batch 1 (the least memory) when none fits."""
+    per = t.global_batch // s.dp
+    ds = [d for d in divisors(per) if s.pp == 1 or per // d >= s.pp] or [1]
+    for mb in reversed(ds):
+        cand = replace(s, micro_batch=mb)
+        if check(m, c, t, cand) is None and evaluate(m, c, t, cand).memory.fits:
+            return cand
+    return replace(s, micro_batch=ds[0])

@@ -129,7 +129,8 @@ def test_plan_cli_uses_the_measured_model(tmp_path):
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["cluster"]["compute_from"] == "cpu workers, measured (resnet18)"
     table = CliRunner().invoke(app, ["plan", "--config", str(sp), "--calibration", str(cal)], env={"COLUMNS": "200"})
-    assert "cpu workers, measured (resnet18); memory of a100-80gb" in table.output  # not "an A100" in the title
+    title = table.output.splitlines()[[i for i, l in enumerate(table.output.splitlines()) if "┏" in l][0] - 1]
+    assert "1x4 cpu workers, measured (resnet18) (loopback/gloo (measured))" in title  # not an A100 in the title
     tm = json.loads(r.output)["time"]
     assert tm["host_core_slowdown"] == pytest.approx(4 * spec.launch.threads_per_worker / 2)
     assert tm["compute_s"] == pytest.approx(32 * flops / 4e9 * tm["host_core_slowdown"] * tm["host_straggler_factor"])
