@@ -15,8 +15,11 @@ earlier one wrote). The lines after a command are its expected output:
   overrides).
 
 Options follow the language on the fence line: ```console tol=0.05 exit=1. A block that cannot
-run here says why: ```console skip=needs-two-hosts. ``` bash blocks are not run, but each of
-their ``tandem train`` lines must pass ``tandem spec`` (the same spec and overrides).
+run here says why on the line above its fence: ``<!-- doc-test: skip (why) -->`` (the marker
+tests/plan/test_docs.py reads too). Blocks with a ``tandem plan`` command belong to that test,
+which also runs the commands before it that write its inputs, and checks numbers with units.
+``` bash blocks are not run, but each of their ``tandem train`` lines must pass ``tandem spec``
+(the same spec and overrides).
 """
 
 from __future__ import annotations
@@ -43,6 +46,11 @@ class Block:
     lang: str
     opts: dict
     body: list[str]
+    skip: str = ""  # the reason of a <!-- doc-test: skip (...) --> marker above the fence
+
+    @property
+    def plan_block(self) -> bool:
+        return any(ln.startswith("$ tandem plan") for ln in self.body)
 
     def commands(self) -> list[Command]:
         out: list[Command] = []
@@ -58,18 +66,24 @@ class Block:
         return out
 
 
+SKIP_MARK = re.compile(r"<!-- doc-test: skip \((.+)\) -->")
+
+
 def blocks(doc: Path) -> list[Block]:
-    found, cur = [], None
+    found, cur, above = [], None, ""
     for i, ln in enumerate(doc.read_text().splitlines(), 1):
         if cur is None and ln.startswith("```"):
             info = ln[3:].strip().split()
             opts = dict(o.split("=", 1) for o in info[1:] if "=" in o)
-            cur = Block(doc, i, info[0] if info else "", opts, [])
+            m = SKIP_MARK.search(above)
+            cur = Block(doc, i, info[0] if info else "", opts, [], m.group(1) if m else "")
         elif cur is not None and ln.startswith("```"):
             found.append(cur)
             cur = None
         elif cur is not None:
             cur.body.append(ln)
+        if cur is None and ln.strip():
+            above = ln
     return found
 
 
@@ -135,7 +149,7 @@ def train_lines(block: Block) -> list[str]:
     for ln in text.splitlines():
         ln = ln.split(" #", 1)[0].strip()
         if ln.startswith("tandem train "):
-            out.append(ln)
+            out.append(" ".join(ln.split()))
     return out
 
 

@@ -34,7 +34,7 @@ def _run(cmd: Command, box: Path) -> subprocess.CompletedProcess:
 def test_console_examples_run_and_print_what_the_doc_says(doc, tmp_path):
     box, problems = _sandbox(tmp_path), []
     for block in [b for b in blocks(doc) if b.lang == "console"]:
-        if "skip" in block.opts:
+        if block.skip or block.plan_block:  # plan blocks: tests/plan/test_docs.py
             continue
         tol = float(block.opts.get("tol", 0))
         for cmd in block.commands():
@@ -66,8 +66,9 @@ def test_train_lines_in_bash_examples_are_valid_specs(doc):
 def test_every_skipped_block_says_why():
     for doc in DOCS:
         for b in blocks(doc):
-            if "skip" in b.opts:
-                assert len(b.opts["skip"]) > 3, f"{doc.name}:{b.line}: skip= needs a reason"
+            assert "skip" not in b.opts, f"{doc.name}:{b.line}: skip with <!-- doc-test: skip (why) --> above"
+            if b.skip:
+                assert len(b.skip) >= 5, f"{doc.name}:{b.line}: say why the block cannot run"
 
 
 def test_the_matcher_can_fail():
