@@ -241,7 +241,8 @@ def train_cmd(
         if as_json and old.is_file():
             print(old.read_text())
         console.print(f"{e} (result: {old if old.is_file() else 'n/a'}). To train it again from the start: "
-                      "--fresh; to train longer: raise --schedule.epochs or --schedule.max_steps", highlight=False)
+                      "--fresh; to train longer: raise --schedule.epochs or --schedule.max_steps", highlight=False,
+                      soft_wrap=True)
         return
     if as_json:
         print(json.dumps(result, indent=1))

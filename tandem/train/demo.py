@@ -31,7 +31,7 @@ def run_demo(config: str | None, run_dir: Path, console: Console) -> dict:
     threads = base.launch.threads_per_worker or max(1, (os.cpu_count() or 1) // 4)
     one = dataclasses.replace(
         base, name="demo-1-worker",
-        schedule=dataclasses.replace(base.schedule, epochs=1, max_steps=30),
+        schedule=dataclasses.replace(base.schedule, epochs=1, max_steps=0),  # one epoch: 23 steps
         checkpoint=dataclasses.replace(base.checkpoint, resume="none", every_steps=0, at_end=False),
         launch=dataclasses.replace(base.launch, simulate_nodes=0, nproc_per_node=1, threads_per_worker=threads,
                                    run_dir=str(run_dir / "1-worker")))

@@ -29,7 +29,8 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-NUM = re.compile(r"(?<![\w.])~?-?\d+(?:\.\d+)?(?:e[+-]?\d+)?(?![\w])")
+# a number, alone or before a unit-like "x" (1.12x); "8B" or "rank2" are text
+NUM = re.compile(r"(?<![\w.])~?-?\d+(?:\.\d+)?(?:e[+-]?\d+)?(?=x\b|[^\w]|$)")
 SKIP_LINE = re.compile(r"^\s*(\.\.\.)?\s*$|━|^[┏┡└┃┗╭╰]")
 
 

@@ -77,6 +77,8 @@ def test_the_matcher_can_fail():
     assert not line_matches("done: 69 steps on 4 workers", "done: 70 steps on 4 workers", 0)
     assert line_matches("acc 0.95", "acc 0.96", 0.05) and not line_matches("acc 0.95", "acc 0.85", 0.05)
     assert line_matches("~211 samples/s", "180 samples/s", 0)
+    assert line_matches("(~1.12x)", "(1.5x)", 0) and not line_matches("(1.12x)", "(1.5x)", 0.1)
+    assert not line_matches("size 8B", "size 9B", 1.0)
     assert not line_matches("211 samples/s", "211 tokens/s", 1.0)
     assert line_matches("error: tp: ... (got 3)", "error: tp: tp 3 x pp 1 = 3 does not divide 2 (got 3)", 0)
     cmd = Command("tandem x", ["a 1", "", "...", "b 2"])
