@@ -90,7 +90,7 @@ def find_checkpoint(path: Path) -> tuple[Path, Path | None]:
     if (path / "spec.json").is_file():
         spec = json.loads((path / "spec.json").read_text())
         cdir = Path(spec.get("checkpoint", {}).get("dir") or path / "checkpoints")
-        found = ckpt.latest(cdir)
+        found = _newest(cdir)
         if found is None:
             raise CheckpointError("the run has no complete checkpoint that matches its manifest", field=FIELD,
                                   value=str(path), fix="train with checkpoints on (checkpoint.at_end = true) "
@@ -99,6 +99,16 @@ def find_checkpoint(path: Path) -> tuple[Path, Path | None]:
     raise CheckpointError("not a checkpoint (no .metadata or meta.json) nor a run dir (no spec.json)",
                           field=FIELD, value=str(path),
                           fix="give a run dir (runs/<job>) or a checkpoint folder (runs/<job>/checkpoints/step-N)")
+
+
+def _newest(cdir: Path) -> Path | None:
+    """The checkpoint ``latest`` names, else the newest complete one. Unlike a resume, no silent fallback
+    past one that fails its manifest: open_source refuses it by name."""
+    pointer = cdir / "latest"
+    if pointer.is_file() and ckpt.is_complete(p := cdir / pointer.read_text().strip()):
+        return p
+    found = ckpt.list_complete(cdir)
+    return found[-1] if found else None
 
 
 def open_source(path: Path, spec_path: Path | None = None) -> Source:
