@@ -147,10 +147,11 @@ def shard_names(n: int) -> list[str]:
     return ["model.safetensors"] if n == 1 else [f"model-{k + 1:05d}-of-{n:05d}.safetensors" for k in range(n)]
 
 
-def _groups(names: list[str], src: Source, budget: int) -> list[list[str]]:
-    """Consecutive names read by one dcp.load: at most half the budget (the other half: the cast)."""
-    cap = max(budget // 2, 1)
-    cap = min(cap, max(MIN_GROUP, max(_nbytes(*src.tensors[n]) for n in names)))
+def _groups(names: list[str], src: Source, budget: int, explicit: bool) -> list[list[str]]:
+    """Consecutive names read by one dcp.load. Held at once: the group, plus one tensor as torch.load
+    reads it or as it is cast. By default a group is one large tensor (or small ones up to 16 MiB): peak
+    2 x the largest tensor. With --max-memory M, groups of up to M/2 (M >= 2 x the largest): fewer reads."""
+    cap = budget // 2 if explicit else max(MIN_GROUP, max(_nbytes(*src.tensors[n]) for n in names))
     groups, size = [[]], 0
     for n in names:
         b = _nbytes(*src.tensors[n])
@@ -184,7 +185,7 @@ def _write(src: Source, tmp: Path, shards: list[list[Entry]], target, o: ExportO
     names = [e.name for e in all_entries]
     try:
         with bar(sum(e.nbytes for e in all_entries), o.progress) as advance:
-            for group in _groups(names, src, budget):
+            for group in _groups(names, src, budget, o.max_memory is not None):
                 got = src.read(group)
                 for n in group:
                     t = got.pop(n)

@@ -143,8 +143,13 @@ def verify(folder) -> dict:
     cfg = read_config(folder)
     model = load(folder)
     x = fmt.make_input(cfg["example_input"])
-    with torch.no_grad():
-        y = model(x)
+    try:
+        with torch.no_grad():
+            y = model(x)
+    except Exception as e:
+        raise CheckpointError(f"the model's forward failed on the example input {cfg['example_input']['shape']} "
+                              f"({type(e).__name__}: {str(e)[:200]})", field=FIELD, value=str(folder),
+                              fix="check the model's factory, or that the run's spec describes its input") from e
     if not torch.isfinite(y.float()).all():
         raise CheckpointError("the model's forward gave non-finite outputs", field=FIELD, value=str(folder),
                               fix="check the training run (loss) and the export dtype")

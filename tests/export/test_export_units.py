@@ -164,3 +164,48 @@ def test_force_replaces_and_verify_catches_an_altered_file(gpt_run, tmp_path, ca
     (out / "model.safetensors").write_bytes(bytes(data))
     code, stdout, err = cli(["export", "verify", str(out)], capsys)
     assert code == 2 and "model.safetensors is altered" in err, err
+
+
+def _train_bn(sd):
+    sd["bn.running_mean"].uniform_(-1, 1)
+    sd["bn.running_var"].uniform_(0.5, 2)
+    sd["bn.num_batches_tracked"].fill_(7)
+
+
+def test_a_users_own_model_exports_with_its_factory(tmp_path):
+    run = write_checkpoint(tmp_path / "run", {"name": "export.custom_model:build"}, mutate=_train_bn)
+    r = _export(run, tmp_path / "out")
+    cfg = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert cfg["factory"] == {"name": "export.custom_model:build", "kwargs": {"num_classes": 10, "in_channels": 3}}
+    ref = reference_state(latest_checkpoint(run), tmp_path)
+    got = _stored(tmp_path / "out")
+    assert set(got) == set(ref) and got["bn.num_batches_tracked"].dtype == torch.int64
+    assert all(torch.equal(got[k], ref[k]) for k in got) and r["dtype"] == "keep"
+    model = load(tmp_path / "out")
+    from export.custom_model import build
+    ref_model = build().eval()
+    ref_model.load_state_dict(ref)
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert torch.equal(model(x), ref_model(x))
+    assert float(model.scale) == 0.5                  # the non-persistent buffer, from a real build
+    assert verify(tmp_path / "out")["output_shape"] == [1, 10]
+
+
+def test_incomplete_checkpoint_and_full_disk(gpt_run, tmp_path, capsys, monkeypatch):
+    run = tmp_path / "run"
+    shutil.copytree(gpt_run, run)
+    ck = latest_checkpoint(run)
+    (ck / ".metadata").unlink()
+    code, _, err = cli(["export", str(ck), "--out", str(tmp_path / "out")], capsys)
+    assert code == 2 and "incomplete checkpoint (missing .metadata)" in err, err
+    import errno
+
+    from tandem.export import stfile
+
+    def full(self, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(stfile.StreamFile, "_put", full)
+    code, _, err = cli(["export", str(gpt_run), "--out", str(tmp_path / "out")], capsys)
+    assert code == 1 and "No space left on device" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".tmp-export*"))
