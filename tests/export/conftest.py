@@ -19,6 +19,9 @@ LAYOUTS = {
     "zero3": [str(GPT), *SMALL, "--parallel.strategy", "zero3"],
     "tp2": [str(GPT), *SMALL, "--parallel.tp", "2"],
     "pp2": [str(GPT), *SMALL, "--parallel.pp", "2", "--model.tied", "false"],
+    # dp 2 x tp 2 on 4 ranks, the dp dimension sharded by FSDP2 (zero2): both in one run
+    "dp2xtp2-zero2": [str(GPT), *SMALL, "--parallel.tp", "2", "--parallel.strategy", "zero2",
+                      "--schedule.micro_batch", "4", "--launch.nproc_per_node", "4"],
 }
 
 

@@ -25,7 +25,7 @@ def _inputs(spec) -> torch.Tensor:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", ["ddp", "zero3", "tp2", "pp2", "resnet"])
+@pytest.mark.parametrize("layout", ["ddp", "zero3", "tp2", "pp2", "dp2xtp2-zero2", "resnet"])
 def test_export_of_a_trained_checkpoint_is_exact(trained, tmp_path, layout):
     run = trained(layout)
     ckpt = latest_checkpoint(run)
@@ -35,9 +35,11 @@ def test_export_of_a_trained_checkpoint_is_exact(trained, tmp_path, layout):
     for k, v in got.items():
         assert torch.equal(v, ref[k]), k
     assert set(got) | set(r["tied"]) == set(ref)
-    assert (r["tied"] == {"head.weight": "tok_emb.weight"}) == (layout in ("ddp", "zero3", "tp2"))
+    assert (r["tied"] == {"head.weight": "tok_emb.weight"}) == (layout not in ("pp2", "resnet"))
     man = json.loads((tmp_path / "a" / "manifest.json").read_text())
-    assert man["provenance"]["world_size"] == 2 and man["provenance"]["step"] == 2
+    prov = man["provenance"]
+    assert prov["world_size"] == (4 if layout.startswith("dp2") else 2) and prov["step"] == 2
+    assert prov["layout"]["tp"] == (2 if "tp2" in layout else 1)
     if layout == "resnet":   # BatchNorm statistics and the integer counters are exported as they were
         assert got["bn1.num_batches_tracked"].dtype == torch.int64 and int(got["bn1.num_batches_tracked"]) == 2
 
