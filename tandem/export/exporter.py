@@ -14,6 +14,7 @@ Order of work (each step can refuse with one line, before anything is written):
 from __future__ import annotations
 
 import json
+import math
 import os
 import resource
 import shutil
@@ -79,7 +80,7 @@ def export(o: ExportOptions) -> dict:
                           field="--max-memory", value=o.max_memory, fix=f"give at least {2 * largest} bytes")
     _check_tied(src, tied, budget)
     shards = _shards(order(entries), o.shard_size)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    made = _mkdirs(out.parent)
     tmp = out.parent / f".tmp-export-{out.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
@@ -93,11 +94,11 @@ def export(o: ExportOptions) -> dict:
                                                         record.get("tp_ranks")))
         _publish(tmp, out, o.force)
     except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _clean(tmp, made)
         raise ExportIOError(f"writing the export failed ({type(e).__name__}: {e})", field="--out", value=str(out),
                             fix="free space or fix permissions there, then export again") from e
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _clean(tmp, made)
         raise
     total = sum(v["bytes"] for k, v in files.items() if k.endswith(".safetensors") and "/" not in k)
     return {"out": str(out), "checkpoint": str(src.path), "step": src.step, "tensors": len(entries),
@@ -105,6 +106,27 @@ def export(o: ExportOptions) -> dict:
             "max_cast_error": record["max_cast_error"], "tp": o.tp, "seconds": time.perf_counter() - t0,
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "largest_tensor_bytes": largest, "memory_budget_bytes": budget}
+
+
+def _mkdirs(folder: Path) -> list[Path]:
+    """Create ``folder`` and its missing parents; returns those created, deepest first."""
+    made = []
+    p = folder
+    while not p.exists():
+        made.append(p)
+        p = p.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    return made
+
+
+def _clean(tmp: Path, made: list[Path]) -> None:
+    """After a failure: the temporary folder and any parent folder this export created."""
+    shutil.rmtree(tmp, ignore_errors=True)
+    for p in made:
+        try:
+            p.rmdir()
+        except OSError:
+            break
 
 
 def _nbytes(dtype: torch.dtype, shape) -> int:
@@ -190,6 +212,10 @@ def _write(src: Source, tmp: Path, shards: list[list[Entry]], target, o: ExportO
                 for n in group:
                     t = got.pop(n)
                     out_t, err = _cast(t, target)
+                    if not math.isfinite(err):
+                        raise ConfigError(f"{n} does not fit in {o.dtype}: casting gives non-finite values "
+                                          f"(largest |value| {t.abs().max().item():.4g})", field="--dtype",
+                                          value=o.dtype, fix="export with --dtype bf16, fp32 or keep")
                     del t
                     k = where[n]
                     sha = writers[k].write(n, out_t)

@@ -125,6 +125,7 @@ def _untie(sd):
     ("tp 3", ["--tp", "3"], "heads 4 is not divisible by tp 3 (4 % 3 = 1)"),
     ("tied differ", [], "the model ties head.weight to tok_emb.weight but the checkpoint holds different values"),
     ("memory", ["--max-memory", "1K"], "--max-memory: the largest tensor takes"),
+    ("fp16 overflow", ["--dtype", "fp16"], "--dtype: tok_emb.weight does not fit in fp16"),
 ])
 def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, capsys, gpt_run, case, args, needle):
     run, out = tmp_path / "run", tmp_path / "out"
@@ -132,6 +133,8 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, capsys, gpt_
         run.mkdir()
     elif case == "tied differ":
         write_checkpoint(run, mutate=_untie)
+    elif case == "fp16 overflow":
+        write_checkpoint(run, mutate=lambda sd: sd["tok_emb.weight"].view(-1)[0].fill_(1e6))
     else:
         shutil.copytree(gpt_run, run)
     if case == "corrupt shard":
@@ -139,6 +142,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, capsys, gpt_
     if case == "out exists":
         out.mkdir()
         (out / "keep.txt").write_text("mine")
+    out = out / "nested" if case == "fp16 overflow" else out   # a parent it creates is removed again
     code, stdout, err = cli(["export", str(run), "--out", str(out), *args], capsys)
     assert code == 2, (stdout, err)
     assert err.startswith("error: ") and needle in err and "Fix: " in err, err
@@ -146,7 +150,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, capsys, gpt_
     if case == "out exists":
         assert [p.name for p in out.iterdir()] == ["keep.txt"]
     else:
-        assert not out.exists()
+        assert not out.exists() and not (tmp_path / "out").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-export")]
 
 
