@@ -21,12 +21,11 @@ def _bench():
 @pytest.mark.slow
 def test_streamed_export_of_1gib_stays_within_the_bound(tmp_path):
     b = _bench()
-    r = b.measure(b.prepare(tmp_path, size_gib=1.0, tensor_mib=64))
+    r = b.measure(b.prepare(tmp_path, size_gib=1.0, tensor_mib=64), whole_load=False)  # the ratio: the bench
     mib = 1 << 20
     print(f"\nbaseline {r['baseline_peak_bytes'] / mib:.0f} MiB, streamed {r['streamed_peak_bytes'] / mib:.0f} MiB "
-          f"(bound {r['bound_bytes'] / mib:.0f}), whole load {r['whole_peak_bytes'] / mib:.0f} MiB")
+          f"(bound {r['bound_bytes'] / mib:.0f})")
     assert r["checkpoint_bytes"] >= 1 << 30
     assert r["within_bound"], json.dumps({k: v for k, v in r.items() if k != "export_summary"})
-    assert r["whole_peak_bytes"] > r["streamed_peak_bytes"] + 512 * mib   # the whole load holds it all
     config = json.loads((tmp_path / "out-big" / "config.json").read_text())   # a user's factory, recorded
     assert config["factory"] == {"name": "tandem_bench_big:build", "kwargs": {"num_classes": 10, "in_channels": 3}}
