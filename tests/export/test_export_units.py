@@ -213,3 +213,15 @@ def test_incomplete_checkpoint_and_full_disk(gpt_run, tmp_path, capsys, monkeypa
     code, _, err = cli(["export", str(gpt_run), "--out", str(tmp_path / "out")], capsys)
     assert code == 1 and "No space left on device" in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".tmp-export*"))
+
+
+@pytest.mark.slow
+def test_tp_slices_are_what_tandems_training_tp_plan_holds(gpt_run, tmp_path):
+    from tandem.train.parallel.check import spawn
+
+    from export.tp_worker import check_slices
+    _export(gpt_run, tmp_path / "out", tp=2)
+    for rank in spawn(check_slices, 2, str(tmp_path / "out")):
+        assert rank["names"] and rank["mismatched"] == [], rank
+        assert "layers.0.attn.wo.weight" in rank["sharded"] and "tok_emb.weight" in rank["sharded"]
+        assert rank["max_diff"] < 1e-5, rank                   # tp forward = full forward (sum order differs)
