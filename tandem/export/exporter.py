@@ -13,7 +13,6 @@ Order of work (each step can refuse with one line, before anything is written):
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import resource
