@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from export.conftest import latest_checkpoint, reference_state
+from export.export_helpers import latest_checkpoint, reference_state
 from tandem.export import load, verify
 from tandem.export.exporter import ExportOptions, export
 from tandem_testing import run_tandem

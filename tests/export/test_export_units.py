@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from export.conftest import cli, latest_checkpoint, reference_state, write_checkpoint
+from export.export_helpers import cli, latest_checkpoint, reference_state, write_checkpoint
 from tandem.export import load, verify
 from tandem.export.exporter import ExportOptions, export
 
