@@ -17,6 +17,12 @@ def run_tandem(*args: str, timeout: float = 240, env: dict | None = None, cwd: P
                           timeout=timeout, env=full_env, cwd=cwd)
 
 
+def snapshot(folder: Path) -> dict:
+    """Every file below ``folder`` with its size and mtime: equal snapshots mean nothing was touched."""
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(Path(folder).rglob("*")) if p.is_file()}
+
+
 TINY = """
 name = "tiny"
 [model]

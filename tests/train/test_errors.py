@@ -6,26 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from tandem_testing import run_tandem
-
-
-def snapshot(folder: Path) -> dict:
-    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+from tandem_testing import run_tandem, snapshot
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """One small finished run with two checkpoints, shared by the tests below (read-only)."""
-    tmp = tmp_path_factory.mktemp("trained")
-    spec = tmp / "job.toml"
-    from tandem_testing import TINY
-
-    spec.write_text(TINY.format(model="resnet18", remainder="pad", global_batch=32, micro_batch=8, max_steps=4,
-                                dtype="fp32", every=2, keep=2, nproc=2, run_dir=str(tmp / "run")))
-    r = run_tandem("train", str(spec))
-    assert r.returncode == 0, r.stderr
-    return spec, tmp / "run" / "checkpoints"
+def trained(finished_run):
+    """A small finished run with two checkpoints (read-only): the spec and its checkpoint folder."""
+    spec, run = finished_run
+    return spec, run / "checkpoints"
 
 
 def expect_error(r, *words):

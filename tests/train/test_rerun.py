@@ -8,26 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from tandem_testing import TINY, run_tandem
+from tandem_testing import run_tandem, snapshot
 
 pytestmark = [pytest.mark.slow]
 
 
-def snapshot(folder: Path) -> dict:
-    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory):
-    """One small finished run (its last checkpoint is its last step), shared by the tests below."""
-    tmp = tmp_path_factory.mktemp("finished")
-    spec = tmp / "job.toml"
-    spec.write_text(TINY.format(model="resnet18", remainder="pad", global_batch=32, micro_batch=8, max_steps=4,
-                                dtype="fp32", every=2, keep=2, nproc=2, run_dir=str(tmp / "run")))
-    r = run_tandem("train", str(spec))
-    assert r.returncode == 0, r.stderr
-    return spec, tmp / "run"
+def finished(finished_run):
+    return finished_run
 
 
 def test_a_finished_run_trains_nothing_and_keeps_its_result(finished):
