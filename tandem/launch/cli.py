@@ -5,12 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
+from tandem.core.console import make_console
 from tandem.core.errors import ConfigError, WorkerFailure
 from tandem.core.validate import parse_nnodes
 from tandem.launch import failures as fl
 from tandem.launch.launcher import launch as run_launch
+from tandem.launch.launcher import quiet_cpp_logs
 from tandem.launch.options import LaunchArgs, launch_options
 
 
@@ -30,6 +31,7 @@ def launch_cmd(
 
     Example: tandem launch --nproc-per-node 2 --simulate-nodes 2 examples/hello_dist.py
     """
+    quiet_cpp_logs(verbose)
     device, backend, nproc_per_node = launch.device, launch.backend, launch.nproc_per_node
     nnodes, simulate_nodes = launch.nnodes, launch.simulate_nodes
     if device not in ("auto", "cpu", "cuda"):
@@ -44,7 +46,7 @@ def launch_cmd(
                           value=nnodes, fix=f"drop --nnodes, or give MIN:{simulate_nodes} for an elastic job")
     opts = launch.launch_spec()
     argv = ["-m", *ctx.args] if script == "-m" else [script, *ctx.args]
-    console = Console(stderr=True)
+    console = make_console(stderr=True)
     try:
         run_launch(opts, argv, run_dir, quiet=quiet, verbose=verbose)
     except WorkerFailure:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 
 from torch import nn
 
@@ -32,10 +34,9 @@ def build_model(spec: ModelSpec) -> nn.Module:
                           fix=f"use {VALID} (got {name!r})")
     module_name, _, attr = name.partition(":")
     try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError, ValueError) as e:
-        # ValueError: an empty module name such as ':factory'.
-        raise ConfigError(f"cannot import {name!r} ({type(e).__name__}: {e})", field="model.name",
+        factory = getattr(_import(module_name), attr)
+    except Exception as e:  # ImportError, AttributeError, ValueError (':factory'), or the module's own error
+        raise ConfigError(f"cannot import {name!r} ({type(e).__name__}: {_one_line(e)})", field="model.name",
                           value=name, fix=f"use {VALID}, with the module on PYTHONPATH") from e
     # The spec's width and small_input are ResNet knobs; a custom factory gets only what
     # every classifier needs.
@@ -44,10 +45,33 @@ def build_model(spec: ModelSpec) -> nn.Module:
     except TypeError as e:
         raise ConfigError(f"factory {name!r} failed ({e})", field="model.name", value=name,
                           fix="make the factory accept num_classes= and in_channels= keywords") from e
+    except Exception as e:
+        call = f"{attr}(num_classes={spec.num_classes}, in_channels={spec.in_channels})"
+        raise ConfigError(f"factory {name!r} raised {type(e).__name__}: {_one_line(e)}", field="model.name",
+                          value=name, fix=f"fix the factory; try it by hand: python -c 'import {module_name}; "
+                                          f"{module_name}.{call}'") from e
     if not isinstance(model, nn.Module):
         raise ConfigError(f"factory {name!r} returned {type(model).__name__}, not an nn.Module",
                           field="model.name", value=name, fix="return a torch.nn.Module from the factory")
     return model
+
+
+def _import(module_name: str):
+    """Import as a worker (``python -m tandem.train.worker``, the working directory first on sys.path)
+    does, so the parent's check and the workers find the same module."""
+    cwd = os.getcwd()
+    if cwd in sys.path or "" in sys.path:
+        return importlib.import_module(module_name)
+    sys.path.insert(0, cwd)
+    try:
+        return importlib.import_module(module_name)
+    finally:
+        sys.path.remove(cwd)
+
+
+def _one_line(e: Exception) -> str:
+    text = " ".join(str(e).split())
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def model_signature(model: nn.Module) -> dict[str, list[int]]:

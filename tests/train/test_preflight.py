@@ -1,0 +1,110 @@
+"""What fails in the workers is refused before launch: one line, exit 2, nothing started.
+
+Each test runs the command as a user types it (a subprocess of the `tandem` console script)
+and reads its exit code and the one line it prints. `tandem spec` runs the same checks.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tandem_testing import ROOT
+
+EXAMPLE = str(ROOT / "examples" / "digits_resnet.toml")
+TANDEM = str(Path(sys.executable).parent / "tandem")  # the console script: no cwd on sys.path
+
+
+def tandem(*args, cwd=ROOT):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([TANDEM, *args], capture_output=True, text=True, timeout=240, env=env, cwd=cwd)
+
+
+def one_line_error(r, *words):
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+    return lines[0]
+
+
+def cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def test_spec_valid_is_one_line():
+    r = tandem("spec", EXAMPLE)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [f"valid: {EXAMPLE}; workers 4, grad accumulation 1, effective lr 0.1"]
+
+
+def test_spec_missing_factory():
+    one_line_error(tandem("spec", EXAMPLE, "--model.name", "nosuch.mod:build"),
+                   "model.name: cannot import 'nosuch.mod:build'", "No module named 'nosuch'")
+
+
+@pytest.mark.skipif("cuda()", reason="checks the CPU-only answer")
+def test_spec_fp16_without_gpu():
+    one_line_error(tandem("spec", EXAMPLE, "--precision.dtype", "fp16"),
+                   "precision.dtype: fp16 with GradScaler needs a GPU", "Fix: use precision.dtype=bf16")
+
+
+@pytest.mark.skipif("cuda()", reason="checks the CPU-only answer")
+def test_spec_cuda_without_gpu():
+    one_line_error(tandem("spec", EXAMPLE, "--launch.device", "cuda"),
+                   "launch.device: no CUDA device is visible", "Fix: use launch.device=cpu")
+
+
+FACTORIES = """
+import torch
+
+def good(num_classes, in_channels):
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(num_classes))
+
+def raises(num_classes, in_channels):
+    raise RuntimeError("weights file\\nnot found")
+
+def not_module(num_classes, in_channels):
+    return {"layers": 3}
+"""
+
+
+def test_spec_factory_in_working_directory(tmp_path):
+    (tmp_path / "mymodels.py").write_text(FACTORIES)
+    r = tandem("spec", EXAMPLE, "--model.name", "mymodels:good", cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.startswith("valid: "), (r.stdout, r.stderr)
+
+
+@pytest.mark.parametrize("case, words", [
+    ("npz_shape", ["data.path: x has shape (20, 8, 8) and y (20,), expected (N,C,H,W) and (N,)"]),
+    ("npz_labels", ["data.path: labels span 0..11, the model has 10 classes", "model.num_classes = 12"]),
+    ("raises", ["model.name: factory 'mymodels:raises' raised RuntimeError: weights file not found"]),
+    ("not_module", ["model.name: factory 'mymodels:not_module' returned dict, not an nn.Module"]),
+    ("broken_module", ["model.name: cannot import 'broken:build' (NameError: name 'oops' is not defined)"]),
+])
+def test_train_refuses_before_launch(tmp_path, tiny_spec, case, words):
+    (tmp_path / "mymodels.py").write_text(FACTORIES)
+    (tmp_path / "broken.py").write_text("oops\n")
+    data = tmp_path / "d.npz"
+    x = np.zeros((20, 8, 8) if case == "npz_shape" else (20, 1, 8, 8), np.float32)
+    np.savez(data, x=x, y=np.arange(20) % (12 if case == "npz_labels" else 10))
+    args = {"npz_shape": ["--data.name", "npz", "--data.path", str(data)],
+            "npz_labels": ["--data.name", "npz", "--data.path", str(data)],
+            "raises": ["--model.name", "mymodels:raises"], "not_module": ["--model.name", "mymodels:not_module"],
+            "broken_module": ["--model.name", "broken:build"]}[case]
+    spec = tiny_spec()
+    r = tandem("train", str(spec), *args, cwd=tmp_path)
+    one_line_error(r, *words)
+    assert not (tmp_path / "run").exists()  # nothing launched, nothing written
+    assert tandem("spec", str(spec), *args, cwd=tmp_path).stderr == r.stderr  # the same check, the same line
+
+
+def test_token_task_needs_gpt():
+    one_line_error(tandem("spec", EXAMPLE, "--data.name", "reverse"), "data.name: reverse is a token task")
