@@ -40,20 +40,36 @@ def build_optimizer(spec: JobSpec, model: torch.nn.Module) -> torch.optim.Optimi
 
 
 @torch.no_grad()
-def evaluate(model, held, ctx: rt.DistContext, spec: JobSpec, fmt=torch.contiguous_format) -> tuple[int, int]:
-    """Exact accuracy over the held-out set: rank r scores samples r, r+world, ... (no padding)."""
-    rt.sync_buffers(model, ctx)
+def evaluate(model, held, ctx: rt.DistContext, spec: JobSpec, fmt=torch.contiguous_format,
+             par=None) -> tuple[int, int]:
+    """Exact accuracy over the held-out set: rank r scores samples r, r+world, ... (no padding).
+
+    Under pp (``par`` with a schedule) the stages run forward only, hidden states sent stage to
+    stage, and the rank holding the last stage (tp coordinate 0) scores its data rank's samples."""
+    pipelined = par is not None and par.schedule is not None
+    if not pipelined:  # pp: the stages' skeletons differ (and the GPT has no buffers)
+        rt.sync_buffers(model, ctx)
     model.eval()
     dp = getattr(model, "_tandem_dp", None)
     rank, world = (model._tandem_dp_rank, dp) if dp else (ctx.rank, ctx.world)
     idx = list(range(rank, len(held), world))
+    real = len(idx)
+    if pipelined:  # as many batches on every data rank: FSDP's gathers and the stages' sends pair up
+        idx += [0] * (-(-len(held) // world) - real)  # padded with sample 0, not scored
     correct, scored = 0, 0
     for i in range(0, len(idx), 256):
         x, y = held[idx[i:i + 256]]
+        y = y[:max(0, real - i)]
         with rt.autocast(ctx, spec.precision.dtype):
             x = x.to(ctx.device)
-            out = model(x.contiguous(memory_format=fmt) if x.dim() == 4 else x)
+            x = x.contiguous(memory_format=fmt) if x.dim() == 4 else x
+            out = _pp_forward(par, x) if pipelined else model(x)
+        if out is None:
+            continue  # pp: not the last stage
         out = out.full_tensor() if hasattr(out, "full_tensor") else out  # tp: logits sharded over the vocab
+        if pipelined and par.coords["tp"] != 0:
+            continue  # a tp replica of the rank that scores
+        out = out[:len(y)]
         if y.dim() == 2:  # sequence task: token accuracy over the scored positions
             from tandem.train.tasks import token_accuracy
             c_i, n_i = token_accuracy(out.cpu(), y)
@@ -61,9 +77,15 @@ def evaluate(model, held, ctx: rt.DistContext, spec: JobSpec, fmt=torch.contiguo
         else:
             correct, scored = correct + int((out.argmax(1).cpu() == y).sum()), scored + len(y)
     model.train()
-    rep_ = getattr(model, "_tandem_replicas", 1)  # tp ranks score the same samples: count them once
+    # tp ranks score the same samples: count them once (under pp only one rank per replica scored)
+    rep_ = 1 if pipelined else getattr(model, "_tandem_replicas", 1)
     c, t = rt.all_reduce_sum([correct / rep_, scored / rep_], ctx)
     return round(c), round(t)
+
+
+def _pp_forward(par, x):
+    from tandem.train.parallel.pp import forward_only
+    return forward_only(par, x)
 
 
 def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
@@ -230,9 +252,9 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
                 raise el.stopped(step, last_saved)
         carry = records.flush()
         if consumed >= epoch_len:
-            if held is not None and par.schedule is None:  # pp: no held-out pass (stages hold slices)
+            if held is not None:
                 el.pause("eval")  # the hang watchdog judges training steps, not evaluation
-                c, t = evaluate(ddp, held, ctx, spec, fmt)
+                c, t = evaluate(ddp, held, ctx, spec, fmt, par)
                 accuracy = c / t
                 metrics.write("eval", epoch=epoch, step=step, accuracy=accuracy, correct=c, total=t)
                 log(f"epoch {epoch} held-out accuracy {accuracy:.4f} ({c}/{t})", flush=True)

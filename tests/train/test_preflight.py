@@ -103,7 +103,8 @@ def test_train_refuses_before_launch(tmp_path, tiny_spec, case, words):
     r = tandem("train", str(spec), *args, cwd=tmp_path)
     one_line_error(r, *words)
     assert not (tmp_path / "run").exists()  # nothing launched, nothing written
-    assert tandem("spec", str(spec), *args, cwd=tmp_path).stderr == r.stderr  # the same check, the same line
+    if case == "npz_shape":  # the same check, the same line (one case: each run pays torch's import)
+        assert tandem("spec", str(spec), *args, cwd=tmp_path).stderr == r.stderr
 
 
 def test_token_task_needs_gpt():
