@@ -52,14 +52,11 @@ def evaluate(model, held, ctx: rt.DistContext, spec: JobSpec, fmt=torch.contiguo
     model.eval()
     dp = getattr(model, "_tandem_dp", None)
     rank, world = (model._tandem_dp_rank, dp) if dp else (ctx.rank, ctx.world)
+    # the stages (and tp ranks) of one pipeline share a data rank: the same batches, so sends pair up
     idx = list(range(rank, len(held), world))
-    real = len(idx)
-    if pipelined:  # as many batches on every data rank: FSDP's gathers and the stages' sends pair up
-        idx += [0] * (-(-len(held) // world) - real)  # padded with sample 0, not scored
     correct, scored = 0, 0
     for i in range(0, len(idx), 256):
         x, y = held[idx[i:i + 256]]
-        y = y[:max(0, real - i)]
         with rt.autocast(ctx, spec.precision.dtype):
             x = x.to(ctx.device)
             x = x.contiguous(memory_format=fmt) if x.dim() == 4 else x
@@ -69,7 +66,6 @@ def evaluate(model, held, ctx: rt.DistContext, spec: JobSpec, fmt=torch.contiguo
         out = out.full_tensor() if hasattr(out, "full_tensor") else out  # tp: logits sharded over the vocab
         if pipelined and par.coords["tp"] != 0:
             continue  # a tp replica of the rank that scores
-        out = out[:len(y)]
         if y.dim() == 2:  # sequence task: token accuracy over the scored positions
             from tandem.train.tasks import token_accuracy
             c_i, n_i = token_accuracy(out.cpu(), y)

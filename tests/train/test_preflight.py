@@ -20,7 +20,7 @@ TANDEM = str(Path(sys.executable).parent / "tandem")  # the console script: no c
 
 
 def tandem(*args, cwd=ROOT):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**{k: v for k, v in os.environ.items() if k != "COLUMNS"}, "PYTHONPATH": str(ROOT)}  # a pipe: no width
     return subprocess.run([TANDEM, *args], capture_output=True, text=True, timeout=240, env=env, cwd=cwd)
 
 
