@@ -174,7 +174,15 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
         f" | {total} steps, {steps_per_epoch}/epoch | remainder {spec.data.remainder}: "
         f"{abs(pad)} sample(s) {'repeated' if pad >= 0 else 'left out'} per epoch", flush=True)
 
-    accuracy, rates, t_start, last_saved = None, [], time.perf_counter(), None
+    accuracy, rates, t_start, last_saved, scored_at = None, [], time.perf_counter(), None, None
+
+    def score(epoch: int, step: int) -> float:
+        el.pause("eval")  # the hang watchdog judges training steps, not evaluation
+        c, t = evaluate(ddp, held, ctx, spec, fmt, par)
+        metrics.write("eval", epoch=epoch, step=step, accuracy=c / t, correct=c, total=t)
+        log(f"epoch {epoch} held-out accuracy {c / t:.4f} ({c}/{t})", flush=True)
+        return c / t
+
     records = _StepRecords(metrics, log, s.log_every, total, dp_world)
     carry = 0.0  # a SIGTERM flag read when an epoch's records were flushed, for the next step
     ddp.train()
@@ -249,12 +257,10 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
         carry = records.flush()
         if consumed >= epoch_len:
             if held is not None:
-                el.pause("eval")  # the hang watchdog judges training steps, not evaluation
-                c, t = evaluate(ddp, held, ctx, spec, fmt, par)
-                accuracy = c / t
-                metrics.write("eval", epoch=epoch, step=step, accuracy=accuracy, correct=c, total=t)
-                log(f"epoch {epoch} held-out accuracy {accuracy:.4f} ({c}/{t})", flush=True)
+                accuracy, scored_at = score(epoch, step), step
             epoch += 1
+    if held is not None and scored_at != step:  # max_steps ended the run inside an epoch: score its weights
+        accuracy = score(epoch, step)
     last_saved = el.finish() or last_saved
     wall = time.perf_counter() - t_start
     steady = rates[len(rates) // 5:] or rates  # the first steps pay for warm-up
