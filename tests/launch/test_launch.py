@@ -95,3 +95,14 @@ def test_unreachable_master_fails_within_timeout_in_one_line(tmp_path, how):
 def test_missing_script(tmp_path):
     r = run_tandem("launch", "--run-dir", str(tmp_path), str(tmp_path / "nope.py"))
     assert r.returncode == 2 and "script: script not found" in r.stderr
+
+
+def test_train_unreachable_master_is_one_line(tmp_path, tiny_spec):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = run_tandem("train", str(tiny_spec()), "--launch.nnodes", "2", "--launch.node_rank", "1",
+                   "--launch.master_port", str(port), "--launch.timeout_s", "3", timeout=120)
+    assert r.returncode == 2, r.stderr
+    (line,) = r.stderr.splitlines()
+    assert line.startswith("error: launch.master_addr: could not join the rendezvous at 127.0.0.1:"), line

@@ -59,4 +59,5 @@ def test_pp_run_prints_held_out_accuracy_equal_to_ddp(tmp_path):
         out[name] = result
     assert out["pp"]["parallel"].startswith("ddp: pp 2 x dp 1")
     tokens = round(1024 * 0.1) * 8  # held-out strings x 8 scored answer tokens
+    print(f"held-out accuracy: pp {out['pp']['accuracy']:.4f}, ddp {out['ddp']['accuracy']:.4f}")
     assert abs(out["pp"]["accuracy"] - out["ddp"]["accuracy"]) <= 2 / tokens, out
