@@ -25,7 +25,8 @@ def launch_cmd(
     launch: LaunchArgs = None,
     run_dir: Path = typer.Option(Path("runs/launch"), "--run-dir", help="Logs and failure records go here."),
     quiet: bool = typer.Option(False, "--quiet", help="Per-rank files only, no console stream."),
-    verbose: bool = typer.Option(False, "--verbose", help="Show torchrun's own logs."),
+    verbose: bool = typer.Option(False, "--verbose", help="Show torch's own logs (torchrun's agent, c10d's "
+                                                          "C++ store retries)."),
 ) -> None:
     """Run SCRIPT on every worker through torchrun's elastic agent.
 

@@ -22,7 +22,7 @@ from torch.utils.data import Dataset, TensorDataset
 
 from tandem.core.errors import DataError
 from tandem.core.spec import DataSpec
-from tandem.train.datacheck import DIGITS_CLASSES, check_digits, check_synthetic, load_npz
+from tandem.train.datacheck import check_digits, check_synthetic, load_npz
 
 DIGITS_SAMPLES = 1797  # load_digits()
 

@@ -7,7 +7,6 @@ and reads its exit code and the one line it prints. `tandem spec` runs the same 
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -109,3 +108,17 @@ def test_train_refuses_before_launch(tmp_path, tiny_spec, case, words):
 
 def test_token_task_needs_gpt():
     one_line_error(tandem("spec", EXAMPLE, "--data.name", "reverse"), "data.name: reverse is a token task")
+
+
+def test_spec_imports_torch_only_when_an_answer_needs_it():
+    """The digits example on a built-in ResNet: a verdict without torch (about 2 s of import saved);
+    fp16 asks whether there is a GPU, so torch is loaded (and the answer is the device's)."""
+    code = ("import sys\nfrom tandem.cli import main\ntry:\n    main(sys.argv[1:])\nfinally:\n"
+            "    print('torch loaded:', 'torch' in sys.modules)\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for args, loaded in (([], False), (["--launch.device", "cpu", "--precision.dtype", "bf16"], False),
+                         (["--precision.dtype", "fp16"], True)):
+        r = subprocess.run([sys.executable, "-c", code, "spec", EXAMPLE, *args], capture_output=True, text=True,
+                           timeout=120, env=env)
+        assert r.stdout.splitlines()[-1] == f"torch loaded: {loaded}", (args, r.stdout, r.stderr)
+        assert r.returncode == (2 if loaded and not cuda() else 0), (args, r.stderr)
