@@ -15,7 +15,6 @@ import torch
 from torch.utils.data import TensorDataset
 
 from tandem.core.errors import DataError
-from tandem.train.datacheck import MIN_VOCAB  # noqa: F401  (re-exported: digits and SEP)
 
 TASKS = ("reverse", "sort")
 SEP = 10          # token after the prompt; digits are 0..9

@@ -72,12 +72,19 @@ def raises(num_classes, in_channels):
 
 def not_module(num_classes, in_channels):
     return {"layers": 3}
+
+def reads(num_classes, in_channels):  # reads a tensor's value: fails on the meta device, fine on a CPU
+    scale = float(torch.ones(1).sum().item())
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64 * in_channels, num_classes * int(scale)))
 """
 
 
-def test_spec_factory_in_working_directory(tmp_path):
+@pytest.mark.parametrize("factory", ["good", "reads"])
+def test_spec_factory_in_working_directory(tmp_path, factory):
+    """Found without PYTHONPATH, as the workers (`python -m`, the working directory on sys.path) find it;
+    a factory that needs real tensors is built for real when the meta build fails."""
     (tmp_path / "mymodels.py").write_text(FACTORIES)
-    r = tandem("spec", EXAMPLE, "--model.name", "mymodels:good", cwd=tmp_path)
+    r = tandem("spec", EXAMPLE, "--model.name", f"mymodels:{factory}", cwd=tmp_path)
     assert r.returncode == 0 and r.stdout.startswith("valid: "), (r.stdout, r.stderr)
 
 
