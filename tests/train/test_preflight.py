@@ -113,8 +113,10 @@ def test_train_refuses_before_launch(tmp_path, tiny_spec, case, words):
         assert tandem("spec", str(spec), *args, cwd=tmp_path).stderr == r.stderr
 
 
-def test_token_task_needs_gpt():
+def test_token_task_needs_gpt_with_room_for_its_tokens():
     one_line_error(tandem("spec", EXAMPLE, "--data.name", "reverse"), "data.name: reverse is a token task")
+    one_line_error(tandem("spec", str(ROOT / "examples" / "gpt_reverse.toml"), "--model.vocab", "8"),
+                   "model.vocab: the reverse task has 11 tokens (digits and a separator), the model's vocabulary 8")
 
 
 def test_spec_imports_torch_only_when_an_answer_needs_it():
