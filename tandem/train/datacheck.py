@@ -1,7 +1,7 @@
 """The data source checked against the model with numpy only, before any worker starts.
 
 ``check_source(spec)`` is what the parent runs (tandem.train.preflight); the workers'
-loaders (tandem.train.data) run the same checks. For an .npz (arrays x (N,C,H,W), y (N,))
+loaders (tandem.train.data) run its data checks again. For an .npz (arrays x (N,C,H,W), y (N,))
 it reads x's header (shape, dtype: no pixel is loaded) and the labels; ``load_npz``
 returns the arrays once they pass.
 """
