@@ -11,7 +11,6 @@ from tandem.core.errors import ConfigError, WorkerFailure
 from tandem.core.validate import parse_nnodes
 from tandem.launch import failures as fl
 from tandem.launch.launcher import launch as run_launch
-from tandem.launch.launcher import quiet_cpp_logs
 from tandem.launch.options import LaunchArgs, launch_options
 
 
@@ -32,7 +31,6 @@ def launch_cmd(
 
     Example: tandem launch --nproc-per-node 2 --simulate-nodes 2 examples/hello_dist.py
     """
-    quiet_cpp_logs(verbose)
     device, backend, nproc_per_node = launch.device, launch.backend, launch.nproc_per_node
     nnodes, simulate_nodes = launch.nnodes, launch.simulate_nodes
     if device not in ("auto", "cpu", "cuda"):

@@ -228,6 +228,7 @@ def launch(opts: LaunchSpec, argv: list[str], run_dir: Path, *, quiet: bool = Fa
         old.unlink()
     if argv and argv[0].endswith(".py") and not Path(argv[0]).is_file():
         raise ConfigError("script not found", field="script", value=argv[0], fix="give the path of a Python file")
+    quiet_cpp_logs(verbose)  # before anything loads torch
     quiet_torch_logs(verbose)
     if not opts.simulate_nodes:
         run_agent(opts, argv, run_dir, agent_index=opts.node_rank, tee=not quiet)
