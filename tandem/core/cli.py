@@ -6,10 +6,10 @@ import json
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from tandem.core.config import field_docs, load_spec, to_dict
+from tandem.core.console import make_console
 
 
 def spec_cmd(
@@ -27,7 +27,7 @@ def spec_cmd(
             table.add_column(col, overflow="fold")
         for key, tp, default, help_ in field_docs():
             table.add_row(key, tp, repr(default), help_)
-        Console().print(table)
+        make_console().print(table)
         return
     overrides = [a for a in ctx.args if a != "--json"]
     as_json = as_json or "--json" in ctx.args
@@ -36,7 +36,10 @@ def spec_cmd(
         print(json.dumps(to_dict(spec), indent=2))
         return
     from tandem.core.validate import effective_lr, grad_accum, world_sizes
+    from tandem.train.preflight import check_job
+
+    check_job(spec, quick=True)  # what `tandem train` checks before launching, but the checkpoint
 
     lo, hi = world_sizes(spec.launch)
-    Console().print(f"[green]valid[/]: {config or '(defaults)'}; workers {lo}{'' if lo == hi else f'..{hi}'}, "
+    make_console().print(f"[green]valid[/]: {config or '(defaults)'}; workers {lo}{'' if lo == hi else f'..{hi}'}, "
                     f"grad accumulation {grad_accum(spec, hi)}, effective lr {effective_lr(spec):g}", highlight=False)

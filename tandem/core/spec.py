@@ -24,8 +24,10 @@ def f(default: Any, help: str, **kw: Any) -> Any:
 
 @dataclass
 class ModelSpec:
-    name: str = f("resnet18", "resnet18 | resnet34 | resnet50, or an import path 'pkg.module:factory' "
-                              "returning an nn.Module (called with num_classes=, in_channels=).")
+    name: str = f("resnet18", "resnet18 | resnet34 | resnet50 | gpt (a GPT decoder, sized by the gpt: fields "
+                              "below), or an import path 'pkg.module:factory' returning an nn.Module (called "
+                              "with num_classes=, in_channels=; the module found as the workers find it: "
+                              "PYTHONPATH, then the working directory).")
     width: int = f(64, "Channels of the first ResNet stage (64 in the paper); smaller for CPU runs.")
     num_classes: int = f(10, "Number of output classes.")
     in_channels: int = f(3, "Input image channels (digits: 1).")
@@ -46,10 +48,12 @@ class ModelSpec:
 
 @dataclass
 class DataSpec:
-    name: str = f("digits", "digits (scikit-learn's bundled 8x8 handwritten digits) | synthetic | npz.")
+    name: str = f("digits", "digits (scikit-learn's bundled 8x8 handwritten digits) | synthetic (Gaussian "
+                            "images, labels from a random linear teacher) | npz (your arrays, see path) | "
+                            "reverse | sort (token tasks for gpt: reverse or sort a string of digits).")
     path: str = f("", "For name=npz: a .npz file with arrays x (N,C,H,W) and y (N,).")
     image_size: int = f(8, "Side of the square input images (digits are resized from 8 when different).")
-    num_samples: int = f(2048, "For name=synthetic: number of samples.")
+    num_samples: int = f(2048, "For name=synthetic, reverse and sort: number of samples (held-out ones included).")
     held_out: float = f(0.2, "Fraction of the set kept out of training for evaluation (0 disables eval).")
     remainder: str = f("pad", "When the train set does not divide by world size: 'pad' repeats the first "
                               "few shuffled samples so every rank gets as many (every sample at least once, "

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
+from tandem.core.console import make_console
 from tandem.core.errors import ConfigError, WorkerFailure
 from tandem.core.validate import parse_nnodes
 from tandem.launch import failures as fl
@@ -24,7 +24,8 @@ def launch_cmd(
     launch: LaunchArgs = None,
     run_dir: Path = typer.Option(Path("runs/launch"), "--run-dir", help="Logs and failure records go here."),
     quiet: bool = typer.Option(False, "--quiet", help="Per-rank files only, no console stream."),
-    verbose: bool = typer.Option(False, "--verbose", help="Show torchrun's own logs."),
+    verbose: bool = typer.Option(False, "--verbose", help="Show torch's own logs (torchrun's agent, c10d's "
+                                                          "C++ store retries)."),
 ) -> None:
     """Run SCRIPT on every worker through torchrun's elastic agent.
 
@@ -44,7 +45,7 @@ def launch_cmd(
                           value=nnodes, fix=f"drop --nnodes, or give MIN:{simulate_nodes} for an elastic job")
     opts = launch.launch_spec()
     argv = ["-m", *ctx.args] if script == "-m" else [script, *ctx.args]
-    console = Console(stderr=True)
+    console = make_console(stderr=True)
     try:
         run_launch(opts, argv, run_dir, quiet=quiet, verbose=verbose)
     except WorkerFailure:

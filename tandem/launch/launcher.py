@@ -32,6 +32,7 @@ from tandem.core.validate import parse_nnodes
 from tandem.launch import failures as fl
 
 ENV_DEVICE, ENV_BACKEND, ENV_RUN_DIR = "TANDEM_DEVICE", "TANDEM_BACKEND", "TANDEM_RUN_DIR"
+CPP_LOG_ENV = "TORCH_CPP_LOG_LEVEL"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -135,10 +136,11 @@ def run_agent(opts: LaunchSpec, argv: list[str], run_dir: Path, *, agent_index: 
         raise stopped(run_dir, e.sigval, time.time() - (time.monotonic() - t0)) from None
     except Exception as e:  # rendezvous/store errors: make them one readable line
         waited = time.monotonic() - t0
-        text = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+        text = f"{type(e).__name__}: {e}".splitlines()[0][:300] if str(e).strip() else type(e).__name__
         if opts.node_rank != 0 or opts.rdzv_endpoint:
             raise LaunchError(f"could not join the rendezvous at {endpoint} within {waited:.0f} s ({text})",
-                              field="launch.master_addr", value=endpoint,
+                              field="launch.rdzv_endpoint" if opts.rdzv_endpoint else "launch.master_addr",
+                              value=endpoint,
                               fix="check that node 0 is running and reachable (address, port, firewall), "
                                   "or raise --timeout") from None
         raise LaunchError(f"the rendezvous at {endpoint} failed ({text})", field="launch", value=endpoint,
@@ -191,6 +193,21 @@ def _is_local(opts: LaunchSpec) -> bool:
     return host in ("127.0.0.1", "localhost")
 
 
+def quiet_cpp_logs(verbose: bool) -> None:
+    """Load torch with its C++ log level at FATAL in this process, unless --verbose or the user set one.
+
+    c10d's TCPStore logs every retry of an unreachable master straight to stderr from C++, with
+    stack frames (30-80 lines before our one-line error). That level is read once, when libtorch
+    loads, so it is set around the import and removed after: the workers keep the user's level."""
+    if verbose or CPP_LOG_ENV in os.environ or "torch" in sys.modules:
+        return
+    os.environ[CPP_LOG_ENV] = "FATAL"
+    try:
+        import torch  # noqa: F401
+    finally:
+        del os.environ[CPP_LOG_ENV]
+
+
 def quiet_torch_logs(verbose: bool) -> None:
     """Our summary replaces torch's warnings. torch's elastic modules give each of their loggers
     its own level when imported (``elastic.utils.logging.get_logger``), so setting the parent's is
@@ -217,6 +234,7 @@ def launch(opts: LaunchSpec, argv: list[str], run_dir: Path, *, quiet: bool = Fa
         old.unlink()
     if argv and argv[0].endswith(".py") and not Path(argv[0]).is_file():
         raise ConfigError("script not found", field="script", value=argv[0], fix="give the path of a Python file")
+    quiet_cpp_logs(verbose)  # before anything loads torch
     quiet_torch_logs(verbose)
     if not opts.simulate_nodes:
         run_agent(opts, argv, run_dir, agent_index=opts.node_rank, tee=not quiet)

@@ -12,11 +12,12 @@ from pathlib import Path
 
 from tandem.core.errors import JobStopped, TandemError, WorkerFailure
 from tandem.core.spec import LaunchSpec
-from tandem.launch.launcher import quiet_torch_logs, run_agent
+from tandem.launch.launcher import quiet_cpp_logs, quiet_torch_logs, run_agent
 
 
 def main(cfg_path: str) -> int:
     cfg = json.loads(Path(cfg_path).read_text())
+    quiet_cpp_logs(cfg["verbose"])
     quiet_torch_logs(cfg["verbose"])
     try:
         run_agent(LaunchSpec(**cfg["opts"]), cfg["argv"], Path(cfg["run_dir"]), agent_index=cfg["agent_index"],

@@ -37,10 +37,20 @@ def build_model(spec: ModelSpec) -> nn.Module:
     except TypeError as e:
         raise ConfigError(f"factory {name!r} failed ({e})", field="model.name", value=name,
                           fix="make the factory accept num_classes= and in_channels= keywords") from e
+    except Exception as e:
+        call = f"{attr}(num_classes={spec.num_classes}, in_channels={spec.in_channels})"
+        raise ConfigError(f"factory {name!r} raised {type(e).__name__}: {_one_line(e)}", field="model.name",
+                          value=name, fix=f"fix the factory; try it by hand: python -c 'import {module_name}; "
+                                          f"{module_name}.{call}'") from e
     if not isinstance(model, nn.Module):
         raise ConfigError(f"factory {name!r} returned {type(model).__name__}, not an nn.Module",
                           field="model.name", value=name, fix="return a torch.nn.Module from the factory")
     return model
+
+
+def _one_line(e: Exception) -> str:
+    text = " ".join(str(e).split())
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def model_signature(model: nn.Module) -> dict[str, list[int]]:

@@ -26,9 +26,10 @@ def import_factory(path: str, *, field: str, valid: str) -> Callable:
         sys.path.insert(0, cwd)
     try:
         factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError, ValueError) as e:
-        # ValueError: an empty module name such as ':factory'.
-        raise ConfigError(f"cannot import {path!r} ({type(e).__name__}: {e})", field=field, value=path,
+    except Exception as e:  # ImportError, AttributeError, ValueError (':factory'), or the module's own error
+        text = " ".join(str(e).split())
+        text = text if len(text) <= 200 else text[:197] + "..."
+        raise ConfigError(f"cannot import {path!r} ({type(e).__name__}: {text})", field=field, value=path,
                           fix=f"use {valid}, with the module in the current directory or on PYTHONPATH") from None
     finally:
         if added:

@@ -7,7 +7,6 @@ shows a progress bar from RUN_DIR/metrics.jsonl, and prints the result.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import threading
@@ -18,11 +17,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tandem.core.config import load_spec, to_dict
+from tandem.core.console import make_console
 from tandem.core.errors import ConfigError, JobStopped, WorkerFailure
 from tandem.core.spec import JobSpec
-from tandem.core.validate import validate
 from tandem.launch import failures as fl
-from tandem.launch.launcher import launch, resolve_device
+from tandem.launch.launcher import launch
 from tandem.train import metrics
 
 
@@ -36,26 +35,14 @@ def run_dir_of(spec: JobSpec) -> Path:
 
 
 def preflight(spec: JobSpec, run_dir: Path) -> tuple[Path | None, dict | None]:
-    """Checks that need torch but no process group: device, and the checkpoint to resume.
+    """Checks that need torch but no process group: device, model, data, the checkpoint to resume
+    and whether it is this spec's layout. Returns that checkpoint and its meta (None, None: fresh)."""
+    from tandem.launch.launcher import quiet_cpp_logs
+    from tandem.train.preflight import check_job  # torch inside: `tandem --help` and spec errors stay fast
 
-    Returns the checkpoint a start would resume and its meta (None, None for a fresh start).
-    """
-    import torch  # here, not at the top: `tandem --help` and spec errors stay fast
-
-    from tandem.models import build_model, model_signature
-    from tandem.train import checkpoint as ckpt
-    from tandem.train.elastic.resume import resume_path
-
-    device, _ = resolve_device(spec.launch)
-    validate(dataclasses.replace(spec, launch=dataclasses.replace(spec.launch, device=device)))
-    path = resume_path(spec, run_dir)
-    if path is None:
-        return None, None
-    meta = ckpt.read_meta(path)
-    with torch.device("meta"):
-        model = build_model(spec.model)
-    ckpt.check_compatible(meta, spec.model.name, model_signature(model), path)
-    if spec.checkpoint.resume == "auto":
+    quiet_cpp_logs(False)  # before torch loads: an unreachable master is one line, not c10d's retry frames
+    path, meta = check_job(spec, run_dir)
+    if path is not None and spec.checkpoint.resume == "auto":
         check_same_layout(spec, meta, path)
     return path, meta
 
@@ -233,7 +220,7 @@ def train_cmd(
     overrides, flags = split_flags(ctx.args, ("--json", "--stream", "--fresh"))
     as_json, stream, fresh = as_json or "--json" in flags, stream or "--stream" in flags, fresh or "--fresh" in flags
     spec = load_spec(config, overrides)
-    console = Console(stderr=as_json)
+    console = make_console(stderr=as_json)
     try:
         result = run_training(spec, console, stream=stream, fresh=fresh)
     except AlreadyComplete as e:
@@ -261,4 +248,4 @@ def demo_cmd(
     """
     from tandem.train.demo import run_demo
 
-    run_demo(config, Path(run_dir), Console())
+    run_demo(config, Path(run_dir), make_console())

@@ -22,8 +22,8 @@ from torch.utils.data import Dataset, TensorDataset
 
 from tandem.core.errors import DataError
 from tandem.core.spec import DataSpec
+from tandem.train.datacheck import check_digits, check_synthetic, load_npz
 
-DIGITS_CLASSES = 10
 DIGITS_SAMPLES = 1797  # load_digits()
 
 
@@ -111,9 +111,7 @@ def _digits_split(k: int, seed: int) -> tuple[np.ndarray, ...]:
 
 
 def _digits(spec: DataSpec, seed: int, num_classes: int, in_channels: int):
-    if num_classes < DIGITS_CLASSES:
-        raise DataError(f"digits has {DIGITS_CLASSES} classes, the model only {num_classes}",
-                        field="model.num_classes", value=num_classes, fix="set model.num_classes = 10")
+    check_digits(num_classes)
     k = _held_out_count(DIGITS_SAMPLES, spec.held_out)
     x_tr, y_tr, x_ho, y_ho = _digits_split(k, seed)
 
@@ -134,9 +132,7 @@ def _digits(spec: DataSpec, seed: int, num_classes: int, in_channels: int):
 
 
 def _synthetic(spec: DataSpec, seed: int, num_classes: int, in_channels: int):
-    if spec.num_samples < 2:
-        raise DataError("synthetic needs at least 2 samples", field="data.num_samples",
-                        value=spec.num_samples, fix="set data.num_samples to 2 or more")
+    check_synthetic(spec)
     g = torch.Generator().manual_seed(seed)
     s = spec.image_size
     x = torch.randn(spec.num_samples, in_channels, s, s, generator=g)
@@ -151,44 +147,7 @@ def _synthetic(spec: DataSpec, seed: int, num_classes: int, in_channels: int):
 
 
 def _npz(spec: DataSpec, seed: int, num_classes: int, in_channels: int):
-    path = Path(spec.path)
-    value = spec.path or "(empty)"
-    if not spec.path or not path.is_file():
-        raise DataError("data file not found", field="data.path", value=value,
-                        fix="give an existing .npz with arrays x (N,C,H,W) and y (N,)")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            missing = [k for k in ("x", "y") if k not in z.files]
-            if missing:
-                raise DataError(f"array(s) {', '.join(missing)} missing (found: {', '.join(z.files) or 'none'})",
-                                field="data.path", value=value,
-                                fix="save with np.savez(path, x=images_NCHW, y=labels_N)")
-            x, y = z["x"], z["y"]
-    except DataError:
-        raise
-    except Exception as e:  # not a zip, truncated, pickled objects...
-        raise DataError(f"cannot read ({type(e).__name__}: {e})", field="data.path", value=value,
-                        fix="write the file with np.savez(path, x=..., y=...)") from e
-
-    if x.ndim != 4 or y.ndim != 1:
-        raise DataError(f"x has shape {x.shape} and y {y.shape}, expected (N,C,H,W) and (N,)",
-                        field="data.path", value=value, fix="reshape x to (N,C,H,W) and y to (N,)")
-    if len(x) != len(y):
-        raise DataError(f"x has {len(x)} samples but y has {len(y)}", field="data.path", value=value,
-                        fix="save one label per image")
-    if len(y) < 2:
-        raise DataError(f"only {len(y)} sample(s)", field="data.path", value=value,
-                        fix="save at least 2 samples")
-    if x.shape[1] != in_channels:
-        raise DataError(f"images have {x.shape[1]} channels, the model expects {in_channels}",
-                        field="data.path", value=value, fix=f"set model.in_channels = {x.shape[1]}")
-    if not np.issubdtype(y.dtype, np.integer):
-        raise DataError(f"labels have dtype {y.dtype}, expected integers", field="data.path",
-                        value=value, fix="save y as integer class indices")
-    if y.min() < 0 or y.max() >= num_classes:
-        raise DataError(f"labels span {y.min()}..{y.max()}, the model has {num_classes} classes",
-                        field="data.path", value=value,
-                        fix=f"set model.num_classes = {int(y.max()) + 1} or relabel to 0..{num_classes - 1}")
+    x, y = load_npz(spec, num_classes, in_channels)  # the checks the parent ran before launch, again
     x_t = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
     y_t = torch.from_numpy(y.astype(np.int64))
     return _pack(*_seeded_split(x_t, y_t, spec.held_out, seed))

@@ -19,7 +19,6 @@ from tandem.core.errors import DataError
 TASKS = ("reverse", "sort")
 SEP = 10          # token after the prompt; digits are 0..9
 IGNORE = -100
-MIN_VOCAB = 11
 
 
 def make_task(name: str, num_samples: int, seq: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -40,20 +40,32 @@ def build_optimizer(spec: JobSpec, model: torch.nn.Module) -> torch.optim.Optimi
 
 
 @torch.no_grad()
-def evaluate(model, held, ctx: rt.DistContext, spec: JobSpec, fmt=torch.contiguous_format) -> tuple[int, int]:
-    """Exact accuracy over the held-out set: rank r scores samples r, r+world, ... (no padding)."""
-    rt.sync_buffers(model, ctx)
+def evaluate(model, held, ctx: rt.DistContext, spec: JobSpec, fmt=torch.contiguous_format,
+             par=None) -> tuple[int, int]:
+    """Exact accuracy over the held-out set: rank r scores samples r, r+world, ... (no padding).
+
+    Under pp (``par`` with a schedule) the stages run forward only, hidden states sent stage to
+    stage, and the rank holding the last stage (tp coordinate 0) scores its data rank's samples."""
+    pipelined = par is not None and par.schedule is not None
+    if not pipelined:  # pp: the stages' skeletons differ (and the GPT has no buffers)
+        rt.sync_buffers(model, ctx)
     model.eval()
     dp = getattr(model, "_tandem_dp", None)
     rank, world = (model._tandem_dp_rank, dp) if dp else (ctx.rank, ctx.world)
+    # the stages (and tp ranks) of one pipeline share a data rank: the same batches, so sends pair up
     idx = list(range(rank, len(held), world))
     correct, scored = 0, 0
     for i in range(0, len(idx), 256):
         x, y = held[idx[i:i + 256]]
         with rt.autocast(ctx, spec.precision.dtype):
             x = x.to(ctx.device)
-            out = model(x.contiguous(memory_format=fmt) if x.dim() == 4 else x)
+            x = x.contiguous(memory_format=fmt) if x.dim() == 4 else x
+            out = _pp_forward(par, x) if pipelined else model(x)
+        if out is None:
+            continue  # pp: not the last stage
         out = out.full_tensor() if hasattr(out, "full_tensor") else out  # tp: logits sharded over the vocab
+        if pipelined and par.coords["tp"] != 0:
+            continue  # a tp replica of the rank that scores
         if y.dim() == 2:  # sequence task: token accuracy over the scored positions
             from tandem.train.tasks import token_accuracy
             c_i, n_i = token_accuracy(out.cpu(), y)
@@ -61,9 +73,15 @@ def evaluate(model, held, ctx: rt.DistContext, spec: JobSpec, fmt=torch.contiguo
         else:
             correct, scored = correct + int((out.argmax(1).cpu() == y).sum()), scored + len(y)
     model.train()
-    rep_ = getattr(model, "_tandem_replicas", 1)  # tp ranks score the same samples: count them once
+    # tp ranks score the same samples: count them once (under pp only one rank per replica scored)
+    rep_ = 1 if pipelined else getattr(model, "_tandem_replicas", 1)
     c, t = rt.all_reduce_sum([correct / rep_, scored / rep_], ctx)
     return round(c), round(t)
+
+
+def _pp_forward(par, x):
+    from tandem.train.parallel.pp import forward_only
+    return forward_only(par, x)
 
 
 def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
@@ -156,7 +174,15 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
         f" | {total} steps, {steps_per_epoch}/epoch | remainder {spec.data.remainder}: "
         f"{abs(pad)} sample(s) {'repeated' if pad >= 0 else 'left out'} per epoch", flush=True)
 
-    accuracy, rates, t_start, last_saved = None, [], time.perf_counter(), None
+    accuracy, rates, t_start, last_saved, scored_at = None, [], time.perf_counter(), None, None
+
+    def score(epoch: int, step: int) -> float:
+        el.pause("eval")  # the hang watchdog judges training steps, not evaluation
+        c, t = evaluate(ddp, held, ctx, spec, fmt, par)
+        metrics.write("eval", epoch=epoch, step=step, accuracy=c / t, correct=c, total=t)
+        log(f"epoch {epoch} held-out accuracy {c / t:.4f} ({c}/{t})", flush=True)
+        return c / t
+
     records = _StepRecords(metrics, log, s.log_every, total, dp_world)
     carry = 0.0  # a SIGTERM flag read when an epoch's records were flushed, for the next step
     ddp.train()
@@ -230,13 +256,11 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
                 raise el.stopped(step, last_saved)
         carry = records.flush()
         if consumed >= epoch_len:
-            if held is not None and par.schedule is None:  # pp: no held-out pass (stages hold slices)
-                el.pause("eval")  # the hang watchdog judges training steps, not evaluation
-                c, t = evaluate(ddp, held, ctx, spec, fmt)
-                accuracy = c / t
-                metrics.write("eval", epoch=epoch, step=step, accuracy=accuracy, correct=c, total=t)
-                log(f"epoch {epoch} held-out accuracy {accuracy:.4f} ({c}/{t})", flush=True)
+            if held is not None:
+                accuracy, scored_at = score(epoch, step), step
             epoch += 1
+    if held is not None and scored_at != step:  # max_steps ended the run inside an epoch: score its weights
+        accuracy = score(epoch, step)
     last_saved = el.finish() or last_saved
     wall = time.perf_counter() - t_start
     steady = rates[len(rates) // 5:] or rates  # the first steps pay for warm-up

@@ -65,3 +65,21 @@ def test_override_parsing():
     assert parse_overrides(["--a.b", "1", "--c.d=x=y"]) == {"a.b": "1", "c.d": "x=y"}
     with pytest.raises(ConfigError):
         parse_overrides(["a.b", "1"])
+
+
+def test_help_lists_every_accepted_value():
+    """A field whose values are a fixed set names every one of them in its help (`tandem spec`)."""
+    from tandem.core.validate import CHOICES
+
+    helps = {k: h for k, _, _, h in field_docs()}
+    missing = {key: [c for c in choices if c not in helps[key]] for key, choices in CHOICES.items()}
+    assert not any(missing.values()), missing
+    for name in ("resnet18", "resnet34", "resnet50", "gpt", "pkg.module:factory"):  # tandem.models.VALID
+        assert name in helps["model.name"], name
+
+
+def test_builtin_resnets_named_without_torch_match_the_models():
+    from tandem.models import BUILTIN
+    from tandem.train.datacheck import RESNETS
+
+    assert RESNETS == tuple(BUILTIN)

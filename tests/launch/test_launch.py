@@ -70,19 +70,39 @@ def test_master_port_in_use(tmp_path):
     assert f"launch.master_port: master port {port} on 127.0.0.1 is in use" in " ".join(r.stderr.split())
 
 
-def test_unreachable_master_fails_within_timeout(tmp_path):
+@pytest.mark.parametrize("how", ["static", "c10d", "static-verbose"])
+def test_unreachable_master_fails_within_timeout_in_one_line(tmp_path, how):
+    """torch's C++ TCPStore logs each retry with stack frames (30-80 lines): only --verbose shows them."""
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    where = (["--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port", str(port)] if how != "c10d"
+             else ["--rdzv-endpoint", f"127.0.0.1:{port}"])
     t0 = time.monotonic()
-    r = run_tandem("launch", "--nnodes", "2", "--node-rank", "1", "--master-port", str(port), "--timeout", "3",
-                   "--run-dir", str(tmp_path), HELLO, timeout=120)
+    r = run_tandem("launch", "--nnodes", "2", *where, "--timeout", "3", "--run-dir", str(tmp_path),
+                   *(["--verbose"] if how.endswith("verbose") else []), HELLO, timeout=120)
     elapsed = time.monotonic() - t0
     assert r.returncode == 2, r.stderr
-    assert "could not join the rendezvous" in " ".join(r.stderr.split())
+    lines = r.stderr.splitlines()
+    assert lines[-1].startswith("error: launch.") and "could not join the rendezvous" in lines[-1], r.stderr
+    if how.endswith("verbose"):
+        assert any("TCPStore" in line for line in lines[:-1]), r.stderr  # torch's own logs, as asked
+    else:
+        assert len(lines) == 1, r.stderr
     assert elapsed < 60
 
 
 def test_missing_script(tmp_path):
     r = run_tandem("launch", "--run-dir", str(tmp_path), str(tmp_path / "nope.py"))
     assert r.returncode == 2 and "script: script not found" in r.stderr
+
+
+def test_train_unreachable_master_is_one_line(tmp_path, tiny_spec):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = run_tandem("train", str(tiny_spec()), "--launch.nnodes", "2", "--launch.node_rank", "1",
+                   "--launch.master_port", str(port), "--launch.timeout_s", "3", timeout=120)
+    assert r.returncode == 2, r.stderr
+    (line,) = r.stderr.splitlines()
+    assert line.startswith("error: launch.master_addr: could not join the rendezvous at 127.0.0.1:"), line

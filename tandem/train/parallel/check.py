@@ -128,9 +128,47 @@ def run_steps(spec, ctx, steps: int, count: bool = False, save: str = "", load: 
         from tandem.train import checkpoint as ckpt
         ckpt.save(Path(save), steps, par.model, optim, ctx, {"job": "check"}, keep_last=1)
     steady = sorted(times[1:] or times)
-    return {"losses": losses, "step_s": steady[len(steady) // 2] if steady else None, "state": full_state(par), "bytes": states[0] if states else {},
+    return {"losses": losses, "eval": held_out_eval(spec, par, ctx), "step_s": steady[len(steady) // 2] if steady else None, "state": full_state(par), "bytes": states[0] if states else {},
             "comm": counter.summary(steps) if count else {}, "split": par.split, "dims": par.dims.describe(),
             "rank": ctx.rank}
+
+
+def held_out_eval(spec, par, ctx) -> tuple[tuple[int, int], float]:
+    """((correct, scored), logit fingerprint) of the trainer's held-out evaluation on 64 samples the
+    steps did not see: under pp the stages' forward-only pass, elsewhere the (wrapped) model."""
+    from torch.utils.data import TensorDataset
+
+    from tandem.train.trainer import evaluate
+
+    g = torch.Generator().manual_seed(spec.schedule.seed + 2)
+    if spec.model.name == "gpt":
+        held = TensorDataset(*make_task("reverse", 64, spec.model.seq, spec.schedule.seed + 2))
+    else:
+        m = spec.model
+        held = TensorDataset(torch.randn(64, m.in_channels, spec.data.image_size, spec.data.image_size, generator=g),
+                             torch.randint(0, m.num_classes, (64,), generator=g))
+    model = par.model
+    model._tandem_dp, model._tandem_dp_rank, model._tandem_replicas = par.dp, par.dp_rank, ctx.world // par.dp
+    return evaluate(model, held, ctx, spec, par=par), _fingerprint(model, held, par, ctx, spec)
+
+
+@torch.no_grad()
+def _fingerprint(model, held, par, ctx, spec) -> float:
+    """Mean squared logit of the held-out samples (all of them on every data rank): a few steps
+    in, a model may predict one token everywhere, so equal accuracies alone could hide a wrong pass."""
+    x = held.tensors[0]
+    with rt.autocast(ctx, spec.precision.dtype):
+        if par.schedule is not None:
+            from tandem.train.parallel.pp import forward_only
+            out = forward_only(par, x)
+        else:
+            out = model(x)
+    if out is not None and hasattr(out, "full_tensor"):  # tp: a collective of the tp group
+        out = out.full_tensor()
+    mine = out is not None and par.coords["tp"] == 0
+    total, n = rt.all_reduce_sum([float(out.double().pow(2).mean()) if mine else 0.0, float(mine)], ctx)
+    model.train()
+    return total / n
 
 
 def run_many(specs: dict, ctx, steps: int, count: bool = False) -> dict:

@@ -113,3 +113,35 @@ def step(schedule, x: torch.Tensor, y: torch.Tensor, has_first: bool, has_last: 
     kw = dict(target=y, losses=losses) if has_last else {}
     schedule.step(*args, **kw)
     return losses
+
+
+def forward_only(par, x: torch.Tensor) -> torch.Tensor | None:
+    """Output of ``x`` through this pp group's stages, in stage order, on the rank that holds the last
+    stage (None on the others): evaluation without the schedule, whose micro-batch shapes are fixed
+    at the first training step. Each stage's output goes to the next stage's rank (stage s lives on
+    pp rank s % pp); the receiver learns its shape from a small header. The hidden states travel in
+    fp32, the dtype of the residual stream under autocast too (embeddings and the residual adds are fp32)."""
+    import torch.distributed as dist
+
+    group, pp_size = par.mesh["pp"].get_group(), par.dims.pp
+    mine = {s.stage_index: s.submod for s in par.stages}
+    n = par.stages[0].num_stages
+    h, out = x, None
+    for s in range(n):
+        if s not in mine:
+            continue
+        if s > 0:
+            head = torch.empty(5, dtype=torch.int64, device=x.device)
+            dist.recv(head, group=group, group_src=(s - 1) % pp_size)
+            h = torch.empty(head[1:1 + int(head[0])].tolist(), dtype=torch.float32, device=x.device)
+            dist.recv(h, group=group, group_src=(s - 1) % pp_size)
+        h = mine[s](h)
+        if s == n - 1:
+            out = h
+            continue
+        t = h.to_local() if hasattr(h, "to_local") else h  # tp: the local part, as the schedule sends it
+        t = t.detach().float().contiguous()
+        head = torch.tensor([t.dim(), *t.shape] + [0] * (4 - t.dim()), dtype=torch.int64, device=x.device)
+        dist.send(head, group=group, group_dst=(s + 1) % pp_size)
+        dist.send(t, group=group, group_dst=(s + 1) % pp_size)
+    return out

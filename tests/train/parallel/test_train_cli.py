@@ -39,3 +39,27 @@ def test_bad_parallel_input_fails_before_launch(tmp_path, args, needle):
     assert r.returncode != 0
     assert needle in r.stderr, r.stderr[-2000:]
     assert not (tmp_path / "run" / "logs").exists()   # no worker was started
+
+
+@pytest.mark.slow
+def test_pp_run_prints_held_out_accuracy_equal_to_ddp(tmp_path):
+    """Under pp the held-out set is scored by a forward-only pass through the stages. The same job
+    under ddp ends with the same weights up to summation order (within 1.2e-7 in fp32, see
+    test_numerics), so the two accuracies agree: exactly, unless a near-tie logit flips (a token or two)."""
+    common = ["--model.tied", "false", "--schedule.micro_batch", "16", "--schedule.max_steps", "40",
+              "--data.num_samples", "4096"]  # 57 steps an epoch: no short last step (pp leaves it out)
+    out = {}
+    for name, extra in (("pp", ["--parallel.pp", "2"]), ("ddp", [])):
+        run = tmp_path / name
+        r = run_tandem("train", str(SPEC), *common, *extra, "--launch.run_dir", str(run))
+        assert r.returncode == 0, r.stderr[-3000:]
+        result = json.loads((run / "result.json").read_text())
+        line = next(x for x in r.stdout.splitlines() if x.startswith("done: "))
+        assert line.endswith(f"held-out accuracy {result['accuracy']:.4f}"), line
+        out[name] = result
+    assert out["pp"]["parallel"].startswith("ddp: pp 2 x dp 1")
+    tokens = round(4096 * 0.1) * 8  # held-out strings x 8 scored answer tokens
+    print(f"held-out accuracy: pp {out['pp']['accuracy']:.4f}, ddp {out['ddp']['accuracy']:.4f}")
+    assert out["pp"]["step"] == out["ddp"]["step"] == 40
+    assert out["pp"]["accuracy"] > 0.2, out  # past chance (0.1): a pass that routes or scores wrong would show
+    assert abs(out["pp"]["accuracy"] - out["ddp"]["accuracy"]) <= 2 / tokens, out  # measured: 0.3381 both
