@@ -29,6 +29,7 @@ def build_model(spec: ModelSpec) -> nn.Module:
     if ":" not in name:
         raise ConfigError("unknown model", field="model.name", value=name,
                           fix=f"use {VALID} (got {name!r})")
+    module_name, _, attr = name.partition(":")
     factory = import_factory(name, field="model.name", valid=VALID)
     # The spec's width and small_input are ResNet knobs; a custom factory gets only what
     # every classifier needs.
