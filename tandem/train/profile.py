@@ -1,0 +1,144 @@
+"""The trainer's profiling window and phase markers (the `[profile]` section of the job spec).
+
+    prof = StepProfiler(spec.profile, ctx, run_dir)
+    prof.step(done)                      # top of every optimizer step (done = steps finished)
+    with prof.phase("forward"): ...      # tandem.data | forward | backward | optimizer | sync | checkpoint
+    prof.close()                         # after the loop: a window cut short is still written
+
+Inside the window the phases are ``record_function`` ranges named ``tandem.<phase>``; on CUDA
+they are also NVTX ranges (for the whole run, so Nsight Systems shows the same names).
+Outside the window, and on CPU, ``phase`` returns one shared no-op context: a flag test.
+
+What a window writes, per rank (read by ``tandem diagnose``, docs/diagnose.md):
+
+    RUN_DIR/profile/rank-R/trace.json.gz   torch's Chrome trace; ProfilerStep#N is metrics.jsonl's step N
+    RUN_DIR/profile/rank-R/window.json     rank, world, steps, clock: the window's barrier exits (Unix ns)
+
+At the window's start every rank passes ``clock_rounds`` barriers, each inside a ``tandem.clock``
+range: all ranks leave a barrier at (almost) the same moment, so the ends of those ranges give
+each rank's clock offset; diagnose refines it with the ends of the matched collectives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+PREFIX = "tandem."
+_NULL = contextlib.nullcontext()
+
+
+class StepProfiler:
+    def __init__(self, spec, ctx, run_dir: Path) -> None:
+        self.spec, self.ctx = spec, ctx
+        self.dir = Path(run_dir) / "profile" / f"rank-{ctx.rank}"
+        self.on = bool(spec is not None and spec.enabled)
+        self.nvtx = bool(spec is not None and spec.nvtx and ctx.device.type == "cuda")
+        self.recording = False
+        self._prof = None
+        self._clock: list[int] = []
+        self._steps: list[int] = []
+        if self.on:
+            self.first, self.last = spec.start_step, spec.start_step + spec.steps - 1
+
+    def phase(self, name: str):
+        if self.recording:
+            return _Phase(PREFIX + name, self.nvtx)
+        if self.nvtx:
+            return torch.cuda.nvtx.range(PREFIX + name)
+        return _NULL
+
+    def step(self, done: int) -> None:
+        """Called at the top of each step; ``done + 1`` is the step about to run."""
+        if not self.on:
+            return
+        n = done + 1
+        if self._prof is None:
+            if n > self.last or n < self.first - 1:
+                return
+            self._start(n)
+        else:
+            self._prof.step()
+        if n > self.last:
+            self._finish()
+            return
+        self.recording = n >= self.first
+        if n >= self.first:
+            self._steps.append(n)
+        if n == self.first or (self._steps == [n] and n > self.first):  # a window entered late (a resume)
+            self._sync_clock()
+
+    def close(self) -> None:
+        """The run ended inside the window: write what was recorded."""
+        if self._prof is not None:
+            self._finish()
+
+    def _schedule(self, k: int):
+        from torch.profiler import ProfilerAction as A
+
+        if k == self.first - 1:
+            return A.WARMUP
+        if self.first <= k < self.last:
+            return A.RECORD
+        return A.RECORD_AND_SAVE if k == self.last else A.NONE
+
+    def _start(self, n: int) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.ctx.device.type == "cuda" else [])
+        self.dir.mkdir(parents=True, exist_ok=True)
+        p = profile(activities=acts, schedule=self._schedule, record_shapes=self.spec.record_shapes,
+                    on_trace_ready=self._export)
+        p.step_num = n  # ProfilerStep#N numbers the trainer's steps, as metrics.jsonl does
+        p.current_action = self._schedule(n)
+        p.start()
+        self._prof = p
+
+    def _sync_clock(self) -> None:
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        for _ in range(self.spec.clock_rounds):
+            with torch.profiler.record_function(PREFIX + "clock"):
+                dist.barrier()
+            self._clock.append(time.time_ns())
+
+    def _export(self, p) -> None:
+        p.export_chrome_trace(str(self.dir / "trace.json.gz"))
+
+    def _finish(self) -> None:
+        p, self._prof, self.recording, self.on = self._prof, None, False, False
+        p.stop()
+        meta = {"schema": 1, "rank": self.ctx.rank, "world": self.ctx.world, "pid": os.getpid(),
+                "host": socket.gethostname(), "device": str(self.ctx.device), "backend": self.ctx.backend,
+                "steps": self._steps, "clock_ns": self._clock, "trace": "trace.json.gz"}
+        tmp = self.dir / "window.json.tmp"
+        tmp.write_text(json.dumps(meta, indent=1))
+        tmp.replace(self.dir / "window.json")
+
+
+class _Phase:
+    """record_function, and NVTX on CUDA, for one phase inside the window."""
+
+    __slots__ = ("name", "nvtx", "rf")
+
+    def __init__(self, name: str, nvtx: bool) -> None:
+        self.name, self.nvtx = name, nvtx
+
+    def __enter__(self):
+        if self.nvtx:
+            torch.cuda.nvtx.range_push(self.name)
+        self.rf = torch.profiler.record_function(self.name)
+        self.rf.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.rf.__exit__(*exc)
+        if self.nvtx:
+            torch.cuda.nvtx.range_pop()
