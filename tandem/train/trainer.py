@@ -108,6 +108,7 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
     metrics = MetricsWriter(run_dir, ctx.is_main)
     el = ElasticHooks(spec, ctx, run_dir, metrics, log, ckdir)
     prof = StepProfiler(spec.profile, ctx, run_dir)  # [profile]: a window of steps, phases named
+    par.phase = prof.phase
 
     step, epoch, resumed = 0, 0, None
     if path is not None:
@@ -193,9 +194,8 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
                                                             rt.autocast(ctx, spec.precision.dtype), False)
                     continue
                 if y.dim() == 2 or par.loss_parallel or scaler is None:
-                    with prof.phase("forward_backward"):
-                        loss_sum += par.forward_backward(x, y, n_step * per_sample,
-                                                         rt.autocast(ctx, spec.precision.dtype), i < n_micro - 1)
+                    loss_sum += par.forward_backward(x, y, n_step * per_sample,
+                                                     rt.autocast(ctx, spec.precision.dtype), i < n_micro - 1)
                     continue
                 with rt.no_sync(ddp, skip=i < n_micro - 1), rt.autocast(ctx, spec.precision.dtype):
                     with prof.phase("forward"):

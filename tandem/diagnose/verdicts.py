@@ -1,0 +1,102 @@
+"""Advice: each verdict names its trigger, the numbers it used, and the setting to change.
+
+Triggers (docs/diagnose.md explains each):
+
+    data-bound         data >= DATA_PCT of the step on a rank (median over the window)
+    latency-bound      exposed comm >= COMM_PCT and >= MANY_BUCKETS gradient all-reduces per step,
+                       median bucket < SMALL_BUCKET bytes: per-call latency dominates
+    no-overlap         exposed comm >= COMM_PCT, one gradient all-reduce per step, overlap < LOW_OVERLAP:
+                       the one bucket can only start when the backward is over
+    bandwidth-bound    exposed comm >= COMM_PCT otherwise: the bytes themselves
+    straggler          a section whose score (fastest rank's median / this rank's) < 0.75, by at least
+                       5% of the step, its exposed communication left out
+
+A rank's shares are its medians over the window's steps; verdicts that apply to every rank say so.
+"""
+
+from __future__ import annotations
+
+DATA_PCT = 10.0
+COMM_PCT = 10.0
+MANY_BUCKETS = 4
+SMALL_BUCKET = 1 << 20
+LOW_OVERLAP = 25.0
+
+
+def _mib(b: float) -> str:
+    return f"{b / (1 << 20):.3g} MiB"
+
+
+def _ranks(rs: list[int], world: int) -> str:
+    return "every rank" if len(rs) == world and world > 1 else "rank " + ", ".join(map(str, rs))
+
+
+def judge(rep: dict) -> list[dict]:
+    out = []
+    spec, world, ranks = rep.get("spec") or {}, rep["world"], rep["ranks"]
+    metrics = rep.get("metrics") or {}
+
+    data = [r for r in ranks if r["median"]["data_pct"] >= DATA_PCT]
+    if data:
+        workers = spec.get("num_workers")
+        ev = [f"rank {r['rank']}: data {r['median']['data_pct']:.1f}% of a {r['median']['step_ms']:.1f} ms step"
+              for r in data]
+        if metrics.get("data_pct") is not None:
+            ev.append(f"metrics.jsonl (rank 0's data_time_s / step_time_s): {metrics['data_pct']:.1f}%")
+        more = max(2, 2 * workers) if workers else 2
+        out.append({"kind": "data-bound", "ranks": [r["rank"] for r in data],
+                    "title": f"data-bound on {_ranks([r['rank'] for r in data], world)}",
+                    "evidence": ev,
+                    "change": f"raise data.num_workers from {workers if workers is not None else '?'} to {more} "
+                              "(loading then overlaps the step); on GPUs pin memory; if the workers are "
+                              "already busy, make the dataset's __getitem__ cheaper"})
+
+    comm = [r for r in ranks if r["median"]["comm_pct"] >= COMM_PCT]
+    if comm:
+        r0 = max(comm, key=lambda r: r["median"]["comm_pct"])
+        c, m = r0["collectives"], r0["median"]
+        n, size, total = c["grad_allreduce_per_step"], c["grad_bucket_bytes_median"], c["grad_bytes_per_step"]
+        cap = spec.get("bucket_cap_mb")
+        ev = [f"rank {r['rank']}: exposed communication {r['median']['comm_pct']:.1f}% of the step, overlap "
+              f"{r['median']['overlap_pct']:.0f}%" for r in comm]
+        ev.append(f"{n:g} gradient all-reduce(s) per step, median bucket {_mib(size)}, {_mib(total)} per step"
+                  + (f" (parallel.bucket_cap_mb {cap:g})" if cap is not None else ""))
+        ids = [r["rank"] for r in comm]
+        if n >= MANY_BUCKETS and size < SMALL_BUCKET:
+            new = max((cap or 0) * 8, total / (1 << 20) / 2)
+            out.append({"kind": "latency-bound", "ranks": ids, "evidence": ev,
+                        "title": f"communication latency-bound: {n:g} small all-reduces per step",
+                        "change": f"raise parallel.bucket_cap_mb to {new:.3g} (about 2 buckets per step): "
+                                  "fewer calls, each paying the per-call latency once"})
+        elif n == 1 and m["overlap_pct"] < LOW_OVERLAP:
+            new = total / (1 << 20) / 4
+            out.append({"kind": "no-overlap", "ranks": ids, "evidence": ev,
+                        "title": "no overlap: one gradient bucket, sent after the backward",
+                        "change": f"lower parallel.bucket_cap_mb to {new:.3g} (about 4 buckets per step): the "
+                                  "first ones are sent while the backward still runs"})
+        else:
+            out.append({"kind": "bandwidth-bound", "ranks": ids, "evidence": ev,
+                        "title": "communication bandwidth-bound",
+                        "change": "send fewer bytes per sample: parallel.comm_hook bf16 (or powersgd), gradient "
+                                  "accumulation (a larger schedule.global_batch at the same micro_batch) or a "
+                                  "larger schedule.micro_batch"})
+
+    secs = rep.get("sections") or {}
+    resid_ms = rep["clock"]["residual_us"] / 1e3
+    for s in secs.get("stragglers", []):
+        r = next(x for x in ranks if x["rank"] == s["rank"])
+        late = r["lateness_ms"]
+        ev = [f"section {s['section']}: median {s['median_ms']:.1f} ms on rank {s['rank']} vs {s['fastest_ms']:.1f} ms "
+              f"on the fastest rank, score {s['score']:.2f} (< 0.75; exposed communication left out)"]
+        if late["median"] > resid_ms:
+            ev.append(f"rank {s['rank']} arrives {late['median']:.1f} ms late at the median collective "
+                      f"(clock residual {resid_ms:.3f} ms)")
+        hint = ("its data path: a slow disk, a remote file system, or loader workers starved of CPU"
+                if s["section"] == "data" else
+                "that host: CPU/GPU clocks and throttling, other processes on its cores, its tensor "
+                "sizes (uneven sequence lengths)")
+        out.append({"kind": "straggler", "ranks": [s["rank"]], "section": s["section"], "evidence": ev,
+                    "title": f"straggler: rank {s['rank']} in {s['section']}",
+                    "change": f"look at rank {s['rank']}'s {hint}; every other rank waits for it at the "
+                              "next collective. A slow rank that moves between runs points at data"})
+    return out
