@@ -18,6 +18,7 @@ from tandem.diagnose.verdicts import judge
 SCHEMA = "tandem.diagnose/1"
 STRAGGLER_SCORE = 0.75      # fastest rank's median / this rank's median, below it: a straggler (NVRx's rule)
 STRAGGLER_MIN_FRAC = 0.05   # ...and slower by at least this fraction of the median step (no alarms on noise)
+STRAGGLER_MIN_US = 500.0    # ...and by this much: a shared CPU's scheduler moves sub-ms sections by more
 _GRAD_PHASES = (PHASE_PREFIX + "backward", PHASE_PREFIX + "forward_backward")
 
 
@@ -65,7 +66,7 @@ def section_scores(shares: dict[int, list[StepShare]]) -> dict:
             score = fastest / m[n] if m[n] > 0 else 1.0
             out["median_ms"].setdefault(str(r), {})[n] = round(m[n] / 1e3, 3)
             out["scores"].setdefault(str(r), {})[n] = round(score, 3)
-            if len(med) > 1 and score < STRAGGLER_SCORE and m[n] - fastest >= STRAGGLER_MIN_FRAC * step_med:
+            if len(med) > 1 and score < STRAGGLER_SCORE and m[n] - fastest >= max(STRAGGLER_MIN_FRAC * step_med, STRAGGLER_MIN_US):
                 out["stragglers"].append({"rank": r, "section": n, "score": round(score, 3),
                                           "median_ms": round(m[n] / 1e3, 3), "fastest_ms": round(fastest / 1e3, 3)})
     busy = {r: sum(m.values()) for r, m in med.items()}

@@ -3,7 +3,7 @@
 Triggers (docs/diagnose.md explains each):
 
     data-bound         data >= DATA_PCT of the step on a rank (median over the window)
-    latency-bound      exposed comm >= COMM_PCT and >= MANY_BUCKETS gradient all-reduces per step,
+    latency-bound      exposed comm >= COMM_PCT (on the rank that waits least) and >= MANY_BUCKETS gradient all-reduces per step,
                        median bucket < SMALL_BUCKET bytes: per-call latency dominates
     no-overlap         exposed comm >= COMM_PCT, one gradient all-reduce per step, overlap < LOW_OVERLAP:
                        the one bucket can only start when the backward is over
@@ -51,14 +51,19 @@ def judge(rep: dict) -> list[dict]:
                               "(loading then overlaps the step); on GPUs pin memory; if the workers are "
                               "already busy, make the dataset's __getitem__ cheaper"})
 
-    comm = [r for r in ranks if r["median"]["comm_pct"] >= COMM_PCT]
+    # Judged on the rank that waits least: a rank waiting for a late peer shows exposed communication
+    # that no bucket setting removes (that is the straggler verdict's business).
+    least = min(ranks, key=lambda r: r["median"]["comm_pct"]) if ranks else None
+    comm = ranks if least and least["median"]["comm_pct"] >= COMM_PCT else []
     if comm:
-        r0 = max(comm, key=lambda r: r["median"]["comm_pct"])
+        r0 = least
         c, m = r0["collectives"], r0["median"]
         n, size, total = c["grad_allreduce_per_step"], c["grad_bucket_bytes_median"], c["grad_bytes_per_step"]
         cap = spec.get("bucket_cap_mb")
         ev = [f"rank {r['rank']}: exposed communication {r['median']['comm_pct']:.1f}% of the step, overlap "
               f"{r['median']['overlap_pct']:.0f}%" for r in comm]
+        ev.append(f"even the rank that waits least (rank {r0['rank']}) spends {r0['median']['comm_pct']:.1f}% "
+                  "exposed: the transfers themselves, not a wait for a late peer")
         ev.append(f"{n:g} gradient all-reduce(s) per step, median bucket {_mib(size)}, {_mib(total)} per step"
                   + (f" (parallel.bucket_cap_mb {cap:g})" if cap is not None else ""))
         ids = [r["rank"] for r in comm]
@@ -83,20 +88,29 @@ def judge(rep: dict) -> list[dict]:
 
     secs = rep.get("sections") or {}
     resid_ms = rep["clock"]["residual_us"] / 1e3
-    for s in secs.get("stragglers", []):
-        r = next(x for x in ranks if x["rank"] == s["rank"])
-        late = r["lateness_ms"]
-        ev = [f"section {s['section']}: median {s['median_ms']:.1f} ms on rank {s['rank']} vs {s['fastest_ms']:.1f} ms "
-              f"on the fastest rank, score {s['score']:.2f} (< 0.75; exposed communication left out)"]
+    by_rank: dict[int, list[dict]] = {}
+    for st in secs.get("stragglers", []):  # worst score first
+        by_rank.setdefault(st["rank"], []).append(st)
+    for rank, ss in by_rank.items():
+        r = next(x for x in ranks if x["rank"] == rank)
+        worst, late = ss[0], r["lateness_ms"]
+        ev = [f"section {s['section']}: median {s['median_ms']:.1f} ms on rank {rank} vs {s['fastest_ms']:.1f} ms on "
+              f"the fastest rank, score {s['score']:.2f} (< 0.75; exposed communication left out)" for s in ss]
         if late["median"] > resid_ms:
-            ev.append(f"rank {s['rank']} arrives {late['median']:.1f} ms late at the median collective "
+            ev.append(f"rank {rank} arrives {late['median']:.1f} ms late at the median collective "
                       f"(clock residual {resid_ms:.3f} ms)")
-        hint = ("its data path: a slow disk, a remote file system, or loader workers starved of CPU"
-                if s["section"] == "data" else
-                "that host: CPU/GPU clocks and throttling, other processes on its cores, its tensor "
-                "sizes (uneven sequence lengths)")
-        out.append({"kind": "straggler", "ranks": [s["rank"]], "section": s["section"], "evidence": ev,
-                    "title": f"straggler: rank {s['rank']} in {s['section']}",
-                    "change": f"look at rank {s['rank']}'s {hint}; every other rank waits for it at the "
-                              "next collective. A slow rank that moves between runs points at data"})
+        if len(ss) >= 3:
+            hint = ("host: it is slower in every section alike, so look at its CPU share (other processes on "
+                    "its cores), clocks and throttling, not at one piece of code")
+        elif worst["section"] == "data":
+            hint = "data path: a slow disk or remote file system, or loader workers starved of CPU"
+        else:
+            hint = (f"{worst['section']}: its inputs (uneven sequence lengths or batch shapes), or its host's CPU/GPU "
+                    "clocks and other processes")
+        names = ", ".join(s["section"] for s in ss)
+        out.append({"kind": "straggler", "ranks": [rank], "section": worst["section"],
+                    "sections": [s["section"] for s in ss], "evidence": ev,
+                    "title": f"straggler: rank {rank} in {names}",
+                    "change": f"look at rank {rank}'s {hint}; every other rank waits for it at the next "
+                              "collective. A slow rank that moves between runs points at data"})
     return out
