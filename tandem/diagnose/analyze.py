@@ -49,8 +49,12 @@ def _rank_summary(t: RankTrace, shares: list[StepShare], late_us: list[float], c
                         "grad_allreduce_per_step": _med(per_step),
                         "grad_bucket_bytes_median": int(_med(sizes)),
                         "grad_bytes_per_step": int(_med(sum(b) for b in buckets))},
-        "lateness_ms": {"median": round(_med(late_us) / 1e3, 3), "max": round(max(late_us, default=0.0) / 1e3, 3),
+        "lateness_ms": {"per_step": round(sum(late_us) / max(1, len(shares)) / 1e3, 3),
+                        "median": round(_med(late_us) / 1e3, 3), "max": round(max(late_us, default=0.0) / 1e3, 3),
                         "collectives": len(late_us), "above_residual": sum(x > clock.residual_us for x in late_us)},
+        "comm_spans": {"median_ms": round(_med(c.dur for s in shares for c in s.collectives) / 1e3, 3),
+                       "grad_MBps": round(_med(c.nbytes / c.dur for s in shares for c in s.collectives
+                                               if c.nbytes >= 1024 and c.dur > 0), 1)},
     }
 
 

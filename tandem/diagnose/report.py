@@ -56,13 +56,13 @@ def render(rep: dict, console: Console) -> None:
                       highlight=False)
     t = Table(title="Where the step goes (median over the window's steps)", title_justify="left")
     for col in ("rank", "step ms", "data %", "compute %", "exposed comm %", "idle %", "overlap %",
-                "grad all-reduces/step", "late at collectives ms"):
+                "grad all-reduces/step", "late ms/step"):
         t.add_column(col, justify="right")
     for r in rep["ranks"]:
         m, col = r["median"], r["collectives"]
         t.add_row(str(r["rank"]), f"{m['step_ms']:.1f}", f"{m['data_pct']:.1f}", f"{m['compute_pct']:.1f}",
                   f"{m['comm_pct']:.1f}", f"{m['idle_pct']:.1f}", f"{m['overlap_pct']:.0f}",
-                  f"{col['grad_allreduce_per_step']:g}", f"{r['lateness_ms']['median']:.2f}")
+                  f"{col['grad_allreduce_per_step']:g}", f"{r['lateness_ms']['per_step']:.2f}")
     console.print(t)
     sec = rep["sections"]
     if sec.get("scores") and rep["world"] > 1:

@@ -66,6 +66,10 @@ def judge(rep: dict) -> list[dict]:
                   "exposed: the transfers themselves, not a wait for a late peer")
         ev.append(f"{n:g} gradient all-reduce(s) per step, median bucket {_mib(size)}, {_mib(total)} per step"
                   + (f" (parallel.bucket_cap_mb {cap:g})" if cap is not None else ""))
+        bw = r0.get("comm_spans", {}).get("grad_MBps")
+        if bw:
+            ev.append(f"the collectives of 1 KiB or more move {bw:g} MB/s each (bytes / span): far below the link's "
+                      "rate (tandem bench) means the time is latency or a busy host, not bandwidth")
         ids = [r["rank"] for r in comm]
         if n >= MANY_BUCKETS and size < SMALL_BUCKET:
             new = max((cap or 0) * 8, total / (1 << 20) / 2)
@@ -96,9 +100,9 @@ def judge(rep: dict) -> list[dict]:
         worst, late = ss[0], r["lateness_ms"]
         ev = [f"section {s['section']}: median {s['median_ms']:.1f} ms on rank {rank} vs {s['fastest_ms']:.1f} ms on "
               f"the fastest rank, score {s['score']:.2f} (< 0.75; exposed communication left out)" for s in ss]
-        if late["median"] > resid_ms:
-            ev.append(f"rank {rank} arrives {late['median']:.1f} ms late at the median collective "
-                      f"(clock residual {resid_ms:.3f} ms)")
+        if late["per_step"] > resid_ms:
+            ev.append(f"rank {rank} arrives late at the collectives by {late['per_step']:.1f} ms a step in all, "
+                      f"the longest {late['max']:.1f} ms (clock residual {resid_ms:.3f} ms)")
         if len(ss) >= 3:
             hint = ("host: it is slower in every section alike, so look at its CPU share (other processes on "
                     "its cores), clocks and throttling, not at one piece of code")
