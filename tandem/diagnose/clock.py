@@ -13,6 +13,10 @@ Each estimate is the median over its events of (end on rank r - end on rank 0): 
 collective whose end a descheduled thread recorded late. The collectives refine the barriers when
 at least ``MIN_MATCHED`` matched. The residual is the median distance of the matched ends from
 the fitted offset, the largest over ranks: no cross-rank claim is made below it.
+
+Ranks whose window.json names one host share one clock (the profiler stamps Unix time): their
+offsets are 0 ("one-host"), the estimates kept beside them (``estimated_us``) as a measure of the
+method's own error.
 """
 
 from __future__ import annotations
@@ -28,17 +32,19 @@ _ALIGNING = ("all_reduce", "allreduce", "barrier", "all_gather", "allgather", "r
 
 @dataclass
 class Clock:
-    method: str                                   # collectives | barriers | none
+    method: str                                   # collectives | barriers | one-host | none
     offsets_us: dict[int, float]                  # rank -> its clock minus rank 0's
     residual_us: float
     barrier_offsets_us: dict[int, float] = field(default_factory=dict)
     matched: int = 0                              # collectives matched on every rank
+    estimated_us: dict[int, float] = field(default_factory=dict)  # one-host: what the collectives estimated
 
     def to_dict(self) -> dict:
         return {"method": self.method, "offsets_us": {str(k): round(v, 3) for k, v in self.offsets_us.items()},
                 "residual_us": round(self.residual_us, 3),
                 "barrier_offsets_us": {str(k): round(v, 3) for k, v in self.barrier_offsets_us.items()},
-                "matched_collectives": self.matched}
+                "matched_collectives": self.matched,
+                "estimated_offsets_us": {str(k): round(v, 3) for k, v in self.estimated_us.items()}}
 
 
 def clock_marks(t: RankTrace) -> list[float]:
@@ -46,18 +52,24 @@ def clock_marks(t: RankTrace) -> list[float]:
 
 
 def match_collectives(traces: list[RankTrace]) -> list[list[Span]]:
-    """Collectives present on every rank, matched by kind and order: [[span of rank 0, rank 1, ...], ...]."""
+    """Collectives matched across ranks by kind and order: [[span of rank 0, rank 1, ...], ...].
+
+    Counting starts at the window's first clock barrier, which every rank enters at the same step
+    (a collective still in flight from the step before, recorded on one rank only, would shift the
+    order). The window closes at slightly different moments on each rank, so the last few of a kind
+    may be missing on some: the common prefix is kept."""
     by_kind: list[dict[str, list[Span]]] = []
     for t in traces:
+        marks = [p.start for p in t.phases if p.name == PHASE_PREFIX + "clock"]
+        first = min(marks) if marks else float("-inf")
         kinds: dict[str, list[Span]] = {}
         for c in t.comms:
-            kinds.setdefault(c.name, []).append(c)
+            if c.start >= first:
+                kinds.setdefault(c.name, []).append(c)
         by_kind.append(kinds)
     out = []
     for name in by_kind[0]:
         lists = [k.get(name, []) for k in by_kind]
-        if len({len(x) for x in lists}) != 1:  # a rank has more of this kind (another group): no order to trust
-            continue
         out.extend([list(group) for group in zip(*lists)])
     return sorted(out, key=lambda g: g[0].start)
 
@@ -77,11 +89,17 @@ def estimate(traces: list[RankTrace]) -> Clock:
     if all(len(m) == len(marks[0]) and m for m in marks):
         barrier = {t.rank: _median_diff(m, marks[0]) for t, m in zip(traces, marks)}
     groups = [g for g in match_collectives(traces) if any(k in g[0].name for k in _ALIGNING)]
+    hosts = {t.meta.get("host") for t in traces}
     if len(groups) >= MIN_MATCHED:
         offsets = {t.rank: median(g[i].end - g[0].end for g in groups) for i, t in enumerate(traces)}
+        method = "collectives"
+        if len(hosts) == 1 and None not in hosts:  # one host, one clock: the estimate's error is all it would add
+            estimated, offsets, method = offsets, zero, "one-host"
+        else:
+            estimated = {}
         resid = max(median(abs(g[i].end - g[0].end - offsets[t.rank]) for g in groups)
                     for i, t in enumerate(traces))
-        return Clock("collectives", offsets, resid, barrier, len(groups))
+        return Clock(method, offsets, resid, barrier, len(groups), estimated)
     if barrier:
         resid = max(median(abs(a - b - barrier[t.rank]) for a, b in zip(m, marks[0]))
                     for t, m in zip(traces, marks))

@@ -76,8 +76,9 @@ def test_sleep_in_rank_1_forward_names_rank_1_and_the_forward(faulty):
     assert rep["ranks"][0]["median"]["comm_pct"] > rep["ranks"][1]["median"]["comm_pct"]
     late = [r["lateness_ms"]["per_step"] for r in rep["ranks"]]
     assert late[1] > 40 > late[0], late  # 80 ms of sleep a step, less what rank 0 spent on its own backward
-    # one host, one clock: the estimated offset is ~0 (the residual on a loaded 2-core VM is ~0.1-1.5 ms)
-    assert abs(rep["clock"]["offsets_us"]["1"]) < 2000
+    # one host, one clock: offsets 0; the collectives' own estimate is near it (0.001-0.35 ms seen here)
+    assert rep["clock"]["method"] == "one-host" and rep["clock"]["matched_collectives"] >= 8
+    assert abs(rep["clock"]["estimated_offsets_us"]["1"]) < 2000
 
 
 def test_balanced_run_names_no_one(balanced):
