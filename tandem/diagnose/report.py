@@ -50,9 +50,12 @@ def render(rep: dict, console: Console) -> None:
     console.print(f"[bold]tandem diagnose[/] {rep.get('run_dir') or ''}: {rep['world']} rank(s), "
                   f"steps {steps[0]}-{steps[-1]}" if steps else "no common steps", highlight=False)
     if rep["world"] > 1:
-        offs = ", ".join(f"rank {r} {float(v) / 1e3:+.3f} ms" for r, v in c["offsets_us"].items() if r != "0")
-        console.print(f"clock: aligned by {c['method']} ({c['matched_collectives']} matched collectives); "
-                      f"offsets {offs}; residual {c['residual_us'] / 1e3:.3f} ms (no cross-rank claim below it)",
+        one = c["method"] == "one-host"
+        offs = ", ".join(f"rank {r} {float(v) / 1e3:+.3f} ms" for r, v in
+                         (c["estimated_offsets_us"] if one else c["offsets_us"]).items() if r != "0")
+        how = (f"one host, one clock (the {c['matched_collectives']} matched collectives estimate {offs})" if one
+               else f"aligned by {c['method']} ({c['matched_collectives']} matched collectives), offsets {offs}")
+        console.print(f"clock: {how}; residual {c['residual_us'] / 1e3:.3f} ms (no cross-rank claim below it)",
                       highlight=False)
     t = Table(title="Where the step goes (median over the window's steps)", title_justify="left")
     for col in ("rank", "step ms", "data %", "compute %", "exposed comm %", "idle %", "overlap %",

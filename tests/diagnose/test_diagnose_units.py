@@ -63,6 +63,17 @@ def test_a_250_ms_clock_shift_is_recovered_within_a_millisecond():
     assert c.residual_us < 1000.0
 
 
+def test_one_host_keeps_its_clock_and_a_trailing_collective_does_not_shift_the_match():
+    traces = _two_ranks(shift_us=0.0)
+    traces[1].comms.append(type(traces[1].comms[0])("gloo:all_reduce", 1e9, 1e9 + 10))  # recorded on rank 1 only
+    c = estimate(traces)
+    assert c.method == "collectives" and abs(c.offsets_us[1]) < 100
+    for t in traces:
+        t.meta["host"] = "vm"
+    c = estimate(traces)
+    assert c.method == "one-host" and c.offsets_us[1] == 0.0 and abs(c.estimated_us[1]) < 100
+
+
 def test_barriers_alone_align_when_no_collective_matches():
     traces = _two_ranks(shift_us=-250_000.0)
     for t in traces:
