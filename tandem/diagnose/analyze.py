@@ -19,6 +19,7 @@ SCHEMA = "tandem.diagnose/1"
 STRAGGLER_SCORE = 0.75      # fastest rank's median / this rank's median, below it: a straggler (NVRx's rule)
 STRAGGLER_MIN_FRAC = 0.05   # ...and slower by at least this fraction of the median step (no alarms on noise)
 STRAGGLER_MIN_US = 500.0    # ...and by this much: a shared CPU's scheduler moves sub-ms sections by more
+STRAGGLER_STEPS = 0.75      # ...in this share of the window's steps each (a burst of load on some steps is not)
 _GRAD_PHASES = (PHASE_PREFIX + "backward", PHASE_PREFIX + "forward_backward")
 
 
@@ -70,9 +71,14 @@ def section_scores(shares: dict[int, list[StepShare]]) -> dict:
             score = fastest / m[n] if m[n] > 0 else 1.0
             out["median_ms"].setdefault(str(r), {})[n] = round(m[n] / 1e3, 3)
             out["scores"].setdefault(str(r), {})[n] = round(score, 3)
-            if len(med) > 1 and score < STRAGGLER_SCORE and m[n] - fastest >= max(STRAGGLER_MIN_FRAC * step_med, STRAGGLER_MIN_US):
+            floor = fastest + max(STRAGGLER_MIN_FRAC * step_med, STRAGGLER_MIN_US)
+            slow_steps = sum(s.sections_us.get(n, 0.0) * STRAGGLER_SCORE > fastest and s.sections_us.get(n, 0.0)
+                             >= floor for s in shares[r])
+            if len(med) > 1 and score < STRAGGLER_SCORE and m[n] >= floor \
+                    and slow_steps >= STRAGGLER_STEPS * len(shares[r]):
                 out["stragglers"].append({"rank": r, "section": n, "score": round(score, 3),
-                                          "median_ms": round(m[n] / 1e3, 3), "fastest_ms": round(fastest / 1e3, 3)})
+                                          "median_ms": round(m[n] / 1e3, 3), "fastest_ms": round(fastest / 1e3, 3),
+                                          "slow_steps": slow_steps, "steps": len(shares[r])})
     busy = {r: sum(m.values()) for r, m in med.items()}
     slow = max(busy, key=lambda r: busy[r]) if busy else None
     if slow is not None and names:

@@ -9,7 +9,8 @@ Triggers (docs/diagnose.md explains each):
                        the one bucket can only start when the backward is over
     bandwidth-bound    exposed comm >= COMM_PCT otherwise: the bytes themselves
     straggler          a section whose score (fastest rank's median / this rank's) < 0.75, by at least
-                       5% of the step, its exposed communication left out
+                       5% of the step and 0.5 ms, in at least 3/4 of the window's steps, its exposed
+                       communication left out
 
 A rank's shares are its medians over the window's steps; verdicts that apply to every rank say so.
 """
@@ -99,7 +100,8 @@ def judge(rep: dict) -> list[dict]:
         r = next(x for x in ranks if x["rank"] == rank)
         worst, late = ss[0], r["lateness_ms"]
         ev = [f"section {s['section']}: median {s['median_ms']:.1f} ms on rank {rank} vs {s['fastest_ms']:.1f} ms on "
-              f"the fastest rank, score {s['score']:.2f} (< 0.75; exposed communication left out)" for s in ss]
+              f"the fastest rank, score {s['score']:.2f} (< 0.75; exposed communication left out), slow in "
+              f"{s['slow_steps']} of {s['steps']} steps" for s in ss]
         if late["per_step"] > resid_ms:
             ev.append(f"rank {rank} arrives late at the collectives by {late['per_step']:.1f} ms a step in all, "
                       f"the longest {late['max']:.1f} ms (clock residual {resid_ms:.3f} ms)")
