@@ -40,8 +40,12 @@ def _rank_summary(t: RankTrace, shares: list[StepShare], late_us: list[float], c
     buckets = [ddp_buckets(t, s.step) for s in shares]
     per_step = [len(b) for b in buckets]
     sizes = [x for b in buckets for x in b]
+    sched = t.meta.get("main_thread_sched_ns") or {}
+    n = max(1, len(t.meta.get("steps") or shares))
     return {
         "rank": t.rank,
+        "main_thread": ({"runqueue_ms_per_step": round(sched["runqueue"] / n / 1e6, 3),
+                         "on_cpu_ms_per_step": round(sched["on_cpu"] / n / 1e6, 3)} if sched else None),
         "steps": [s.to_dict() for s in shares],
         "median": {"step_ms": round(_med(s.step_us for s in shares) / 1e3, 3),
                    **{f"{c}_pct": round(_med(s.pct(c) for s in shares), 2) for c in CATEGORIES},

@@ -10,7 +10,8 @@ Triggers (docs/diagnose.md explains each):
     bandwidth-bound    exposed comm >= COMM_PCT otherwise: the bytes themselves
     straggler          a section whose score (fastest rank's median / this rank's) < 0.75, by at least
                        5% of the step and 0.5 ms, in at least 3/4 of the window's steps, its exposed
-                       communication left out
+                       communication left out; cause "cpu-starved" when the rank's main thread waited
+                       in the run queue (more than the least-waiting rank) for half the excess or more
 
 A rank's shares are its medians over the window's steps; verdicts that apply to every rank say so.
 """
@@ -22,6 +23,7 @@ COMM_PCT = 10.0
 MANY_BUCKETS = 4
 SMALL_BUCKET = 1 << 20
 LOW_OVERLAP = 25.0
+STARVED_SHARE = 0.5   # a straggler whose extra run-queue wait covers half its excess: its host, not its code
 
 
 def _mib(b: float) -> str:
@@ -105,7 +107,17 @@ def judge(rep: dict) -> list[dict]:
         if late["per_step"] > resid_ms:
             ev.append(f"rank {rank} arrives late at the collectives by {late['per_step']:.1f} ms a step in all, "
                       f"the longest {late['max']:.1f} ms (clock residual {resid_ms:.3f} ms)")
-        if len(ss) >= 3:
+        rq = {x["rank"]: (x.get("main_thread") or {}).get("runqueue_ms_per_step") for x in ranks}
+        excess = sum(s["median_ms"] - s["fastest_ms"] for s in ss)
+        starved = None not in rq.values() and rq[rank] - min(rq.values()) >= STARVED_SHARE * excess
+        if rq[rank] is not None:
+            ev.append(f"rank {rank}'s main thread waited {rq[rank]:.1f} ms a step for a CPU (run queue, "
+                      f"/proc schedstat; least on any rank {min(v for v in rq.values() if v is not None):.1f} ms) "
+                      f"against {excess:.1f} ms of excess in its slow sections")
+        if starved:
+            hint = ("host: it was runnable but not running, so its host's CPUs are oversubscribed (other "
+                    "processes, loader workers, too many threads per rank: launch.threads_per_worker), not its code")
+        elif len(ss) >= 3:
             hint = ("host: it is slower in every section alike, so look at its CPU share (other processes on "
                     "its cores), clocks and throttling, not at one piece of code")
         elif worst["section"] == "data":
@@ -115,6 +127,7 @@ def judge(rep: dict) -> list[dict]:
                     "clocks and other processes")
         names = ", ".join(s["section"] for s in ss)
         out.append({"kind": "straggler", "ranks": [rank], "section": worst["section"],
+                    "cause": "cpu-starved" if starved else "code-or-device",
                     "sections": [s["section"] for s in ss], "evidence": ev,
                     "title": f"straggler: rank {rank} in {names}",
                     "change": f"look at rank {rank}'s {hint}; every other rank waits for it at the next "

@@ -12,7 +12,8 @@ Outside the window, and on CPU, ``phase`` returns one shared no-op context: a fl
 What a window writes, per rank (read by ``tandem diagnose``, docs/diagnose.md):
 
     RUN_DIR/profile/rank-R/trace.json.gz   torch's Chrome trace; ProfilerStep#N is metrics.jsonl's step N
-    RUN_DIR/profile/rank-R/window.json     rank, world, steps, clock: the window's barrier exits (Unix ns)
+    RUN_DIR/profile/rank-R/window.json     rank, world, steps, clock: the window's barrier exits (Unix ns),
+                                           the main thread's CPU and run-queue time over the window
 
 At the window's start every rank passes ``clock_rounds`` barriers, each inside a ``tandem.clock``
 range: all ranks leave a barrier at (almost) the same moment, so the ends of those ranges give
@@ -102,6 +103,7 @@ class StepProfiler:
         self._prof = p
 
     def _sync_clock(self) -> None:
+        self._sched0 = _schedstat()
         if not (dist.is_available() and dist.is_initialized()):
             return
         for _ in range(self.spec.clock_rounds):
@@ -115,12 +117,24 @@ class StepProfiler:
     def _finish(self) -> None:
         p, self._prof, self.recording, self.on = self._prof, None, False, False
         p.stop()
+        s0, s1 = getattr(self, "_sched0", None), _schedstat()
+        sched = {k: s1[k] - s0[k] for k in s0} if s0 and s1 else None
         meta = {"schema": 1, "rank": self.ctx.rank, "world": self.ctx.world, "pid": os.getpid(),
                 "host": socket.gethostname(), "device": str(self.ctx.device), "backend": self.ctx.backend,
-                "steps": self._steps, "clock_ns": self._clock, "trace": "trace.json.gz"}
+                "steps": self._steps, "clock_ns": self._clock, "trace": "trace.json.gz", "main_thread_sched_ns": sched}
         tmp = self.dir / "window.json.tmp"
         tmp.write_text(json.dumps(meta, indent=1))
         tmp.replace(self.dir / "window.json")
+
+
+def _schedstat() -> dict | None:
+    """The calling thread's time on a CPU and waiting in a run queue (Linux /proc schedstat), in ns:
+    a rank that is slow because its host gave it no CPU shows the wait here, a slow kernel does not."""
+    try:
+        on_cpu, queued, _ = (int(x) for x in open("/proc/thread-self/schedstat").read().split())
+    except (OSError, ValueError):
+        return None
+    return {"on_cpu": on_cpu, "runqueue": queued, "wall": time.perf_counter_ns()}
 
 
 class _Phase:

@@ -37,23 +37,17 @@ def faulty(tmp_path_factory):
 
 
 def _named(rep: dict) -> list:
-    return [(v["title"], v["evidence"]) for v in rep["verdicts"] if v["kind"] in ("straggler", "data-bound")]
+    """Verdicts that blame a rank's code or data. A straggler whose main thread waited in the run
+    queue for most of its excess (cause cpu-starved) is this shared VM's doing (load 10-20 on 2 cores
+    while other suites run) and diagnose says so; it is not a finding against the code."""
+    return [(v["title"], v["evidence"]) for v in rep["verdicts"]
+            if v["kind"] == "data-bound" or (v["kind"] == "straggler" and v["cause"] != "cpu-starved")]
 
 
 @pytest.fixture(scope="module")
 def balanced(tmp_path_factory):
-    """The tiny ResNet, no fault: tens of ms of compute per step, so a few hundred us of loading or
-    scheduler noise is not a finding. On this shared 2-core VM (load 10-16 while other suites run) a
-    rank can really be starved of CPU for seconds, and diagnose then names it, rightly; so up to 3
-    runs, the first that names no one kept (a diagnose that named someone in every balanced run
-    fails the test)."""
-    tries = []
-    for k in range(3):
-        run, rep = _train(tmp_path_factory.mktemp(f"balanced{k}"), "resnet18", {})
-        tries.append(_named(rep))
-        if not tries[-1]:
-            break
-    return run, rep, tries
+    """The tiny ResNet, no fault: tens of ms of compute per step."""
+    return _train(tmp_path_factory.mktemp("balanced"), "resnet18", {})
 
 
 def test_every_rank_writes_its_window(faulty):
@@ -81,8 +75,8 @@ def test_sleep_in_the_loader_is_data_bound_on_every_rank(faulty):
 
 def test_sleep_in_rank_1_forward_names_rank_1_and_the_forward(faulty):
     run, rep = faulty
-    strag = [(x["ranks"], x["section"]) for x in rep["verdicts"] if x["kind"] == "straggler"]
-    assert strag == [([1], "forward")], rep["verdicts"]
+    strag = [(x["ranks"], x["section"], x["cause"]) for x in rep["verdicts"] if x["kind"] == "straggler"]
+    assert strag == [([1], "forward", "code-or-device")], rep["verdicts"]  # a sleep is no run-queue wait
     assert rep["sections"]["scores"]["1"]["forward"] < 0.75
     assert rep["sections"]["slowest"]["rank"] == 1
     # rank 0 waits for rank 1 inside the gradient all-reduce: exposed comm on 0, lateness on 1
@@ -98,6 +92,6 @@ def test_balanced_run_names_no_one(balanced):
     """No rank and no section is named. (Communication verdicts are left out here: with the machine
     loaded beyond its 2 cores, gloo's threads wait to be scheduled and a 0.17 MiB all-reduce takes
     1-20 ms, which diagnose reports as exposed communication, as it is.)"""
-    run, rep, tries = balanced
-    assert not _named(rep), tries
+    run, rep = balanced
+    assert not _named(rep), _named(rep)
     assert rep["merged_trace"]["bytes"] < 20e6
