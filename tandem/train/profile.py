@@ -66,6 +66,8 @@ class StepProfiler:
                 return
             self._start(n)
         else:
+            if n > self.last:  # before the export, which takes a while
+                self._sched1 = _schedstat()
             self._prof.step()
         if n > self.last:
             self._finish()
@@ -79,6 +81,7 @@ class StepProfiler:
     def close(self) -> None:
         """The run ended inside the window: write what was recorded."""
         if self._prof is not None:
+            self._sched1 = _schedstat()
             self._finish()
 
     def _schedule(self, k: int):
@@ -117,7 +120,7 @@ class StepProfiler:
     def _finish(self) -> None:
         p, self._prof, self.recording, self.on = self._prof, None, False, False
         p.stop()
-        s0, s1 = getattr(self, "_sched0", None), _schedstat()
+        s0, s1 = getattr(self, "_sched0", None), getattr(self, "_sched1", None)
         sched = {k: s1[k] - s0[k] for k in s0} if s0 and s1 else None
         meta = {"schema": 1, "rank": self.ctx.rank, "world": self.ctx.world, "pid": os.getpid(),
                 "host": socket.gethostname(), "device": str(self.ctx.device), "backend": self.ctx.backend,
