@@ -37,9 +37,8 @@ def merged_trace(traces: list[RankTrace], offsets_us: dict[int, float], out: Pat
            "otherData": {"producer": "tandem diagnose", "clock_offsets_us": {str(k): v for k, v in offsets_us.items()}}}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
-    opener = gzip.open if out.name.endswith(".gz") else open
-    with opener(tmp, "wt") as fh:
-        json.dump(doc, fh, separators=(",", ":"))
+    data = json.dumps(doc, separators=(",", ":")).encode()  # one write: a gzip stream of small writes is slow
+    tmp.write_bytes(gzip.compress(data, compresslevel=3) if out.name.endswith(".gz") else data)
     tmp.replace(out)
     return out.stat().st_size
 

@@ -132,7 +132,6 @@ def load_run(run_dir: Path) -> list[RankTrace]:
                             field="run_dir", value=str(trace_p),
                             fix="profile steps the run reaches: lower --profile.start_step or --profile.steps")
         meta = json.loads(meta_p.read_text()) if meta_p.exists() else {}
-        with gzip.open(trace_p, "rt") as fh:
-            docs.append((rank, json.load(fh), meta))
+        docs.append((rank, json.loads(gzip.decompress(trace_p.read_bytes())), meta))
     origin = float(docs[0][1].get("baseTimeNanoseconds", 0)) / 1000.0
     return [parse(doc, rank, meta, origin) for rank, doc, meta in docs]
