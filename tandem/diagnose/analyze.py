@@ -46,6 +46,7 @@ def _rank_summary(t: RankTrace, shares: list[StepShare], late_us: list[float], c
         "rank": t.rank,
         "main_thread": ({"runqueue_ms_per_step": round(sched["runqueue"] / n / 1e6, 3),
                          "on_cpu_ms_per_step": round(sched["on_cpu"] / n / 1e6, 3)} if sched else None),
+        "memory": _memory(t.meta),
         "steps": [s.to_dict() for s in shares],
         "median": {"step_ms": round(_med(s.step_us for s in shares) / 1e3, 3),
                    **{f"{c}_pct": round(_med(s.pct(c) for s in shares), 2) for c in CATEGORIES},
@@ -61,6 +62,16 @@ def _rank_summary(t: RankTrace, shares: list[StepShare], late_us: list[float], c
                        "grad_MBps": round(_med(c.nbytes / c.dur for s in shares for c in s.collectives
                                                if c.nbytes >= 1024 and c.dur > 0), 1)},
     }
+
+
+def _memory(meta: dict) -> dict | None:
+    """MemTracker's peak by category for the one tracked step (MiB), or its error."""
+    peak = meta.get("memory_peak_bytes")
+    if not peak:
+        return None
+    if "error" in peak:
+        return {"error": peak["error"]}
+    return {"step": meta.get("memory_step"), "peak_mib": {k: round(v / (1 << 20), 3) for k, v in peak.items()}}
 
 
 def section_scores(shares: dict[int, list[StepShare]]) -> dict:

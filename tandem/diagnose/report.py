@@ -81,6 +81,25 @@ def render(rep: dict, console: Console) -> None:
             s = sec["slowest"]
             console.print(f"slowest rank: {s['rank']} (busy {s['busy_ms']:.1f} ms a step), its weakest section "
                           f"{s['section']} (score {s['score']:.2f})", highlight=False)
+    mem = [(r["rank"], r.get("memory")) for r in rep["ranks"] if r.get("memory")]
+    if mem:
+        cats = [k for k in ("Parameter", "Buffer", "Gradient", "Activation", "Optstate", "Temp", "Other", "Total")
+                if any(k in (m.get("peak_mib") or {}) for _, m in mem)]
+        mt = Table(title=f"Peak memory by category, MiB (torch MemTracker, step {mem[0][1].get('step')})",
+                   title_justify="left")
+        for col in ("rank", *cats):
+            mt.add_column(col, justify="right")
+        for r, m in mem:
+            if "error" in m:
+                mt.add_row(str(r), m["error"][:60], *[""] * (len(cats) - 1))
+            else:
+                mt.add_row(str(r), *[f"{m['peak_mib'].get(c, 0):.2f}" for c in cats])
+        console.print(mt)
+        grads = max(r["collectives"]["grad_bytes_per_step"] for r in rep["ranks"])
+        if grads and all((m.get("peak_mib") or {}).get("Gradient", 1) == 0 for _, m in mem):
+            console.print(f"  gradients: {grads / (1 << 20):.2f} MiB a step live in DDP's buckets "
+                          "(gradient_as_bucket_view), allocated before the tracked step: not in the columns above",
+                          highlight=False)
     if rep.get("metrics"):
         console.print(f"metrics.jsonl, same steps: step {rep['metrics']['step_ms']:.1f} ms, "
                       f"data {rep['metrics']['data_pct']:.1f}%", highlight=False)

@@ -13,7 +13,8 @@ What a window writes, per rank (read by ``tandem diagnose``, docs/diagnose.md):
 
     RUN_DIR/profile/rank-R/trace.json.gz   torch's Chrome trace; ProfilerStep#N is metrics.jsonl's step N
     RUN_DIR/profile/rank-R/window.json     rank, world, steps, clock: the window's barrier exits (Unix ns),
-                                           the main thread's CPU and run-queue time over the window
+                                           the main thread's CPU and run-queue time over the window,
+                                           MemTracker's peak by category, the step after the window
 
 At the window's start every rank passes ``clock_rounds`` barriers, each inside a ``tandem.clock``
 range: all ranks leave a barrier at (almost) the same moment, so the ends of those ranges give
@@ -49,6 +50,10 @@ class StepProfiler:
         if self.on:
             self.first, self.last = spec.start_step, spec.start_step + spec.steps - 1
 
+    def track(self, model, optim) -> None:
+        """The module and optimizer MemTracker attributes memory to (profile.memory)."""
+        self._tracked = (model, optim)
+
     def phase(self, name: str):
         if self.recording:
             return _Phase(PREFIX + name, self.nvtx)
@@ -58,6 +63,8 @@ class StepProfiler:
 
     def step(self, done: int) -> None:
         """Called at the top of each step; ``done + 1`` is the step about to run."""
+        if getattr(self, "_mt", None) is not None:
+            self._memory_exit()
         if not self.on:
             return
         n = done + 1
@@ -71,6 +78,7 @@ class StepProfiler:
             self._prof.step()
         if n > self.last:
             self._finish()
+            self._memory_enter(n)  # the step after the window, in steady state, under MemTracker
             return
         self.recording = n >= self.first
         if n >= self.first:
@@ -79,10 +87,35 @@ class StepProfiler:
             self._sync_clock()
 
     def close(self) -> None:
-        """The run ended inside the window: write what was recorded."""
+        """The run ended inside the window (or in the memory step): write what was recorded."""
         if self._prof is not None:
             self._sched1 = _schedstat()
             self._finish()
+        if getattr(self, "_mt", None) is not None:
+            self._memory_exit()
+
+    def _memory_enter(self, n: int) -> None:
+        if not self.spec.memory or not hasattr(self, "_tracked"):
+            return
+        try:
+            from torch.distributed._tools.mem_tracker import MemTracker
+
+            mt = MemTracker()
+            mt.track_external(*self._tracked)
+            mt.__enter__()
+            self._mt, self._mt_step = mt, n
+        except Exception as e:  # a strategy MemTracker cannot follow: say so, keep training
+            self._write_meta(memory_peak_bytes={"error": f"{type(e).__name__}: {e}"})
+
+    def _memory_exit(self) -> None:
+        mt, self._mt = self._mt, None
+        try:
+            mt.__exit__(None, None, None)
+            peak = mt.get_tracker_snapshot("peak").get(self.ctx.device) or {}
+            mem = {getattr(k, "value", str(k)): int(v) for k, v in peak.items()}
+        except Exception as e:
+            mem = {"error": f"{type(e).__name__}: {e}"}
+        self._write_meta(memory_peak_bytes=mem, memory_step=self._mt_step)
 
     def _schedule(self, k: int):
         from torch.profiler import ProfilerAction as A
@@ -122,11 +155,16 @@ class StepProfiler:
         p.stop()
         s0, s1 = getattr(self, "_sched0", None), getattr(self, "_sched1", None)
         sched = {k: s1[k] - s0[k] for k in s0} if s0 and s1 else None
-        meta = {"schema": 1, "rank": self.ctx.rank, "world": self.ctx.world, "pid": os.getpid(),
-                "host": socket.gethostname(), "device": str(self.ctx.device), "backend": self.ctx.backend,
-                "steps": self._steps, "clock_ns": self._clock, "trace": "trace.json.gz", "main_thread_sched_ns": sched}
+        self._meta = {"schema": 1, "rank": self.ctx.rank, "world": self.ctx.world, "pid": os.getpid(),
+                      "host": socket.gethostname(), "device": str(self.ctx.device), "backend": self.ctx.backend,
+                      "steps": self._steps, "clock_ns": self._clock, "trace": "trace.json.gz",
+                      "main_thread_sched_ns": sched, "memory_peak_bytes": None, "memory_step": None}
+        self._write_meta()
+
+    def _write_meta(self, **extra) -> None:
+        self._meta.update(extra)
         tmp = self.dir / "window.json.tmp"
-        tmp.write_text(json.dumps(meta, indent=1))
+        tmp.write_text(json.dumps(self._meta, indent=1))
         tmp.replace(self.dir / "window.json")
 
 

@@ -109,6 +109,7 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
     el = ElasticHooks(spec, ctx, run_dir, metrics, log, ckdir)
     prof = StepProfiler(spec.profile, ctx, run_dir)  # [profile]: a window of steps, phases named
     par.phase = prof.phase
+    prof.track(ddp, optim)
 
     step, epoch, resumed = 0, 0, None
     if path is not None:

@@ -55,6 +55,9 @@ def test_every_rank_writes_its_window(faulty):
     for r in (0, 1):
         meta = json.loads((run / "profile" / f"rank-{r}" / "window.json").read_text())
         assert meta["steps"] == list(range(3, 11)) and len(meta["clock_ns"]) == 5
+        mem = meta["memory_peak_bytes"]  # MemTracker, the step after the window (the run's last)
+        assert meta["memory_step"] == 11 and mem["Parameter"] > 0 and mem["Activation"] > 0, mem
+        assert mem["Total"] == sum(v for k, v in mem.items() if k != "Total")
         names = {e.get("name") for e in json.load(gzip.open(run / "profile" / f"rank-{r}" / "trace.json.gz",
                                                            "rt"))["traceEvents"]}
         assert {"ProfilerStep#3", "ProfilerStep#10", "tandem.data", "tandem.forward", "tandem.backward",
