@@ -17,6 +17,8 @@ def diagnose_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print diagnose.json instead of the report."),
     trace: Optional[Path] = typer.Option(None, "--trace", help="Also write the ranks' traces merged on one "
                                          "clock, one process per rank (Chrome/Perfetto; .gz compresses)."),
+    html_out: Optional[Path] = typer.Option(None, "--html", help="Also write a self-contained HTML page: one "
+                                            "step's timeline per rank, shares, memory, verdicts."),
     compare: Optional[Path] = typer.Option(None, "--compare", help="A second profiled run (after a change): "
                                            "print both side by side."),
 ) -> None:
@@ -34,6 +36,10 @@ def diagnose_cmd(
     if trace is not None:
         size = merged_trace(traces, {int(k): v for k, v in rep["clock"]["offsets_us"].items()}, trace)
         rep["merged_trace"] = {"path": str(trace), "bytes": size}
+    if html_out is not None:
+        from tandem.diagnose import html
+
+        html.write(rep, traces, html_out)
     out = run_dir / "diagnose.json"
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(json.dumps(rep, indent=1))
@@ -46,6 +52,8 @@ def diagnose_cmd(
     if trace is not None:
         console.print(f"merged trace: {trace} ({rep['merged_trace']['bytes'] / 1e6:.2f} MB); open it in "
                       "ui.perfetto.dev or chrome://tracing", highlight=False)
+    if html_out is not None:
+        console.print(f"html report: {html_out}", highlight=False)
     console.print(f"written: {out}", highlight=False)
 
 

@@ -139,9 +139,12 @@ def test_load_run_and_the_cli_on_a_written_window(tmp_path):
         traces.append(tb)
     assert [t.rank for t in load_run(tmp_path / "run")] == [0, 1]
     merged = tmp_path / "merged.json.gz"
-    p = run_tandem("diagnose", str(tmp_path / "run"), "--json", "--trace", str(merged))
+    page = tmp_path / "report.html"
+    p = run_tandem("diagnose", str(tmp_path / "run"), "--json", "--trace", str(merged), "--html", str(page))
     assert p.returncode == 0, p.stderr
     rep = json.loads(p.stdout)
+    text = page.read_text()
+    assert text.count("<svg") == 1 and "rank 1" in text and "gloo:all_reduce" in text and "<script" not in text
     assert rep["steps"] == [5] and json.loads((tmp_path / "run" / "diagnose.json").read_text()) == rep
     doc = json.load(gzip.open(merged, "rt"))
     assert {e["pid"] for e in doc["traceEvents"]} == {0, 1}
