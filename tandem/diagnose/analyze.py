@@ -11,7 +11,7 @@ from pathlib import Path
 from statistics import median
 
 from tandem.diagnose.breakdown import CATEGORIES, StepShare, rank_shares
-from tandem.diagnose.clock import Clock, estimate, lateness
+from tandem.diagnose.clock import Clock, estimate, fr_lateness, lateness
 from tandem.diagnose.trace import PHASE_PREFIX, RankTrace
 from tandem.diagnose.verdicts import judge
 
@@ -36,7 +36,21 @@ def ddp_buckets(t: RankTrace, step: int) -> list[int]:
             and any(p.start <= c.start < p.end for p in grad)]
 
 
-def _rank_summary(t: RankTrace, shares: list[StepShare], late_us: list[float], clock: Clock) -> dict:
+def _late(late: list[tuple[float, float]] | None, steps: list[tuple[float, float]], clock: Clock) -> dict | None:
+    """``per_step``: the mean over steps of the step's largest lateness, a lower bound on how long the
+    others waited for this rank each step (lateness at successive collectives of one step can repeat
+    one delay: a broadcast's root does not wait)."""
+    if late is None:
+        return None
+    xs = [x for _, x in late]
+    worst = [max((x for w, x in late if a <= w < b), default=0.0) for a, b in steps]
+    return {"per_step": round(_med(worst) / 1e3, 3) if worst else 0.0, "median": round(_med(xs) / 1e3, 3),
+            "max": round(max(xs, default=0.0) / 1e3, 3), "collectives": len(xs),
+            "above_residual": sum(x > clock.residual_us for x in xs)}
+
+
+def _rank_summary(t: RankTrace, shares: list[StepShare], late_us: list, clock: Clock, fr_us: list | None,
+                  steps: list[tuple[float, float]]) -> dict:
     buckets = [ddp_buckets(t, s.step) for s in shares]
     per_step = [len(b) for b in buckets]
     sizes = [x for b in buckets for x in b]
@@ -55,9 +69,8 @@ def _rank_summary(t: RankTrace, shares: list[StepShare], late_us: list[float], c
                         "grad_allreduce_per_step": _med(per_step),
                         "grad_bucket_bytes_median": int(_med(sizes)),
                         "grad_bytes_per_step": int(_med(sum(b) for b in buckets))},
-        "lateness_ms": {"per_step": round(sum(late_us) / max(1, len(shares)) / 1e3, 3),
-                        "median": round(_med(late_us) / 1e3, 3), "max": round(max(late_us, default=0.0) / 1e3, 3),
-                        "collectives": len(late_us), "above_residual": sum(x > clock.residual_us for x in late_us)},
+        "lateness_ms": _late(late_us, steps, clock),            # gloo/nccl spans' starts, matched by order
+        "fr_lateness_ms": _late(fr_us, steps, clock),          # flight recorder: enqueue times, by seq id
         "comm_spans": {"median_ms": round(_med(c.dur for s in shares for c in s.collectives) / 1e3, 3),
                        "grad_MBps": round(_med(c.nbytes / c.dur for s in shares for c in s.collectives
                                                if c.nbytes >= 1024 and c.dur > 0), 1)},
@@ -124,6 +137,10 @@ def analyze(traces: list[RankTrace], spec: dict | None = None, run_dir: Path | N
                         t.comms, t.raw, t.meta, t.base_us) for t in traces]
     clock = estimate(traces)
     late = lateness(traces, clock)
+    fr = fr_lateness(traces, clock)
+    # the window's steps on the aligned clock, widest over ranks: a collective belongs to the step it starts in
+    bounds = [(min(t.steps[n][0] - clock.offsets_us[t.rank] for t in traces),
+               max(t.steps[n][1] - clock.offsets_us[t.rank] for t in traces)) for n in common]
     shares = {t.rank: rank_shares(t) for t in traces}
     report = {
         "schema": SCHEMA,
@@ -131,7 +148,8 @@ def analyze(traces: list[RankTrace], spec: dict | None = None, run_dir: Path | N
         "world": len(traces),
         "steps": common,
         "clock": clock.to_dict(),
-        "ranks": [_rank_summary(t, shares[t.rank], late[t.rank], clock) for t in traces],
+        "ranks": [_rank_summary(t, shares[t.rank], late[t.rank], clock, fr[t.rank] if fr else None, bounds)
+                  for t in traces],
         "sections": section_scores(shares),
         "metrics": _metrics_window(run_dir, common),
         "spec": {k: (spec or {}).get(s, {}).get(k) for s, k in

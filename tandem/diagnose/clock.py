@@ -107,13 +107,32 @@ def estimate(traces: list[RankTrace]) -> Clock:
     return Clock("none", zero, float("inf"))
 
 
-def lateness(traces: list[RankTrace], clock: Clock) -> dict[int, list[float]]:
+def lateness(traces: list[RankTrace], clock: Clock) -> dict[int, list[tuple[float, float]]]:
     """Per rank, how late (us, aligned clock) it arrived at each matched collective: start minus the
-    earliest rank's start. The ranks that arrive early wait that long inside the collective."""
-    out: dict[int, list[float]] = {t.rank: [] for t in traces}
+    earliest rank's start, with that earliest start: [(when, late), ...]. The ranks that arrive early
+    may wait that long inside the collective."""
+    out: dict[int, list[tuple[float, float]]] = {t.rank: [] for t in traces}
     for g in match_collectives(traces):
         starts = [s.start - clock.offsets_us[t.rank] for s, t in zip(g, traces)]
         first = min(starts)
         for t, s in zip(traces, starts):
-            out[t.rank].append(s - first)
+            out[t.rank].append((first, s - first))
+    return out
+
+
+def fr_lateness(traces: list[RankTrace], clock: Clock) -> dict[int, list[tuple[float, float]]] | None:
+    """Lateness from torch's flight recorder: the same collective (process group, sequence number)
+    on every rank, its enqueue time (Unix ns) put on the trace clock and aligned; None without it."""
+    frs = [(t.meta.get("flight_recorder") or {}).get("entries") for t in traces]
+    if not traces or any(f is None for f in frs):
+        return None
+    origin = traces[0].base_us
+    created = [{(e["pg_id"], e["collective_seq_id"]): e["time_created_ns"] / 1000.0 - origin - clock.offsets_us[t.rank]
+                for e in f} for t, f in zip(traces, frs)]
+    common = set.intersection(*(set(c) for c in created))
+    out: dict[int, list[tuple[float, float]]] = {t.rank: [] for t in traces}
+    for key in sorted(common):
+        first = min(c[key] for c in created)
+        for t, c in zip(traces, created):
+            out[t.rank].append((first, c[key] - first))
     return out

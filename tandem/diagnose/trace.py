@@ -132,6 +132,8 @@ def load_run(run_dir: Path) -> list[RankTrace]:
                             field="run_dir", value=str(trace_p),
                             fix="profile steps the run reaches: lower --profile.start_step or --profile.steps")
         meta = json.loads(meta_p.read_text()) if meta_p.exists() else {}
+        if (d / "flight_recorder.json").exists():
+            meta["flight_recorder"] = json.loads((d / "flight_recorder.json").read_text())
         docs.append((rank, json.loads(gzip.decompress(trace_p.read_bytes())), meta))
     origin = float(docs[0][1].get("baseTimeNanoseconds", 0)) / 1000.0
     return [parse(doc, rank, meta, origin) for rank, doc, meta in docs]

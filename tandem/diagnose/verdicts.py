@@ -105,8 +105,12 @@ def judge(rep: dict) -> list[dict]:
               f"the fastest rank, score {s['score']:.2f} (< 0.75; exposed communication left out), slow in "
               f"{s['slow_steps']} of {s['steps']} steps" for s in ss]
         if late["per_step"] > resid_ms:
-            ev.append(f"rank {rank} arrives late at the collectives by {late['per_step']:.1f} ms a step in all, "
-                      f"the longest {late['max']:.1f} ms (clock residual {resid_ms:.3f} ms)")
+            ev.append(f"rank {rank} arrives last at the collectives: {late['per_step']:.1f} ms after the first "
+                      f"rank in the median step, {late['max']:.1f} ms at most (clock residual {resid_ms:.3f} ms)")
+        fr = r.get("fr_lateness_ms")
+        if fr and fr["per_step"] > resid_ms:
+            ev.append(f"flight recorder: rank {rank} enqueued the same collectives (by sequence number) up to "
+                      f"{fr['per_step']:.1f} ms after the first rank in the median step ({fr['collectives']} matched)")
         rq = {x["rank"]: (x.get("main_thread") or {}).get("runqueue_ms_per_step") for x in ranks}
         excess = sum(s["median_ms"] - s["fastest_ms"] for s in ss)
         starved = None not in rq.values() and rq[rank] - min(rq.values()) >= STARVED_SHARE * excess

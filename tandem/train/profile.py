@@ -15,6 +15,7 @@ What a window writes, per rank (read by ``tandem diagnose``, docs/diagnose.md):
     RUN_DIR/profile/rank-R/window.json     rank, world, steps, clock: the window's barrier exits (Unix ns),
                                            the main thread's CPU and run-queue time over the window,
                                            MemTracker's peak by category, the step after the window
+    RUN_DIR/profile/rank-R/flight_recorder.json   torch's flight recorder entries of the window
 
 At the window's start every rank passes ``clock_rounds`` barriers, each inside a ``tandem.clock``
 range: all ranks leave a barrier at (almost) the same moment, so the ends of those ranges give
@@ -139,7 +140,7 @@ class StepProfiler:
         self._prof = p
 
     def _sync_clock(self) -> None:
-        self._sched0 = _schedstat()
+        self._sched0, self._t0_ns = _schedstat(), time.time_ns()
         if not (dist.is_available() and dist.is_initialized()):
             return
         for _ in range(self.spec.clock_rounds):
@@ -152,7 +153,10 @@ class StepProfiler:
 
     def _finish(self) -> None:
         p, self._prof, self.recording, self.on = self._prof, None, False, False
+        t1_ns = time.time_ns()
         p.stop()
+        fr = _flight_recorder(getattr(self, "_t0_ns", 0), t1_ns)
+        (self.dir / "flight_recorder.json").write_text(json.dumps(fr))
         s0, s1 = getattr(self, "_sched0", None), getattr(self, "_sched1", None)
         sched = {k: s1[k] - s0[k] for k in s0} if s0 and s1 else None
         self._meta = {"schema": 1, "rank": self.ctx.rank, "world": self.ctx.world, "pid": os.getpid(),
@@ -166,6 +170,21 @@ class StepProfiler:
         tmp = self.dir / "window.json.tmp"
         tmp.write_text(json.dumps(self._meta, indent=1))
         tmp.replace(self.dir / "window.json")
+
+
+def _flight_recorder(lo_ns: int, hi_ns: int) -> dict:
+    """torch's flight recorder (every process group, gloo included), the window's collectives only:
+    per entry the group, its sequence number and when this rank enqueued it (Unix ns)."""
+    try:
+        import torch._C._distributed_c10d as c10d
+
+        fr = json.loads(c10d._dump_fr_trace_json())
+    except Exception as e:  # an older torch, or TORCH_FR_BUFFER_SIZE=0
+        return {"error": f"{type(e).__name__}: {e}"}
+    keep = ("pg_id", "collective_seq_id", "profiling_name", "input_sizes", "time_created_ns")
+    ents = [{k: e.get(k) for k in keep} for e in fr.get("entries", [])
+            if not e.get("is_p2p") and lo_ns <= int(e.get("time_created_ns", 0)) <= hi_ns]
+    return {"entries": ents, "pg_status": fr.get("pg_status")}
 
 
 def _schedstat() -> dict | None:

@@ -60,6 +60,8 @@ def test_every_rank_writes_its_window(faulty):
         assert mem["Total"] == sum(v for k, v in mem.items() if k != "Total")
         names = {e.get("name") for e in json.load(gzip.open(run / "profile" / f"rank-{r}" / "trace.json.gz",
                                                            "rt"))["traceEvents"]}
+        fr = json.loads((run / "profile" / f"rank-{r}" / "flight_recorder.json").read_text())
+        assert any(e["profiling_name"] == "gloo:all_reduce" for e in fr["entries"]), fr
         assert {"ProfilerStep#3", "ProfilerStep#10", "tandem.data", "tandem.forward", "tandem.backward",
                 "tandem.optimizer", "tandem.sync", "tandem.clock", "gloo:all_reduce"} <= names
     assert rep["steps"] == list(range(3, 11)) and rep["world"] == 2
@@ -86,6 +88,8 @@ def test_sleep_in_rank_1_forward_names_rank_1_and_the_forward(faulty):
     assert rep["ranks"][0]["median"]["comm_pct"] > rep["ranks"][1]["median"]["comm_pct"]
     late = [r["lateness_ms"]["per_step"] for r in rep["ranks"]]
     assert late[1] > 40 > late[0], late  # 80 ms of sleep a step, less what rank 0 spent on its own backward
+    fr = [r["fr_lateness_ms"]["per_step"] for r in rep["ranks"]]  # torch's flight recorder, by sequence number
+    assert fr[1] > 40 > fr[0], fr
     # one host, one clock: offsets 0; the collectives' own estimate is near it (0.001-0.35 ms seen here)
     assert rep["clock"]["method"] == "one-host" and rep["clock"]["matched_collectives"] >= 8
     assert abs(rep["clock"]["estimated_offsets_us"]["1"]) < 2000
