@@ -170,3 +170,27 @@ def test_a_straggler_that_waited_for_a_cpu_is_blamed_on_its_host():
     traces[1].meta["main_thread_sched_ns"]["runqueue"] = int(1.0 * 4e6)  # waited little: its code is slow
     v = [x for x in analyze(traces)["verdicts"] if x["kind"] == "straggler"]
     assert [(x["ranks"], x["cause"]) for x in v] == [([1], "code-or-device")]
+
+
+def _write_run(root, traces_builders):
+    for tb in traces_builders:
+        d = root / "profile" / f"rank-{tb.rank}"
+        d.mkdir(parents=True)
+        with gzip.open(d / "trace.json.gz", "wt") as fh:
+            json.dump(tb.doc(), fh)
+        (d / "window.json").write_text(json.dumps(tb.meta()))
+
+
+def test_compare_shows_two_runs_side_by_side(tmp_path):
+    runs = []
+    for name, data in (("a", 200.0), ("b", 4000.0)):
+        tbs = [TraceBuilder(0), TraceBuilder(1)]
+        for tb in tbs:
+            ddp_step(tb, 5, 0.0, data=data, comm_end=data + 5300.0)
+        _write_run(tmp_path / name, tbs)
+        runs.append(tmp_path / name)
+    p = run_tandem("diagnose", str(runs[0]), "--compare", str(runs[1]))
+    assert p.returncode == 0, p.stderr
+    row = next(line for line in p.stdout.splitlines() if "data %" in line)
+    assert "+" in row  # the data share went up
+    assert "data-bound on every rank" in p.stdout and "no findings" in p.stdout
