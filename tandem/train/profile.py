@@ -112,7 +112,8 @@ class StepProfiler:
         mt, self._mt = self._mt, None
         try:
             mt.__exit__(None, None, None)
-            peak = mt.get_tracker_snapshot("peak").get(self.ctx.device) or {}
+            snap, dev = mt.get_tracker_snapshot("peak"), self.ctx.device
+            peak = snap.get(dev) or next((v for k, v in snap.items() if k.type == dev.type), {})  # cuda vs cuda:0
             mem = {getattr(k, "value", str(k)): int(v) for k, v in peak.items()}
         except Exception as e:
             mem = {"error": f"{type(e).__name__}: {e}"}
