@@ -3,7 +3,8 @@
 Triggers (docs/diagnose.md explains each):
 
     data-bound         data >= DATA_PCT of the step on a rank (median over the window)
-    latency-bound      exposed comm >= COMM_PCT (on the rank that waits least) and >= MANY_BUCKETS gradient all-reduces per step,
+    latency-bound      exposed comm >= COMM_PCT (on the rank that waits least) and
+                       >= MANY_BUCKETS gradient all-reduces per step,
                        median bucket < SMALL_BUCKET bytes: per-call latency dominates
     no-overlap         exposed comm >= COMM_PCT, one gradient all-reduce per step, overlap < LOW_OVERLAP:
                        the one bucket can only start when the backward is over

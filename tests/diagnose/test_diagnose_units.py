@@ -163,7 +163,8 @@ def test_a_run_without_a_window_is_a_one_line_error(tmp_path):
 def test_a_straggler_that_waited_for_a_cpu_is_blamed_on_its_host():
     traces = _two_ranks(fwd1=9000.0)  # 6 ms of extra forward on rank 1, 4 steps
     for t, queued_ms in zip(traces, (0.5, 5.0)):
-        t.meta.update(steps=[1, 2, 3, 4], main_thread_sched_ns={"runqueue": int(queued_ms * 4e6), "on_cpu": 1, "wall": 1})
+        sched = {"runqueue": int(queued_ms * 4e6), "on_cpu": 1, "wall": 1}
+        t.meta.update(steps=[1, 2, 3, 4], main_thread_sched_ns=sched)
     v = [x for x in analyze(traces)["verdicts"] if x["kind"] == "straggler"]
     assert [(x["ranks"], x["cause"]) for x in v] == [([1], "cpu-starved")]
     assert "run queue" in " ".join(v[0]["evidence"]) and "oversubscribed" in v[0]["change"]
