@@ -69,13 +69,14 @@ def render(rep: dict, console: Console) -> None:
     sec = rep["sections"]
     if sec.get("scores") and rep["world"] > 1:
         names = sorted(next(iter(sec["scores"].values())))
-        st = Table(title="Section scores (fastest rank's median / this rank's; < 0.75: straggler; "
-                         "exposed communication left out)", title_justify="left")
+        st = Table(title="Section scores (fastest rank's median / this rank's, exposed communication left out; "
+                         "red: a straggler, docs/diagnose.md)", title_justify="left")
         st.add_column("rank", justify="right")
         for n in names:
             st.add_column(n, justify="right")
+        flagged = {(str(x["rank"]), x["section"]) for x in sec.get("stragglers", [])}
         for r, sc in sec["scores"].items():
-            st.add_row(r, *[_score(sc[n], sec["median_ms"][r][n]) for n in names])
+            st.add_row(r, *[_score(sc[n], sec["median_ms"][r][n], (r, n) in flagged) for n in names])
         console.print(st)
         if sec.get("slowest"):
             s = sec["slowest"]
@@ -113,6 +114,6 @@ def render(rep: dict, console: Console) -> None:
         console.print(f"  [bold]change[/]: {v['change']}", highlight=False)
 
 
-def _score(score: float, ms: float) -> str:
+def _score(score: float, ms: float, straggler: bool) -> str:
     s = f"{score:.2f} ({ms:.1f} ms)"
-    return f"[bold red]{s}[/]" if score < 0.75 else s
+    return f"[bold red]{s}[/]" if straggler else s
