@@ -181,6 +181,22 @@ class ElasticSpec:
 
 
 @dataclass
+class ProfileSpec:
+    enabled: bool = f(False, "Profile a window of steps on every rank (torch.profiler, CPU activity always, CUDA where "
+                             "present) into RUN_DIR/profile/rank-R/; read it with `tandem diagnose RUN_DIR`.")
+    start_step: int = f(5, "First profiled step (1-based, as in metrics.jsonl); the step before it warms the "
+                           "profiler up. Early steps pay for warm-up, so not 1 unless the run is that short.")
+    steps: int = f(3, "Steps in the window. Outside it the trainer's phase markers cost a flag test.")
+    record_shapes: bool = f(True, "Record tensor shapes: gives each collective's size (DDP's bucket sizes).")
+    clock_rounds: int = f(5, "Barriers at the window's start whose exit times align the ranks' clocks.")
+    memory: bool = f(True, "Run the step after the window under torch's MemTracker: peak memory by category "
+                           "(parameters, gradients, activations, optimizer state, temporaries). That step runs "
+                           "several times slower; it is not in the window.")
+    nvtx: bool = f(True, "On CUDA, also mark the trainer's phases as NVTX ranges (Nsight Systems shows the same "
+                         "names), for the whole run, not only the window.")
+
+
+@dataclass
 class JobSpec:
     name: str = f("job", "Job name (used in run_dir).")
     model: ModelSpec = field(default_factory=ModelSpec)
@@ -192,6 +208,7 @@ class JobSpec:
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
     launch: LaunchSpec = field(default_factory=LaunchSpec)
     elastic: ElasticSpec = field(default_factory=ElasticSpec)
+    profile: ProfileSpec = field(default_factory=ProfileSpec)
 
 
 SECTIONS = {f.name: f.type for f in dataclasses.fields(JobSpec) if f.name != "name"}

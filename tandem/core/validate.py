@@ -108,7 +108,9 @@ def validate(spec: JobSpec) -> JobSpec:
                 "schedule.epochs": spec.schedule.epochs,
                 "launch.nproc_per_node": spec.launch.nproc_per_node,
                 "model.width": spec.model.width, "model.num_classes": spec.model.num_classes,
-                "data.image_size": spec.data.image_size, "schedule.log_every": spec.schedule.log_every}
+                "data.image_size": spec.data.image_size, "schedule.log_every": spec.schedule.log_every,
+                "profile.start_step": spec.profile.start_step, "profile.steps": spec.profile.steps,
+                "profile.clock_rounds": spec.profile.clock_rounds}
     for key, val in positive.items():
         if val < 1:
             raise ConfigError(f"must be at least 1, got {val}", field=key, value=val, fix="give a positive number")

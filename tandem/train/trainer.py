@@ -27,6 +27,7 @@ from tandem.train.elastic.hooks import ElasticHooks
 from tandem.train.metrics import MetricsWriter
 from tandem.train.parallel import build_optimizer as par_optimizer
 from tandem.train.parallel import parallelize
+from tandem.train.profile import StepProfiler
 from tandem.train.sampler import ResumableDistributedSampler
 from tandem.train.schedule import make_scheduler
 
@@ -124,6 +125,9 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
     ckdir = checkpoint_dir(spec, run_dir)
     metrics = MetricsWriter(run_dir, ctx.is_main)
     el = ElasticHooks(spec, ctx, run_dir, metrics, log, ckdir)
+    prof = StepProfiler(spec.profile, ctx, run_dir)  # [profile]: a window of steps, phases named
+    par.phase = prof.phase
+    prof.track(ddp, optim)
 
     step, epoch, resumed = 0, 0, None
     if path is not None:
@@ -192,13 +196,15 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
         loader = iter(DataLoader(train_ds, batch_size=s.micro_batch, sampler=el.trace(sampler),
                                  num_workers=spec.data.num_workers))
         while step < total and consumed < epoch_len:
+            prof.step(step)
             t0 = time.perf_counter()
             n_step = min(per_step, epoch_len - consumed)  # samples of this step on this rank
             n_micro = -(-n_step // s.micro_batch)
             data_time, loss_sum, batch = 0.0, 0.0, []
             for i in range(n_micro):
                 td = time.perf_counter()
-                x, y = next(loader)
+                with prof.phase("data"):
+                    x, y = next(loader)
                 data_time += time.perf_counter() - td
                 x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
                 if x.dim() == 4:
@@ -210,28 +216,35 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
                     batch.append((x, y))
                     if i == n_micro - 1:
                         x, y = torch.cat([b[0] for b in batch]), torch.cat([b[1] for b in batch])
-                        loss_sum = par.forward_backward(x, y, n_step * per_sample,
-                                                        rt.autocast(ctx, spec.precision.dtype), False)
+                        with prof.phase("forward_backward"):
+                            loss_sum = par.forward_backward(x, y, n_step * per_sample,
+                                                            rt.autocast(ctx, spec.precision.dtype), False)
                     continue
                 if y.dim() == 2 or par.loss_parallel or scaler is None:
                     loss_sum += par.forward_backward(x, y, n_step * per_sample,
                                                      rt.autocast(ctx, spec.precision.dtype), i < n_micro - 1)
                     continue
                 with rt.no_sync(ddp, skip=i < n_micro - 1), rt.autocast(ctx, spec.precision.dtype):
-                    loss = F.cross_entropy(ddp(x), y, reduction="sum") / n_step
-                    (scaler.scale(loss) if scaler else loss).backward()
+                    with prof.phase("forward"):
+                        loss = F.cross_entropy(ddp(x), y, reduction="sum") / n_step
+                    with prof.phase("backward"):
+                        (scaler.scale(loss) if scaler else loss).backward()
                 loss_sum += loss.item()
-            par.finish_backward()  # tp/pp with dp: the gradient all-reduce DDP would have done
-            if scaler:
-                scaler.step(optim)
-                scaler.update()
-            else:
-                optim.step()
-            optim.zero_grad(set_to_none=True)
-            par.after_step()  # local SGD: average the models every H steps
+            with prof.phase("sync"):
+                par.finish_backward()  # tp/pp with dp: the gradient all-reduce DDP would have done
+            with prof.phase("optimizer"):
+                if scaler:
+                    scaler.step(optim)
+                    scaler.update()
+                else:
+                    optim.step()
+                optim.zero_grad(set_to_none=True)
+            with prof.phase("sync"):
+                par.after_step()  # local SGD: average the models every H steps
             scored = loss_sum if par.has_last and par.coords["tp"] == 0 else 0.0  # one copy per replica
             # the step's loss over all replicas, read next step; with it, how many ranks got a SIGTERM
-            loss_all = rt.PendingSum([scored, el.stop.flag], ctx)
+            with prof.phase("sync"):
+                loss_all = rt.PendingSum([scored, el.stop.flag], ctx)
             lr = sched.get_last_lr()[0]
             sched.step()
             step += 1
@@ -250,8 +263,9 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
             stop = step < total and el.stop_here(stop_flag, step, periodic)  # SIGTERM: every rank stops here
             if periodic or stop:
                 records.flush()
-                last_saved = _save(ckdir, step, epoch, consumed, ddp, optim, sched, ctx, spec, signature,
-                                   metrics, el, total) or last_saved
+                with prof.phase("checkpoint"):
+                    last_saved = _save(ckdir, step, epoch, consumed, ddp, optim, sched, ctx, spec, signature,
+                                       metrics, el, total) or last_saved
             if stop:
                 raise el.stopped(step, last_saved)
         carry = records.flush()
@@ -261,6 +275,7 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
             epoch += 1
     if held is not None and scored_at != step:  # max_steps ended the run inside an epoch: score its weights
         accuracy = score(epoch, step)
+    prof.close()
     last_saved = el.finish() or last_saved
     wall = time.perf_counter() - t_start
     steady = rates[len(rates) // 5:] or rates  # the first steps pay for warm-up

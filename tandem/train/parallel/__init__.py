@@ -46,6 +46,7 @@ class Parallel:
     split: str = ""                  # the pipeline split, printed
     hook_state: object = None        # comm hook / local SGD state
     averager: object = None          # local SGD model averager
+    phase: object = None             # the trainer's phase marker, phase("forward") (tandem/train/profile.py)
 
     @property
     def dp_rank(self) -> int:
@@ -89,9 +90,12 @@ class Parallel:
                 self.model.set_reshard_after_backward(not skip_sync, recurse=True)
             else:                               # hsdp: replicas all-reduce their shards once per step
                 self.model.set_requires_all_reduce(not skip_sync, recurse=True)
+        mark = self.phase or _no_phase
         with self.no_sync(skip_sync), self.loss_context(), autocast:
-            loss = loss_sum(self.model(x), y) / denom
-            loss.backward()
+            with mark("forward"):
+                loss = loss_sum(self.model(x), y) / denom
+            with mark("backward"):
+                loss.backward()
         return float(loss.detach())
 
     def finish_backward(self) -> None:
@@ -105,6 +109,10 @@ class Parallel:
             if a.step >= a.warmup_steps and (a.step - a.warmup_steps) % a.period == 0:
                 average_parameters(iter(list(self.root.parameters())), a.process_group)
             a.step += 1
+
+
+def _no_phase(name: str):
+    return nullcontext()
 
 
 def _pp_step(par: Parallel, x, y):

@@ -1,0 +1,119 @@
+"""Outputs of `tandem diagnose`: the terminal report (rich) and the merged Chrome/Perfetto trace."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from tandem.diagnose.trace import RankTrace
+
+# Flow arrows link ids inside one file; merged, the ids of different ranks would collide.
+_DROP_PH = {"s", "f", "t"}
+
+
+def merged_trace(traces: list[RankTrace], offsets_us: dict[int, float], out: Path) -> int:
+    """One process per rank (pid = rank), every time on rank 0's clock; returns the bytes written."""
+    events = []
+    for t in traces:
+        shift = (t.base_us - traces[0].base_us) - offsets_us.get(t.rank, 0.0)
+        events.append({"ph": "M", "name": "process_name", "pid": t.rank, "tid": 0, "args": {"name": f"rank {t.rank}"}})
+        events.append({"ph": "M", "name": "process_sort_index", "pid": t.rank, "tid": 0,
+                       "args": {"sort_index": t.rank}})
+        for e in t.raw:
+            ph = e.get("ph")
+            if ph in _DROP_PH or (ph == "M" and e.get("name", "").startswith("process_")):
+                continue
+            e2 = dict(e)
+            e2["pid"] = t.rank
+            if "ts" in e2 and ph != "M":
+                e2["ts"] = round(float(e2["ts"]) + shift, 3)
+            events.append(e2)
+    doc = {"traceEvents": events, "displayTimeUnit": "ms",
+           "baseTimeNanoseconds": int(traces[0].base_us * 1000) if traces else 0,
+           "otherData": {"producer": "tandem diagnose", "clock_offsets_us": {str(k): v for k, v in offsets_us.items()}}}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    data = json.dumps(doc, separators=(",", ":")).encode()  # one write: a gzip stream of small writes is slow
+    tmp.write_bytes(gzip.compress(data, compresslevel=3) if out.name.endswith(".gz") else data)
+    tmp.replace(out)
+    return out.stat().st_size
+
+
+def render(rep: dict, console: Console) -> None:
+    c = rep["clock"]
+    steps = rep["steps"]
+    console.print(f"[bold]tandem diagnose[/] {rep.get('run_dir') or ''}: {rep['world']} rank(s), "
+                  f"steps {steps[0]}-{steps[-1]}" if steps else "no common steps", highlight=False)
+    if rep["world"] > 1:
+        one = c["method"] == "one-host"
+        offs = ", ".join(f"rank {r} {float(v) / 1e3:+.3f} ms" for r, v in
+                         (c["estimated_offsets_us"] if one else c["offsets_us"]).items() if r != "0")
+        how = (f"one host, one clock (the {c['matched_collectives']} matched collectives estimate {offs})" if one
+               else f"aligned by {c['method']} ({c['matched_collectives']} matched collectives), offsets {offs}")
+        console.print(f"clock: {how}; residual {c['residual_us'] / 1e3:.3f} ms (no cross-rank claim below it)",
+                      highlight=False)
+    t = Table(title="Where the step goes (median over the window's steps)", title_justify="left")
+    for col in ("rank", "step ms", "data %", "compute %", "exposed comm %", "idle %", "overlap %",
+                "grad all-reduces/step", "late ms/step"):
+        t.add_column(col, justify="right")
+    for r in rep["ranks"]:
+        m, col = r["median"], r["collectives"]
+        t.add_row(str(r["rank"]), f"{m['step_ms']:.1f}", f"{m['data_pct']:.1f}", f"{m['compute_pct']:.1f}",
+                  f"{m['comm_pct']:.1f}", f"{m['idle_pct']:.1f}", f"{m['overlap_pct']:.0f}",
+                  f"{col['grad_allreduce_per_step']:g}", f"{r['lateness_ms']['per_step']:.2f}")
+    console.print(t)
+    sec = rep["sections"]
+    if sec.get("scores") and rep["world"] > 1:
+        names = sorted(next(iter(sec["scores"].values())))
+        st = Table(title="Section scores (fastest rank's median / this rank's, exposed communication left out; "
+                         "red: a straggler, docs/diagnose.md)", title_justify="left")
+        st.add_column("rank", justify="right")
+        for n in names:
+            st.add_column(n, justify="right")
+        flagged = {(str(x["rank"]), x["section"]) for x in sec.get("stragglers", [])}
+        for r, sc in sec["scores"].items():
+            st.add_row(r, *[_score(sc[n], sec["median_ms"][r][n], (r, n) in flagged) for n in names])
+        console.print(st)
+        if sec.get("slowest"):
+            s = sec["slowest"]
+            console.print(f"slowest rank: {s['rank']} (busy {s['busy_ms']:.1f} ms a step), its weakest section "
+                          f"{s['section']} (score {s['score']:.2f})", highlight=False)
+    mem = [(r["rank"], r.get("memory")) for r in rep["ranks"] if r.get("memory")]
+    if mem:
+        cats = [k for k in ("Parameter", "Buffer", "Gradient", "Activation", "Optstate", "Temp", "Other", "Total")
+                if any(k in (m.get("peak_mib") or {}) for _, m in mem)]
+        mt = Table(title=f"Peak memory by category, MiB (torch MemTracker, step {mem[0][1].get('step')})",
+                   title_justify="left")
+        for col in ("rank", *cats):
+            mt.add_column(col, justify="right")
+        for r, m in mem:
+            if "error" in m:
+                mt.add_row(str(r), m["error"][:60], *[""] * (len(cats) - 1))
+            else:
+                mt.add_row(str(r), *[f"{m['peak_mib'].get(c, 0):.2f}" for c in cats])
+        console.print(mt)
+        grads = max(r["collectives"]["grad_bytes_per_step"] for r in rep["ranks"])
+        if grads and all((m.get("peak_mib") or {}).get("Gradient", 1) == 0 for _, m in mem):
+            console.print(f"  gradients: {grads / (1 << 20):.2f} MiB a step live in DDP's buckets "
+                          "(gradient_as_bucket_view), allocated before the tracked step: not in the columns above",
+                          highlight=False)
+    if rep.get("metrics"):
+        console.print(f"metrics.jsonl, same steps: step {rep['metrics']['step_ms']:.1f} ms, "
+                      f"data {rep['metrics']['data_pct']:.1f}%", highlight=False)
+    if not rep["verdicts"]:
+        console.print("[green]no findings[/]: no rank is data-bound, communication is not exposed above the "
+                      "threshold, and no section is a straggler")
+    for v in rep["verdicts"]:
+        console.print(f"[bold yellow]{v['title']}[/]", highlight=False)
+        for e in v["evidence"]:
+            console.print(f"  evidence: {e}", highlight=False)
+        console.print(f"  [bold]change[/]: {v['change']}", highlight=False)
+
+
+def _score(score: float, ms: float, straggler: bool) -> str:
+    s = f"{score:.2f} ({ms:.1f} ms)"
+    return f"[bold red]{s}[/]" if straggler else s

@@ -1,0 +1,74 @@
+"""`tandem diagnose RUN_DIR`: read a run's profiler window on every rank and say where the step goes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from tandem.core.errors import DataError
+
+
+def diagnose_cmd(
+    run_dir: Path = typer.Argument(..., help="A run dir trained with --profile.enabled true."),
+    as_json: bool = typer.Option(False, "--json", help="Print diagnose.json instead of the report."),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="Also write the ranks' traces merged on one "
+                                         "clock, one process per rank (Chrome/Perfetto; .gz compresses)."),
+    html_out: Optional[Path] = typer.Option(None, "--html", help="Also write a self-contained HTML page: one "
+                                            "step's timeline per rank, shares, memory, verdicts."),
+    compare: Optional[Path] = typer.Option(None, "--compare", help="A second profiled run (after a change): "
+                                           "print both side by side."),
+) -> None:
+    """Where each rank's step goes (data, compute, exposed communication, idle), which rank and section
+    is slow, and what to change. Writes RUN_DIR/diagnose.json."""
+    from tandem.diagnose.report import merged_trace, render
+
+    traces, rep = _analyze(run_dir)
+    if compare is not None:
+        from tandem.diagnose import compare as cmp
+
+        other = _analyze(compare)[1]
+        cmp.render(rep, other, (str(run_dir), str(compare)), Console())
+        return
+    if trace is not None:
+        size = merged_trace(traces, {int(k): v for k, v in rep["clock"]["offsets_us"].items()}, trace)
+        rep["merged_trace"] = {"path": str(trace), "bytes": size}
+    if html_out is not None:
+        from tandem.diagnose import html
+
+        html.write(rep, traces, html_out)
+    out = run_dir / "diagnose.json"
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(rep, indent=1))
+    tmp.replace(out)
+    if as_json:
+        print(json.dumps(rep, indent=1))
+        return
+    console = Console()
+    render(rep, console)
+    if trace is not None:
+        console.print(f"merged trace: {trace} ({rep['merged_trace']['bytes'] / 1e6:.2f} MB); open it in "
+                      "ui.perfetto.dev or chrome://tracing", highlight=False)
+    if html_out is not None:
+        console.print(f"html report: {html_out}", highlight=False)
+    console.print(f"written: {out}", highlight=False)
+
+
+def _analyze(run_dir: Path):
+    from tandem.diagnose.analyze import analyze
+    from tandem.diagnose.trace import load_run
+
+    if not run_dir.is_dir():
+        raise DataError("run dir not found", field="run_dir", value=str(run_dir),
+                        fix="give the run_dir of a finished tandem train run")
+    traces = load_run(run_dir)
+    spec_p = run_dir / "spec.json"
+    spec = json.loads(spec_p.read_text()) if spec_p.exists() else None
+    rep = analyze(traces, spec, run_dir)
+    if not rep["steps"]:
+        raise DataError("the ranks' windows share no step", field="run_dir", value=str(run_dir),
+                        fix="profile again: every rank must record the same steps")
+    return traces, rep

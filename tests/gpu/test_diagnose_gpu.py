@@ -1,0 +1,39 @@
+"""GPU check of the profiler window and `tandem diagnose` (skipped without CUDA; not yet run on a GPU).
+
+    pytest tests/gpu/test_diagnose_gpu.py -q
+
+On a CUDA machine: the window records CUDA activity (kernels) beside the CPU ops, the trainer's
+phases are in the trace, MemTracker measures the CUDA device, and diagnose reads the run.
+"""
+
+import gzip
+import json
+
+import pytest
+import torch
+
+from tandem_testing import TINY, run_tandem
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def test_a_cuda_window_has_kernels_phases_and_memory(tmp_path):
+    run = tmp_path / "run"
+    spec = tmp_path / "job.toml"
+    nproc = min(2, torch.cuda.device_count())
+    spec.write_text(TINY.format(model="resnet18", remainder="pad", global_batch=16 * nproc, micro_batch=16,
+                                max_steps=8, dtype="bf16", every=0, keep=1, nproc=nproc, run_dir=str(run)))
+    p = run_tandem("train", str(spec), "--launch.device", "cuda", "--profile.enabled", "true",
+                   "--profile.start_step", "3", "--profile.steps", "3", "--checkpoint.at_end", "false")
+    assert p.returncode == 0, p.stderr[-3000:]
+    doc = json.load(gzip.open(run / "profile" / "rank-0" / "trace.json.gz", "rt"))
+    cats = {e.get("cat") for e in doc["traceEvents"]}
+    names = {e.get("name") for e in doc["traceEvents"]}
+    assert "kernel" in cats, cats
+    assert {"tandem.forward", "tandem.backward", "tandem.optimizer", "ProfilerStep#3"} <= names
+    meta = json.loads((run / "profile" / "rank-0" / "window.json").read_text())
+    assert meta["device"].startswith("cuda") and meta["memory_peak_bytes"]["Total"] > 0, meta
+    d = run_tandem("diagnose", str(run), "--json")
+    assert d.returncode == 0, d.stderr
+    rep = json.loads(d.stdout)
+    assert rep["world"] == nproc and rep["steps"] == [3, 4, 5]
