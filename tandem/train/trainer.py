@@ -27,6 +27,7 @@ from tandem.train.elastic.hooks import ElasticHooks
 from tandem.train.metrics import MetricsWriter
 from tandem.train.parallel import build_optimizer as par_optimizer
 from tandem.train.parallel import parallelize
+from tandem.train.parallel.ddp import prime_buckets
 from tandem.train.sampler import ResumableDistributedSampler
 from tandem.train.schedule import make_scheduler
 
@@ -110,6 +111,7 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
     step, epoch, resumed = 0, 0, None
     if path is not None:
         ckpt.check_compatible(meta, spec.model.name, signature, path)
+        prime_buckets(par, train_ds, s.micro_batch, fmt, ctx.device, rt.autocast(ctx, spec.precision.dtype))
         ckpt.load(path, ddp, optim, ctx)
         sched.load_state_dict(meta["scheduler"])
         step, epoch = meta["step"], meta["epoch"]
