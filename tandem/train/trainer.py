@@ -114,6 +114,8 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
         prime_buckets(par, train_ds, s.micro_batch, fmt, ctx.device, rt.autocast(ctx, spec.precision.dtype))
         ckpt.load(path, ddp, optim, ctx)
         sched.load_state_dict(meta["scheduler"])
+        for group, lr in zip(optim.param_groups, sched.get_last_lr()):  # zero1's wrapper groups: not in DCP's state
+            group["lr"] = lr
         step, epoch = meta["step"], meta["epoch"]
         old = {**meta, "world_size": meta.get("data_world", meta.get("world_size"))}
         position = el_resume.carry_position(old, dp_world, log)  # per data rank, at this dp size
