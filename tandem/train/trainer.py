@@ -27,6 +27,7 @@ from tandem.train.elastic.hooks import ElasticHooks
 from tandem.train.metrics import MetricsWriter
 from tandem.train.parallel import build_optimizer as par_optimizer
 from tandem.train.parallel import parallelize
+from tandem.train.parallel.ddp import prime_buckets
 from tandem.train.profile import StepProfiler
 from tandem.train.sampler import ResumableDistributedSampler
 from tandem.train.schedule import make_scheduler
@@ -132,8 +133,11 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
     step, epoch, resumed = 0, 0, None
     if path is not None:
         ckpt.check_compatible(meta, spec.model.name, signature, path)
+        prime_buckets(par, train_ds, s.micro_batch, fmt, ctx.device, rt.autocast(ctx, spec.precision.dtype))
         ckpt.load(path, ddp, optim, ctx)
         sched.load_state_dict(meta["scheduler"])
+        for group, lr in zip(optim.param_groups, sched.get_last_lr()):  # zero1's wrapper groups: not in DCP's state
+            group["lr"] = lr
         step, epoch = meta["step"], meta["epoch"]
         old = {**meta, "world_size": meta.get("data_world", meta.get("world_size"))}
         position = el_resume.carry_position(old, dp_world, log)  # per data rank, at this dp size

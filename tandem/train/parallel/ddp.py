@@ -68,3 +68,32 @@ def wrap_ddp(model: nn.Module, p, device: torch.device, group=None) -> nn.Module
         model, device_ids=[device.index] if device.type == "cuda" else None, process_group=group,
         bucket_cap_mb=p.bucket_cap_mb, gradient_as_bucket_view=p.gradient_as_bucket_view,
         static_graph=p.static_graph, find_unused_parameters=p.find_unused_parameters)
+
+
+def prime_buckets(par, dataset, micro_batch: int, fmt, device: torch.device, autocast) -> None:
+    """Before a resumed run loads its checkpoint: make DDP reduce its first step as the uninterrupted run did.
+
+    DDP's first backward reduces every gradient in one bucket (reverse parameter order) and records the
+    order they became ready in; from the next forward on it uses buckets in that order. With more than two
+    ranks, gloo's ring all-reduce sums an element in an order set by its offset in the bucket, so a resumed
+    run's first step would differ from the uninterrupted run's in the last bits of some gradients (bf16's
+    rounding hides it for a few steps, then the runs drift apart). One synced backward of a real batch, its
+    gradients dropped and buffers and RNG put back, makes DDP rebuild its buckets as the uninterrupted run
+    did. Skipped under a stateful comm hook (PowerSGD, local SGD), whose state the backward would advance.
+    """
+    model = par.model
+    if not isinstance(model, nn.parallel.DistributedDataParallel) or par.hook_state is not None:
+        return
+    from torch.utils.data import default_collate
+
+    from tandem.train.runtime import rng_state, set_rng_state
+
+    rng, buffers = rng_state(), [b.detach().clone() for b in model.buffers()]
+    x, y = (t.to(device) for t in default_collate([dataset[i] for i in range(min(micro_batch, len(dataset)))]))
+    par.forward_backward(x.contiguous(memory_format=fmt) if x.dim() == 4 else x, y, len(y), autocast, False)
+    with torch.no_grad():
+        for b, saved in zip(model.buffers(), buffers):
+            b.copy_(saved)
+    for p in model.parameters():
+        p.grad = None
+    set_rng_state(rng)
