@@ -91,6 +91,28 @@ def archive(spec: JobSpec, run_dir: Path, console: Console) -> None:
             console.print(f"--fresh: the previous run in {d} moved to {dest}", highlight=False)
 
 
+def keep_history(run_dir: Path) -> Path | None:
+    """A new start of a run dir (a rerun after a stop, a resume): the previous start's metrics,
+    result and rank logs move to RUN_DIR/history/<time>/ instead of being overwritten, so the loss
+    curve and the stop record of steps 1..N survive. Readers of metrics.jsonl see this start only."""
+    import time
+
+    old = [run_dir / n for n in ("metrics.jsonl", "result.json", "logs") if (run_dir / n).exists()]
+    if not any(p.name == "metrics.jsonl" for p in old):
+        for p in old:  # nothing was recorded: no history to keep
+            if p.is_file():
+                p.unlink()
+        return None
+    dest = run_dir / "history" / time.strftime("%Y%m%d-%H%M%S")
+    n = 1
+    while dest.exists():  # two starts within a second
+        dest, n = dest.with_name(f"{dest.name.split('.')[0]}.{n}"), n + 1
+    dest.mkdir(parents=True)
+    for p in old:
+        p.rename(dest / p.name)
+    return dest
+
+
 class _Watch:
     """Progress bar fed by the rank-0 metrics file (workers write, the parent reads)."""
 
@@ -136,8 +158,7 @@ def run_training(spec: JobSpec, console: Console, *, stream: bool = False, label
     joining = spec.elastic.join and (run_dir / "spec.json").is_file()
     if not joining:  # a node joining a running job (same run_dir) keeps the run's spec, metrics and result
         (run_dir / "spec.json").write_text(json.dumps(to_dict(spec), indent=1))
-        (run_dir / "result.json").unlink(missing_ok=True)
-        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+        keep_history(run_dir)
     if joining:
         from tandem.launch.logs import JOINING_ENV
 

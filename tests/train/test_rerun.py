@@ -10,14 +10,30 @@ import pytest
 
 from tandem_testing import run_tandem, snapshot
 
-pytestmark = [pytest.mark.slow]
-
-
 @pytest.fixture(scope="module")
 def finished(finished_run):
     return finished_run
 
 
+def test_a_new_start_keeps_the_previous_starts_records(tmp_path):
+    """A rerun after a stop: the first start's metrics, result and logs move to history/, not away."""
+    from tandem.train.cli import keep_history
+
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"kind": "stop", "step": 15}\n')
+    (run / "logs" / "rank-0.log").write_text("step 15\n")
+    dest = keep_history(run)
+    assert dest.parent == run / "history"
+    assert (dest / "metrics.jsonl").read_text() == '{"kind": "stop", "step": 15}\n'
+    assert (dest / "logs" / "rank-0.log").read_text() == "step 15\n"
+    assert not (run / "metrics.jsonl").exists() and not (run / "logs").exists()
+    (run / "metrics.jsonl").write_text("{}\n")
+    assert keep_history(run) != dest  # a second start in the same second gets its own folder
+    assert keep_history(run) is None  # nothing recorded since: nothing to keep
+
+
+@pytest.mark.slow
 def test_a_finished_run_trains_nothing_and_keeps_its_result(finished):
     spec, run = finished
     before = snapshot(run)
@@ -30,6 +46,7 @@ def test_a_finished_run_trains_nothing_and_keeps_its_result(finished):
     assert r.returncode == 0 and json.loads(r.stdout)["step"] == 4, r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("override,field,old,new", [
     (("--parallel.strategy", "zero2"), "parallel.strategy", "ddp (tp 1, pp 1)", "zero2 (tp 1, pp 1)"),
 ])
@@ -45,6 +62,7 @@ def test_another_layout_in_the_same_run_dir_is_refused(finished, override, field
     assert snapshot(run) == before
 
 
+@pytest.mark.slow
 def test_fresh_moves_the_old_run_aside_and_starts_over(finished, tmp_path):
     spec, run = finished
     copy = tmp_path / "run"
