@@ -51,7 +51,11 @@ def plan_cmd(
     optimizer: Optional[str] = O(None, help="adamw | adam | sgd-momentum | sgd (default adamw)."),
     recompute: Optional[str] = O(None, help="none | selective | full."),
     efficiency: Optional[float] = O(None, help="Fraction of peak FLOP/s sustained (default: gpt 0.5, cnn 0.18)."),
-    overlap: Optional[float] = O(None, help="Fraction of the backward pass that hides DP communication (0-1)."),
+    overlap: Optional[float] = O(None, help="Override: fraction of the overlap window that hides DP communication "
+                                            "(0-1; default: as DDP/FSDP/ZeRO schedule it)."),
+    overlap_param_gather: Optional[bool] = O(None, "--overlap-param-gather/--no-overlap-param-gather",
+                                             help="ZeRO-1/2: gather updated parameters during the next forward "
+                                                  "(Megatron's distributed optimizer); default: exposed."),
     compute_time: Optional[float] = O(None, "--compute-time", help="Measured compute seconds per step per GPU."),
     dp: Optional[int] = O(None, help="Data-parallel degree (default: GPUs / (tp x pp))."),
     tp: Optional[int] = O(None, help="Tensor-parallel degree."),

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from tandem.core.errors import ConfigError
 from tandem.plan import comm as C
+from tandem.plan import overlap as O
 from tandem.plan.config import Strategy, Training
 from tandem.plan.hardware import Cluster
 from tandem.plan.host import default_threads
@@ -21,6 +22,9 @@ from tandem.plan.model import ModelStats
 # cnn: the seed's own ResNet-50 step (256 images in 220 ms on one A100) is 18% of TF32 peak.
 DEFAULT_EFFICIENCY = {"gpt": 0.5, "cnn": 0.18, "net": 0.4, "params": 0.5}
 GEMM_FRACTION = 0.8  # a calibration's achieved FLOP/s is a large GEMM at ~80% of peak
+# Megatron-LM's distributed data parallel: gradient buckets of max(40M, 1M x dp) parameters
+# (megatron/core/distributed, bucket_size default), used here for ZeRO-1/2.
+MEGATRON_BUCKET_PARAMS, MEGATRON_BUCKET_PER_DP = 40_000_000, 1_000_000
 
 
 @dataclass
@@ -33,6 +37,10 @@ class CommOp:
     link: str
     time_s: float         # all calls of one step
     exposed_s: float
+    chunks: int = 1       # framework calls per logical call (DDP buckets, FSDP blocks)
+    algorithm: str = "ring"
+    rule: str = "none"    # what hides it: buckets | prefetch | fsdp | manual | none
+    window_s: float = 0.0 # compute it can hide behind, per logical call
 
 
 @dataclass
@@ -63,6 +71,13 @@ class Plan:
     @property
     def exposed_comm_s(self) -> float:
         return sum(o.exposed_s for o in self.comm)
+
+    @property
+    def serial_comm_share(self) -> float:
+        """Communication's share of compute + bubble + communication with nothing overlapped (the seed's
+        arithmetic: 33 / (220 + 33) = 13%)."""
+        total = self.compute_s + self.bubble_s + self.comm_s
+        return self.comm_s / total if total > 0 else 0.0
 
     @property
     def step_s(self) -> float:
@@ -194,32 +209,8 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
         repl_g = C.layout(s.dp // shard, s.tp * shard, gpn)
     else:
         shard_g, repl_g = dpg, C.Group(1, 1, 1)
-    backward = compute * 2 / 3
     if s.dp > 1:
-        gbytes = psi * by["grad"]
-        pbytes = psi * by["param"]
-        buckets = max(1, int(-(-gbytes // t.bucket_bytes)))
-        if s.zero == 0:
-            tm = C.all_reduce(gbytes, dpg, c, buckets)
-            ops.append(CommOp("dp-grad", "all_reduce", gbytes, 1, dpg, C.link_name(dpg, c), tm,
-                              max(0.0, tm - t.overlap * backward / mb)))
-        else:
-            rs_calls = mb if s.zero >= 2 else 1   # sharded grads are reduced every micro-batch
-            tm = C.reduce_scatter(gbytes, shard_g, c, buckets) * rs_calls
-            window = backward if s.zero >= 2 else backward / mb
-            ops.append(CommOp("dp-grad", "reduce_scatter", gbytes, rs_calls, shard_g, C.link_name(shard_g, c),
-                              tm, max(0.0, tm - t.overlap * window)))
-            if s.zero <= 2:
-                tg = C.all_gather(pbytes, shard_g, c, buckets)
-                ops.append(CommOp("dp-params", "all_gather", pbytes, 1, shard_g, C.link_name(shard_g, c), tg, tg))
-            else:  # gathered before forward and again before backward, every micro-batch
-                tg = C.all_gather(pbytes, shard_g, c, buckets) * 2 * mb
-                ops.append(CommOp("fsdp-params", "all_gather", pbytes, 2 * mb, shard_g, C.link_name(shard_g, c),
-                                  tg, max(0.0, tg - t.overlap * compute)))
-            if repl_g.size > 1:  # HSDP: shards all-reduced across the replicas
-                tr = C.all_reduce(gbytes / shard, repl_g, c, buckets)
-                ops.append(CommOp("hsdp-replicas", "all_reduce", gbytes / shard, 1, repl_g,
-                                  C.link_name(repl_g, c), tr, max(0.0, tr - t.overlap * backward / mb)))
+        ops += dp_ops(m, c, t, s, mb, compute, f_model, f_hw, dpg, shard_g, repl_g)
     if m.gpt is not None and (s.tp > 1 or s.pp > 1):
         g = m.gpt
         act = s.micro_batch * g.seq * g.hidden * by["act"]
@@ -227,7 +218,7 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
             tpg = C.layout(s.tp, 1, gpn)
             per_layer = 4 + (2 if s.recompute == "full" else 0)   # 2 fwd + 2 bwd (+2 recomputed fwd)
             calls = per_layer * g.layers // s.pp * mb
-            tm = C.all_reduce(act, tpg, c) * calls
+            tm = C.collective("all_reduce", act, 1, tpg, c)[0] * calls
             ops.append(CommOp("tp-activations", "all_reduce", act, calls, tpg, C.link_name(tpg, c), tm, tm))
         if s.pp > 1:
             cross = s.tp * s.dp >= gpn
@@ -239,3 +230,80 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
     mem = mem or memory(m, c, t, s, mb)
     return Plan(m, c, t, s, mb, mem, ops, eff, rate, hw_fpg, model_fpg, compute, bubble, measured,
                 host_factors=factors)
+
+
+def _fsdp_units(m: ModelStats, s: Strategy, psi: float) -> tuple[int, float]:
+    """FSDP wraps one unit per transformer block (the root holds embeddings and head); other models one
+    unit per largest layer. Returns (units, root parameters per GPU before sharding)."""
+    if m.gpt is not None:
+        units = max(1, m.gpt.layers // s.pp)
+        return units, max(0.0, psi - units * m.gpt.layer_params() / s.tp)
+    if m.largest_layer_params:
+        return max(1, int(-(-psi // m.largest_layer_params))), 0.0
+    return 1, 0.0
+
+
+def dp_ops(m: ModelStats, c: Cluster, t: Training, s: Strategy, mb: int, compute: float, f_model: float,
+           f_hw: float, dpg: C.Group, shard_g: C.Group, repl_g: C.Group) -> list[CommOp]:
+    """Data-parallel collectives with the framework's chunking (buckets, blocks) and overlap."""
+    by = t.bytes
+    psi = m.params / (s.tp * s.pp)
+    gbytes, pbytes = psi * by["grad"], psi * by["param"]
+    fwd_share = f_model / 3 / f_hw if f_hw > 0 else 1 / 3
+    fwd = compute / mb * fwd_share       # one micro-batch's forward
+    bwd = compute / mb - fwd             # ... and backward (with any recompute)
+    # CPU workers (a calibration's host): gloo's threads share the cores compute runs on, so nothing
+    # hides communication unless --overlap says so
+    manual = t.overlap is not None or c.gpu.name == "cpu"
+    frac = t.overlap or 0.0
+    ops: list[CommOp] = []
+
+    def op(name, kind, nbytes, calls, g, chunks, rule, window, exposed_fn):
+        tm, algo = C.collective(kind, nbytes, chunks, g, c)
+        if manual and rule != "none":
+            exposed, rule = O.manual(tm * calls, frac, window * calls), "manual"
+        else:
+            exposed = exposed_fn(tm) * calls
+        return CommOp(name, kind, nbytes, calls, g, C.link_name(g, c), tm * calls, exposed, chunks, algo, rule,
+                      window)
+
+    if s.zero == 0:
+        buckets = max(1, int(-(-gbytes // t.bucket_bytes)))
+        ops.append(op("dp-grad", "all_reduce", gbytes, 1, dpg, buckets, "buckets", bwd,
+                      lambda tm: O.pipelined(tm, buckets, bwd)))
+        return ops
+    bucket = max(MEGATRON_BUCKET_PARAMS, MEGATRON_BUCKET_PER_DP * s.dp)
+    if s.zero <= 2:
+        buckets = max(1, int(-(-psi // bucket)))
+        rs_calls = mb if s.zero == 2 else 1   # sharded grads cannot accumulate locally: every micro-batch
+        ops.append(op("dp-grad", "reduce_scatter", gbytes, rs_calls, shard_g, buckets, "buckets", bwd,
+                      lambda tm: O.pipelined(tm, buckets, bwd)))
+        if t.overlap_param_gather:
+            ops.append(op("dp-params", "all_gather", pbytes, 1, shard_g, buckets, "prefetch", fwd,
+                          lambda tm: O.pipelined(tm, buckets, fwd)))
+        else:
+            ops.append(op("dp-params", "all_gather", pbytes, 1, shard_g, buckets, "none", 0.0, lambda tm: tm))
+    else:
+        units, root = _fsdp_units(m, s, psi)
+        block = (psi - root) / units
+        a = C.collective("all_gather", block * by["param"], 1, shard_g, c)[0]
+        r = C.collective("reduce_scatter", block * by["grad"], 1, shard_g, c)[0]
+        ra = C.collective("all_gather", root * by["param"], 1, shard_g, c)[0] if root else 0.0
+        rr = C.collective("reduce_scatter", root * by["grad"], 1, shard_g, c)[0] if root else 0.0
+        ex = O.fsdp(units, a, r, fwd / units, bwd / units, ra, rr)
+        chunks = units + (1 if root else 0)
+        # gathered before forward and again before backward (the root once), every micro-batch
+        ag_s = (2 * units * a + ra) * mb
+        rs_s = (units * r + rr) * mb
+        ops.append(CommOp("fsdp-params", "all_gather", pbytes, 2 * mb, shard_g, C.link_name(shard_g, c),
+                          ag_s, O.manual(ag_s, frac, compute) if manual else ex.gather_s * mb,
+                          chunks, "ring", "manual" if manual else "fsdp", compute / mb))
+        ops.append(CommOp("dp-grad", "reduce_scatter", gbytes, mb, shard_g, C.link_name(shard_g, c), rs_s,
+                          O.manual(rs_s, frac, bwd * mb) if manual else ex.scatter_s * mb,
+                          chunks, "ring", "manual" if manual else "fsdp", bwd))
+        buckets = chunks
+    if repl_g.size > 1:  # HSDP: each shard all-reduced across the replicas, chunk by chunk during backward
+        shard = shard_g.size
+        ops.append(op("hsdp-replicas", "all_reduce", gbytes / shard, 1, repl_g, buckets, "buckets", bwd,
+                      lambda tm: O.pipelined(tm, buckets, bwd)))
+    return ops

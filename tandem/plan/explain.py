@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from tandem.plan import comm as C
 from tandem.plan.cost import Plan
 from tandem.plan.host import default_threads
@@ -23,6 +25,11 @@ def gib(x: float) -> str:
     return f"{g:.3g} GiB" if g >= 1 or g == 0 else f"{x / 1024**2:.3g} MiB"
 
 
+def pct(x: float) -> str:
+    """A share to three significant digits (0.0504%, 3.64%, 13.1%): small shares stay visible."""
+    return f"{100 * x:.3g}%"
+
+
 def human_time(sec: float) -> str:
     if sec >= 86400:
         return f"{sec / 86400:.3g} days"
@@ -39,19 +46,61 @@ def _comm_sentence(p: Plan, o) -> str:
     c = p.cluster
     g = o.group
     per = o.time_s / max(1, o.calls)
-    head = (f"{o.name}: {o.collective} of {si(o.bytes)} x {o.calls} call(s) per step over {g.size} GPUs, "
+    chunked = f" in {o.chunks} {'buckets' if o.rule in ('buckets', 'prefetch') else 'calls'}" if o.chunks > 1 else ""
+    head = (f"{o.name}: {o.collective} of {si(o.bytes)} x {o.calls} call(s) per step{chunked} over {g.size} GPUs, "
             f"{C.describe(g, c)}")
+    if o.collective == "all_reduce" and g.nodes > 1 and o.algorithm == "tree":
+        nn, l = g.nodes, g.local
+        return (f"{head}: NCCL-style tree (its latency grows with log2 of the nodes; the ring's 2x({nn}-1) "
+                f"steps per call cost more at {si(o.bytes / o.chunks)} per call): 2 x {si(o.bytes / o.chunks)}"
+                f"{f' / {l}' if l > 1 else ''} / ({C.TREE_BW} x {si(c.node_bandwidth_Bps / c.gpus_per_node, 'B/s')}"
+                f" per GPU) + 2x({l - 1} x {c.intra.latency_s * 1e6:.3g} us + {math.ceil(math.log2(nn))} x "
+                f"{c.inter.latency_s * 1e6:.3g} us) latency, = {ms(per)} per step")
     if o.collective == "all_reduce" and g.nodes > 1:
         nn = g.nodes
         net = c.node_bandwidth_Bps
         inter = 2 * (nn - 1) / nn * o.bytes / net
-        return (f"{head}: across nodes 2x({nn}-1)/{nn} x {si(o.bytes)} / {si(net, 'B/s')} = {ms(inter)}, "
+        return (f"{head}: ring across nodes 2x({nn}-1)/{nn} x {si(o.bytes)} / {si(net, 'B/s')} = {ms(inter)}, "
                 f"plus {ms(max(0.0, per - inter))} inside nodes and latency = {ms(per)} per call")
     if o.collective == "all_reduce":
         n = g.size
         return (f"{head}: 2x({n}-1)/{n} x {si(o.bytes)} / {si(c.intra.bandwidth_Bps, 'B/s')} + latency "
                 f"= {ms(per)} per call")
-    return f"{head}: {ms(per)} per call"
+    return f"{head}: ring, {ms(per)} per call"
+
+
+def overlap_rule(p: Plan) -> str:
+    """How the framework this strategy stands for overlaps its data-parallel communication."""
+    s, t = p.strategy, p.training
+    if p.cluster.gpu.name == "cpu":
+        return "none: CPU workers' gloo threads share the cores compute runs on"
+    if s.zero == 0:
+        return "as DDP: gradient buckets all-reduced during backward, the last bucket exposed"
+    if s.zero <= 2:
+        gather = ("during the next forward (--overlap-param-gather, Megatron)" if t.overlap_param_gather
+                  else "after the step, exposed (--overlap-param-gather to hide it as Megatron does)")
+        return (f"as ZeRO-{s.zero}: gradient buckets reduce-scattered during backward, the last exposed; "
+                f"parameter all-gather {gather}")
+    return ("as FSDP: each block's all-gather prefetched during the previous block's forward/backward, "
+            "reduce-scatter during backward; first gather and last reduce-scatter exposed")
+
+
+def _exposed_sentence(o) -> str:
+    k, per = max(1, o.chunks), o.time_s / max(1, o.calls)
+    ex = o.exposed_s / max(1, o.calls)
+    if o.exposed_s >= o.time_s:
+        return ("all of it on the critical path" + (" (after the optimizer step)" if o.name == "dp-params"
+                                                     else "") + ".")
+    if o.rule in ("buckets", "prefetch"):
+        where = "backward" if o.rule == "buckets" else "the next forward"
+        return (f"{k} buckets during {ms(o.window_s)} of {where}: exposed = max(last bucket {ms(per / k)}, "
+                f"{ms(per)} - {ms(o.window_s)} x ({k}-1)/{k}) = {ms(ex)} per call, {ms(o.exposed_s)} per step.")
+    if o.rule == "fsdp":
+        return (f"{k} units prefetched/overlapped block by block ({ms(o.window_s / max(1, k))} of compute per "
+                f"block per micro-batch): {ms(o.exposed_s)} of it exposed.")
+    if o.rule == "manual":
+        return f"--overlap hides part of {ms(o.window_s * o.calls)}: {ms(o.exposed_s)} of it exposed."
+    return f"{ms(o.exposed_s)} of it exposed."
 
 
 def explain(p: Plan) -> list[str]:
@@ -70,8 +119,7 @@ def explain(p: Plan) -> list[str]:
                    f"{si(psi * by['grad'])} per step" + (" (FP16/BF16 halve the FP32 volume)."
                                                         if by["grad"] == 2 else "."))
     for o in p.comm:
-        out.append(_comm_sentence(p, o) + (f"; {ms(o.exposed_s)} of it exposed." if o.exposed_s < o.time_s
-                                           else "; all of it on the critical path."))
+        out.append(_comm_sentence(p, o) + "; " + _exposed_sentence(o))
     if p.compute_measured:
         out.append(f"Compute: {ms(p.compute_s)} per step, as measured (--compute-time).")
     elif p.hw_flops_per_gpu and p.host_factors:
@@ -96,9 +144,15 @@ def explain(p: Plan) -> list[str]:
                    f"({v * p.grad_accum}+{s.pp - 1}) = {frac:.1%} of compute+bubble = {ms(p.bubble_s)}.")
     step = p.step_s
     if step > 0:
-        out.append(f"Step: {ms(p.compute_s)} compute + {ms(p.exposed_comm_s)} exposed communication + "
-                   f"{ms(p.bubble_s)} bubble = {ms(step)}; communication is {p.exposed_comm_s / step:.1%} "
-                   f"of the step (overlap {t.overlap:g}).")
+        how = f"overlap {t.overlap:g}" if t.overlap is not None else f"overlap {overlap_rule(p)}"
+        line = (f"Step: {ms(p.compute_s)} compute + {ms(p.exposed_comm_s)} exposed communication + "
+                f"{ms(p.bubble_s)} bubble = {ms(step)}; communication is {pct(p.exposed_comm_s / step)} "
+                f"of the step ({how}).")
+        if p.comm_s > p.exposed_comm_s:
+            line += (f" With nothing overlapped: {ms(p.compute_s)} + {ms(p.comm_s)} + {ms(p.bubble_s)} = "
+                     f"{ms(p.compute_s + p.comm_s + p.bubble_s)}, communication {pct(p.serial_comm_share)} "
+                     f"of the step.")
+        out.append(line)
     mem = p.memory
     out.append(f"Memory per GPU: params {gib(mem.params)} + grads {gib(mem.grads)} + optimizer "
                f"{gib(mem.optimizer)} (zero {s.zero}, {t.bytes['param']}+{t.bytes['grad']}+{t.optimizer_bytes} "
