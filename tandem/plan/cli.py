@@ -64,6 +64,9 @@ def plan_cmd(
     schedule: Optional[str] = O(None, help="Pipeline schedule: 1f1b | gpipe | interleaved."),
     virtual: Optional[int] = O(None, help="Interleaved: model chunks per stage (default 2)."),
     hsdp: Optional[bool] = O(None, "--hsdp/--no-hsdp", help="Shard inside a node, replicate across nodes."),
+    stage_layers: Optional[str] = O(None, "--stage-layers",
+                                    help="Layers per pipeline stage, e.g. 7,8,8,7 (default: the planner's "
+                                         "balanced split, logits counted on the last stage)."),
     steps: Optional[int] = O(None, help="Training length in steps."),
     tokens: Optional[float] = O(None, help="Training length in tokens (GPT)."),
     samples: Optional[float] = O(None, help="Training length in samples (or data set size with --epochs)."),

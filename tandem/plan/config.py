@@ -95,6 +95,7 @@ class Strategy:
     virtual: int = 1              # interleaved: model chunks per pipeline stage
     recompute: str = "none"
     hsdp: bool = False            # ZeRO sharding inside a node only, replicas across nodes
+    stage_layers: tuple[int, ...] | None = None   # layers per pipeline stage (None: the planner's split)
 
     def __post_init__(self):
         for k in ("dp", "tp", "pp", "virtual"):
@@ -124,4 +125,6 @@ class Strategy:
             s += f" {self.schedule}" + (f"x{self.virtual}" if self.schedule == "interleaved" else "")
         if self.recompute != "none":
             s += f" rc-{self.recompute}"
+        if self.stage_layers:
+            s += " stages " + ",".join(map(str, self.stage_layers))
         return s

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from tandem.core.errors import ConfigError
 from tandem.plan import comm as C
 from tandem.plan import overlap as O
+from tandem.plan import stages as ST
 from tandem.plan.config import Strategy, Training
 from tandem.plan.hardware import Cluster
 from tandem.plan.host import default_threads
@@ -63,6 +64,8 @@ class Plan:
     explain: list[str] = field(default_factory=list)
     # calibration compute.model in use: (core-share slowdown, straggler factor), else None
     host_factors: tuple[float, float] | None = None
+    stage_layers: tuple[int, ...] = ()   # layers per pipeline stage (pp > 1, transformers)
+    stage_imbalance: float = 1.0         # slowest stage's FLOPs over the mean stage's
 
     @property
     def comm_s(self) -> float:
@@ -141,8 +144,17 @@ def check(m: ModelStats, c: Cluster, t: Training, s: Strategy) -> str | None:
             return f"heads {g.heads} (kv {g.kv_heads}) are not divisible by tp {s.tp}"
         if g.ffn % s.tp:
             return f"ffn {g.ffn} is not divisible by tp {s.tp}"
-        if g.layers % (s.pp * s.virtual):
+        if s.schedule == "interleaved" and g.layers % (s.pp * s.virtual):
             return f"layers {g.layers} are not divisible by pp x virtual = {s.pp}x{s.virtual}"
+        if s.pp > g.layers:
+            return f"pp {s.pp} is more than the {g.layers} layers"
+        if s.stage_layers:
+            try:
+                ST.split(g, s.pp, s.stage_layers)
+            except ConfigError as e:
+                return f"stage-layers: {e.args[0] if e.args else e}"
+    elif s.stage_layers:
+        return "stage-layers: needs a transformer shape with pp > 1"
     if s.schedule == "interleaved" and s.pp > 1 and (per_replica // (s.micro_batch or per_replica)) % s.pp:
         return "interleaved schedule needs the number of micro-batches to be a multiple of pp"
     return None
@@ -151,7 +163,8 @@ def check(m: ModelStats, c: Cluster, t: Training, s: Strategy) -> str | None:
 def validate(m: ModelStats, c: Cluster, t: Training, s: Strategy) -> None:
     why = check(m, c, t, s)
     if why:
-        fieldname = ("dp" if "cluster has" in why else "micro-batch" if "micro-batch" in why
+        fieldname = ("stage-layers" if why.startswith("stage-layers") else "dp" if "cluster has" in why
+                     else "micro-batch" if "micro-batch" in why
                      else "global-batch" if "global batch" in why else "tp" if "tp" in why else "pp")
         raise ConfigError(why, field=fieldname,
                           fix="choose degrees whose product is the GPU count and that divide batch, "
@@ -196,12 +209,23 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
     measured = t.compute_time_s is not None
     compute = t.compute_time_s if measured else (hw_fpg / rate if rate else 0.0)
     bubble = 0.0
+    counts: tuple[int, ...] = ()
+    imbalance = 1.0
     if s.pp > 1:
-        bubble = compute * (s.pp - 1) / (mb * (s.virtual if s.schedule == "interleaved" else 1))
+        v = s.virtual if s.schedule == "interleaved" else 1
+        fill = s.pp - 1   # every other stage's time once, while the pipeline fills and drains
+        if m.gpt is not None:
+            counts = ST.split(m.gpt, s.pp, s.stage_layers)
+            rc = m.recompute_flops_per_sample(s.recompute) / (m.gpt.seq * m.gpt.layers)
+            per = ST.stage_flops(m.gpt, counts, rc)
+            mean = sum(per) / len(per)
+            imbalance = max(per) / mean
+            fill = s.pp - imbalance
+            compute *= imbalance   # the slowest stage sets the pace of every micro-batch
+        bubble = compute / imbalance * fill / (mb * v)
 
     # ---- communication
     ops: list[CommOp] = []
-    psi = m.params / (s.tp * s.pp)
     dpg = C.layout(s.dp, s.tp, gpn)
     if s.hsdp and s.zero >= 1:
         shard = shard_group(s, c)
@@ -217,7 +241,7 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
         if s.tp > 1:
             tpg = C.layout(s.tp, 1, gpn)
             per_layer = 4 + (2 if s.recompute == "full" else 0)   # 2 fwd + 2 bwd (+2 recomputed fwd)
-            calls = per_layer * g.layers // s.pp * mb
+            calls = per_layer * (max(counts) if counts else g.layers // s.pp) * mb
             tm = C.collective("all_reduce", act, 1, tpg, c)[0] * calls
             ops.append(CommOp("tp-activations", "all_reduce", act, calls, tpg, C.link_name(tpg, c), tm, tm))
         if s.pp > 1:
@@ -229,7 +253,15 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
                               c.inter.name if cross else c.intra.name, tm, tm))
     mem = mem or memory(m, c, t, s, mb)
     return Plan(m, c, t, s, mb, mem, ops, eff, rate, hw_fpg, model_fpg, compute, bubble, measured,
-                host_factors=factors)
+                host_factors=factors, stage_layers=counts, stage_imbalance=imbalance)
+
+
+def stage_psi(m: ModelStats, s: Strategy) -> float:
+    """Parameters per GPU on the stage holding the most: with a pipeline, the first (embedding) or the last
+    (output layer, or the tied embedding's copy Megatron keeps there)."""
+    if m.gpt is None or s.pp == 1:
+        return m.params / (s.tp * s.pp)
+    return ST.max_stage_params(m.gpt, ST.split(m.gpt, s.pp, s.stage_layers)) / s.tp
 
 
 def _fsdp_units(m: ModelStats, s: Strategy, psi: float) -> tuple[int, float]:
@@ -247,7 +279,7 @@ def dp_ops(m: ModelStats, c: Cluster, t: Training, s: Strategy, mb: int, compute
            f_hw: float, dpg: C.Group, shard_g: C.Group, repl_g: C.Group) -> list[CommOp]:
     """Data-parallel collectives with the framework's chunking (buckets, blocks) and overlap."""
     by = t.bytes
-    psi = m.params / (s.tp * s.pp)
+    psi = stage_psi(m, s)
     gbytes, pbytes = psi * by["grad"], psi * by["param"]
     fwd_share = f_model / 3 / f_hw if f_hw > 0 else 1 / 3
     fwd = compute / mb * fwd_share       # one micro-batch's forward

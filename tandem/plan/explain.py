@@ -39,7 +39,7 @@ def human_time(sec: float) -> str:
 
 
 LEFT_OUT = ("data loading and preprocessing", "stragglers and network congestion", "kernel launch and "
-            "optimizer-step time", "embedding/output layers' uneven share of pipeline stages")
+            "optimizer-step time", "GEMM efficiency falling at small shapes")
 
 
 def _comm_sentence(p: Plan, o) -> str:
@@ -57,11 +57,13 @@ def _comm_sentence(p: Plan, o) -> str:
                 f" per GPU) + 2x({l - 1} x {c.intra.latency_s * 1e6:.3g} us + {math.ceil(math.log2(nn))} x "
                 f"{c.inter.latency_s * 1e6:.3g} us) latency, = {ms(per)} per step")
     if o.collective == "all_reduce" and g.nodes > 1:
-        nn = g.nodes
+        nn, l, gpn = g.nodes, g.local, c.gpus_per_node
         net = c.node_bandwidth_Bps
-        inter = 2 * (nn - 1) / nn * o.bytes / net
-        return (f"{head}: ring across nodes 2x({nn}-1)/{nn} x {si(o.bytes)} / {si(net, 'B/s')} = {ms(inter)}, "
-                f"plus {ms(max(0.0, per - inter))} inside nodes and latency = {ms(per)} per call")
+        inter = 2 * (nn - 1) / nn * o.bytes / l / (net / gpn)
+        rate = (f"{si(o.bytes)} / {si(net, 'B/s')}" if l == gpn else
+                f"{si(o.bytes)} / {l} / ({si(net, 'B/s')} / {gpn} GPUs sharing the NICs)")
+        return (f"{head}: ring across nodes 2x({nn}-1)/{nn} x {rate} = {ms(inter)}, "
+                f"plus {ms(max(0.0, per - inter))} {'inside nodes and ' if l > 1 else ''}latency = {ms(per)} per call")
     if o.collective == "all_reduce":
         n = g.size
         return (f"{head}: 2x({n}-1)/{n} x {si(o.bytes)} / {si(c.intra.bandwidth_Bps, 'B/s')} + latency "
@@ -134,10 +136,25 @@ def explain(p: Plan) -> list[str]:
                    f"({t.global_batch} samples x {si(p.hw_flops_per_gpu * s.world / t.global_batch, 'FLOP')} / "
                    f"{s.world} GPUs) at {si(c.flops_ref(t.precision), 'FLOP/s')} "
                    f"{'achieved (calibration)' if t.precision in c.achieved_flops else 'peak'} x "
-                   f"{p.efficiency:.2f} efficiency = {ms(p.compute_s)}.")
+                   f"{p.efficiency:.2f} efficiency = "
+                   + (f"{ms(p.hw_flops_per_gpu / p.rate)}, x {p.stage_imbalance:.4g} on the slowest pipeline stage = "
+                      if p.stage_imbalance != 1 else "") + f"{ms(p.compute_s)}.")
     else:
         out.append("Compute: unknown for a bare --params model; give --compute-time or a model shape.")
-    if s.pp > 1:
+    if s.pp > 1 and p.stage_layers and m.gpt is not None:
+        v = s.virtual if s.schedule == "interleaved" else 1
+        hc = m.gpt.logits_fwd_flops_per_token() / m.gpt.layer_fwd_flops_per_token()
+        k, imb = p.stage_imbalance, p.stage_imbalance
+        src = "given (--stage-layers)" if s.stage_layers else "the planner's balanced split"
+        out.append(f"Pipeline stages hold {','.join(map(str, p.stage_layers))} layers ({src}), the embedding on "
+                   f"the first and the logits ({hc:.3g} of a layer's FLOPs) on the last: the slowest stage has "
+                   f"{imb:.4g}x the mean stage's FLOPs and sets the pace, step = m x t_max + (sum t - t_max)"
+                   f"{' / v' if v > 1 else ''}: compute {ms(p.compute_s)} (m = {p.grad_accum} micro-batches on the "
+                   f"slowest stage) + bubble ({s.pp} - {k:.4g})/({'v x ' if v > 1 else ''}m) x {ms(p.compute_s)} / "
+                   f"{k:.4g} = {ms(p.bubble_s)}, {p.bubble_s / (p.compute_s + p.bubble_s):.1%} of compute+bubble "
+                   f"(equal stages: (p-1)/({'v x ' if v > 1 else ''}m+p-1) = "
+                   f"{(s.pp - 1) / (v * p.grad_accum + s.pp - 1):.1%}).")
+    elif s.pp > 1:
         v = s.virtual if s.schedule == "interleaved" else 1
         frac = (s.pp - 1) / (v * p.grad_accum + s.pp - 1)
         out.append(f"Pipeline bubble ({s.schedule}): (p-1)/({'v x ' if v > 1 else ''}m+p-1) = {s.pp - 1}/"

@@ -43,6 +43,7 @@ class PlanArgs:
     efficiency: float | None = None
     overlap: float | None = None
     overlap_param_gather: bool | None = None
+    stage_layers: str | None = None
     compute_time: float | None = None
     dp: int | None = None
     tp: int | None = None
@@ -218,4 +219,15 @@ def strategy(v: dict, c: Cluster, t: Training) -> Strategy:
                                              "--gpus-per-node/--nodes")
         dp = c.world // (tp * pp)
     return Strategy(dp=dp, tp=tp, pp=pp, zero=v["zero"], micro_batch=v.get("micro_batch") or 0,
-                    schedule=v["schedule"], virtual=v["virtual"], recompute=v["recompute"], hsdp=v["hsdp"])
+                    schedule=v["schedule"], virtual=v["virtual"], recompute=v["recompute"], hsdp=v["hsdp"],
+                    stage_layers=parse_stage_layers(v.get("stage_layers")))
+
+
+def parse_stage_layers(text: str | None) -> tuple[int, ...] | None:
+    if not text:
+        return None
+    try:
+        return tuple(int(x) for x in str(text).split(","))
+    except ValueError:
+        raise ConfigError("must be comma-separated layer counts", field="stage-layers", value=text,
+                          fix="give one count per pipeline stage, e.g. --stage-layers 7,8,8,7") from None
