@@ -66,6 +66,7 @@ class Plan:
     host_factors: tuple[float, float] | None = None
     stage_layers: tuple[int, ...] = ()   # layers per pipeline stage (pp > 1, transformers)
     stage_imbalance: float = 1.0         # slowest stage's FLOPs over the mean stage's
+    attn_bf16_s: float = 0.0             # fp8: attention's seconds at the BF16 rate (included in compute_s)
 
     @property
     def comm_s(self) -> float:
@@ -208,6 +209,15 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
     hw_fpg = f_hw * t.global_batch / n
     measured = t.compute_time_s is not None
     compute = t.compute_time_s if measured else (hw_fpg / rate if rate else 0.0)
+    attn_bf16 = 0.0
+    if t.precision == "fp8" and m.gpt is not None and not measured and factors is None and rate:
+        # Transformer Engine runs the linear layers' GEMMs in FP8; attention (QK^T, AV: the 4*s*h term,
+        # and its recompute) stays in BF16 unless FP8 attention is asked for
+        g = m.gpt
+        attn_fpg = ((3 + (s.recompute != "none")) * g.seq * g.layers * g.attn_score_fwd_flops_per_token()
+                    * t.global_batch / n)
+        attn_bf16 = attn_fpg / (c.flops_ref("bf16") * eff)
+        compute = (hw_fpg - attn_fpg) / rate + attn_bf16
     bubble = 0.0
     counts: tuple[int, ...] = ()
     imbalance = 1.0
@@ -253,7 +263,8 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
                               c.inter.name if cross else c.intra.name, tm, tm))
     mem = mem or memory(m, c, t, s, mb)
     return Plan(m, c, t, s, mb, mem, ops, eff, rate, hw_fpg, model_fpg, compute, bubble, measured,
-                host_factors=factors, stage_layers=counts, stage_imbalance=imbalance)
+                host_factors=factors, stage_layers=counts, stage_imbalance=imbalance,
+                attn_bf16_s=attn_bf16 * imbalance)
 
 
 def stage_psi(m: ModelStats, s: Strategy) -> float:

@@ -136,9 +136,11 @@ def explain(p: Plan) -> list[str]:
                    f"({t.global_batch} samples x {si(p.hw_flops_per_gpu * s.world / t.global_batch, 'FLOP')} / "
                    f"{s.world} GPUs) at {si(c.flops_ref(t.precision), 'FLOP/s')} "
                    f"{'achieved (calibration)' if t.precision in c.achieved_flops else 'peak'} x "
-                   f"{p.efficiency:.2f} efficiency = "
-                   + (f"{ms(p.hw_flops_per_gpu / p.rate)}, x {p.stage_imbalance:.4g} on the slowest pipeline stage = "
-                      if p.stage_imbalance != 1 else "") + f"{ms(p.compute_s)}.")
+                   f"{p.efficiency:.2f} efficiency"
+                   + (f", except attention (QK^T, AV: {ms(p.attn_bf16_s / p.stage_imbalance)}) at the bf16 rate "
+                      f"(Transformer Engine runs only the linear layers in FP8)" if p.attn_bf16_s else "")
+                   + " = " + (f"{ms(p.compute_s / p.stage_imbalance)}, x {p.stage_imbalance:.4g} on the slowest "
+                              "pipeline stage = " if p.stage_imbalance != 1 else "") + f"{ms(p.compute_s)}.")
     else:
         out.append("Compute: unknown for a bare --params model; give --compute-time or a model shape.")
     if s.pp > 1 and p.stage_layers and m.gpt is not None:

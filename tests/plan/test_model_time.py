@@ -75,3 +75,20 @@ def test_layout_tp_inside_dp_across():
     assert layout(8, 1, 8) == Group(8, 8, 1)        # tp 8 on one node
     assert layout(4, 8, 8) == Group(4, 1, 4)        # dp over 4 nodes, one member per node
     assert layout(16, 2, 8) == Group(16, 4, 4)      # dp 16 with tp 2: 4 per node, 4 nodes
+
+
+def test_fp8_runs_only_the_linear_layers_at_the_fp8_rate():
+    # Transformer Engine: FP8 GEMMs for Linear layers, attention in BF16. LLaMA-2 7B at 4096 tokens:
+    # attention 4*s*h = 67.1 MFLOP/token/layer of 471.9 MFLOP; x 32 layers = 2.147 GFLOP of 15.36 GFLOP
+    # per token with the logits (13.98%), at half the FP8 rate: 0.8602 + 2 x 0.1398 = 1.14 x all-FP8 time.
+    m = preset("llama2-7b")
+    c = make_cluster("h100-sxm", 8, 1)
+    s = Strategy(dp=8, micro_batch=1)
+    fp8 = evaluate(m, c, Training(global_batch=8, precision="fp8"), s)
+    g = m.gpt
+    attn = 3 * g.seq * g.layers * g.attn_score_fwd_flops_per_token() / m.flops_per_sample   # no logits' share
+    all_fp8 = fp8.hw_flops_per_gpu / fp8.rate
+    assert fp8.compute_s == pytest.approx(all_fp8 * (1 - attn + attn * 1978.9 / 989.4))
+    assert attn == pytest.approx(0.1398, abs=0.0001) and fp8.compute_s / all_fp8 == pytest.approx(1.14, abs=0.001)
+    bf16 = evaluate(m, c, Training(global_batch=8, precision="bf16"), s)
+    assert fp8.attn_bf16_s == pytest.approx(bf16.compute_s * attn)
