@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from tandem.core.errors import ConfigError
 from tandem.plan import comm as C
+from tandem.plan import gemm as G
 from tandem.plan import overlap as O
 from tandem.plan import stages as ST
 from tandem.plan.config import Strategy, Training
@@ -22,6 +23,9 @@ from tandem.plan.model import ModelStats
 # gpt: Megatron-LM reaches 44-52% of A100 peak at scale (Narayanan et al. 2021, Table 1).
 # cnn: the seed's own ResNet-50 step (256 images in 220 ms on one A100) is 18% of TF32 peak.
 DEFAULT_EFFICIENCY = {"gpt": 0.5, "cnn": 0.18, "net": 0.4, "params": 0.5}
+# Per GPU where a publication says otherwise. v100: Megatron-LM's single-V100 baseline sustains 39 TFLOP/s,
+# "30% of peak" (Shoeybi et al. 2019, §1 and §5.1), well under the A100's 44-52%.
+GPU_EFFICIENCY = {("v100-32gb", "gpt"): 0.30, ("v100-32gb", "params"): 0.30}
 GEMM_FRACTION = 0.8  # a calibration's achieved FLOP/s is a large GEMM at ~80% of peak
 # Megatron-LM's distributed data parallel: gradient buckets of max(40M, 1M x dp) parameters
 # (megatron/core/distributed, bucket_size default), used here for ZeRO-1/2.
@@ -67,6 +71,7 @@ class Plan:
     stage_layers: tuple[int, ...] = ()   # layers per pipeline stage (pp > 1, transformers)
     stage_imbalance: float = 1.0         # slowest stage's FLOPs over the mean stage's
     attn_bf16_s: float = 0.0             # fp8: attention's seconds at the BF16 rate (included in compute_s)
+    gemm_roofline: float = 1.0           # share of the rate the linear layers' GEMM shapes keep (roofline)
 
     @property
     def comm_s(self) -> float:
@@ -175,7 +180,7 @@ def validate(m: ModelStats, c: Cluster, t: Training, s: Strategy) -> None:
 def default_efficiency(m: ModelStats, c: Cluster, t: Training) -> float:
     if t.efficiency is not None:
         return t.efficiency
-    e = DEFAULT_EFFICIENCY[m.kind]
+    e = GPU_EFFICIENCY.get((c.gpu.name, m.kind), DEFAULT_EFFICIENCY[m.kind])
     if t.precision in c.achieved_flops:
         e = min(1.0, e / GEMM_FRACTION)
     return e
@@ -209,15 +214,20 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
     hw_fpg = f_hw * t.global_batch / n
     measured = t.compute_time_s is not None
     compute = t.compute_time_s if measured else (hw_fpg / rate if rate else 0.0)
-    attn_bf16 = 0.0
-    if t.precision == "fp8" and m.gpt is not None and not measured and factors is None and rate:
-        # Transformer Engine runs the linear layers' GEMMs in FP8; attention (QK^T, AV: the 4*s*h term,
-        # and its recompute) stays in BF16 unless FP8 attention is asked for
+    attn_bf16, gemm = 0.0, 1.0
+    if m.gpt is not None and not measured and factors is None and rate:
+        # Linear layers at the roofline of their GEMM shapes; attention (QK^T, AV: the 4*s*h term, and its
+        # recompute) apart: with FP8, Transformer Engine runs only the linear layers' GEMMs in FP8 and
+        # attention stays in BF16 unless FP8 attention is asked for
         g = m.gpt
         attn_fpg = ((3 + (s.recompute != "none")) * g.seq * g.layers * g.attn_score_fwd_flops_per_token()
                     * t.global_batch / n)
-        attn_bf16 = attn_fpg / (c.flops_ref("bf16") * eff)
-        compute = (hw_fpg - attn_fpg) / rate + attn_bf16
+        attn_rate = c.flops_ref("bf16") * eff if t.precision == "fp8" else rate
+        gemm = G.roofline(g, s.tp, s.micro_batch, 1 if t.precision == "fp8" else by["act"], rate,
+                          c.gpu.memory_Bps)
+        attn_s = attn_fpg / attn_rate
+        attn_bf16 = attn_s if t.precision == "fp8" else 0.0
+        compute = (hw_fpg - attn_fpg) / (rate * gemm) + attn_s
     bubble = 0.0
     counts: tuple[int, ...] = ()
     imbalance = 1.0
@@ -227,9 +237,7 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
         if m.gpt is not None:
             counts = ST.split(m.gpt, s.pp, s.stage_layers)
             rc = m.recompute_flops_per_sample(s.recompute) / (m.gpt.seq * m.gpt.layers)
-            per = ST.stage_flops(m.gpt, counts, rc)
-            mean = sum(per) / len(per)
-            imbalance = max(per) / mean
+            imbalance = ST.imbalance(m.gpt, counts, rc)
             fill = s.pp - imbalance
             compute *= imbalance   # the slowest stage sets the pace of every micro-batch
         bubble = compute / imbalance * fill / (mb * v)
@@ -264,7 +272,7 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
     mem = mem or memory(m, c, t, s, mb)
     return Plan(m, c, t, s, mb, mem, ops, eff, rate, hw_fpg, model_fpg, compute, bubble, measured,
                 host_factors=factors, stage_layers=counts, stage_imbalance=imbalance,
-                attn_bf16_s=attn_bf16 * imbalance)
+                attn_bf16_s=attn_bf16 * imbalance, gemm_roofline=gemm)
 
 
 def stage_psi(m: ModelStats, s: Strategy) -> float:

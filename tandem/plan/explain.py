@@ -139,6 +139,9 @@ def explain(p: Plan) -> list[str]:
                    f"{p.efficiency:.2f} efficiency"
                    + (f", except attention (QK^T, AV: {ms(p.attn_bf16_s / p.stage_imbalance)}) at the bf16 rate "
                       f"(Transformer Engine runs only the linear layers in FP8)" if p.attn_bf16_s else "")
+                   + (f", the linear layers at {p.gemm_roofline:.3g} of it (their GEMMs at micro-batch "
+                      f"{s.micro_batch} x {m.gpt.seq} tokens are memory-bound: roofline over "
+                      f"{si(c.gpu.memory_Bps, 'B/s')})" if p.gemm_roofline < 0.9995 and m.gpt else "")
                    + " = " + (f"{ms(p.compute_s / p.stage_imbalance)}, x {p.stage_imbalance:.4g} on the slowest "
                               "pipeline stage = " if p.stage_imbalance != 1 else "") + f"{ms(p.compute_s)}.")
     else:

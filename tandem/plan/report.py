@@ -129,6 +129,13 @@ def assumptions(p: Plan, given: set[str], mb_auto: bool) -> list[str]:
         out.append(f"overlap {t.overlap:g} of DP communication hidden (given)")
     elif any(o.rule != "none" or o.name.startswith(("dp", "fsdp", "hsdp")) for o in p.comm):
         out.append(f"overlap {overlap_rule(p)} (default; --overlap F to override)")
+    if p.stage_layers:
+        out.append(f"pipeline stages of {','.join(map(str, p.stage_layers))} layers, embedding first, logits last "
+                   f"({'given' if s.stage_layers else 'balanced split; --stage-layers to change'})")
+    if p.attn_bf16_s:
+        out.append("fp8 on the linear layers only, attention at the bf16 rate (Transformer Engine default)")
+    if p.gemm_roofline < 0.9995:
+        out.append(f"linear layers at {p.gemm_roofline:.3g} of the rate: memory-bound GEMMs (roofline)")
     if p.compute_measured:
         out.append("compute time measured (--compute-time)")
     elif p.host_factors:

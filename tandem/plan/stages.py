@@ -47,6 +47,14 @@ def balanced(layers: int, pp: int, head: float) -> tuple[int, ...]:
     return tuple(counts)
 
 
+_SPLITS: dict[tuple, tuple[int, ...]] = {}   # the search asks for the same shape and pp thousands of times
+
+
+def _key(g: GPTShape) -> tuple:
+    return (g.layers, g.hidden, g.heads, g.kv_heads, g.ffn, g.gated, g.vocab, g.seq, g.bias, g.norm,
+            g.learned_pos, g.tied)
+
+
 def split(g: GPTShape, pp: int, given: tuple[int, ...] | None = None) -> tuple[int, ...]:
     if given:
         if len(given) != pp or sum(given) != g.layers or min(given) < 0:
@@ -55,7 +63,18 @@ def split(g: GPTShape, pp: int, given: tuple[int, ...] | None = None) -> tuple[i
                               fix=f"give {pp} non-negative counts that add up to {g.layers}, or leave it out "
                                   "for the planner's balanced split")
         return tuple(given)
-    return balanced(g.layers, pp, head_cost(g))
+    k = (_key(g), pp)
+    if k not in _SPLITS:
+        _SPLITS[k] = balanced(g.layers, pp, head_cost(g))
+    return _SPLITS[k]
+
+
+def imbalance(g: GPTShape, counts: tuple[int, ...], recompute_per_layer: float) -> float:
+    """Slowest stage's FLOPs over the mean stage's (max(stage_flops) / mean, without the list)."""
+    layer = 3 * g.layer_fwd_flops_per_token() + recompute_per_layer
+    head = 3 * g.logits_fwd_flops_per_token()
+    top = max(max(counts[:-1], default=0) * layer, counts[-1] * layer + head)
+    return top * len(counts) / (sum(counts) * layer + head)
 
 
 def stage_flops(g: GPTShape, counts: tuple[int, ...], recompute_per_layer: float) -> list[float]:
@@ -80,7 +99,14 @@ def stage_params(g: GPTShape, counts: tuple[int, ...]) -> list[float]:
 
 def max_stage_params(g: GPTShape, counts: tuple[int, ...]) -> float:
     """max(stage_params) without building the list (the search calls this for every candidate)."""
+    k = (_key(g), counts)
+    if k in _MAX_PARAMS:
+        return _MAX_PARAMS[k]
     h, lp = g.hidden, g.layer_params()
     first = counts[0] * lp + g.vocab * h + (g.seq * h if g.learned_pos else 0)
     last = counts[-1] * lp + g.vocab * h + (2 * h if g.norm == "layernorm" else h)
-    return float(max(first, last, max(counts[1:-1], default=0) * lp))
+    _MAX_PARAMS[k] = float(max(first, last, max(counts[1:-1], default=0) * lp))
+    return _MAX_PARAMS[k]
+
+
+_MAX_PARAMS: dict[tuple, float] = {}

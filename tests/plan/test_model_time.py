@@ -92,3 +92,24 @@ def test_fp8_runs_only_the_linear_layers_at_the_fp8_rate():
     assert attn == pytest.approx(0.1398, abs=0.0001) and fp8.compute_s / all_fp8 == pytest.approx(1.14, abs=0.001)
     bf16 = evaluate(m, c, Training(global_batch=8, precision="bf16"), s)
     assert fp8.attn_bf16_s == pytest.approx(bf16.compute_s * attn)
+
+
+def test_small_gemms_are_memory_bound():
+    # Roofline (NVIDIA, Matrix Multiplication Background, "Math and Memory Bounds"): an A100-80GB at half of
+    # its 312 TFLOP/s over 2039 GB/s is compute-bound above 156e12 / 2039e9 = 76.5 FLOP/B. A tiny GPT
+    # (h 512, ffn 2048, 64 tokens, vocab 1024, 2 layers) at micro-batch 1 is below it in every GEMM:
+    # FLOPs 2 x (100.7 + 33.6 + 134.2 + 134.2) M + 67.1 M = 872.4 MFLOP; bytes (bf16)
+    # 2 x (1,835,008 + 655,360 + 2 x 2,424,832) + 1,245,184 = 15,925,248 B -> 872.4e6 / (76.5 x 15.93e6) = 0.716
+    m = gpt_stats(GPTShape(layers=2, hidden=512, heads=8, seq=64, vocab=1024))
+    c = make_cluster("a100-80gb", 8, 1)
+    p = evaluate(m, c, Training(global_batch=8), Strategy(dp=8, micro_batch=1))
+    flops = 2 * (100_663_296 + 33_554_432 + 134_217_728 + 134_217_728) + 67_108_864
+    ridge = 156e12 / 2039e9
+    assert p.gemm_roofline == pytest.approx(flops / (ridge * 15_925_248))
+    assert p.gemm_roofline == pytest.approx(0.716, abs=0.001)
+    attn = 3 * 64 * 2 * 4 * 64 * 512 * 8 / 8        # 4*s*h per token per layer, x3, 8 samples on 8 GPUs
+    assert p.compute_s == pytest.approx((p.hw_flops_per_gpu - attn) / (156e12 * p.gemm_roofline) + attn / 156e12)
+    # GPT-3 175B's GEMMs at tp 8 are far above the ridge: no change
+    big = evaluate(preset("gpt3-175b"), make_cluster("a100-80gb", 8, 1), Training(global_batch=8),
+                   Strategy(dp=1, tp=8, micro_batch=1))
+    assert big.gemm_roofline == 1.0
