@@ -220,7 +220,7 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
         # recompute) apart: with FP8, Transformer Engine runs only the linear layers' GEMMs in FP8 and
         # attention stays in BF16 unless FP8 attention is asked for
         g = m.gpt
-        attn_fpg = ((3 + (s.recompute != "none")) * g.seq * g.layers * g.attn_score_fwd_flops_per_token()
+        attn_fpg = ((3 + {"none": 0, "selective": 3, "full": 1}[s.recompute]) * g.seq * g.layers * g.attn_score_fwd_flops_per_token()
                     * t.global_batch / n)
         attn_rate = c.flops_ref("bf16") * eff if t.precision == "fp8" else rate
         gemm = G.roofline(g, s.tp, s.micro_batch, 1 if t.precision == "fp8" else by["act"], rate,

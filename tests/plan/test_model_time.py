@@ -113,3 +113,24 @@ def test_small_gemms_are_memory_bound():
     big = evaluate(preset("gpt3-175b"), make_cluster("a100-80gb", 8, 1), Training(global_batch=8),
                    Strategy(dp=1, tp=8, micro_batch=1))
     assert big.gemm_roofline == 1.0
+
+
+def test_selective_recompute_flops_as_korthikanti_count_them():
+    # Korthikanti et al. 2022 (appendix, FLOPs): model FLOPs 72Bslh^2(1 + s/6h + V/12lh), hardware FLOPs with
+    # selective recompute 72Bslh^2(1 + s/3h + V/12lh): 12*s*h per token per layer, 3x the attention core's
+    # forward. For GPT-3 175B this ratio is 1.027, their HFU/MFU of 52.8% / 51.4%.
+    m = gpt_stats(GPTShape(layers=96, hidden=12288, heads=96, seq=2048, vocab=51200, bias=False))
+    s, h, l, V = 2048, 12288, 96, 51200
+    p = evaluate(m, make_cluster("a100-80gb", 8, 1), Training(global_batch=8),
+                 Strategy(dp=1, tp=8, micro_batch=1, recompute="selective"))
+    ratio = (1 + s / (3 * h) + V / (12 * l * h)) / (1 + s / (6 * h) + V / (12 * l * h))
+    assert p.hw_flops_per_gpu / p.model_flops_per_gpu == pytest.approx(ratio, rel=1e-3)
+    assert ratio == pytest.approx(52.8 / 51.4, abs=0.001)
+
+
+def test_v100_transformer_efficiency_is_30_percent():
+    # Shoeybi et al. 2019 (Megatron-LM), §1: one V100 sustains 39 TFLOP/s, 30% of its 125 TFLOP/s fp16 peak
+    from tandem.plan.cost import default_efficiency
+    t = Training(global_batch=8, precision="fp16")
+    assert default_efficiency(preset("gpt3-175b"), make_cluster("v100-32gb", 8, 1), t) == 0.30
+    assert default_efficiency(preset("gpt3-175b"), make_cluster("a100-80gb", 8, 1), t) == 0.5
