@@ -22,7 +22,7 @@ def ms(x: float) -> str:
 
 def gib(x: float) -> str:
     g = x / 1024**3
-    return f"{g:.3g} GiB" if g >= 1 or g == 0 else f"{x / 1024**2:.3g} MiB"
+    return f"{g:.3g} GiB" if g >= 1 or g == 0 else f"{x / 1024**2:.4g} MiB"
 
 
 def pct(x: float) -> str:
@@ -181,6 +181,8 @@ def explain(p: Plan) -> list[str]:
                f"bytes/param before sharding) + activations {gib(mem.activations)} + other "
                f"{gib(mem.other)} = {gib(mem.total)} of {gib(mem.capacity)}: "
                f"{'fits' if mem.fits else 'does NOT fit'}.")
+    if m.gpt is not None:
+        out.append(_activation_sentence(p))
     if step > 0 and p.compute_model_s > 0 and s.world > 1:
         why = ""
         if p.speedup / s.world < 0.75:
@@ -200,6 +202,29 @@ def explain(p: Plan) -> list[str]:
                    f"{secs * s.world / 3600:,.0f} GPU-hours{cost}.")
     out.append("Left out: " + "; ".join(LEFT_OUT) + ".")
     return out
+
+
+def _activation_sentence(p: Plan) -> str:
+    """The per-layer activation arithmetic behind the memory line (Korthikanti et al. 2022, Table 2)."""
+    from tandem.plan.memory import gpt_layer_act_bytes, inflight_layers
+
+    m, s, t = p.model, p.strategy, p.training
+    g = m.gpt
+    per = gpt_layer_act_bytes(m, s, t, s.micro_batch)
+    layers = inflight_layers(m, s, p.grad_accum)
+    sbh = f"s x b x h = {g.seq} x {s.micro_batch} x {g.hidden}"
+    if s.recompute == "full":
+        form = f"2 x {sbh} / tp {s.tp} (full recompute keeps the layer input)"
+    else:
+        lin = (7 + 4 * g.kv_heads / g.heads) + 3 + (6 if g.gated else 4) * g.ffn / g.hidden + 4
+        form = f"{sbh} x ({lin:.4g}" + (f" + 5as/h, 5as/h = {5 * g.heads * g.seq / g.hidden:.4g}"
+                                        if s.recompute == "none" else "") + f") bytes / tp {s.tp}"
+    scale = t.bytes["act"] / 2
+    logits = 4 * g.seq * s.micro_batch * g.vocab / s.tp if s.pp == 1 else 0.0
+    return (f"Activations: {form}{f' x {scale:g} ({t.precision})' if scale != 1 else ''} = {gib(per)} per layer "
+            f"x {layers:.4g} layers in flight{' on the first stage' if s.pp > 1 else ''}"
+            + (f" + fp32 logits 4 x s x b x V / tp = {gib(logits)}" if logits else "")
+            + f" = {gib(per * layers + logits)}.")
 
 
 def warnings(p: Plan) -> list[str]:
