@@ -46,6 +46,7 @@ class CommOp:
     algorithm: str = "ring"
     rule: str = "none"    # what hides it: buckets | prefetch | fsdp | manual | none
     window_s: float = 0.0 # compute it can hide behind, per logical call
+    detail: tuple = ()    # fsdp: (blocks, gather, scatter, block fwd, block bwd, root gather, root scatter) s
 
 
 @dataclass
@@ -348,10 +349,12 @@ def dp_ops(m: ModelStats, c: Cluster, t: Training, s: Strategy, mb: int, compute
         rs_s = (units * r + rr) * mb
         ops.append(CommOp("fsdp-params", "all_gather", pbytes, 2 * mb, shard_g, C.link_name(shard_g, c),
                           ag_s, O.manual(ag_s, frac, compute) if manual else ex.gather_s * mb,
-                          chunks, "ring", "manual" if manual else "fsdp", compute / mb))
+                          chunks, "ring", "manual" if manual else "fsdp", compute / mb,
+                          (units, a, r, fwd / units, bwd / units, ra, rr)))
         ops.append(CommOp("dp-grad", "reduce_scatter", gbytes, mb, shard_g, C.link_name(shard_g, c), rs_s,
                           O.manual(rs_s, frac, bwd * mb) if manual else ex.scatter_s * mb,
-                          chunks, "ring", "manual" if manual else "fsdp", bwd))
+                          chunks, "ring", "manual" if manual else "fsdp", bwd,
+                          (units, a, r, fwd / units, bwd / units, ra, rr)))
         buckets = chunks
     if repl_g.size > 1:  # HSDP: each shard all-reduced across the replicas, chunk by chunk during backward
         shard = shard_g.size

@@ -97,9 +97,16 @@ def _exposed_sentence(o) -> str:
         where = "backward" if o.rule == "buckets" else "the next forward"
         return (f"{k} buckets during {ms(o.window_s)} of {where}: exposed = max(last bucket {ms(per / k)}, "
                 f"{ms(per)} - {ms(o.window_s)} x ({k}-1)/{k}) = {ms(ex)} per call, {ms(o.exposed_s)} per step.")
-    if o.rule == "fsdp":
-        return (f"{k} units prefetched/overlapped block by block ({ms(o.window_s / max(1, k))} of compute per "
-                f"block per micro-batch): {ms(o.exposed_s)} of it exposed.")
+    if o.rule == "fsdp" and o.detail:
+        n, a, r, f, b, ra, rr = o.detail
+        mb = max(1, o.calls // 2) if o.collective == "all_gather" else max(1, o.calls)
+        if o.collective == "all_gather":
+            return (f"per micro-batch, {n} blocks + root: forward a + (n-1) x max(0, a - f) = {ms(a)} + {n - 1} x "
+                    f"max(0, {ms(a)} - {ms(f)}), backward a + (n-1) x max(0, a - b) with b = {ms(b)}, + root "
+                    f"{ms(ra)} = {ms(o.exposed_s / mb)} exposed, x {mb} micro-batches = {ms(o.exposed_s)}.")
+        return (f"per micro-batch: r + (n-1) x (max(0, a + r - b) - max(0, a - b)) = {ms(r)} + {n - 1} x "
+                f"(max(0, {ms(a)} + {ms(r)} - {ms(b)}) - max(0, {ms(a)} - {ms(b)})) + root {ms(rr)} = "
+                f"{ms(o.exposed_s / mb)} exposed, x {mb} micro-batches = {ms(o.exposed_s)}.")
     if o.rule == "manual":
         return f"--overlap hides part of {ms(o.window_s * o.calls)}: {ms(o.exposed_s)} of it exposed."
     return f"{ms(o.exposed_s)} of it exposed."
