@@ -15,7 +15,8 @@ KEYS = {
     "scaling": {"speedup_vs_1gpu", "efficiency"},
     "train_time": {"steps", "seconds", "gpu_hours", "cost"},
 }
-COMM_KEYS = {"name", "collective", "bytes", "group_size", "link", "time_s", "exposed_s"}
+COMM_KEYS = {"name", "collective", "bytes", "group_size", "link", "time_s", "exposed_s", "chunks", "algorithm",
+             "overlap"}
 SEED = ["resnet50", "--gpus-per-node", "2", "--nodes", "2", "--inter", "roce-25", "--global-batch", "1024",
         "--precision", "tf32", "--optimizer", "sgd-momentum", "--compute-time", "0.22", "--params", "25.6e6"]
 
@@ -117,3 +118,13 @@ def test_plot_writes_a_png(tmp_path):
                "--top", "3", "--plot", str(out))
     assert r.exit_code == 0, r.output
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_new_assumptions_are_printed():
+    r = invoke("llama2-7b", "--gpu", "h100-sxm", "--precision", "fp8", "--pp", "4", "--tp", "2",
+               "--micro-batch", "1", "--global-batch", "64", "--overlap-param-gather", "--zero", "1")
+    assert r.exit_code == 0, r.output
+    assumed = " ".join(r.output.split())
+    assert "pipeline stages of 8,8,8,8 layers, embedding first, logits last (balanced split" in assumed
+    assert "fp8 on the linear layers only, attention at the bf16 rate" in assumed
+    assert "parameter all-gather during the next forward (--overlap-param-gather, Megatron)" in assumed

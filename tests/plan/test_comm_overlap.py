@@ -83,6 +83,7 @@ def test_fsdp_units_are_transformer_blocks(plan_of):
                      strategy=Strategy(dp=16, zero=3, micro_batch=2, recompute="selective"))
     assert manual.exposed_comm_s == pytest.approx(manual.comm_s)
     assert p.exposed_comm_s < manual.exposed_comm_s
+    assert "per micro-batch, 32 blocks + root: forward a + (n-1) x max(0, a - f)" in " ".join(explain(p))
 
 
 def test_zero1_param_gather_exposed_unless_megatron_overlaps_it(plan_of):
