@@ -51,7 +51,11 @@ def plan_cmd(
     optimizer: Optional[str] = O(None, help="adamw | adam | sgd-momentum | sgd (default adamw)."),
     recompute: Optional[str] = O(None, help="none | selective | full."),
     efficiency: Optional[float] = O(None, help="Fraction of peak FLOP/s sustained (default: gpt 0.5, cnn 0.18)."),
-    overlap: Optional[float] = O(None, help="Fraction of the backward pass that hides DP communication (0-1)."),
+    overlap: Optional[float] = O(None, help="Override: fraction of the overlap window that hides DP communication "
+                                            "(0-1; default: as DDP/FSDP/ZeRO schedule it)."),
+    overlap_param_gather: Optional[bool] = O(None, "--overlap-param-gather/--no-overlap-param-gather",
+                                             help="ZeRO-1/2: gather updated parameters during the next forward "
+                                                  "(Megatron's distributed optimizer); default: exposed."),
     compute_time: Optional[float] = O(None, "--compute-time", help="Measured compute seconds per step per GPU."),
     dp: Optional[int] = O(None, help="Data-parallel degree (default: GPUs / (tp x pp))."),
     tp: Optional[int] = O(None, help="Tensor-parallel degree."),
@@ -60,6 +64,9 @@ def plan_cmd(
     schedule: Optional[str] = O(None, help="Pipeline schedule: 1f1b | gpipe | interleaved."),
     virtual: Optional[int] = O(None, help="Interleaved: model chunks per stage (default 2)."),
     hsdp: Optional[bool] = O(None, "--hsdp/--no-hsdp", help="Shard inside a node, replicate across nodes."),
+    stage_layers: Optional[str] = O(None, "--stage-layers",
+                                    help="Layers per pipeline stage, e.g. 7,8,8,7 (default: the planner's "
+                                         "balanced split, logits counted on the last stage)."),
     steps: Optional[int] = O(None, help="Training length in steps."),
     tokens: Optional[float] = O(None, help="Training length in tokens (GPT)."),
     samples: Optional[float] = O(None, help="Training length in samples (or data set size with --epochs)."),

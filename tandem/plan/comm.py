@@ -12,10 +12,18 @@ A group of ``n`` ranks is laid out with ``local`` members on each of ``nodes`` n
   gets B_node / gpus_per_node, where B_node is all NICs of a node together. The
   inter-node part is 2(N-1)/N x S / B_node no matter how many GPUs share the node:
   for the seed's 2 nodes that is exactly S / B_node = 102.4 MB / 3.125 GB/s = 33 ms.
+- Algorithm choice (``collective``): as NCCL's tuner, each call takes the algorithm its
+  model predicts fastest. An all-reduce across nodes may run as a double binary tree: its
+  latency grows with log2(nodes) instead of 2(nodes-1) ring steps, at 0.92 of the ring's
+  bus bandwidth and 2 x S / B instead of 2(N-1)/N x S / B (NCCL src/graph/tuning.cc: tree
+  bandwidth x 0.92, algorithm bandwidth = bus bandwidth x 0.5). All-gather and
+  reduce-scatter are rings. Measured (calibrated) links keep the ring: their alpha and
+  bus bandwidth already hold whatever algorithm the library chose.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from tandem.plan.hardware import Cluster
@@ -80,6 +88,40 @@ def all_gather(nbytes: float, g: Group, c: Cluster, calls: int = 1) -> float:
 
 
 reduce_scatter = all_gather
+
+
+TREE_BW = 0.92  # NCCL's tree all-reduce runs at 0.92 of the ring's bus bandwidth (src/graph/tuning.cc)
+
+
+def tree_all_reduce(nbytes: float, g: Group, c: Cluster) -> float:
+    """One double-binary-tree all-reduce across nodes (chain inside the node): reduce up the tree and
+    broadcast down, 2 x S / l per GPU through the network at 0.92 of the ring's rate; latency
+    2 x ((l-1) intra hops + ceil(log2 N) inter hops)."""
+    l, nn = g.local, g.nodes
+    t = 2 * nbytes / l / (TREE_BW * _per_gpu_net(c))
+    if l > 1:
+        t += 2 * (l - 1) / l * nbytes / c.intra.bandwidth_Bps
+    return t + 2 * ((l - 1) * c.intra.latency_s + math.ceil(math.log2(nn)) * c.inter.latency_s)
+
+
+def measured(c: Cluster) -> bool:
+    return c.inter.name.endswith("(measured)")   # the network was measured: its alpha holds the algorithm
+
+
+def collective(kind: str, nbytes: float, chunks: int, g: Group, c: Cluster) -> tuple[float, str]:
+    """Time of ``nbytes`` moved as ``chunks`` equal calls (DDP buckets, FSDP blocks), and the algorithm
+    chosen per call: "ring" or "tree" (all-reduce across nodes only, when the tree is faster)."""
+    if g.size <= 1 or nbytes <= 0:
+        return 0.0, "none"
+    chunks = max(1, chunks)
+    per = nbytes / chunks
+    factor = 2.0 if kind == "all_reduce" else 1.0
+    ring = ring_time(factor, per, g, c)
+    if kind == "all_reduce" and g.nodes > 1 and not measured(c):
+        tree = tree_all_reduce(per, g, c)
+        if tree < ring:
+            return chunks * tree, "tree"
+    return chunks * ring, "ring"
 
 
 def p2p(nbytes: float, crosses_nodes: bool, c: Cluster) -> float:

@@ -36,7 +36,10 @@ class Training:
     precision: str = "bf16"
     optimizer: str = "adamw"
     efficiency: float | None = None          # fraction of the reference FLOP/s sustained (None: default)
-    overlap: float = 0.0                     # fraction of the overlap window that hides DP communication
+    overlap: float | None = None             # override: fraction of the overlap window that hides DP
+                                             # communication (None: as the framework schedules it)
+    overlap_param_gather: bool = False       # ZeRO-1/2: gather updated params during the next forward
+                                             # (Megatron --overlap-param-gather); else exposed
     compute_time_s: float | None = None      # measured compute time per step per GPU (replaces FLOPs/rate)
     steps: int | None = None                 # length of the run, one of steps / tokens / samples
     tokens: float | None = None
@@ -55,7 +58,7 @@ class Training:
         if self.efficiency is not None and not 0 < self.efficiency <= 1:
             raise ConfigError("must be in (0, 1]", field="efficiency", value=self.efficiency,
                               fix="give the fraction of peak FLOP/s the model sustains, e.g. 0.4")
-        if not 0 <= self.overlap <= 1:
+        if self.overlap is not None and not 0 <= self.overlap <= 1:
             raise ConfigError("must be in [0, 1]", field="overlap", value=self.overlap,
                               fix="0 = no overlap (the seed's arithmetic), 1 = full overlap")
         if self.compute_time_s is not None and self.compute_time_s <= 0:
@@ -92,6 +95,7 @@ class Strategy:
     virtual: int = 1              # interleaved: model chunks per pipeline stage
     recompute: str = "none"
     hsdp: bool = False            # ZeRO sharding inside a node only, replicas across nodes
+    stage_layers: tuple[int, ...] | None = None   # layers per pipeline stage (None: the planner's split)
 
     def __post_init__(self):
         for k in ("dp", "tp", "pp", "virtual"):
@@ -121,4 +125,6 @@ class Strategy:
             s += f" {self.schedule}" + (f"x{self.virtual}" if self.schedule == "interleaved" else "")
         if self.recompute != "none":
             s += f" rc-{self.recompute}"
+        if self.stage_layers:
+            s += " stages " + ",".join(map(str, self.stage_layers))
         return s

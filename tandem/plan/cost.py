@@ -10,6 +10,9 @@ from dataclasses import dataclass, field
 
 from tandem.core.errors import ConfigError
 from tandem.plan import comm as C
+from tandem.plan import gemm as G
+from tandem.plan import overlap as O
+from tandem.plan import stages as ST
 from tandem.plan.config import Strategy, Training
 from tandem.plan.hardware import Cluster
 from tandem.plan.host import default_threads
@@ -20,7 +23,13 @@ from tandem.plan.model import ModelStats
 # gpt: Megatron-LM reaches 44-52% of A100 peak at scale (Narayanan et al. 2021, Table 1).
 # cnn: the seed's own ResNet-50 step (256 images in 220 ms on one A100) is 18% of TF32 peak.
 DEFAULT_EFFICIENCY = {"gpt": 0.5, "cnn": 0.18, "net": 0.4, "params": 0.5}
+# Per GPU where a publication says otherwise. v100: Megatron-LM's single-V100 baseline sustains 39 TFLOP/s,
+# "30% of peak" (Shoeybi et al. 2019, §1 and §5.1), well under the A100's 44-52%.
+GPU_EFFICIENCY = {("v100-32gb", "gpt"): 0.30, ("v100-32gb", "params"): 0.30}
 GEMM_FRACTION = 0.8  # a calibration's achieved FLOP/s is a large GEMM at ~80% of peak
+# Megatron-LM's distributed data parallel: gradient buckets of max(40M, 1M x dp) parameters
+# (megatron/core/distributed, bucket_size default), used here for ZeRO-1/2.
+MEGATRON_BUCKET_PARAMS, MEGATRON_BUCKET_PER_DP = 40_000_000, 1_000_000
 
 
 @dataclass
@@ -33,6 +42,11 @@ class CommOp:
     link: str
     time_s: float         # all calls of one step
     exposed_s: float
+    chunks: int = 1       # framework calls per logical call (DDP buckets, FSDP blocks)
+    algorithm: str = "ring"
+    rule: str = "none"    # what hides it: buckets | prefetch | fsdp | manual | none
+    window_s: float = 0.0 # compute it can hide behind, per logical call
+    detail: tuple = ()    # fsdp: (blocks, gather, scatter, block fwd, block bwd, root gather, root scatter) s
 
 
 @dataclass
@@ -55,6 +69,10 @@ class Plan:
     explain: list[str] = field(default_factory=list)
     # calibration compute.model in use: (core-share slowdown, straggler factor), else None
     host_factors: tuple[float, float] | None = None
+    stage_layers: tuple[int, ...] = ()   # layers per pipeline stage (pp > 1, transformers)
+    stage_imbalance: float = 1.0         # slowest stage's FLOPs over the mean stage's
+    attn_bf16_s: float = 0.0             # fp8: attention's seconds at the BF16 rate (included in compute_s)
+    gemm_roofline: float = 1.0           # share of the rate the linear layers' GEMM shapes keep (roofline)
 
     @property
     def comm_s(self) -> float:
@@ -63,6 +81,13 @@ class Plan:
     @property
     def exposed_comm_s(self) -> float:
         return sum(o.exposed_s for o in self.comm)
+
+    @property
+    def serial_comm_share(self) -> float:
+        """Communication's share of compute + bubble + communication with nothing overlapped (the seed's
+        arithmetic: 33 / (220 + 33) = 13%)."""
+        total = self.compute_s + self.bubble_s + self.comm_s
+        return self.comm_s / total if total > 0 else 0.0
 
     @property
     def step_s(self) -> float:
@@ -126,8 +151,17 @@ def check(m: ModelStats, c: Cluster, t: Training, s: Strategy) -> str | None:
             return f"heads {g.heads} (kv {g.kv_heads}) are not divisible by tp {s.tp}"
         if g.ffn % s.tp:
             return f"ffn {g.ffn} is not divisible by tp {s.tp}"
-        if g.layers % (s.pp * s.virtual):
+        if s.schedule == "interleaved" and g.layers % (s.pp * s.virtual):
             return f"layers {g.layers} are not divisible by pp x virtual = {s.pp}x{s.virtual}"
+        if s.pp > g.layers:
+            return f"pp {s.pp} is more than the {g.layers} layers"
+        if s.stage_layers:
+            try:
+                ST.split(g, s.pp, s.stage_layers)
+            except ConfigError as e:
+                return f"stage-layers: {e.args[0] if e.args else e}"
+    elif s.stage_layers:
+        return "stage-layers: needs a transformer shape with pp > 1"
     if s.schedule == "interleaved" and s.pp > 1 and (per_replica // (s.micro_batch or per_replica)) % s.pp:
         return "interleaved schedule needs the number of micro-batches to be a multiple of pp"
     return None
@@ -136,7 +170,8 @@ def check(m: ModelStats, c: Cluster, t: Training, s: Strategy) -> str | None:
 def validate(m: ModelStats, c: Cluster, t: Training, s: Strategy) -> None:
     why = check(m, c, t, s)
     if why:
-        fieldname = ("dp" if "cluster has" in why else "micro-batch" if "micro-batch" in why
+        fieldname = ("stage-layers" if why.startswith("stage-layers") else "dp" if "cluster has" in why
+                     else "micro-batch" if "micro-batch" in why
                      else "global-batch" if "global batch" in why else "tp" if "tp" in why else "pp")
         raise ConfigError(why, field=fieldname,
                           fix="choose degrees whose product is the GPU count and that divide batch, "
@@ -146,7 +181,7 @@ def validate(m: ModelStats, c: Cluster, t: Training, s: Strategy) -> None:
 def default_efficiency(m: ModelStats, c: Cluster, t: Training) -> float:
     if t.efficiency is not None:
         return t.efficiency
-    e = DEFAULT_EFFICIENCY[m.kind]
+    e = GPU_EFFICIENCY.get((c.gpu.name, m.kind), DEFAULT_EFFICIENCY[m.kind])
     if t.precision in c.achieved_flops:
         e = min(1.0, e / GEMM_FRACTION)
     return e
@@ -180,13 +215,36 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
     hw_fpg = f_hw * t.global_batch / n
     measured = t.compute_time_s is not None
     compute = t.compute_time_s if measured else (hw_fpg / rate if rate else 0.0)
+    attn_bf16, gemm = 0.0, 1.0
+    if m.gpt is not None and not measured and factors is None and rate:
+        # Linear layers at the roofline of their GEMM shapes; attention (QK^T, AV: the 4*s*h term, and its
+        # recompute) apart: with FP8, Transformer Engine runs only the linear layers' GEMMs in FP8 and
+        # attention stays in BF16 unless FP8 attention is asked for
+        g = m.gpt
+        attn_fpg = ((3 + {"none": 0, "selective": 3, "full": 1}[s.recompute]) * g.seq * g.layers * g.attn_score_fwd_flops_per_token()
+                    * t.global_batch / n)
+        attn_rate = c.flops_ref("bf16") * eff if t.precision == "fp8" else rate
+        gemm = G.roofline(g, s.tp, s.micro_batch, 1 if t.precision == "fp8" else by["act"], rate,
+                          c.gpu.memory_Bps)
+        attn_s = attn_fpg / attn_rate
+        attn_bf16 = attn_s if t.precision == "fp8" else 0.0
+        compute = (hw_fpg - attn_fpg) / (rate * gemm) + attn_s
     bubble = 0.0
+    counts: tuple[int, ...] = ()
+    imbalance = 1.0
     if s.pp > 1:
-        bubble = compute * (s.pp - 1) / (mb * (s.virtual if s.schedule == "interleaved" else 1))
+        v = s.virtual if s.schedule == "interleaved" else 1
+        fill = s.pp - 1   # every other stage's time once, while the pipeline fills and drains
+        if m.gpt is not None:
+            counts = ST.split(m.gpt, s.pp, s.stage_layers)
+            rc = m.recompute_flops_per_sample(s.recompute) / (m.gpt.seq * m.gpt.layers)
+            imbalance = ST.imbalance(m.gpt, counts, rc)
+            fill = s.pp - imbalance
+            compute *= imbalance   # the slowest stage sets the pace of every micro-batch
+        bubble = compute / imbalance * fill / (mb * v)
 
     # ---- communication
     ops: list[CommOp] = []
-    psi = m.params / (s.tp * s.pp)
     dpg = C.layout(s.dp, s.tp, gpn)
     if s.hsdp and s.zero >= 1:
         shard = shard_group(s, c)
@@ -194,40 +252,16 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
         repl_g = C.layout(s.dp // shard, s.tp * shard, gpn)
     else:
         shard_g, repl_g = dpg, C.Group(1, 1, 1)
-    backward = compute * 2 / 3
     if s.dp > 1:
-        gbytes = psi * by["grad"]
-        pbytes = psi * by["param"]
-        buckets = max(1, int(-(-gbytes // t.bucket_bytes)))
-        if s.zero == 0:
-            tm = C.all_reduce(gbytes, dpg, c, buckets)
-            ops.append(CommOp("dp-grad", "all_reduce", gbytes, 1, dpg, C.link_name(dpg, c), tm,
-                              max(0.0, tm - t.overlap * backward / mb)))
-        else:
-            rs_calls = mb if s.zero >= 2 else 1   # sharded grads are reduced every micro-batch
-            tm = C.reduce_scatter(gbytes, shard_g, c, buckets) * rs_calls
-            window = backward if s.zero >= 2 else backward / mb
-            ops.append(CommOp("dp-grad", "reduce_scatter", gbytes, rs_calls, shard_g, C.link_name(shard_g, c),
-                              tm, max(0.0, tm - t.overlap * window)))
-            if s.zero <= 2:
-                tg = C.all_gather(pbytes, shard_g, c, buckets)
-                ops.append(CommOp("dp-params", "all_gather", pbytes, 1, shard_g, C.link_name(shard_g, c), tg, tg))
-            else:  # gathered before forward and again before backward, every micro-batch
-                tg = C.all_gather(pbytes, shard_g, c, buckets) * 2 * mb
-                ops.append(CommOp("fsdp-params", "all_gather", pbytes, 2 * mb, shard_g, C.link_name(shard_g, c),
-                                  tg, max(0.0, tg - t.overlap * compute)))
-            if repl_g.size > 1:  # HSDP: shards all-reduced across the replicas
-                tr = C.all_reduce(gbytes / shard, repl_g, c, buckets)
-                ops.append(CommOp("hsdp-replicas", "all_reduce", gbytes / shard, 1, repl_g,
-                                  C.link_name(repl_g, c), tr, max(0.0, tr - t.overlap * backward / mb)))
+        ops += dp_ops(m, c, t, s, mb, compute, f_model, f_hw, dpg, shard_g, repl_g)
     if m.gpt is not None and (s.tp > 1 or s.pp > 1):
         g = m.gpt
         act = s.micro_batch * g.seq * g.hidden * by["act"]
         if s.tp > 1:
             tpg = C.layout(s.tp, 1, gpn)
             per_layer = 4 + (2 if s.recompute == "full" else 0)   # 2 fwd + 2 bwd (+2 recomputed fwd)
-            calls = per_layer * g.layers // s.pp * mb
-            tm = C.all_reduce(act, tpg, c) * calls
+            calls = per_layer * (max(counts) if counts else g.layers // s.pp) * mb
+            tm = C.collective("all_reduce", act, 1, tpg, c)[0] * calls
             ops.append(CommOp("tp-activations", "all_reduce", act, calls, tpg, C.link_name(tpg, c), tm, tm))
         if s.pp > 1:
             cross = s.tp * s.dp >= gpn
@@ -238,4 +272,92 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
                               c.inter.name if cross else c.intra.name, tm, tm))
     mem = mem or memory(m, c, t, s, mb)
     return Plan(m, c, t, s, mb, mem, ops, eff, rate, hw_fpg, model_fpg, compute, bubble, measured,
-                host_factors=factors)
+                host_factors=factors, stage_layers=counts, stage_imbalance=imbalance,
+                attn_bf16_s=attn_bf16 * imbalance, gemm_roofline=gemm)
+
+
+def stage_psi(m: ModelStats, s: Strategy) -> float:
+    """Parameters per GPU on the stage holding the most: with a pipeline, the first (embedding) or the last
+    (output layer, or the tied embedding's copy Megatron keeps there)."""
+    if m.gpt is None or s.pp == 1:
+        return m.params / (s.tp * s.pp)
+    return ST.max_stage_params(m.gpt, ST.split(m.gpt, s.pp, s.stage_layers)) / s.tp
+
+
+def _fsdp_units(m: ModelStats, s: Strategy, psi: float) -> tuple[int, float]:
+    """FSDP wraps one unit per transformer block (the root holds embeddings and head); other models one
+    unit per largest layer. Returns (units, root parameters per GPU before sharding)."""
+    if m.gpt is not None:
+        units = max(1, m.gpt.layers // s.pp)
+        return units, max(0.0, psi - units * m.gpt.layer_params() / s.tp)
+    if m.largest_layer_params:
+        return max(1, int(-(-psi // m.largest_layer_params))), 0.0
+    return 1, 0.0
+
+
+def dp_ops(m: ModelStats, c: Cluster, t: Training, s: Strategy, mb: int, compute: float, f_model: float,
+           f_hw: float, dpg: C.Group, shard_g: C.Group, repl_g: C.Group) -> list[CommOp]:
+    """Data-parallel collectives with the framework's chunking (buckets, blocks) and overlap."""
+    by = t.bytes
+    psi = stage_psi(m, s)
+    gbytes, pbytes = psi * by["grad"], psi * by["param"]
+    fwd_share = f_model / 3 / f_hw if f_hw > 0 else 1 / 3
+    fwd = compute / mb * fwd_share       # one micro-batch's forward
+    bwd = compute / mb - fwd             # ... and backward (with any recompute)
+    # CPU workers (a calibration's host): gloo's threads share the cores compute runs on, so nothing
+    # hides communication unless --overlap says so
+    manual = t.overlap is not None or c.gpu.name == "cpu"
+    frac = t.overlap or 0.0
+    ops: list[CommOp] = []
+
+    def op(name, kind, nbytes, calls, g, chunks, rule, window, exposed_fn):
+        tm, algo = C.collective(kind, nbytes, chunks, g, c)
+        if manual and rule != "none":
+            exposed, rule = O.manual(tm * calls, frac, window * calls), "manual"
+        else:
+            exposed = exposed_fn(tm) * calls
+        return CommOp(name, kind, nbytes, calls, g, C.link_name(g, c), tm * calls, exposed, chunks, algo, rule,
+                      window)
+
+    if s.zero == 0:
+        buckets = max(1, int(-(-gbytes // t.bucket_bytes)))
+        ops.append(op("dp-grad", "all_reduce", gbytes, 1, dpg, buckets, "buckets", bwd,
+                      lambda tm: O.pipelined(tm, buckets, bwd)))
+        return ops
+    bucket = max(MEGATRON_BUCKET_PARAMS, MEGATRON_BUCKET_PER_DP * s.dp)
+    if s.zero <= 2:
+        buckets = max(1, int(-(-psi // bucket)))
+        rs_calls = mb if s.zero == 2 else 1   # sharded grads cannot accumulate locally: every micro-batch
+        ops.append(op("dp-grad", "reduce_scatter", gbytes, rs_calls, shard_g, buckets, "buckets", bwd,
+                      lambda tm: O.pipelined(tm, buckets, bwd)))
+        if t.overlap_param_gather:
+            ops.append(op("dp-params", "all_gather", pbytes, 1, shard_g, buckets, "prefetch", fwd,
+                          lambda tm: O.pipelined(tm, buckets, fwd)))
+        else:
+            ops.append(op("dp-params", "all_gather", pbytes, 1, shard_g, buckets, "none", 0.0, lambda tm: tm))
+    else:
+        units, root = _fsdp_units(m, s, psi)
+        block = (psi - root) / units
+        a = C.collective("all_gather", block * by["param"], 1, shard_g, c)[0]
+        r = C.collective("reduce_scatter", block * by["grad"], 1, shard_g, c)[0]
+        ra = C.collective("all_gather", root * by["param"], 1, shard_g, c)[0] if root else 0.0
+        rr = C.collective("reduce_scatter", root * by["grad"], 1, shard_g, c)[0] if root else 0.0
+        ex = O.fsdp(units, a, r, fwd / units, bwd / units, ra, rr)
+        chunks = units + (1 if root else 0)
+        # gathered before forward and again before backward (the root once), every micro-batch
+        ag_s = (2 * units * a + ra) * mb
+        rs_s = (units * r + rr) * mb
+        ops.append(CommOp("fsdp-params", "all_gather", pbytes, 2 * mb, shard_g, C.link_name(shard_g, c),
+                          ag_s, O.manual(ag_s, frac, compute) if manual else ex.gather_s * mb,
+                          chunks, "ring", "manual" if manual else "fsdp", compute / mb,
+                          (units, a, r, fwd / units, bwd / units, ra, rr)))
+        ops.append(CommOp("dp-grad", "reduce_scatter", gbytes, mb, shard_g, C.link_name(shard_g, c), rs_s,
+                          O.manual(rs_s, frac, bwd * mb) if manual else ex.scatter_s * mb,
+                          chunks, "ring", "manual" if manual else "fsdp", bwd,
+                          (units, a, r, fwd / units, bwd / units, ra, rr)))
+        buckets = chunks
+    if repl_g.size > 1:  # HSDP: each shard all-reduced across the replicas, chunk by chunk during backward
+        shard = shard_g.size
+        ops.append(op("hsdp-replicas", "all_reduce", gbytes / shard, 1, repl_g, buckets, "buckets", bwd,
+                      lambda tm: O.pipelined(tm, buckets, bwd)))
+    return ops

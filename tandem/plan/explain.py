@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from tandem.plan import comm as C
 from tandem.plan.cost import Plan
 from tandem.plan.host import default_threads
@@ -20,7 +22,12 @@ def ms(x: float) -> str:
 
 def gib(x: float) -> str:
     g = x / 1024**3
-    return f"{g:.3g} GiB" if g >= 1 or g == 0 else f"{x / 1024**2:.3g} MiB"
+    return f"{g:.3g} GiB" if g >= 1 or g == 0 else f"{x / 1024**2:.4g} MiB"
+
+
+def pct(x: float) -> str:
+    """A share to three significant digits (0.0504%, 3.64%, 13.1%): small shares stay visible."""
+    return f"{100 * x:.3g}%"
 
 
 def human_time(sec: float) -> str:
@@ -32,26 +39,77 @@ def human_time(sec: float) -> str:
 
 
 LEFT_OUT = ("data loading and preprocessing", "stragglers and network congestion", "kernel launch and "
-            "optimizer-step time", "embedding/output layers' uneven share of pipeline stages")
+            "optimizer-step time", "GEMM efficiency falling at small shapes")
 
 
 def _comm_sentence(p: Plan, o) -> str:
     c = p.cluster
     g = o.group
     per = o.time_s / max(1, o.calls)
-    head = (f"{o.name}: {o.collective} of {si(o.bytes)} x {o.calls} call(s) per step over {g.size} GPUs, "
+    chunked = f" in {o.chunks} {'buckets' if o.rule in ('buckets', 'prefetch') else 'calls'}" if o.chunks > 1 else ""
+    head = (f"{o.name}: {o.collective} of {si(o.bytes)} x {o.calls} call(s) per step{chunked} over {g.size} GPUs, "
             f"{C.describe(g, c)}")
+    if o.collective == "all_reduce" and g.nodes > 1 and o.algorithm == "tree":
+        nn, l = g.nodes, g.local
+        return (f"{head}: NCCL-style tree (its latency grows with log2 of the nodes; the ring's 2x({nn}-1) "
+                f"steps per call cost more at {si(o.bytes / o.chunks)} per call): 2 x {si(o.bytes / o.chunks)}"
+                f"{f' / {l}' if l > 1 else ''} / ({C.TREE_BW} x {si(c.node_bandwidth_Bps / c.gpus_per_node, 'B/s')}"
+                f" per GPU) + 2x({l - 1} x {c.intra.latency_s * 1e6:.3g} us + {math.ceil(math.log2(nn))} x "
+                f"{c.inter.latency_s * 1e6:.3g} us) latency, = {ms(per)} per step")
     if o.collective == "all_reduce" and g.nodes > 1:
-        nn = g.nodes
+        nn, l, gpn = g.nodes, g.local, c.gpus_per_node
         net = c.node_bandwidth_Bps
-        inter = 2 * (nn - 1) / nn * o.bytes / net
-        return (f"{head}: across nodes 2x({nn}-1)/{nn} x {si(o.bytes)} / {si(net, 'B/s')} = {ms(inter)}, "
-                f"plus {ms(max(0.0, per - inter))} inside nodes and latency = {ms(per)} per call")
+        inter = 2 * (nn - 1) / nn * o.bytes / l / (net / gpn)
+        rate = (f"{si(o.bytes)} / {si(net, 'B/s')}" if l == gpn else
+                f"{si(o.bytes)} / {l} / ({si(net, 'B/s')} / {gpn} GPUs sharing the NICs)")
+        return (f"{head}: ring across nodes 2x({nn}-1)/{nn} x {rate} = {ms(inter)}, "
+                f"plus {ms(max(0.0, per - inter))} {'inside nodes and ' if l > 1 else ''}latency = {ms(per)} per call")
     if o.collective == "all_reduce":
         n = g.size
         return (f"{head}: 2x({n}-1)/{n} x {si(o.bytes)} / {si(c.intra.bandwidth_Bps, 'B/s')} + latency "
                 f"= {ms(per)} per call")
-    return f"{head}: {ms(per)} per call"
+    return f"{head}: ring, {ms(per)} per call"
+
+
+def overlap_rule(p: Plan) -> str:
+    """How the framework this strategy stands for overlaps its data-parallel communication."""
+    s, t = p.strategy, p.training
+    if p.cluster.gpu.name == "cpu":
+        return "none: CPU workers' gloo threads share the cores compute runs on"
+    if s.zero == 0:
+        return "as DDP: gradient buckets all-reduced during backward, the last bucket exposed"
+    if s.zero <= 2:
+        gather = ("during the next forward (--overlap-param-gather, Megatron)" if t.overlap_param_gather
+                  else "after the step, exposed (--overlap-param-gather to hide it as Megatron does)")
+        return (f"as ZeRO-{s.zero}: gradient buckets reduce-scattered during backward, the last exposed; "
+                f"parameter all-gather {gather}")
+    return ("as FSDP: each block's all-gather prefetched during the previous block's forward/backward, "
+            "reduce-scatter during backward; first gather and last reduce-scatter exposed")
+
+
+def _exposed_sentence(o) -> str:
+    k, per = max(1, o.chunks), o.time_s / max(1, o.calls)
+    ex = o.exposed_s / max(1, o.calls)
+    if o.exposed_s >= o.time_s:
+        return ("all of it on the critical path" + (" (after the optimizer step)" if o.name == "dp-params"
+                                                     else "") + ".")
+    if o.rule in ("buckets", "prefetch"):
+        where = "backward" if o.rule == "buckets" else "the next forward"
+        return (f"{k} buckets during {ms(o.window_s)} of {where}: exposed = max(last bucket {ms(per / k)}, "
+                f"{ms(per)} - {ms(o.window_s)} x ({k}-1)/{k}) = {ms(ex)} per call, {ms(o.exposed_s)} per step.")
+    if o.rule == "fsdp" and o.detail:
+        n, a, r, f, b, ra, rr = o.detail
+        mb = max(1, o.calls // 2) if o.collective == "all_gather" else max(1, o.calls)
+        if o.collective == "all_gather":
+            return (f"per micro-batch, {n} blocks + root: forward a + (n-1) x max(0, a - f) = {ms(a)} + {n - 1} x "
+                    f"max(0, {ms(a)} - {ms(f)}), backward a + (n-1) x max(0, a - b) with b = {ms(b)}, + root "
+                    f"{ms(ra)} = {ms(o.exposed_s / mb)} exposed, x {mb} micro-batches = {ms(o.exposed_s)}.")
+        return (f"per micro-batch: r + (n-1) x (max(0, a + r - b) - max(0, a - b)) = {ms(r)} + {n - 1} x "
+                f"(max(0, {ms(a)} + {ms(r)} - {ms(b)}) - max(0, {ms(a)} - {ms(b)})) + root {ms(rr)} = "
+                f"{ms(o.exposed_s / mb)} exposed, x {mb} micro-batches = {ms(o.exposed_s)}.")
+    if o.rule == "manual":
+        return f"--overlap hides part of {ms(o.window_s * o.calls)}: {ms(o.exposed_s)} of it exposed."
+    return f"{ms(o.exposed_s)} of it exposed."
 
 
 def explain(p: Plan) -> list[str]:
@@ -70,8 +128,7 @@ def explain(p: Plan) -> list[str]:
                    f"{si(psi * by['grad'])} per step" + (" (FP16/BF16 halve the FP32 volume)."
                                                         if by["grad"] == 2 else "."))
     for o in p.comm:
-        out.append(_comm_sentence(p, o) + (f"; {ms(o.exposed_s)} of it exposed." if o.exposed_s < o.time_s
-                                           else "; all of it on the critical path."))
+        out.append(_comm_sentence(p, o) + "; " + _exposed_sentence(o))
     if p.compute_measured:
         out.append(f"Compute: {ms(p.compute_s)} per step, as measured (--compute-time).")
     elif p.hw_flops_per_gpu and p.host_factors:
@@ -86,25 +143,53 @@ def explain(p: Plan) -> list[str]:
                    f"({t.global_batch} samples x {si(p.hw_flops_per_gpu * s.world / t.global_batch, 'FLOP')} / "
                    f"{s.world} GPUs) at {si(c.flops_ref(t.precision), 'FLOP/s')} "
                    f"{'achieved (calibration)' if t.precision in c.achieved_flops else 'peak'} x "
-                   f"{p.efficiency:.2f} efficiency = {ms(p.compute_s)}.")
+                   f"{p.efficiency:.2f} efficiency"
+                   + (f", except attention (QK^T, AV: {ms(p.attn_bf16_s / p.stage_imbalance)}) at the bf16 rate "
+                      f"(Transformer Engine runs only the linear layers in FP8)" if p.attn_bf16_s else "")
+                   + (f", the linear layers at {p.gemm_roofline:.3g} of it (their GEMMs at micro-batch "
+                      f"{s.micro_batch} x {m.gpt.seq} tokens are memory-bound: roofline over "
+                      f"{si(c.gpu.memory_Bps, 'B/s')})" if p.gemm_roofline < 0.9995 and m.gpt else "")
+                   + " = " + (f"{ms(p.compute_s / p.stage_imbalance)}, x {p.stage_imbalance:.4g} on the slowest "
+                              "pipeline stage = " if p.stage_imbalance != 1 else "") + f"{ms(p.compute_s)}.")
     else:
         out.append("Compute: unknown for a bare --params model; give --compute-time or a model shape.")
-    if s.pp > 1:
+    if s.pp > 1 and p.stage_layers and m.gpt is not None:
+        v = s.virtual if s.schedule == "interleaved" else 1
+        hc = m.gpt.logits_fwd_flops_per_token() / m.gpt.layer_fwd_flops_per_token()
+        k, imb = p.stage_imbalance, p.stage_imbalance
+        src = "given (--stage-layers)" if s.stage_layers else "the planner's balanced split"
+        out.append(f"Pipeline stages hold {','.join(map(str, p.stage_layers))} layers ({src}), the embedding on "
+                   f"the first and the logits ({hc:.3g} of a layer's FLOPs) on the last: the slowest stage has "
+                   f"{imb:.4g}x the mean stage's FLOPs and sets the pace, step = m x t_max + (sum t - t_max)"
+                   f"{' / v' if v > 1 else ''}: compute {ms(p.compute_s)} (m = {p.grad_accum} micro-batches on the "
+                   f"slowest stage) + bubble ({s.pp} - {k:.4g})/({'v x ' if v > 1 else ''}m) x {ms(p.compute_s)} / "
+                   f"{k:.4g} = {ms(p.bubble_s)}, {p.bubble_s / (p.compute_s + p.bubble_s):.1%} of compute+bubble "
+                   f"(equal stages: (p-1)/({'v x ' if v > 1 else ''}m+p-1) = "
+                   f"{(s.pp - 1) / (v * p.grad_accum + s.pp - 1):.1%}).")
+    elif s.pp > 1:
         v = s.virtual if s.schedule == "interleaved" else 1
         frac = (s.pp - 1) / (v * p.grad_accum + s.pp - 1)
         out.append(f"Pipeline bubble ({s.schedule}): (p-1)/({'v x ' if v > 1 else ''}m+p-1) = {s.pp - 1}/"
                    f"({v * p.grad_accum}+{s.pp - 1}) = {frac:.1%} of compute+bubble = {ms(p.bubble_s)}.")
     step = p.step_s
     if step > 0:
-        out.append(f"Step: {ms(p.compute_s)} compute + {ms(p.exposed_comm_s)} exposed communication + "
-                   f"{ms(p.bubble_s)} bubble = {ms(step)}; communication is {p.exposed_comm_s / step:.1%} "
-                   f"of the step (overlap {t.overlap:g}).")
+        how = f"overlap {t.overlap:g}" if t.overlap is not None else f"overlap {overlap_rule(p)}"
+        line = (f"Step: {ms(p.compute_s)} compute + {ms(p.exposed_comm_s)} exposed communication + "
+                f"{ms(p.bubble_s)} bubble = {ms(step)}; communication is {pct(p.exposed_comm_s / step)} "
+                f"of the step ({how}).")
+        if p.comm_s > p.exposed_comm_s:
+            line += (f" With nothing overlapped: {ms(p.compute_s)} + {ms(p.comm_s)} + {ms(p.bubble_s)} = "
+                     f"{ms(p.compute_s + p.comm_s + p.bubble_s)}, communication {pct(p.serial_comm_share)} "
+                     f"of the step.")
+        out.append(line)
     mem = p.memory
     out.append(f"Memory per GPU: params {gib(mem.params)} + grads {gib(mem.grads)} + optimizer "
                f"{gib(mem.optimizer)} (zero {s.zero}, {t.bytes['param']}+{t.bytes['grad']}+{t.optimizer_bytes} "
                f"bytes/param before sharding) + activations {gib(mem.activations)} + other "
                f"{gib(mem.other)} = {gib(mem.total)} of {gib(mem.capacity)}: "
                f"{'fits' if mem.fits else 'does NOT fit'}.")
+    if m.gpt is not None:
+        out.append(_activation_sentence(p))
     if step > 0 and p.compute_model_s > 0 and s.world > 1:
         why = ""
         if p.speedup / s.world < 0.75:
@@ -124,6 +209,29 @@ def explain(p: Plan) -> list[str]:
                    f"{secs * s.world / 3600:,.0f} GPU-hours{cost}.")
     out.append("Left out: " + "; ".join(LEFT_OUT) + ".")
     return out
+
+
+def _activation_sentence(p: Plan) -> str:
+    """The per-layer activation arithmetic behind the memory line (Korthikanti et al. 2022, Table 2)."""
+    from tandem.plan.memory import gpt_layer_act_bytes, inflight_layers
+
+    m, s, t = p.model, p.strategy, p.training
+    g = m.gpt
+    per = gpt_layer_act_bytes(m, s, t, s.micro_batch)
+    layers = inflight_layers(m, s, p.grad_accum)
+    sbh = f"s x b x h = {g.seq} x {s.micro_batch} x {g.hidden}"
+    if s.recompute == "full":
+        form = f"2 x {sbh} / tp {s.tp} (full recompute keeps the layer input)"
+    else:
+        lin = (7 + 4 * g.kv_heads / g.heads) + 3 + (6 if g.gated else 4) * g.ffn / g.hidden + 4
+        form = f"{sbh} x ({lin:.4g}" + (f" + 5as/h, 5as/h = {5 * g.heads * g.seq / g.hidden:.4g}"
+                                        if s.recompute == "none" else "") + f") bytes / tp {s.tp}"
+    scale = t.bytes["act"] / 2
+    logits = 4 * g.seq * s.micro_batch * g.vocab / s.tp if s.pp == 1 else 0.0
+    return (f"Activations: {form}{f' x {scale:g} ({t.precision})' if scale != 1 else ''} = {gib(per)} per layer "
+            f"x {layers:.4g} layers in flight{' on the first stage' if s.pp > 1 else ''}"
+            + (f" + fp32 logits 4 x s x b x V / tp = {gib(logits)}" if logits else "")
+            + f" = {gib(per * layers + logits)}.")
 
 
 def warnings(p: Plan) -> list[str]:

@@ -26,6 +26,7 @@ class GPU:
     peak_flops: dict[str, float]        # precision -> dense peak FLOP/s
     intra_default: str                  # the link its usual servers have between GPUs
     source: str = ""
+    memory_Bps: float = 0.0             # HBM/GDDR bandwidth (datasheet); 0: unknown (no roofline term)
 
     def peak(self, precision: str) -> float:
         if precision not in self.peak_flops:
@@ -43,30 +44,30 @@ class Link:
     source: str = ""
 
 
-def _g(name, mem, fp32, tf32, bf16, fp16, fp8, intra, src):
+def _g(name, mem, fp32, tf32, bf16, fp16, fp8, intra, src, bw=0.0):
     peaks = {"fp32": fp32 * T, "tf32": tf32 * T}
     if bf16:
         peaks["bf16"] = bf16 * T
     peaks["fp16"] = fp16 * T
     if fp8:
         peaks["fp8"] = fp8 * T
-    return GPU(name, mem, peaks, intra, src)
+    return GPU(name, mem, peaks, intra, src, bw * GB)
 
 
-# name: memory, FP32, TF32, BF16, FP16, FP8 (TFLOP/s dense), usual intra-node link
+# name: memory, FP32, TF32, BF16, FP16, FP8 (TFLOP/s dense), usual intra-node link, source, memory GB/s
 GPUS: dict[str, GPU] = {g.name: g for g in [
     # V100 has no TF32/BF16: "tf32" runs at the FP32 rate.
-    _g("v100-32gb", 32 * GiB, 15.7, 15.7, None, 125, None, "nvlink2", "NVIDIA V100 datasheet (SXM2)"),
-    _g("a100-40gb", 40 * GiB, 19.5, 156, 312, 312, None, "nvlink3", "NVIDIA A100 datasheet (SXM)"),
-    _g("a100-80gb", 80 * GiB, 19.5, 156, 312, 312, None, "nvlink3", "NVIDIA A100 datasheet (SXM)"),
-    _g("a100-40gb-pcie", 40 * GiB, 19.5, 156, 312, 312, None, "pcie4", "NVIDIA A100 datasheet (PCIe)"),
-    _g("a100-80gb-pcie", 80 * GiB, 19.5, 156, 312, 312, None, "pcie4", "NVIDIA A100 datasheet (PCIe)"),
-    _g("h100-sxm", 80 * GiB, 67, 494.7, 989.4, 989.4, 1978.9, "nvlink4", "NVIDIA H100 datasheet (SXM)"),
-    _g("h100-pcie", 80 * GiB, 51, 378, 756, 756, 1513, "pcie5", "NVIDIA H100 datasheet (PCIe)"),
-    _g("h200", 140 * GiB, 67, 494.7, 989.4, 989.4, 1978.9, "nvlink4", "NVIDIA H200 datasheet (SXM)"),
-    _g("l40s", 45 * GiB, 91.6, 183, 362.05, 362.05, 733, "pcie4", "NVIDIA L40S datasheet"),
+    _g("v100-32gb", 32 * GiB, 15.7, 15.7, None, 125, None, "nvlink2", "NVIDIA V100 datasheet (SXM2)", 900),
+    _g("a100-40gb", 40 * GiB, 19.5, 156, 312, 312, None, "nvlink3", "NVIDIA A100 datasheet (SXM)", 1555),
+    _g("a100-80gb", 80 * GiB, 19.5, 156, 312, 312, None, "nvlink3", "NVIDIA A100 datasheet (SXM)", 2039),
+    _g("a100-40gb-pcie", 40 * GiB, 19.5, 156, 312, 312, None, "pcie4", "NVIDIA A100 datasheet (PCIe)", 1555),
+    _g("a100-80gb-pcie", 80 * GiB, 19.5, 156, 312, 312, None, "pcie4", "NVIDIA A100 datasheet (PCIe)", 1935),
+    _g("h100-sxm", 80 * GiB, 67, 494.7, 989.4, 989.4, 1978.9, "nvlink4", "NVIDIA H100 datasheet (SXM)", 3350),
+    _g("h100-pcie", 80 * GiB, 51, 378, 756, 756, 1513, "pcie5", "NVIDIA H100 datasheet (PCIe)", 2000),
+    _g("h200", 140 * GiB, 67, 494.7, 989.4, 989.4, 1978.9, "nvlink4", "NVIDIA H200 datasheet (SXM)", 4800),
+    _g("l40s", 45 * GiB, 91.6, 183, 362.05, 362.05, 733, "pcie4", "NVIDIA L40S datasheet", 864),
     # GeForce: FP16/BF16 tensor rate with FP32 accumulate (what training uses) is half the FP16-acc rate.
-    _g("rtx4090", 24 * GiB, 82.6, 82.6, 165.2, 165.2, 330.3, "pcie4", "NVIDIA Ada whitepaper, RTX 4090"),
+    _g("rtx4090", 24 * GiB, 82.6, 82.6, 165.2, 165.2, 330.3, "pcie4", "NVIDIA Ada whitepaper, RTX 4090", 1008),
 ]}
 
 ALIASES = {"a100": "a100-80gb", "h100": "h100-sxm", "v100": "v100-32gb", "4090": "rtx4090",

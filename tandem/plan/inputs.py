@@ -42,6 +42,8 @@ class PlanArgs:
     recompute: str | None = None
     efficiency: float | None = None
     overlap: float | None = None
+    overlap_param_gather: bool | None = None
+    stage_layers: str | None = None
     compute_time: float | None = None
     dp: int | None = None
     tp: int | None = None
@@ -61,7 +63,7 @@ class PlanArgs:
 
 
 DEFAULTS = dict(gpu="a100-80gb", gpus_per_node=8, nodes=1, inter="ib-hdr", nics_per_node=1, global_batch=256,
-                precision="bf16", optimizer="adamw", recompute="none", overlap=0.0, tp=1, pp=1, zero=0,
+                precision="bf16", optimizer="adamw", recompute="none", overlap=None, tp=1, pp=1, zero=0,
                 schedule="1f1b", virtual=2, hsdp=False, input_shape="3,224,224")
 
 
@@ -193,7 +195,8 @@ def resolve(a: PlanArgs) -> tuple[ModelStats, Cluster, Training, dict]:
                               value=v["epochs"], fix="give --samples N --epochs E")
         samples = samples * v["epochs"]
     t = Training(global_batch=v["global_batch"], precision=v["precision"], optimizer=v["optimizer"],
-                 efficiency=v.get("efficiency"), overlap=v["overlap"], compute_time_s=v.get("compute_time"),
+                 efficiency=v.get("efficiency"), overlap=v["overlap"],
+                 overlap_param_gather=bool(v.get("overlap_param_gather")), compute_time_s=v.get("compute_time"),
                  steps=v.get("steps"), tokens=v.get("tokens"), samples=samples, ref_batch=v.get("ref_batch") or 0,
                  warmup_steps=v.get("warmup_steps") or 0, threads_per_worker=v.get("threads_per_worker"))
     return m, c, t, v
@@ -216,4 +219,15 @@ def strategy(v: dict, c: Cluster, t: Training) -> Strategy:
                                              "--gpus-per-node/--nodes")
         dp = c.world // (tp * pp)
     return Strategy(dp=dp, tp=tp, pp=pp, zero=v["zero"], micro_batch=v.get("micro_batch") or 0,
-                    schedule=v["schedule"], virtual=v["virtual"], recompute=v["recompute"], hsdp=v["hsdp"])
+                    schedule=v["schedule"], virtual=v["virtual"], recompute=v["recompute"], hsdp=v["hsdp"],
+                    stage_layers=parse_stage_layers(v.get("stage_layers")))
+
+
+def parse_stage_layers(text: str | None) -> tuple[int, ...] | None:
+    if not text:
+        return None
+    try:
+        return tuple(int(x) for x in str(text).split(","))
+    except ValueError:
+        raise ConfigError("must be comma-separated layer counts", field="stage-layers", value=text,
+                          fix="give one count per pipeline stage, e.g. --stage-layers 7,8,8,7") from None

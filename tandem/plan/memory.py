@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from tandem.plan.config import Strategy, Training
 from tandem.plan.hardware import Cluster
 from tandem.plan.model import ModelStats
+from tandem.plan.stages import max_stage_params, split
 
 CONTEXT_BYTES = 1.0 * 1024**3   # CUDA context, cuBLAS/cuDNN workspaces, allocator slack (rough)
 
@@ -71,6 +72,7 @@ def inflight_layers(m: ModelStats, s: Strategy, micro_batches: int) -> float:
     L, p = m.gpt.layers, s.pp
     if p == 1:
         return L
+    L = p * split(m.gpt, p, s.stage_layers)[0]   # the first stage's layers (L / p when even)
     if s.schedule == "gpipe":
         return L / p * micro_batches
     inflight = L / p * min(p, micro_batches)
@@ -82,7 +84,10 @@ def inflight_layers(m: ModelStats, s: Strategy, micro_batches: int) -> float:
 def memory(m: ModelStats, c: Cluster, t: Training, s: Strategy, micro_batches: int) -> Memory:
     notes: list[str] = []
     by = t.bytes
-    psi = m.params / (s.tp * s.pp)
+    if m.gpt is not None and s.pp > 1:   # the stage that holds the most (embedding or output layer)
+        psi = max_stage_params(m.gpt, split(m.gpt, s.pp, s.stage_layers)) / s.tp
+    else:
+        psi = m.params / (s.tp * s.pp)
     d = shard_group(s, c)
     params = psi * by["param"] / (d if s.zero >= 3 else 1)
     grads = psi * by["grad"] / (d if s.zero >= 2 else 1)

@@ -84,6 +84,9 @@ class GPTShape:
         return 4 * self.seq * self.hidden
 
 
+SELECTIVE_FACTOR = 3   # selective recompute costs 3 x the attention core's forward FLOPs (see above)
+
+
 @dataclass
 class ModelStats:
     name: str
@@ -109,7 +112,10 @@ class ModelStats:
             return 0.0
         if self.gpt is not None:
             g = self.gpt
-            per_tok = g.layer_fwd_flops_per_token() if recompute == "full" else g.attn_score_fwd_flops_per_token()
+            # selective: 3 x the attention core's forward (12*s*h per token per layer), as Korthikanti et al.
+            # 2022 count it: hardware FLOPs 72*B*s*l*h^2*(1 + s/3h + V/12lh) against model FLOPs (1 + s/6h + ...)
+            per_tok = (g.layer_fwd_flops_per_token() if recompute == "full"
+                       else SELECTIVE_FACTOR * g.attn_score_fwd_flops_per_token())
             return g.seq * g.layers * per_tok
         fwd = self.fwd_flops_per_sample or 0.0
         return fwd if recompute == "full" else 0.0

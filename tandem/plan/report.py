@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tandem.plan.cost import Plan
-from tandem.plan.explain import explain, gib, ms, si, warnings
+from tandem.plan.explain import explain, gib, ms, overlap_rule, si, warnings
 
 SCHEMA = "tandem.plan/1"
 KINDS = {"gpt": "transformer", "cnn": "CNN", "net": "measured token model", "params": "bare parameter count"}
@@ -37,9 +37,11 @@ def to_dict(p: Plan, with_explain: bool = True) -> dict[str, Any]:
                            "capacity": mem.capacity, "fits": mem.fits},
         "comm": [{"name": o.name, "collective": o.collective, "bytes": o.bytes, "calls": o.calls,
                   "group_size": o.group.size, "nodes_spanned": o.group.nodes, "link": o.link,
-                  "time_s": o.time_s, "exposed_s": o.exposed_s} for o in p.comm],
+                  "time_s": o.time_s, "exposed_s": o.exposed_s, "chunks": o.chunks, "algorithm": o.algorithm,
+                  "overlap": o.rule} for o in p.comm],
         "time": {"compute_s": p.compute_s, "comm_s": p.comm_s, "exposed_comm_s": p.exposed_comm_s,
                  "bubble_s": p.bubble_s, "step_s": p.step_s, "efficiency": p.efficiency,
+                 "serial_comm_share": p.serial_comm_share,
                  "compute_measured": p.compute_measured,
                  "host_core_slowdown": p.host_factors[0] if p.host_factors else None,
                  "host_straggler_factor": p.host_factors[1] if p.host_factors else None},
@@ -123,8 +125,17 @@ def assumptions(p: Plan, given: set[str], mb_auto: bool) -> list[str]:
     if c.nodes > 1 and not c.inter.name.endswith("(measured)"):
         out.append(f"{c.nics_per_node} x {c.inter.name} NIC(s) per node = {c.node_bandwidth_Bps / 1e9:.3g} GB/s "
                    f"({how('nics_per_node', 'default')})")
-    if p.comm:
-        out.append(f"overlap {t.overlap:g} of DP communication hidden ({how('overlap', 'default, none hidden')})")
+    if p.comm and t.overlap is not None:
+        out.append(f"overlap {t.overlap:g} of DP communication hidden (given)")
+    elif any(o.rule != "none" or o.name.startswith(("dp", "fsdp", "hsdp")) for o in p.comm):
+        out.append(f"overlap {overlap_rule(p)} (default; --overlap F to override)")
+    if p.stage_layers:
+        out.append(f"pipeline stages of {','.join(map(str, p.stage_layers))} layers, embedding first, logits last "
+                   f"({'given' if s.stage_layers else 'balanced split; --stage-layers to change'})")
+    if p.attn_bf16_s:
+        out.append("fp8 on the linear layers only, attention at the bf16 rate (Transformer Engine default)")
+    if p.gemm_roofline < 0.9995:
+        out.append(f"linear layers at {p.gemm_roofline:.3g} of the rate: memory-bound GEMMs (roofline)")
     if p.compute_measured:
         out.append("compute time measured (--compute-time)")
     elif p.host_factors:

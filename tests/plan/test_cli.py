@@ -15,7 +15,8 @@ KEYS = {
     "scaling": {"speedup_vs_1gpu", "efficiency"},
     "train_time": {"steps", "seconds", "gpu_hours", "cost"},
 }
-COMM_KEYS = {"name", "collective", "bytes", "group_size", "link", "time_s", "exposed_s"}
+COMM_KEYS = {"name", "collective", "bytes", "group_size", "link", "time_s", "exposed_s", "chunks", "algorithm",
+             "overlap"}
 SEED = ["resnet50", "--gpus-per-node", "2", "--nodes", "2", "--inter", "roce-25", "--global-batch", "1024",
         "--precision", "tf32", "--optimizer", "sgd-momentum", "--compute-time", "0.22", "--params", "25.6e6"]
 
@@ -52,7 +53,7 @@ def test_json_has_the_documented_keys():
 def test_table_output():
     r = invoke(*SEED)
     assert r.exit_code == 0, r.output
-    assert "33.2 ms" in r.output and "3.48x" in r.output
+    assert "33.2 ms (8.3 ms)" in r.output and "3.85x" in r.output   # DDP hides 3 of its 4 buckets
 
 
 def test_search_json():
@@ -76,7 +77,9 @@ def test_does_not_fit_suggests_accumulation():
 @pytest.mark.parametrize("args,field", [
     (["resnet50", "--dp", "3"], "dp"),                                  # product != GPU count
     (["gpt3-175b", "--tp", "5", "--pp", "1", "--gpus-per-node", "10"], "tp"),  # 96 heads / 5
-    (["gpt-1t", "--pp", "3", "--gpus-per-node", "3"], "pp"),             # 128 layers / 3
+    (["gpt-1t", "--pp", "3", "--gpus-per-node", "3", "--schedule", "interleaved"], "pp"),  # 128 / (3 x 2)
+    (["gpt-1t", "--pp", "3", "--gpus-per-node", "3", "--stage-layers", "43,43,43"], "stage-layers"),
+    (["gpt-1t", "--pp", "3", "--gpus-per-node", "3", "--stage-layers", "43,x,42"], "stage-layers"),
     (["resnet50", "--micro-batch", "7"], "micro-batch"),
     (["resnet50", "--gpu", "a200"], "gpu"),
     (["resnet50", "--inter", "infiniband9"], "inter"),
@@ -115,3 +118,13 @@ def test_plot_writes_a_png(tmp_path):
                "--top", "3", "--plot", str(out))
     assert r.exit_code == 0, r.output
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_new_assumptions_are_printed():
+    r = invoke("llama2-7b", "--gpu", "h100-sxm", "--precision", "fp8", "--pp", "4", "--tp", "2",
+               "--micro-batch", "1", "--global-batch", "64", "--overlap-param-gather", "--zero", "1")
+    assert r.exit_code == 0, r.output
+    assumed = " ".join(r.output.split())
+    assert "pipeline stages of 8,8,8,8 layers, embedding first, logits last (balanced split" in assumed
+    assert "fp8 on the linear layers only, attention at the bf16 rate" in assumed
+    assert "parameter all-gather during the next forward (--overlap-param-gather, Megatron)" in assumed

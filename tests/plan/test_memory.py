@@ -68,3 +68,16 @@ def test_zero3_shards_params_over_dp():
     m3 = memory(params_only(8e9), c, t, Strategy(dp=8, zero=3, micro_batch=1), 1)
     assert m3.params == pytest.approx(m0.params / 8)
     assert m3.grads == pytest.approx(m0.grads / 8) and m3.optimizer == pytest.approx(m0.optimizer / 8)
+
+
+def test_activation_arithmetic_is_printed_per_layer():
+    # Korthikanti et al. 2022, Table 2: sbh(34 + 5as/h)/t = 2048 x 12288 x (34 + 80) / 8 B = 342 MiB per layer;
+    # 1F1B's first stage holds p = 8 micro-batches of its 12 layers = 96 layers' worth: 32.1 GiB
+    from tandem.plan.cost import evaluate
+    from tandem.plan.explain import explain
+    from tandem.plan.model import preset
+    p = evaluate(preset("gpt3-175b"), make_cluster("a100-80gb", 8, 8), Training(global_batch=64),
+                 Strategy(dp=1, tp=8, pp=8, micro_batch=1))
+    line = next(x for x in explain(p) if x.startswith("Activations:"))
+    assert "(34 + 5as/h, 5as/h = 80)" in line and "342 MiB per layer x 96 layers in flight" in line
+    assert line.endswith("= 32.1 GiB.")

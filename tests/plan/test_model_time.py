@@ -8,7 +8,7 @@ from tandem.plan.comm import Group, all_reduce, layout
 from tandem.plan.config import Strategy, Training
 from tandem.plan.cost import evaluate
 from tandem.plan.hardware import make_cluster
-from tandem.plan.model import from_hf_config, preset
+from tandem.plan.model import GPTShape, from_hf_config, gpt_stats, preset
 
 
 def test_megatron_param_counts():
@@ -47,11 +47,12 @@ def test_megatron_flops_with_full_recompute():
 
 @pytest.mark.parametrize("p,m", [(2, 8), (4, 16), (8, 8), (8, 64)])
 def test_bubble_fraction(p, m):
-    # Huang et al. 2019 (GPipe) / Narayanan et al. 2021: bubble = (p-1)/(m+p-1) of the pipelined step
-    model = preset("gpt3-175b")
+    # Huang et al. 2019 (GPipe) / Narayanan et al. 2021: bubble = (p-1)/(m+p-1) of the pipelined step, for
+    # equal stages: GPT-3's shape with an 8-token vocabulary, so the last stage's logits cost nothing
+    model = gpt_stats(GPTShape(layers=96, hidden=12288, heads=96, seq=2048, vocab=8))
     c = make_cluster("a100-80gb", 8, p)
     plan = evaluate(model, c, Training(global_batch=m), Strategy(dp=1, tp=8, pp=p, micro_batch=1))
-    assert plan.bubble_s / (plan.compute_s + plan.bubble_s) == pytest.approx((p - 1) / (m + p - 1))
+    assert plan.bubble_s / (plan.compute_s + plan.bubble_s) == pytest.approx((p - 1) / (m + p - 1), rel=1e-4)
 
 
 def test_interleaving_divides_the_bubble_by_v():
@@ -74,3 +75,62 @@ def test_layout_tp_inside_dp_across():
     assert layout(8, 1, 8) == Group(8, 8, 1)        # tp 8 on one node
     assert layout(4, 8, 8) == Group(4, 1, 4)        # dp over 4 nodes, one member per node
     assert layout(16, 2, 8) == Group(16, 4, 4)      # dp 16 with tp 2: 4 per node, 4 nodes
+
+
+def test_fp8_runs_only_the_linear_layers_at_the_fp8_rate():
+    # Transformer Engine: FP8 GEMMs for Linear layers, attention in BF16. LLaMA-2 7B at 4096 tokens:
+    # attention 4*s*h = 67.1 MFLOP/token/layer of 471.9 MFLOP; x 32 layers = 2.147 GFLOP of 15.36 GFLOP
+    # per token with the logits (13.98%), at half the FP8 rate: 0.8602 + 2 x 0.1398 = 1.14 x all-FP8 time.
+    m = preset("llama2-7b")
+    c = make_cluster("h100-sxm", 8, 1)
+    s = Strategy(dp=8, micro_batch=1)
+    fp8 = evaluate(m, c, Training(global_batch=8, precision="fp8"), s)
+    g = m.gpt
+    attn = 3 * g.seq * g.layers * g.attn_score_fwd_flops_per_token() / m.flops_per_sample   # no logits' share
+    all_fp8 = fp8.hw_flops_per_gpu / fp8.rate
+    assert fp8.compute_s == pytest.approx(all_fp8 * (1 - attn + attn * 1978.9 / 989.4))
+    assert attn == pytest.approx(0.1398, abs=0.0001) and fp8.compute_s / all_fp8 == pytest.approx(1.14, abs=0.001)
+    bf16 = evaluate(m, c, Training(global_batch=8, precision="bf16"), s)
+    assert fp8.attn_bf16_s == pytest.approx(bf16.compute_s * attn)
+
+
+def test_small_gemms_are_memory_bound():
+    # Roofline (NVIDIA, Matrix Multiplication Background, "Math and Memory Bounds"): an A100-80GB at half of
+    # its 312 TFLOP/s over 2039 GB/s is compute-bound above 156e12 / 2039e9 = 76.5 FLOP/B. A tiny GPT
+    # (h 512, ffn 2048, 64 tokens, vocab 1024, 2 layers) at micro-batch 1 is below it in every GEMM:
+    # FLOPs 2 x (100.7 + 33.6 + 134.2 + 134.2) M + 67.1 M = 872.4 MFLOP; bytes (bf16)
+    # 2 x (1,835,008 + 655,360 + 2 x 2,424,832) + 1,245,184 = 15,925,248 B -> 872.4e6 / (76.5 x 15.93e6) = 0.716
+    m = gpt_stats(GPTShape(layers=2, hidden=512, heads=8, seq=64, vocab=1024))
+    c = make_cluster("a100-80gb", 8, 1)
+    p = evaluate(m, c, Training(global_batch=8), Strategy(dp=8, micro_batch=1))
+    flops = 2 * (100_663_296 + 33_554_432 + 134_217_728 + 134_217_728) + 67_108_864
+    ridge = 156e12 / 2039e9
+    assert p.gemm_roofline == pytest.approx(flops / (ridge * 15_925_248))
+    assert p.gemm_roofline == pytest.approx(0.716, abs=0.001)
+    attn = 3 * 64 * 2 * 4 * 64 * 512 * 8 / 8        # 4*s*h per token per layer, x3, 8 samples on 8 GPUs
+    assert p.compute_s == pytest.approx((p.hw_flops_per_gpu - attn) / (156e12 * p.gemm_roofline) + attn / 156e12)
+    # GPT-3 175B's GEMMs at tp 8 are far above the ridge: no change
+    big = evaluate(preset("gpt3-175b"), make_cluster("a100-80gb", 8, 1), Training(global_batch=8),
+                   Strategy(dp=1, tp=8, micro_batch=1))
+    assert big.gemm_roofline == 1.0
+
+
+def test_selective_recompute_flops_as_korthikanti_count_them():
+    # Korthikanti et al. 2022 (appendix, FLOPs): model FLOPs 72Bslh^2(1 + s/6h + V/12lh), hardware FLOPs with
+    # selective recompute 72Bslh^2(1 + s/3h + V/12lh): 12*s*h per token per layer, 3x the attention core's
+    # forward. For GPT-3 175B this ratio is 1.027, their HFU/MFU of 52.8% / 51.4%.
+    m = gpt_stats(GPTShape(layers=96, hidden=12288, heads=96, seq=2048, vocab=51200, bias=False))
+    s, h, l, V = 2048, 12288, 96, 51200
+    p = evaluate(m, make_cluster("a100-80gb", 8, 1), Training(global_batch=8),
+                 Strategy(dp=1, tp=8, micro_batch=1, recompute="selective"))
+    ratio = (1 + s / (3 * h) + V / (12 * l * h)) / (1 + s / (6 * h) + V / (12 * l * h))
+    assert p.hw_flops_per_gpu / p.model_flops_per_gpu == pytest.approx(ratio, rel=1e-3)
+    assert ratio == pytest.approx(52.8 / 51.4, abs=0.001)
+
+
+def test_v100_transformer_efficiency_is_30_percent():
+    # Shoeybi et al. 2019 (Megatron-LM), §1: one V100 sustains 39 TFLOP/s, 30% of its 125 TFLOP/s fp16 peak
+    from tandem.plan.cost import default_efficiency
+    t = Training(global_batch=8, precision="fp16")
+    assert default_efficiency(preset("gpt3-175b"), make_cluster("v100-32gb", 8, 1), t) == 0.30
+    assert default_efficiency(preset("gpt3-175b"), make_cluster("a100-80gb", 8, 1), t) == 0.5

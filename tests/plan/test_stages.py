@@ -1,0 +1,72 @@
+"""Uneven pipeline stages: the planner's split, the slowest stage's pace, the first/last stages' memory."""
+
+import pytest
+
+from tandem.plan.config import Strategy, Training
+from tandem.plan.cost import evaluate, validate
+from tandem.plan.explain import explain
+from tandem.plan.hardware import make_cluster
+from tandem.plan.model import GPTShape, gpt_stats, preset
+from tandem.plan.stages import balanced, head_cost, split, stage_params
+
+# Llama 3 405B (Dubey et al. 2024, Table 3): 126 layers, h 16384, 128 heads, 8 KV heads, FFN 53248,
+# vocabulary 128,256; trained on 16 pipeline stages with one layer fewer on the first and last (§3.3.2).
+LLAMA3_405B = GPTShape(layers=126, hidden=16384, heads=128, kv_heads=8, ffn=53248, seq=8192, vocab=128256,
+                       gated=True, bias=False, norm="rmsnorm", tied=False, learned_pos=False)
+
+
+def test_llama3_405b_split_is_the_papers():
+    # logits: 2 h V = 4.20 GFLOP/token vs a layer's 6.91 GFLOP/token: 0.608 of a layer on the last stage
+    assert head_cost(LLAMA3_405B) == pytest.approx(0.608, abs=0.001)
+    assert split(LLAMA3_405B, 16) == (7,) + (8,) * 14 + (7,)
+
+
+def test_balanced_split_is_even_when_layers_divide():
+    assert balanced(96, 8, 0.338) == (12,) * 8           # GPT-3 175B on 8 stages
+    assert balanced(30, 4, 0.0) == (7, 8, 8, 7)
+
+
+def test_slowest_stage_sets_the_pace():
+    # step = m x t_max + (sum t - t_max); in layer units: stages 7, 8 x 14, 7 + 0.608 -> t_max 8,
+    # sum 126.608; with m = 32: 32 x 8 + 118.608 = 374.608 units, each compute_mean / (32 x 126.608/16)
+    m = gpt_stats(LLAMA3_405B)
+    c = make_cluster("h100-sxm", 8, 16, inter="ib-ndr", nics_per_node=8)
+    t = Training(global_batch=32)
+    s = Strategy(dp=1, tp=8, pp=16, micro_batch=1)
+    validate(m, c, t, s)
+    p = evaluate(m, c, t, s)
+    assert p.stage_layers == split(LLAMA3_405B, 16)
+    unit = p.hw_flops_per_gpu / p.rate / (32 * 126.608 / 16)
+    assert p.compute_s + p.bubble_s == pytest.approx(unit * 374.608, rel=1e-4)
+    assert p.stage_imbalance == pytest.approx(8 / (126.608 / 16), rel=1e-4)
+    text = " ".join(explain(p))
+    assert "stages hold 7,8," in text and "logits" in text
+
+
+def test_explicit_stages_and_the_last_stage_with_logits():
+    m = preset("llama2-7b")   # logits 0.556 of a layer
+    c = make_cluster("a100-80gb", 8, 1)
+    t = Training(global_batch=16)
+    even = evaluate(m, c, t, Strategy(dp=1, tp=2, pp=4, micro_batch=1))
+    assert even.stage_layers == (8, 8, 8, 8)
+    assert even.stage_imbalance == pytest.approx(8.556 / (32.556 / 4), rel=1e-3)
+    given = Strategy(dp=1, tp=2, pp=4, micro_batch=1, stage_layers=(9, 8, 8, 7))
+    validate(m, c, t, given)
+    p = evaluate(m, c, t, given)
+    assert p.stage_imbalance == pytest.approx(9 / (32.556 / 4), rel=1e-3)   # the first stage is now slowest
+    assert p.memory.activations > even.memory.activations                  # 9 layers in flight, not 8
+
+
+def test_first_and_last_stage_hold_the_embeddings():
+    g = preset("gpt3-175b").gpt
+    first, *_, last = stage_params(g, (12,) * 8)
+    layer = g.layer_params()
+    assert first == 12 * layer + 51200 * 12288 + 2048 * 12288      # word + position embeddings
+    assert last == 12 * layer + 51200 * 12288 + 2 * 12288           # tied copy of the embedding + final norm
+
+
+def test_max_stage_params_is_the_max():
+    from tandem.plan.stages import max_stage_params
+    for name, counts in (("gpt3-175b", (12,) * 8), ("llama2-7b", (9, 8, 8, 7)), ("llama2-7b", (1, 30, 1))):
+        g = preset(name).gpt
+        assert max_stage_params(g, counts) == max(stage_params(g, counts))
