@@ -63,5 +63,5 @@ def run_demo(config: str | None, run_dir: Path, console: Console) -> dict:
     if cores < 4:
         console.print(f"[dim]This machine has {cores} cores for 4 workers: the speed-up cannot pass {cores}x; what "
                       f"it falls short of {cores}x is the cost of processes and gloo, not the seed's 3.3x on 4 GPUs "
-                      "(`tandem plan` gives that figure).[/]")
+                      "(`tandem plan` predicts the GPU figure).[/]")
     return {"one": r1, "four": r4}
