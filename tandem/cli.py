@@ -54,6 +54,7 @@ def _register() -> None:
     from tandem.diagnose.cli import doctor_cmd; app.command("doctor")(doctor_cmd)  # noqa: E702
     from tandem.plan.cli import plan_cmd; app.command("plan")(plan_cmd)  # noqa: E702
     from tandem.export.cli import export_cmd; app.command("export")(export_cmd)  # noqa: E702
+    from tandem.serve.cli import serve_cmd; app.command("serve")(serve_cmd)  # noqa: E702
 
 
 _register()
