@@ -69,7 +69,8 @@ class Pool:
         self.o, self.m, self.say = opts, metrics, say
         self.queue: deque[Work] = deque()
         self.cond = asyncio.Condition()
-        self.live: list[Replica | None] = [None] * opts.replicas
+        self.live: list[Replica | None] = [None] * opts.replicas    # serving now
+        self.procs: list[Replica | None] = [None] * opts.replicas   # started, ready or not (to stop on close)
         self.restarts = [0] * opts.replicas
         self.closing = False
         self._first_ready = [asyncio.Event() for _ in range(opts.replicas)]
@@ -106,9 +107,7 @@ class Pool:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for r in self.live:
-            if r is not None:
-                await _stop(r)
+        await asyncio.gather(*(_stop(r) for r in self.procs if r is not None))
         while self.queue:
             w = self.queue.popleft()
             if not w.future.done():
@@ -120,15 +119,14 @@ class Pool:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "tandem.serve.replica", str(self.o.export), "--threads", str(self.o.threads),
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=errf, limit=STREAM_LIMIT)
-        rep = Replica(slot, proc, log)
+        rep = self.procs[slot] = Replica(slot, proc, log)
         try:
             line = await asyncio.wait_for(proc.stdout.readline(), self.o.load_timeout_s)
             hello = json.loads(line) if line else {}
         except (asyncio.TimeoutError, ValueError):
             hello = {}
         if not hello.get("ready"):
-            rep.kill()
-            await proc.wait()
+            await _ensure_dead(rep)
             tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
             raise ReplicaError(f"replica {slot} failed to load and warm up (exit {proc.returncode}): {tail[0]}")
         return rep
@@ -152,15 +150,16 @@ class Pool:
             self.m.replicas_ready.set(self.ready_count)
             self._write_pids()
             self._first_ready[slot].set()
+            watch = asyncio.create_task(self._watch(rep))
             try:
                 await self._serve(rep)
             finally:
                 self.live[slot] = None
                 self.m.replicas_ready.set(self.ready_count)
+                watch.cancel()
             if self.closing:
                 return
-            rep.kill()
-            await rep.proc.wait()
+            await _ensure_dead(rep)
             self.restarts[slot] += 1
             self.m.restarts.inc()
             self.say(f"serve: replica {slot} (pid {rep.pid}) died (exit {rep.proc.returncode}); restarting")
@@ -168,34 +167,32 @@ class Pool:
 
     # ---- batching ----
     async def _take(self, rep: Replica) -> list[Work] | None:
-        """The next batch, or None when the replica died while waiting."""
-        died = asyncio.ensure_future(rep.proc.wait())
-        try:
-            async with self.cond:
-                while not self.queue:
-                    waiter = asyncio.ensure_future(self.cond.wait())
-                    await asyncio.wait([waiter, died], return_when=asyncio.FIRST_COMPLETED)
-                    if died.done():
-                        waiter.cancel()
-                        # the waiter re-acquires the lock when cancelled; let it finish before we leave
-                        await asyncio.gather(waiter, return_exceptions=True)
-                        return None
-                first = self.queue.popleft()
-                batch, n = [first], first.size
-                deadline = first.t_enq + self.o.batch_wait_ms / 1000
-                while True:
-                    n = self._gather(batch, n, first.kind)
-                    left = deadline - time.monotonic()
-                    if n >= self.o.max_batch or left <= 0:
-                        break
-                    try:
-                        await asyncio.wait_for(self.cond.wait(), left)
-                    except asyncio.TimeoutError:
-                        pass
-                self.m.queue_depth.set(len(self.queue))
-                return batch
-        finally:
-            died.cancel()
+        """The next batch, or None when the replica died while waiting (its watcher wakes us)."""
+        async with self.cond:
+            while not self.queue:
+                if rep.proc.returncode is not None or self.closing:
+                    return None
+                await self.cond.wait()
+            first = self.queue.popleft()
+            batch, n = [first], first.size
+            deadline = first.t_enq + self.o.batch_wait_ms / 1000
+            while True:
+                n = self._gather(batch, n, first.kind)
+                left = deadline - time.monotonic()
+                if n >= self.o.max_batch or left <= 0:
+                    break
+                try:
+                    await asyncio.wait_for(self.cond.wait(), left)
+                except asyncio.TimeoutError:
+                    pass
+            self.m.queue_depth.set(len(self.queue))
+            return batch
+
+    async def _watch(self, rep: Replica) -> None:
+        """Wake the waiting slots when ``rep`` exits, so an idle replica's death is noticed at once."""
+        await rep.proc.wait()
+        async with self.cond:
+            self.cond.notify_all()
 
     def _gather(self, batch: list[Work], n: int, kind: str) -> int:
         keep = deque()
@@ -247,7 +244,8 @@ class Pool:
                 self.say(f"serve: replica {rep.slot} (pid {rep.pid}) lost a batch of {len(batch)} "
                          f"({type(e).__name__}); retrying it on another replica")
                 self.m.retries.inc()
-                rep.kill()
+                if isinstance(e, asyncio.TimeoutError):  # hung: no batch back within the timeout
+                    rep.kill()
                 await self._requeue(batch)
                 return
             self._answer(batch, reply)
@@ -276,6 +274,16 @@ class Pool:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(doc, indent=1) + "\n")
         os.replace(tmp, path)
+
+
+async def _ensure_dead(rep: Replica) -> None:
+    """Let a replica whose pipe closed finish exiting (so asyncio reaps it and sees its real exit
+    status); kill it if it is still there after 2 s."""
+    try:
+        await asyncio.wait_for(asyncio.shield(rep.proc.wait()), 2)
+    except asyncio.TimeoutError:
+        rep.kill()
+        await rep.proc.wait()
 
 
 async def _stop(rep: Replica) -> None:
