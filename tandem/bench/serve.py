@@ -103,8 +103,11 @@ async def _kill_replica(client, url: str, info: dict, when: float, loop) -> dict
             r = (await client.get(f"{url}/readyz")).json()
         except Exception:
             continue
-        doc = json.loads((Path(info["run_dir"]) / "replicas.json").read_text())
-        if r.get("ready_replicas") == r.get("replicas") and pid not in [x["pid"] for x in doc["replicas"]]:
+        # back: every slot has a ready replica and none is the killed one (the file is rewritten on each
+        # death and each start, so a dead slot shows pid null until its new replica has warmed up)
+        reps = json.loads((Path(info["run_dir"]) / "replicas.json").read_text())["replicas"]
+        if r.get("ready_replicas") == r.get("replicas") and all(x["ready"] and x["pid"] for x in reps) \
+                and pid not in [x["pid"] for x in reps]:
             return {"pid": pid, "back_after_s": loop.time() - t_kill}
     return {"pid": pid, "back_after_s": None}
 

@@ -104,7 +104,8 @@ class Server:
             return False
 
     def output(self) -> str:
-        self.log.flush()
+        if not self.log.closed:
+            self.log.flush()
         return (self.run_dir / "front.log").read_text()[-4000:]
 
     def pids(self) -> list[int]:
