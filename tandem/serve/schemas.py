@@ -106,7 +106,8 @@ def generate_request(obj: dict, info: ModelInfo) -> dict:
     if not isinstance(prompt, list) or not 1 <= len(prompt) <= info.seq:
         raise BadRequest(422, f"prompt: expected a list of 1..{info.seq} tokens")
     _check(prompt, [len(prompt)], "int64", info.vocab, "prompt")
-    room = info.seq - len(prompt)  # learned positions: the sequence cannot outgrow the model's seq
+    # learned positions: the model reads at most seq tokens; the last new token is never read back
+    room = info.seq + 1 - len(prompt)
     n = _int(obj, "max_new_tokens", min(8, room), 0, room)
     temp = obj.get("temperature", 0.0)
     if isinstance(temp, bool) or not isinstance(temp, (int, float)) or not 0 <= temp <= 100:

@@ -57,7 +57,7 @@ def test_generate_greedy_equals_direct_load(servers, gpt_export, replicas):
     model = tandem.export.load(gpt_export)
     g = torch.Generator().manual_seed(10 + replicas)
     prompts = [torch.randint(0, 16, (int(n),), generator=g).tolist() for n in (8, 3, 12, 1, 8, 5)]
-    news = [8, 5, 4, 15, 2, 0]
+    news = [8, 5, 5, 16, 2, 0]   # up to seq + 1 - len(prompt)
 
     def ask(i: int):
         r = srv.client.post("/v1/generate", json={"prompt": prompts[i], "max_new_tokens": news[i]})
@@ -93,7 +93,7 @@ def test_bad_inputs_get_their_code_and_no_replica_dies(servers):
         (gpt, "/v1/generate", b"[1, 2, 3]", 400),                               # not an object
         (gpt, "/v1/generate", b"[" * 100000 + b"]" * 100000, 400),              # absurd nesting
         (gpt, "/v1/generate", b'{"prompt": [1, 99]}', 422),                     # out of vocabulary
-        (gpt, "/v1/generate", b'{"prompt": [1, 2], "max_new_tokens": 15}', 422),  # past the model's seq
+        (gpt, "/v1/generate", b'{"prompt": [1, 2], "max_new_tokens": 16}', 422),  # past the model's seq
         (gpt, "/v1/generate", b'{"prompt": "12"}', 422),                        # wrong type
         (gpt, "/v1/generate", b'{"prompt": [1], "temperature": 1e999}', 422),   # huge number
         (res, "/v1/predict", nan, 422),                                         # NaN
@@ -112,3 +112,47 @@ def test_bad_inputs_get_their_code_and_no_replica_dies(servers):
     assert gpt.client.post("/v1/generate", json={"prompt": [1, 2]}).status_code == 200
     assert res.client.post("/v1/predict", json={"inputs": good}).status_code == 200
     assert (gpt.pids(), res.pids()) == pids  # no replica died or was restarted
+
+
+def test_bounded_fuzz_gives_no_5xx_and_a_healthy_server(servers):
+    import random
+
+    rng = random.Random(7)
+    gpt, res = servers("gpt", 1), servers("resnet", 1)
+    pids = gpt.pids(), res.pids()
+    values = [None, True, -1, 0, 2**70, -1e308, 1e308, 1.5, "x", "", [], {}, [[[]]], {"a": 1}, [1] * 100,
+              [[0.5] * 3] * 3, "\u0000", "9" * 400]
+
+    def rand_value(depth=0):
+        if depth < 3 and rng.random() < 0.3:
+            return [rand_value(depth + 1) for _ in range(rng.randrange(4))]
+        return rng.choice(values)
+
+    bodies = [bytes(rng.randrange(256) for _ in range(rng.randrange(1, 200))) for _ in range(6)]
+    bodies += [json.dumps({k: rand_value() for k in rng.sample(
+        ["inputs", "prompt", "max_new_tokens", "temperature", "top_k", "seed", "other"], 3)}).encode()
+               for _ in range(16)]
+    bodies += [b"{" * 5000, b'{"prompt": ' + b"[" * 3000 + b"]" * 3000 + b"}", b"", b"null", b'"str"', b"1e999"]
+    for srv in (gpt, res):
+        for body in bodies:
+            for path in ("/v1/predict", "/v1/generate"):
+                r = _post(srv, path, body)
+                assert r.status_code < 500, (path, body[:80], r.status_code, r.text)
+            assert srv.client.request("PUT", "/readyz", content=body).status_code == 405
+    assert gpt.client.get("/readyz").status_code == 200 and res.client.get("/readyz").status_code == 200
+    assert (gpt.pids(), res.pids()) == pids
+
+
+def test_bench_serve_cli_reports_what_the_server_counted(servers, tmp_path):
+    from tandem_testing import run_tandem
+
+    srv = servers("resnet", 2)
+    before = srv.metrics().get(("/v1/predict", "200"), 0)
+    r = run_tandem("bench", "serve", srv.url, "--rate", "20", "--duration", "1.5", "--json", str(tmp_path / "b.json"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads((tmp_path / "b.json").read_text())
+    assert res["sent"] == 30 and res["codes"] == {"200": 30} and res["route"] == "/v1/predict"
+    assert "30 sent, 30 ok, 0 failed" in r.stdout and "p99" in r.stdout
+    assert srv.metrics()[("/v1/predict", "200")] - before == 30
+    bad = run_tandem("bench", "serve", srv.url, "--rate", "0")
+    assert bad.returncode == 2 and "error: --rate: must be positive" in bad.stderr
