@@ -2,7 +2,7 @@
 
 Every /v1 request is parsed and validated here (schemas.py) before it is queued, so no bad input
 reaches a replica. Codes: 400 malformed JSON, 413 body over the limit, 422 bad shape/dtype/value,
-429 + Retry-After when the queue is full, 503 + Retry-After while draining (or no replica can take
+429 + Retry-After when the queue is full, 504 when its timeout_ms passed before a replica took it, 503 + Retry-After while draining (or no replica can take
 it), 404/405 from the router.
 """
 
@@ -18,7 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from tandem.serve import schemas
 from tandem.serve.metrics import Metrics
-from tandem.serve.pool import Pool, QueueFull, ReplicaError
+from tandem.serve.pool import DeadlineExceeded, Pool, QueueFull, ReplicaError
 
 ROUTES = {"/v1/predict", "/v1/generate", "/v1/info", "/livez", "/readyz"}
 
@@ -36,7 +36,7 @@ def _err(code: int, msg: str, retry_after: int | None = None) -> JSONResponse:
 
 
 def build_app(pool: Pool, info: schemas.ModelInfo, metrics: Metrics, state: FrontState, *,
-              max_body: int, run_dir: str) -> FastAPI:
+              max_body: int, run_dir: str, default_timeout_ms: int = 0) -> FastAPI:
     app = FastAPI(title="tandem serve", summary=f"{info.name} ({info.kind}) from a tandem export")
 
     @app.middleware("http")
@@ -73,11 +73,13 @@ def build_app(pool: Pool, info: schemas.ModelInfo, metrics: Metrics, state: Fron
             chunks.append(c)
         return schemas.parse_json(b"".join(chunks))
 
-    async def run(kind: str, payload, size: int):
+    async def run(kind: str, payload, size: int, timeout_ms: int):
         try:
-            return await pool.submit(kind, payload, size), None
+            return await pool.submit(kind, payload, size, timeout_ms), None
         except QueueFull:
             return None, _err(429, f"the queue is full ({pool.o.max_queue} waiting); retry later", retry_after=1)
+        except DeadlineExceeded as e:
+            return None, _err(504, str(e))
         except ReplicaError as e:
             return None, _err(503, f"no replica could answer: {e}", retry_after=1)
 
@@ -85,20 +87,24 @@ def build_app(pool: Pool, info: schemas.ModelInfo, metrics: Metrics, state: Fron
     async def predict(request: Request):
         """Outputs of the model on a list of examples (nested lists of the export's input shape)."""
         try:
-            xs = schemas.predict_inputs(await body_of(request), info, pool.o.max_batch)
+            obj = await body_of(request)
+            xs = schemas.predict_inputs(obj, info, pool.o.max_batch)
+            ms = schemas.timeout_ms(obj, default_timeout_ms)
         except schemas.BadRequest as e:
             return _err(e.code, str(e))
-        out, bad = await run("predict", xs, len(xs))
+        out, bad = await run("predict", xs, len(xs), ms)
         return bad or {"outputs": out, "model": info.name}
 
     @app.post("/v1/generate")
     async def generate(request: Request):
         """Tokens continuing a prompt: greedy (temperature 0) or sampled (temperature, top_k, seed)."""
         try:
-            req = schemas.generate_request(await body_of(request), info)
+            obj = await body_of(request)
+            req = schemas.generate_request(obj, info)
+            ms = schemas.timeout_ms(obj, default_timeout_ms)
         except schemas.BadRequest as e:
             return _err(e.code, str(e))
-        out, bad = await run("generate", req, 1)
+        out, bad = await run("generate", req, 1, ms)
         return bad or {"tokens": out, "prompt": req["prompt"], "model": info.name}
 
     @app.get("/v1/info")

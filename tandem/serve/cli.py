@@ -30,6 +30,11 @@ def serve_cmd(
                                                                       "replica logs."),
     threads: int = typer.Option(0, "--threads", help="torch threads per replica (0: cores / replicas)."),
     max_body: int = typer.Option(8 << 20, "--max-body", help="Largest request body in bytes; beyond: 413."),
+    hang_s: float = typer.Option(60.0, "--hang-s", help="A replica that answers no batch within this is "
+                                                        "killed, restarted, and its batch retried."),
+    timeout_ms: int = typer.Option(0, "--timeout-ms", help="Default deadline of a request (its timeout_ms field "
+                                                           "overrides); expired ones are dropped before a "
+                                                           "replica sees them (504). 0: none."),
 ) -> None:
     """Serve an export over HTTP: /v1/predict, /v1/generate, /livez, /readyz, /metrics.
 
@@ -45,19 +50,22 @@ def serve_cmd(
                         ("--max-body", max_body, 1024)):
         if v < lo:
             raise ConfigError(f"must be at least {lo}", field=name, value=v, fix=f"give {name} {lo} or more")
-    for name, v in (("--batch-wait-ms", batch_wait_ms), ("--drain-s", drain_s), ("--threads", threads)):
+    if hang_s < 0.1:
+        raise ConfigError("must be at least 0.1", field="--hang-s", value=hang_s, fix="give --hang-s 0.1 or more")
+    for name, v in (("--batch-wait-ms", batch_wait_ms), ("--drain-s", drain_s), ("--threads", threads),
+                    ("--timeout-ms", timeout_ms)):
         if v < 0:
             raise ConfigError("must not be negative", field=name, value=v, fix=f"give {name} 0 or more")
     if not 0 <= port <= 65535:
         raise ConfigError("not a TCP port", field="--port", value=port, fix="give 0..65535")
     info = ModelInfo.from_export(export)
     opts = PoolOptions(export=export.resolve(), replicas=replicas, max_batch=max_batch, batch_wait_ms=batch_wait_ms,
-                       max_queue=max_queue, run_dir=run_dir.resolve(),
+                       max_queue=max_queue, run_dir=run_dir.resolve(), hang_s=hang_s,
                        threads=threads or max(1, (os.cpu_count() or 1) // replicas))
     if not _loopback(host):
         print(f"warning: binding {host} exposes the server beyond this machine and it has no authentication; "
               f"put it behind a proxy that checks clients", flush=True)
-    asyncio.run(_serve(opts, info, host, port, drain_s, max_body))
+    asyncio.run(_serve(opts, info, host, port, drain_s, max_body, timeout_ms))
 
 
 def _loopback(host: str) -> bool:
@@ -84,7 +92,7 @@ def _bind(host: str, port: int) -> socket.socket:
     return s
 
 
-async def _serve(opts, info, host: str, port: int, drain_s: float, max_body: int) -> None:
+async def _serve(opts, info, host: str, port: int, drain_s: float, max_body: int, timeout_ms: int) -> None:
     import uvicorn
 
     from tandem.serve.app import FrontState, build_app, drain
@@ -96,7 +104,8 @@ async def _serve(opts, info, host: str, port: int, drain_s: float, max_body: int
     sock = _bind(host, port)
     bound = sock.getsockname()[1]
     url = f"http://{host if ':' not in host else f'[{host}]'}:{bound}"
-    app = build_app(pool, info, metrics, state, max_body=max_body, run_dir=str(opts.run_dir))
+    app = build_app(pool, info, metrics, state, max_body=max_body, run_dir=str(opts.run_dir),
+                    default_timeout_ms=timeout_ms)
     loop = asyncio.get_running_loop()
 
     async def on_term() -> None:

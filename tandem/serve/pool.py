@@ -32,6 +32,10 @@ class ReplicaError(Exception):
     pass
 
 
+class DeadlineExceeded(Exception):
+    pass
+
+
 @dataclass
 class Work:
     kind: str                 # "predict" | "generate"
@@ -40,6 +44,10 @@ class Work:
     future: asyncio.Future
     t_enq: float = field(default_factory=time.monotonic)
     attempts: int = 0
+    timeout_ms: int = 0       # 0: no deadline
+
+    def expired(self, now: float) -> bool:
+        return self.timeout_ms > 0 and now > self.t_enq + self.timeout_ms / 1000
 
 
 @dataclass
@@ -78,10 +86,10 @@ class Pool:
         self._tasks: list[asyncio.Task] = []
 
     # ---- admission ----
-    async def submit(self, kind: str, payload, size: int):
+    async def submit(self, kind: str, payload, size: int, timeout_ms: int = 0):
         if len(self.queue) >= self.o.max_queue:
             raise QueueFull()
-        w = Work(kind, payload, size, asyncio.get_running_loop().create_future())
+        w = Work(kind, payload, size, asyncio.get_running_loop().create_future(), timeout_ms=timeout_ms)
         async with self.cond:
             self.queue.append(w)
             self.m.queue_depth.set(len(self.queue))
@@ -224,7 +232,12 @@ class Pool:
             batch = await self._take(rep)
             if batch is None:
                 return
-            batch = [w for w in batch if not w.future.done()]  # the client went away
+            now = time.monotonic()
+            for w in batch:  # past its deadline: dropped before the model sees it
+                if w.expired(now) and not w.future.done():
+                    w.future.set_exception(DeadlineExceeded(f"timeout_ms {w.timeout_ms} passed before a replica "
+                                                            f"took the request"))
+            batch = [w for w in batch if not w.future.done()]  # expired, or the client went away
             if not batch:
                 continue
             kind = batch[0].kind

@@ -5,6 +5,7 @@
                                                              without its batch dim) and dtype
     POST /v1/generate  {"prompt": [tok, ...], "max_new_tokens": 8, "temperature": 0.0, "top_k": 0,
                         "seed": 0}                           gpt exports only
+    both may add "timeout_ms": N: dropped with 504 if no replica has started it N ms after arrival
 
 Bad input raises BadRequest with the HTTP code it answers: 400 (not JSON / not an object), 422 (wrong
 shape, dtype, non-finite, out of vocabulary, out of range).
@@ -90,6 +91,11 @@ def predict_inputs(obj: dict, info: ModelInfo, max_batch: int) -> list:
     for i, x in enumerate(xs):
         _check(x, info.example_shape, info.dtype, info.vocab, f"inputs[{i}]")
     return xs
+
+
+def timeout_ms(obj: dict, default: int) -> int:
+    """The request's deadline in ms (0: none); its ``timeout_ms`` field, else the server's default."""
+    return _int(obj, "timeout_ms", default, 0, 3_600_000)
 
 
 def _int(obj: dict, key: str, default: int, lo: int, hi: int) -> int:

@@ -96,6 +96,7 @@ def test_bad_inputs_get_their_code_and_no_replica_dies(servers):
         (gpt, "/v1/generate", b'{"prompt": [1, 2], "max_new_tokens": 16}', 422),  # past the model's seq
         (gpt, "/v1/generate", b'{"prompt": "12"}', 422),                        # wrong type
         (gpt, "/v1/generate", b'{"prompt": [1], "temperature": 1e999}', 422),   # huge number
+        (gpt, "/v1/generate", b'{"prompt": [1], "timeout_ms": -5}', 422),       # negative deadline
         (res, "/v1/predict", nan, 422),                                         # NaN
         (res, "/v1/predict", json.dumps({"inputs": [good[0][:-1]]}).encode(), 422),  # wrong shape
         (res, "/v1/predict", json.dumps({"inputs": [[["x"]]]}).encode(), 422),   # wrong dtype
