@@ -55,6 +55,7 @@ def _register() -> None:
     from tandem.plan.cli import plan_cmd; app.command("plan")(plan_cmd)  # noqa: E702
     from tandem.export.cli import export_cmd; app.command("export")(export_cmd)  # noqa: E702
     from tandem.diagnose.run_cli import diagnose_cmd; app.command("diagnose")(diagnose_cmd)  # noqa: E702
+    from tandem.serve.cli import serve_cmd; app.command("serve")(serve_cmd)  # noqa: E702
 
 
 _register()

@@ -161,3 +161,4 @@ def train_cmd(
 
 bench_app.command("comm")(comm_cmd)
 bench_app.command("train")(train_cmd)
+from tandem.bench.serve import serve_cmd as _serve_cmd; bench_app.command("serve")(_serve_cmd)  # noqa: E402,E702

@@ -1,0 +1,168 @@
+"""`tandem bench serve URL --rate R --duration S`: open-loop, constant-rate load on a tandem server.
+
+Request i is due at i / R seconds; it is sent then whether or not earlier ones have been answered
+(open loop), and its latency runs from that due time, not from when a busy client got round to
+sending it, so a stalled server shows in the tail instead of hiding it (coordinated omission).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def typer_arg(help: str):
+    return typer.Argument(..., help=help)
+
+
+def typer_opt(default, flag: str, help: str):
+    return typer.Option(default, flag, help=help)
+
+
+def body_for(info: dict, max_new_tokens: int, seed: int) -> tuple[str, bytes]:
+    """The route and one fixed request body for the served model (from /v1/info)."""
+    m = info["model"]
+    rng = random.Random(seed)
+    if m["kind"] == "gpt":
+        half = max(1, m["seq"] // 2)
+        prompt = [rng.randrange(m["vocab"]) for _ in range(half)]
+        n = min(max_new_tokens, m["seq"] - half)
+        return "/v1/generate", json.dumps({"prompt": prompt, "max_new_tokens": n}).encode()
+
+    def example(shape):
+        return [example(shape[1:]) for _ in range(shape[0])] if shape else round(rng.gauss(0, 1), 6)
+    return "/v1/predict", json.dumps({"inputs": [example(m["example_shape"])]}).encode()
+
+
+def percentile(sorted_xs: list[float], q: float) -> float:
+    if not sorted_xs:
+        return float("nan")
+    k = max(0, min(len(sorted_xs) - 1, int(round(q / 100 * len(sorted_xs) + 0.5)) - 1))
+    return sorted_xs[k]
+
+
+async def run_load(url: str, rate: float, duration: float, kill_at: float | None = None,
+                   max_new_tokens: int = 8, seed: int = 0, timeout_s: float = 60.0) -> dict:
+    import httpx
+
+    url = url.rstrip("/")
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
+        info = (await client.get(f"{url}/v1/info")).json()
+        route, body = body_for(info, max_new_tokens, seed)
+        n = max(1, int(rate * duration))
+        loop = asyncio.get_running_loop()
+        t0 = loop.time() + 0.05
+        results: list[tuple[float, float, str]] = []   # (due, latency, code)
+        headers = {"content-type": "application/json"}
+
+        async def one(i: int) -> None:
+            due = t0 + i / rate
+            await asyncio.sleep(max(0.0, due - loop.time()))
+            try:
+                code = str((await client.post(url + route, content=body, headers=headers)).status_code)
+            except httpx.HTTPError as e:
+                code = type(e).__name__
+            results.append((due - t0, loop.time() - due, code))
+
+        kill = asyncio.create_task(_kill_replica(client, url, info, t0 + kill_at, loop)) if kill_at is not None \
+            else None
+        await asyncio.gather(*(one(i) for i in range(n)))
+        span = loop.time() - t0
+        killed = await kill if kill else None
+    ok = sorted(lat for _, lat, c in results if c == "200")
+    codes: dict[str, int] = {}
+    for _, _, c in results:
+        codes[c] = codes.get(c, 0) + 1
+    return {"url": url, "route": route, "rate": rate, "duration_s": duration, "sent": len(results),
+            "ok": len(ok), "failed": len(results) - len(ok), "codes": dict(sorted(codes.items())),
+            "throughput_rps": len(ok) / span if span > 0 else 0.0,
+            "latency_ms": {k: 1000 * percentile(ok, q) for k, q in (("p50", 50), ("p90", 90), ("p99", 99))}
+            | {"max": 1000 * ok[-1] if ok else float("nan")}, "kill": killed}
+
+
+async def _kill_replica(client, url: str, info: dict, when: float, loop) -> dict:
+    """SIGKILL replica 0 (its pid from the server's run dir) at ``when``; time until all are ready again."""
+    await asyncio.sleep(max(0.0, when - loop.time()))
+    doc = json.loads((Path(info["run_dir"]) / "replicas.json").read_text())
+    pid = next(r["pid"] for r in doc["replicas"] if r["pid"])
+    os.kill(pid, signal.SIGKILL)
+    t_kill = loop.time()
+    deadline = t_kill + 60
+    while loop.time() < deadline:  # poll /readyz until every replica serves again
+        await asyncio.sleep(0.1)
+        try:
+            r = (await client.get(f"{url}/readyz")).json()
+        except Exception:
+            continue
+        # back: every slot has a ready replica and none is the killed one (the file is rewritten on each
+        # death and each start, so a dead slot shows pid null until its new replica has warmed up)
+        reps = json.loads((Path(info["run_dir"]) / "replicas.json").read_text())["replicas"]
+        if r.get("ready_replicas") == r.get("replicas") and all(x["ready"] and x["pid"] for x in reps) \
+                and pid not in [x["pid"] for x in reps]:
+            return {"pid": pid, "back_after_s": loop.time() - t_kill}
+    return {"pid": pid, "back_after_s": None}
+
+
+def print_report(res: dict, say=print) -> None:
+    lat = res["latency_ms"]
+    say(f"{res['route']} at {res['rate']:g} req/s for {res['duration_s']:g} s (open loop): {res['sent']} sent, "
+        f"{res['ok']} ok, {res['failed']} failed")
+    say(f"  throughput {res['throughput_rps']:.1f} req/s")
+    say(f"  latency from intended send: p50 {lat['p50']:.1f} ms  p90 {lat['p90']:.1f} ms  p99 {lat['p99']:.1f} ms  "
+        f"max {lat['max']:.1f} ms")
+    say("  codes: " + ", ".join(f"{c}: {n}" for c, n in res["codes"].items()))
+    k = res.get("kill")
+    if k:
+        back = f"back after {k['back_after_s']:.1f} s" if k["back_after_s"] is not None else "NOT back within 60 s"
+        say(f"  killed replica pid {k['pid']} (SIGKILL); {back}")
+
+
+def bench_serve(url: str, rate: float, duration: float, kill_at: float | None, max_new_tokens: int) -> dict:
+    t = time.perf_counter()
+    res = asyncio.run(run_load(url, rate, duration, kill_at, max_new_tokens))
+    res["wall_s"] = time.perf_counter() - t
+    return res
+
+
+def serve_cmd(
+    url: str = typer_arg("URL of a running `tandem serve`, e.g. http://127.0.0.1:8000"),
+    rate: float = typer_opt(50.0, "--rate", "Requests per second, sent on schedule (open loop)."),
+    duration: float = typer_opt(10.0, "--duration", "Seconds of load."),
+    kill_replica_at: Optional[float] = typer_opt(None, "--kill-replica-at",
+                                                 "SIGKILL one replica this many seconds in (same machine: its pid "
+                                                 "comes from the server's run dir)."),
+    max_new_tokens: int = typer_opt(8, "--max-new-tokens", "Tokens per /v1/generate request (gpt exports)."),
+    json_out: Optional[Path] = typer_opt(None, "--json", "Write the results as JSON."),
+) -> None:
+    """Open-loop constant-rate load: throughput, p50/p90/p99/max from each request's due time, codes.
+
+    Example: tandem bench serve http://127.0.0.1:8000 --rate 100 --duration 10 --kill-replica-at 5
+    """
+    from tandem.core.errors import ConfigError
+
+    if rate <= 0 or duration <= 0:
+        raise ConfigError("must be positive", field="--rate" if rate <= 0 else "--duration",
+                          value=rate if rate <= 0 else duration, fix="give a positive number")
+    if kill_replica_at is not None and not 0 <= kill_replica_at < duration:
+        raise ConfigError(f"must be within the run (0..{duration:g} s)", field="--kill-replica-at",
+                          value=kill_replica_at, fix="give a time inside --duration")
+    import httpx
+
+    try:
+        res = bench_serve(url, rate, duration, kill_replica_at, max_new_tokens)
+    except httpx.ConnectError as e:
+        raise ConfigError(f"no server answers ({e})", field="URL", value=url,
+                          fix="start one with `tandem serve EXPORT_DIR` and give its URL") from None
+    print_report(res)
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(res, indent=1) + "\n")

@@ -1,0 +1,153 @@
+"""`tandem serve EXPORT_DIR [options]`: the local engine (one front, N replica processes)."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import os
+import signal
+import socket
+from pathlib import Path
+
+import typer
+
+from tandem.core.errors import ConfigError, WorkerFailure
+
+
+def serve_cmd(
+    export: Path = typer.Argument(..., help="An export folder written by `tandem export`."),
+    replicas: int = typer.Option(1, "--replicas", help="Replica processes, each loading the export once."),
+    max_batch: int = typer.Option(32, "--max-batch", help="Most examples (predict) or requests (generate) "
+                                                          "per batch."),
+    batch_wait_ms: float = typer.Option(5.0, "--batch-wait-ms", help="Longest a request waits for its batch "
+                                                                     "to fill."),
+    max_queue: int = typer.Option(256, "--max-queue", help="Requests waiting at once; beyond: 429."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind (loopback by default)."),
+    port: int = typer.Option(8000, "--port", help="TCP port (0: any free port, written to RUN_DIR/server.json)."),
+    drain_s: float = typer.Option(30.0, "--drain-s", help="On SIGTERM: longest wait for admitted requests."),
+    run_dir: Path = typer.Option(Path("runs/serve"), "--run-dir", help="server.json, replicas.json (pids), "
+                                                                      "replica logs."),
+    threads: int = typer.Option(0, "--threads", help="torch threads per replica (0: (cores - 1) / replicas, "
+                                                          "at least 1)."),
+    max_body: int = typer.Option(8 << 20, "--max-body", help="Largest request body in bytes; beyond: 413."),
+    hang_s: float = typer.Option(60.0, "--hang-s", help="A replica that answers no batch within this is "
+                                                        "killed, restarted, and its batch retried."),
+    timeout_ms: int = typer.Option(0, "--timeout-ms", help="Default deadline of a request (its timeout_ms field "
+                                                           "overrides); expired ones are dropped before a "
+                                                           "replica sees them (504). 0: none."),
+) -> None:
+    """Serve an export over HTTP: /v1/predict, /v1/generate, /livez, /readyz, /metrics.
+
+    Example: tandem serve runs/gpt-reverse/export/step-00000116 --replicas 2
+    """
+    from tandem.serve.pool import PoolOptions
+    from tandem.serve.schemas import ModelInfo
+
+    if not (export / "config.json").is_file():
+        raise ConfigError("not an export folder (no config.json)", field="EXPORT_DIR", value=str(export),
+                          fix="give a folder written by `tandem export`")
+    for name, v, lo in (("--replicas", replicas, 1), ("--max-batch", max_batch, 1), ("--max-queue", max_queue, 1),
+                        ("--max-body", max_body, 1024)):
+        if v < lo:
+            raise ConfigError(f"must be at least {lo}", field=name, value=v, fix=f"give {name} {lo} or more")
+    if hang_s < 0.1:
+        raise ConfigError("must be at least 0.1", field="--hang-s", value=hang_s, fix="give --hang-s 0.1 or more")
+    for name, v in (("--batch-wait-ms", batch_wait_ms), ("--drain-s", drain_s), ("--threads", threads),
+                    ("--timeout-ms", timeout_ms)):
+        if v < 0:
+            raise ConfigError("must not be negative", field=name, value=v, fix=f"give {name} 0 or more")
+    if not 0 <= port <= 65535:
+        raise ConfigError("not a TCP port", field="--port", value=port, fix="give 0..65535")
+    info = ModelInfo.from_export(export)
+    opts = PoolOptions(export=export.resolve(), replicas=replicas, max_batch=max_batch, batch_wait_ms=batch_wait_ms,
+                       max_queue=max_queue, run_dir=run_dir.resolve(), hang_s=hang_s,
+                       # one core left to the front: torch's spinning threads on an oversubscribed CPU
+                       # made a replica ~10x slower here (2 cores: p99 6.8 s against 0.2 s at 60 req/s)
+                       threads=threads or max(1, ((os.cpu_count() or 1) - 1) // replicas))
+    if not _loopback(host):
+        print(f"warning: binding {host} exposes the server beyond this machine and it has no authentication; "
+              f"put it behind a proxy that checks clients", flush=True)
+    asyncio.run(_serve(opts, info, host, port, drain_s, max_body, timeout_ms))
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+    s = socket.socket(fam, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind((host, port))
+    except OSError as e:
+        s.close()
+        raise ConfigError(f"cannot bind ({e.strerror})", field="--port", value=f"{host}:{port}",
+                          fix="choose a free port (or --port 0 for any)") from None
+    s.listen(2048)
+    s.set_inheritable(False)
+    return s
+
+
+async def _serve(opts, info, host: str, port: int, drain_s: float, max_body: int, timeout_ms: int) -> None:
+    import uvicorn
+
+    from tandem.serve.app import FrontState, build_app, drain
+    from tandem.serve.metrics import Metrics
+    from tandem.serve.pool import Pool, ReplicaError
+
+    metrics, state = Metrics(), FrontState()
+    pool = Pool(opts, metrics, say=lambda m: print(m, flush=True))
+    sock = _bind(host, port)
+    bound = sock.getsockname()[1]
+    url = f"http://{host if ':' not in host else f'[{host}]'}:{bound}"
+    app = build_app(pool, info, metrics, state, max_body=max_body, run_dir=str(opts.run_dir),
+                    default_timeout_ms=timeout_ms)
+    loop = asyncio.get_running_loop()
+
+    async def on_term() -> None:
+        print(f"serve: SIGTERM: draining {state.inflight} in-flight request(s), at most {drain_s:g} s", flush=True)
+        await drain(state, drain_s)
+        server.should_exit = True
+
+    class Server(uvicorn.Server):
+        """uvicorn stops accepting at once on SIGTERM; we first answer 503 and let admitted work finish."""
+
+        def handle_exit(self, sig, frame):
+            if sig == signal.SIGTERM and not state.draining:
+                state.draining = True
+                loop.call_soon_threadsafe(lambda: asyncio.ensure_future(on_term()))
+            else:
+                super().handle_exit(sig, frame)
+
+    server = Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5,
+                                   lifespan="off"))
+    opts.run_dir.mkdir(parents=True, exist_ok=True)
+    (opts.run_dir / "server.json").write_text(json.dumps({"url": url, "pid": os.getpid(),
+                                                          "export": str(opts.export)}) + "\n")
+    served = asyncio.create_task(server.serve(sockets=[sock]))
+    print(f"serve: {info.name} ({info.kind}) from {opts.export} on {url}; loading {opts.replicas} replica(s)",
+          flush=True)
+    try:
+        try:
+            await pool.start()
+        except ReplicaError as e:
+            server.should_exit = True
+            await served
+            raise WorkerFailure(str(e), field="replica", value=str(opts.export),
+                                fix=f"see {opts.run_dir}/replica-*.log; check the export with "
+                                    f"`tandem export verify`") from None
+        state.started = True
+        pids = ", ".join(str(r.pid) for r in pool.live if r)
+        print(f"ready: {url} ({opts.replicas} replica(s), pids {pids}; max batch {opts.max_batch}, "
+              f"queue {opts.max_queue}); Ctrl-C or SIGTERM to stop", flush=True)
+        await served
+    finally:
+        await pool.close()
+        print("serve: stopped", flush=True)

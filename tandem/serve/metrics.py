@@ -1,0 +1,33 @@
+"""Prometheus metrics of one server (its own registry: two servers in one process do not mix)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("tandem_serve_requests", "HTTP requests answered, by route and status code",
+                                ["route", "code"], registry=r)
+        self.latency = Histogram("tandem_serve_request_seconds", "Time from a request's arrival to its answer",
+                                 ["route"], buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_depth = Gauge("tandem_serve_queue_depth", "Requests admitted and waiting for a replica",
+                                 registry=r)
+        self.inflight = Gauge("tandem_serve_inflight", "Requests being handled (queued or on a replica)",
+                              registry=r)
+        self.batch_size = Histogram("tandem_serve_batch_size", "Examples (predict) or requests (generate) "
+                                    "per batch sent to a replica", ["kind"], buckets=BATCH_BUCKETS, registry=r)
+        self.restarts = Counter("tandem_serve_replica_restarts", "Replicas restarted after they died or hung",
+                                registry=r)
+        self.retries = Counter("tandem_serve_retried_batches", "Batches put back in the queue because their "
+                               "replica died", registry=r)
+        self.replicas_ready = Gauge("tandem_serve_replicas_ready", "Replicas loaded, warmed up and serving",
+                                    registry=r)
+        self.tokens = Counter("tandem_serve_generated_tokens", "Tokens generated", registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

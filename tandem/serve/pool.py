@@ -1,0 +1,309 @@
+"""The replica pool: N replica processes, one bounded queue, batching, supervision, retry.
+
+Each replica slot runs one coroutine: start the replica (replica.py), then repeatedly take a batch
+from the shared queue and send it. A batch is the oldest waiting item plus items of the same kind
+that arrive before it has waited --batch-wait-ms, up to --max-batch. A replica that exits, or sends
+nothing back within the hang timeout, is killed; its batch goes back to the head of the queue for
+whichever replica is free next (inference is idempotent), and the slot starts a new replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tandem.serve.metrics import Metrics
+
+STREAM_LIMIT = 64 << 20   # one reply line may hold a whole batch's outputs
+MAX_ATTEMPTS = 3          # a batch that has killed this many replicas is failed, not retried again
+
+
+class QueueFull(Exception):
+    pass
+
+
+class ReplicaError(Exception):
+    pass
+
+
+class DeadlineExceeded(Exception):
+    pass
+
+
+@dataclass
+class Work:
+    kind: str                 # "predict" | "generate"
+    payload: object           # a list of examples, or one generate request
+    size: int                 # batch slots it takes
+    future: asyncio.Future
+    t_enq: float = field(default_factory=time.monotonic)
+    attempts: int = 0
+    timeout_ms: int = 0       # 0: no deadline
+
+    def expired(self, now: float) -> bool:
+        return self.timeout_ms > 0 and now > self.t_enq + self.timeout_ms / 1000
+
+
+@dataclass
+class PoolOptions:
+    export: Path
+    replicas: int = 1
+    max_batch: int = 32
+    batch_wait_ms: float = 5.0
+    max_queue: int = 256
+    run_dir: Path = Path("runs/serve")
+    threads: int = 1
+    hang_s: float = 60.0
+    load_timeout_s: float = 300.0
+
+
+class Replica:
+    def __init__(self, slot: int, proc: asyncio.subprocess.Process, log: Path):
+        self.slot, self.proc, self.log, self.pid = slot, proc, log, proc.pid
+
+    def kill(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.kill()
+
+
+class Pool:
+    def __init__(self, opts: PoolOptions, metrics: Metrics, say=print):
+        self.o, self.m, self.say = opts, metrics, say
+        self.queue: deque[Work] = deque()
+        self.cond = asyncio.Condition()
+        self.live: list[Replica | None] = [None] * opts.replicas    # serving now
+        self.procs: list[Replica | None] = [None] * opts.replicas   # started, ready or not (to stop on close)
+        self.restarts = [0] * opts.replicas
+        self.closing = False
+        self._first_ready = [asyncio.Event() for _ in range(opts.replicas)]
+        self._start_error: str | None = None
+        self._tasks: list[asyncio.Task] = []
+
+    # ---- admission ----
+    async def submit(self, kind: str, payload, size: int, timeout_ms: int = 0):
+        if len(self.queue) >= self.o.max_queue:
+            raise QueueFull()
+        w = Work(kind, payload, size, asyncio.get_running_loop().create_future(), timeout_ms=timeout_ms)
+        async with self.cond:
+            self.queue.append(w)
+            self.m.queue_depth.set(len(self.queue))
+            self.cond.notify_all()
+        return await w.future
+
+    @property
+    def ready_count(self) -> int:
+        return sum(r is not None for r in self.live)
+
+    # ---- lifecycle ----
+    async def start(self) -> None:
+        self.o.run_dir.mkdir(parents=True, exist_ok=True)
+        self._tasks = [asyncio.create_task(self._slot(i)) for i in range(self.o.replicas)]
+        waits = [asyncio.create_task(e.wait()) for e in self._first_ready]
+        await asyncio.gather(*waits)
+        if self._start_error:
+            await self.close()
+            raise ReplicaError(self._start_error)
+
+    async def close(self) -> None:
+        self.closing = True
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*(_stop(r) for r in self.procs if r is not None))
+        while self.queue:
+            w = self.queue.popleft()
+            if not w.future.done():
+                w.future.set_exception(ReplicaError("the server is shutting down"))
+
+    async def _spawn(self, slot: int) -> Replica:
+        log = self.o.run_dir / f"replica-{slot}.log"
+        with open(log, "ab") as errf:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "tandem.serve.replica", str(self.o.export), "--threads", str(self.o.threads),
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=errf, limit=STREAM_LIMIT)
+        rep = self.procs[slot] = Replica(slot, proc, log)
+        try:
+            line = await asyncio.wait_for(proc.stdout.readline(), self.o.load_timeout_s)
+            hello = json.loads(line) if line else {}
+        except (asyncio.TimeoutError, ValueError):
+            hello = {}
+        if not hello.get("ready"):
+            await _ensure_dead(rep)
+            tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
+            raise ReplicaError(f"replica {slot} failed to load and warm up (exit {proc.returncode}): {tail[0]}")
+        return rep
+
+    async def _slot(self, slot: int) -> None:
+        backoff = 0.5
+        while not self.closing:
+            try:
+                rep = await self._spawn(slot)
+            except ReplicaError as e:
+                if not self._first_ready[slot].is_set():  # a replica that cannot start at all: stop the server
+                    self._start_error = str(e)
+                    self._first_ready[slot].set()
+                    return
+                self.say(f"serve: {e}; retrying in {backoff:.1f} s")
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 10.0)
+                continue
+            backoff = 0.5
+            self.live[slot] = rep
+            self.m.replicas_ready.set(self.ready_count)
+            self._write_pids()
+            self._first_ready[slot].set()
+            watch = asyncio.create_task(self._watch(rep))
+            try:
+                await self._serve(rep)
+            finally:
+                self.live[slot] = None
+                self.m.replicas_ready.set(self.ready_count)
+                watch.cancel()
+            if self.closing:
+                return
+            await _ensure_dead(rep)
+            self.restarts[slot] += 1
+            self.m.restarts.inc()
+            self.say(f"serve: replica {slot} (pid {rep.pid}) died (exit {rep.proc.returncode}); restarting")
+            self._write_pids()
+
+    # ---- batching ----
+    async def _take(self, rep: Replica) -> list[Work] | None:
+        """The next batch, or None when the replica died while waiting (its watcher wakes us)."""
+        async with self.cond:
+            while not self.queue:
+                if rep.proc.returncode is not None or self.closing:
+                    return None
+                await self.cond.wait()
+            first = self.queue.popleft()
+            batch, n = [first], first.size
+            deadline = first.t_enq + self.o.batch_wait_ms / 1000
+            while True:
+                n = self._gather(batch, n, first.kind)
+                left = deadline - time.monotonic()
+                if n >= self.o.max_batch or left <= 0:
+                    break
+                try:
+                    await asyncio.wait_for(self.cond.wait(), left)
+                except asyncio.TimeoutError:
+                    pass
+            self.m.queue_depth.set(len(self.queue))
+            return batch
+
+    async def _watch(self, rep: Replica) -> None:
+        """Wake the waiting slots when ``rep`` exits, so an idle replica's death is noticed at once."""
+        await rep.proc.wait()
+        async with self.cond:
+            self.cond.notify_all()
+
+    def _gather(self, batch: list[Work], n: int, kind: str) -> int:
+        keep = deque()
+        while self.queue:
+            w = self.queue.popleft()
+            if w.kind == kind and n + w.size <= self.o.max_batch:
+                batch.append(w)
+                n += w.size
+            else:
+                keep.append(w)
+        self.queue.extendleft(reversed(keep))
+        return n
+
+    async def _requeue(self, batch: list[Work]) -> None:
+        async with self.cond:
+            for w in reversed(batch):
+                w.attempts += 1
+                if w.attempts >= MAX_ATTEMPTS:
+                    if not w.future.done():
+                        w.future.set_exception(ReplicaError(f"{w.attempts} replicas died on this request"))
+                elif not w.future.done():
+                    self.queue.appendleft(w)
+            self.m.queue_depth.set(len(self.queue))
+            self.cond.notify_all()
+
+    async def _serve(self, rep: Replica) -> None:
+        """Send batches to ``rep`` until it dies (then return)."""
+        while not self.closing:
+            batch = await self._take(rep)
+            if batch is None:
+                return
+            now = time.monotonic()
+            for w in batch:  # past its deadline: dropped before the model sees it
+                if w.expired(now) and not w.future.done():
+                    w.future.set_exception(DeadlineExceeded(f"timeout_ms {w.timeout_ms} passed before a replica "
+                                                            f"took the request"))
+            batch = [w for w in batch if not w.future.done()]  # expired, or the client went away
+            if not batch:
+                continue
+            kind = batch[0].kind
+            if kind == "predict":
+                msg = {"op": "predict", "inputs": [x for w in batch for x in w.payload]}
+            else:
+                msg = {"op": "generate", "requests": [w.payload for w in batch]}
+            self.m.batch_size.labels(kind).observe(sum(w.size for w in batch))
+            try:
+                rep.proc.stdin.write((json.dumps(msg) + "\n").encode())
+                await rep.proc.stdin.drain()
+                line = await asyncio.wait_for(rep.proc.stdout.readline(), self.o.hang_s)
+                if not line:
+                    raise ConnectionError("replica closed its stdout")
+                reply = json.loads(line)
+            except (ConnectionError, asyncio.TimeoutError, ValueError, OSError) as e:
+                self.say(f"serve: replica {rep.slot} (pid {rep.pid}) lost a batch of {len(batch)} "
+                         f"({type(e).__name__}); retrying it on another replica")
+                self.m.retries.inc()
+                if isinstance(e, asyncio.TimeoutError):  # hung: no batch back within the timeout
+                    rep.kill()
+                await self._requeue(batch)
+                return
+            self._answer(batch, reply)
+
+    def _answer(self, batch: list[Work], reply: dict) -> None:
+        if "error" in reply:
+            for w in batch:
+                if not w.future.done():
+                    w.future.set_exception(ReplicaError(reply["error"]))
+            return
+        outs, i = reply["outputs"], 0
+        for w in batch:
+            if w.kind == "predict":
+                res, i = outs[i:i + w.size], i + w.size
+            else:
+                res, i = outs[i], i + 1
+                self.m.tokens.inc(len(res))
+            if not w.future.done():
+                w.future.set_result(res)
+
+    def _write_pids(self) -> None:
+        doc = {"front_pid": os.getpid(), "export": str(self.o.export),
+               "replicas": [{"slot": i, "pid": r.pid if r else None, "ready": r is not None,
+                             "restarts": self.restarts[i]} for i, r in enumerate(self.live)]}
+        path = self.o.run_dir / "replicas.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc, indent=1) + "\n")
+        os.replace(tmp, path)
+
+
+async def _ensure_dead(rep: Replica) -> None:
+    """Let a replica whose pipe closed finish exiting (so asyncio reaps it and sees its real exit
+    status); kill it if it is still there after 2 s."""
+    try:
+        await asyncio.wait_for(asyncio.shield(rep.proc.wait()), 2)
+    except asyncio.TimeoutError:
+        rep.kill()
+        await rep.proc.wait()
+
+
+async def _stop(rep: Replica) -> None:
+    """Close the replica's stdin (it leaves its loop and exits); kill it if it does not within 5 s."""
+    try:
+        rep.proc.stdin.close()
+        await asyncio.wait_for(rep.proc.wait(), 5)
+    except (asyncio.TimeoutError, OSError):
+        rep.kill()
+        await rep.proc.wait()

@@ -1,0 +1,41 @@
+"""`tandem serve` refuses bad options in one line (exit 2) and stops with the replica's reason when the
+export cannot load (exit 1)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from tandem_testing import run_tandem
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--replicas", "0"], "error: --replicas: must be at least 1 (got 0)"),
+    (["--max-queue", "0"], "error: --max-queue: must be at least 1 (got 0)"),
+    (["--batch-wait-ms", "-1"], "error: --batch-wait-ms: must not be negative (got -1.0)"),
+    (["--hang-s", "0"], "error: --hang-s: must be at least 0.1 (got 0.0)"),
+    (["--port", "70000"], "error: --port: not a TCP port (got 70000)"),
+])
+def test_bad_options_are_one_line_and_exit_2(gpt_export, args, line):
+    r = run_tandem("serve", str(gpt_export), *args, timeout=60)
+    assert r.returncode == 2 and line in r.stderr, r.stderr
+
+
+def test_not_an_export_is_refused(tmp_path):
+    r = run_tandem("serve", str(tmp_path), timeout=60)
+    assert r.returncode == 2 and "error: EXPORT_DIR: not an export folder (no config.json)" in r.stderr
+
+
+def test_an_export_that_cannot_load_stops_the_server_with_its_reason(gpt_export, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    shutil.copy(gpt_export / "config.json", broken / "config.json")  # no weights
+    run = tmp_path / "run"
+    r = run_tandem("serve", str(broken), "--port", "0", "--run-dir", str(run), timeout=120)
+    assert r.returncode == 1, r.stderr
+    assert "error: replica: replica 0 failed to load and warm up" in r.stderr
+    assert "model.safetensors is missing" in r.stderr
+    assert json.loads((run / "server.json").read_text())["url"].startswith("http://127.0.0.1:")
+    assert "serve: stopped" in r.stdout
