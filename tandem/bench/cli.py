@@ -16,7 +16,8 @@ from tandem.bench.runner import WorkerLaunch, read_result, run_module
 from tandem.core.errors import ConfigError, WorkerFailure
 from tandem.launch.options import LaunchArgs, launch_options
 
-bench_app = typer.Typer(help="Measure collectives (nccl-tests style) and training scaling; calibrate `tandem plan`.",
+bench_app = typer.Typer(help="Measure collectives (nccl-tests style), training scaling and a served model under load; "
+                        "calibrate `tandem plan`.",
                         no_args_is_help=True)
 
 RESULT_FILE = "bench-comm.json"
