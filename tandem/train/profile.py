@@ -95,6 +95,12 @@ class StepProfiler:
         if getattr(self, "_mt", None) is not None:
             self._memory_exit()
 
+    def end_memory(self) -> None:
+        """Before an evaluation: MemTracker follows one training step; a second pass through the
+        module (eval's forward) would be an error in torch's tracker, and is not the step anyway."""
+        if getattr(self, "_mt", None) is not None:
+            self._memory_exit()
+
     def _memory_enter(self, n: int) -> None:
         if not self.spec.memory or not hasattr(self, "_tracked"):
             return

@@ -186,6 +186,7 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
 
     def score(epoch: int, step: int) -> float:
         el.pause("eval")  # the hang watchdog judges training steps, not evaluation
+        prof.end_memory()
         c, t = evaluate(ddp, held, ctx, spec, fmt, par)
         metrics.write("eval", epoch=epoch, step=step, accuracy=c / t, correct=c, total=t)
         log(f"epoch {epoch} held-out accuracy {c / t:.4f} ({c}/{t})", flush=True)

@@ -73,5 +73,8 @@ def test_hsdp_states_and_comm_match_planner(runs):
 def test_model_parallel_bytes_printed_beside_planner(name, runs):
     cfgs, ranks = runs(2)
     out = _report(name, 2, 2, ranks)
-    # tp/pp keep replicated norms and biases: a little above the planner's params / (tp x pp)
-    assert 1.0 <= out["states"]["params"]["ratio"] <= 1.1
+    # tp/pp keep replicated norms and biases: a little above the planner's params / tp. Under pp the
+    # planner sizes the stage that holds the most (embedding or head, docs/plan.md): the busiest rank.
+    p = out["states"]["params"]
+    ratio = p["measured_max"] / p["planned"] if name.startswith("pp") else p["ratio"]
+    assert 1.0 <= ratio <= 1.1, (ratio, p)
