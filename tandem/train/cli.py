@@ -7,6 +7,7 @@ shows a progress bar from RUN_DIR/metrics.jsonl, and prints the result.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
@@ -149,9 +150,12 @@ def run_training(spec: JobSpec, console: Console, *, stream: bool = False, label
     """Validate, launch, watch; returns RUN_DIR/result.json. Raises TandemError subclasses,
     and AlreadyComplete when a rerun would train nothing (RUN_DIR is left as it is)."""
     run_dir = run_dir_of(spec)
-    if fresh:
+    if fresh:  # every check first (as a fresh start), so that a refused spec moves nothing
+        path, meta = preflight(dataclasses.replace(spec, checkpoint=dataclasses.replace(spec.checkpoint,
+                                                                                        resume="none")), run_dir)
         archive(spec, run_dir, console)
-    path, meta = preflight(spec, run_dir)
+    else:
+        path, meta = preflight(spec, run_dir)
     if finished(spec, meta):
         raise AlreadyComplete(run_dir, path, meta["step"])
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -68,6 +68,9 @@ def test_fresh_moves_the_old_run_aside_and_starts_over(finished, tmp_path):
     copy = tmp_path / "run"
     shutil.copytree(run, copy)
     before = snapshot(copy)
+    r = run_tandem("train", str(spec), "--fresh", "--launch.run_dir", str(copy), "--data.name", "npz",
+                   "--data.path", "/no/such.npz")
+    assert r.returncode == 2 and snapshot(copy) == before  # a refused spec moves nothing
     r = run_tandem("train", str(spec), "--fresh", "--launch.run_dir", str(copy))
     assert r.returncode == 0, r.stderr
     (moved,) = [p for p in tmp_path.iterdir() if p.name.startswith("run.")]
