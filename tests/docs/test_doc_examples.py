@@ -51,6 +51,7 @@ def test_console_examples_run_and_print_what_the_doc_says(doc, tmp_path):
     assert not problems, "\n\n".join(problems)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("doc", DOCS, ids=[str(d.relative_to(ROOT)) for d in DOCS])
 def test_train_lines_in_bash_examples_are_valid_specs(doc):
     """The `tandem train ...` lines the docs show (not run: they train) pass `tandem spec`."""

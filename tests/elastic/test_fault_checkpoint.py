@@ -17,6 +17,7 @@ def _copy_checkpoints(reference, dest):
     return dest / "run" / "checkpoints"
 
 
+@pytest.mark.slow
 def test_manifest_names_truncated_and_altered_files(reference, tmp_path):
     ck = _copy_checkpoints(reference, tmp_path)
     good = ck / "step-00000040"
@@ -35,6 +36,7 @@ def test_manifest_names_truncated_and_altered_files(reference, tmp_path):
     assert ckpt.latest(ck).name == "step-00000030"  # 45 missing a shard, 40 altered: back to 30
 
 
+@pytest.mark.slow
 def test_explicit_resume_of_truncated_checkpoint_is_refused(reference, tmp_path):
     ck = _copy_checkpoints(reference, tmp_path)
     shard = ck / "step-00000040" / "__0_0.distcp"

@@ -10,6 +10,7 @@ from tandem_testing import ROOT, run_tandem
 HELLO = str(ROOT / "examples" / "hello_dist.py")
 
 
+@pytest.mark.slow
 def test_simulated_nodes_give_real_node_ranks(tmp_path):
     r = run_tandem("launch", "--nproc-per-node", "2", "--simulate-nodes", "2", "--run-dir", str(tmp_path), HELLO)
     assert r.returncode == 0, r.stderr
@@ -25,6 +26,7 @@ def test_simulated_nodes_give_real_node_ranks(tmp_path):
     assert all("all_reduce sum 6 (expect 6)" in t for t in logs.values())
 
 
+@pytest.mark.slow
 def test_failure_summary_names_root_cause(tmp_path):
     r = run_tandem("launch", "--nproc-per-node", "2", "--simulate-nodes", "2", "--run-dir", str(tmp_path),
                    "--quiet", HELLO, env={"HELLO_FAIL_RANK": "2"})
@@ -70,6 +72,7 @@ def test_master_port_in_use(tmp_path):
     assert f"launch.master_port: master port {port} on 127.0.0.1 is in use" in " ".join(r.stderr.split())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["static", "c10d", "static-verbose"])
 def test_unreachable_master_fails_within_timeout_in_one_line(tmp_path, how):
     """torch's C++ TCPStore logs each retry with stack frames (30-80 lines): only --verbose shows them."""
@@ -97,6 +100,7 @@ def test_missing_script(tmp_path):
     assert r.returncode == 2 and "script: script not found" in r.stderr
 
 
+@pytest.mark.slow
 def test_train_unreachable_master_is_one_line(tmp_path, tiny_spec):
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))

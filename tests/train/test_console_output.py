@@ -1,6 +1,7 @@
 """Output read through a pipe (a log file, CI) has whole lines: rich's 80-column default for a
 non-terminal cut the progress line (`0:0…`) and wrapped one-line verdicts."""
 
+import pytest
 import os
 import re
 import subprocess
@@ -9,6 +10,7 @@ import sys
 from tandem_testing import ROOT
 
 
+@pytest.mark.slow
 def test_piped_train_progress_line_is_whole(tiny_spec):
     spec = tiny_spec(max_steps=2, nproc=1, every=0)  # max_steps ends the run inside its epoch: scored at the end
     env = {**{k: v for k, v in os.environ.items() if k != "COLUMNS"}, "PYTHONPATH": str(ROOT)}

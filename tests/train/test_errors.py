@@ -8,6 +8,8 @@ import pytest
 
 from tandem_testing import run_tandem, snapshot
 
+pytestmark = [pytest.mark.slow]  # one training run shared by the module (tests/train/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def trained(finished_run):

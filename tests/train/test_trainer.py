@@ -20,6 +20,7 @@ def records(run_dir: Path, kind: str) -> list[dict]:
     return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
 
 
+@pytest.mark.slow
 def test_resume_is_bitwise_identical(tiny_spec, tmp_path):
     """6 steps straight == the same run's step-3 checkpoint resumed for 3 more steps (mid-epoch)."""
     spec = tiny_spec(max_steps=6, every=3, keep=5)
@@ -61,6 +62,7 @@ def _flatten(d, prefix=""):
     return out
 
 
+@pytest.mark.slow
 def test_accumulation_matches_more_workers(tiny_spec, tmp_path):
     """2 workers x micro 8 x accum 2 and 1 worker x micro 8 x accum 4 see the same samples per step:
     the same losses (no BatchNorm in this model, so only float summation order differs)."""
@@ -80,6 +82,7 @@ def test_accumulation_matches_more_workers(tiny_spec, tmp_path):
     assert l1[-1] < l1[0]  # it learns
 
 
+@pytest.mark.slow
 def test_simulated_nodes_bf16_learns(tiny_spec, tmp_path):
     spec = tiny_spec(nproc=1, dtype="bf16", max_steps=0, every=0, global_batch=64, micro_batch=32)
     r = run_tandem("train", str(spec), "--launch.simulate_nodes", "2", "--schedule.epochs", "2", "--json")
