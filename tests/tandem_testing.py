@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,3 +56,14 @@ keep_last = {keep}
 nproc_per_node = {nproc}
 run_dir = "{run_dir}"
 """
+
+
+def wait_for(pred, timeout: float, what: str, interval: float = 0.05):
+    """Poll ``pred`` (reads files) until it returns a truthy value; fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from tandem.launch.heartbeat import read as read_heartbeat
-from tandem_testing import ROOT, TINY
+from tandem_testing import ROOT, TINY, wait_for  # noqa: F401 (the fault tests import it from here)
 
 # One epoch of digits (1438 train samples: nothing dropped or padded at world 1 or 2) in 45 steps.
 BASE = dict(model="resnet18", remainder="drop", global_batch=32, micro_batch=8, max_steps=0, dtype="fp32",
@@ -43,17 +43,6 @@ def start_train(spec: Path, *overrides: str, env: dict | None = None, own_group:
 def finish(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, str, str]:
     out, err = proc.communicate(timeout=timeout)
     return proc.returncode, out, err
-
-
-def wait_for(pred, timeout: float, what: str, interval: float = 0.05):
-    """Poll ``pred`` (reads files) until it returns a truthy value; fail after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def heartbeat(run_dir: Path, rank: int) -> dict | None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from tandem_testing import ROOT, TINY
+from tandem_testing import ROOT, TINY, wait_for  # noqa: F401 (tests import it from here)
 
 
 def export(run: Path, out: Path) -> Path:
@@ -62,17 +62,6 @@ def write_resnet_checkpoint(run: Path, step: int = 3) -> Path:
             "parallel": {"strategy": "ddp", "tp": 1, "pp": 1}}
     ckpt.publish_files(cdir, step, tmp, cdir / f"step-{step:08d}", 1, meta, keep_last=1)
     return run
-
-
-def wait_for(pred, timeout: float, what: str, poll: float = 0.05):
-    """Poll ``pred`` until it returns something truthy; fail after ``timeout`` seconds."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = pred()
-        if got:
-            return got
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 class Server:
