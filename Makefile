@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 TORCH   ?= torch==2.13.0
 
-.PHONY: demo test install clean
+.PHONY: demo test install clean gpu-check
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -24,6 +24,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -ra --durations=25
+
+# On a CUDA machine: the GPU image's own python3 and torch (no venv: nothing can be installed there).
+# Skips without CUDA. TANDEM_GPU_REPORT=FILE collects the measured numbers as JSON lines.
+GPU_PY  ?= python3
+gpu-check:
+	PYTHONPATH=$(CURDIR) $(GPU_PY) -m pytest tests/gpu -q -ra -p no:cacheprovider --durations=10
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
