@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -108,6 +109,16 @@ def measure(opts: CommOptions, wl: WorkerLaunch, run_dir: Path) -> dict | None:
     return read_result(res_path, wl)
 
 
+def _comm_workers(counts: list[int]) -> int:
+    """Workers for the quick link measurement: two at least, but NCCL takes one rank per GPU, so on a
+    host with one GPU there is no link to measure (the calibration then holds the host and compute)."""
+    import torch
+    n = max(2, max(counts))
+    if os.environ.get("TANDEM_DEVICE", "cuda") == "cuda" and torch.cuda.is_available():
+        n = min(n, max(1, torch.cuda.device_count()))
+    return n
+
+
 def train_cmd(
     config: Optional[str] = typer.Argument(None, help="Job spec (toml/yaml); default: a small built-in "
                                                       "ResNet-18 on the digits set."),
@@ -142,7 +153,7 @@ def train_cmd(
         out.print(f"no calibration at {cal}: measuring all_reduce on {max(counts)} workers first")
         quick = CommOptions(collectives=["all_reduce"], min_bytes=1 << 10, max_bytes=16 << 20, factor=4,
                             warmup=2, iters=10, mode="in").validate()  # DDP reduces its buckets in place
-        res = measure(quick, WorkerLaunch(nproc_per_node=max(2, max(counts))), run_dir / "comm")
+        res = measure(quick, WorkerLaunch(nproc_per_node=_comm_workers(counts)), run_dir / "comm")
         fit.write_calibration(cal, res)
     res = tb.run(opts, run_dir, cal, Console(stderr=True))
     out.print(tb.table(res))

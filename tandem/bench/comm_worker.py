@@ -93,8 +93,8 @@ def topology() -> Topology:
 
 def build_links(topo: Topology) -> list[Link]:
     """Every rank calls new_group for every group, in the same order (torch requires it)."""
-    if topo.nnodes == 1:
-        return [Link("intra_node", dist.group.WORLD, list(range(topo.world)))]
+    if topo.nnodes == 1:  # one worker alone has no link to measure (one GPU: NCCL takes a rank per GPU)
+        return [Link("intra_node", dist.group.WORLD, list(range(topo.world)))] if topo.world > 1 else []
     links = []
     node0 = [r for r in range(topo.world) if topo.node_of[r] == 0]
     if len(node0) > 1:

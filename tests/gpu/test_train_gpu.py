@@ -130,6 +130,10 @@ def test_bench_train_calibrates_on_the_gpu(tmp_path):
                    "--run-dir", str(tmp_path / "bench"), "--json", str(out), timeout=420)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     rows = json.loads(out.read_text())
-    report(check="bench-train", rows=rows)
-    text = json.dumps(rows)
-    assert "cuda" in text or "nccl" in text, text[:2000]
+    cal = json.loads((tmp_path / "bench" / "calibration.json").read_text())
+    report(check="bench-train", rows=rows["rows"], calibration={k: cal.get(k) for k in (
+        "device", "backend", "device_name", "nproc_per_node", "links", "compute")})
+    assert cal["device"] == "cuda" and cal["backend"] == "nccl", cal
+    # one GPU has no link to measure (NCCL takes one rank per GPU); two or more do
+    assert bool(cal["links"]) == (torch.cuda.device_count() > 1), cal["links"]
+    assert cal["compute"]["model"], cal["compute"]
