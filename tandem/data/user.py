@@ -127,9 +127,14 @@ def check_against_model(model, x: torch.Tensor, y: torch.Tensor, name: str) -> N
     the model cannot read, or an output that does not fit y, is an error before any worker starts."""
     if model is None:
         return
+    # meta, unless the factory could only be built for real (preflight.build_on_meta); eval mode, since
+    # a batch of one is no batch for BatchNorm's training statistics
+    device = next((p.device for p in model.parameters()), torch.device("meta"))
+    was = model.training
+    model.eval()
     try:
         with torch.no_grad():
-            out = model(x.unsqueeze(0).to("meta"))
+            out = model(x.unsqueeze(0).to(device))
     except NotImplementedError:
         return  # an op without a meta kernel: the workers will tell
     except Exception as e:
@@ -137,7 +142,9 @@ def check_against_model(model, x: torch.Tensor, y: torch.Tensor, name: str) -> N
                         f"{tuple(x.shape)} {x.dtype} raised {type(e).__name__}: {_one_line(e)}",
                         field="data.name", value=name, fix="make the data set's x the shape and dtype the model "
                                                           "takes (or the model fit the data)") from None
-    out = getattr(out, "logits", out)
+    finally:
+        model.train(was)
+    out = out.get("logits") if isinstance(out, dict) else getattr(out, "logits", out)
     if not isinstance(out, torch.Tensor):
         return
     want = (1, out.shape[-1]) if y.dim() == 0 else (1, *y.shape, out.shape[-1])

@@ -114,3 +114,30 @@ def test_own_data_trains_and_resumes_exactly(tmp_path):
     assert min(b) > 1 and set(b) == {s for s in a if s >= min(b)}
     assert all(a[s] == b[s] for s in b), [(s, a[s], b[s]) for s in b if a[s] != b[s]]
     assert json.loads(r.stdout)["accuracy"] == result["accuracy"]
+
+
+def test_one_sample_through_the_meta_model_in_eval_mode():
+    """BatchNorm cannot train on a batch of one: the check runs the model in eval mode, and puts it back."""
+    import torch
+    from torch import nn
+
+    from tandem.core.errors import DataError
+    from tandem.data.user import check_against_model
+
+    class Dict(nn.Module):  # a model that returns its logits in a dict, as Hugging Face models do
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(30, 8), nn.BatchNorm1d(8), nn.Linear(8, 3))
+
+        def forward(self, x):
+            return {"logits": self.body(x)}
+
+    with torch.device("meta"):
+        model = Dict()
+    x = torch.randn(30)
+    check_against_model(model, x, torch.tensor(2), "m:f")
+    assert model.training
+    with pytest.raises(DataError, match="label 3 of item 0 is outside the model's 3 classes"):
+        check_against_model(model, x, torch.tensor(3), "m:f")
+    with pytest.raises(DataError, match=r"token targets y \(5,\) need \(1, 5, vocab\)"):
+        check_against_model(model, x, torch.zeros(5, dtype=torch.long), "m:f")
