@@ -3,7 +3,7 @@
 The weights come as ``tandem export`` reads them: a run dir (its newest checkpoint) or a checkpoint
 folder, its tensors assembled by DCP from whatever layout saved them (ddp, zero3, tp, pp), or an
 export folder (tandem.export.load). The tokenizer is the token folder's (tandem data prepare-text):
-the run's ``data.path`` unless ``--data DIR`` says otherwise. Sampling is plain: the logits of the
+the run's ``data.path`` (for an export folder inside its run dir too) unless ``--data DIR`` says otherwise. Sampling is plain: the logits of the
 last position over the model's last ``seq`` tokens, divided by the temperature (0: the most likely
 token), one token at a time, from a torch.Generator seeded by ``--seed``.
 """
@@ -34,7 +34,9 @@ def load_model(path: Path) -> Loaded:
         from tandem.export import load
 
         cfg = json.loads((path / "config.json").read_text())
-        return Loaded(load(path), int(cfg["model"].get("seq", 0)), "", str(path))
+        run_spec = path.parent.parent / "spec.json"  # tandem export's default place: RUN_DIR/export/step-N
+        data = json.loads(run_spec.read_text()).get("data", {}).get("path", "") if run_spec.is_file() else ""
+        return Loaded(load(path), int(cfg["model"].get("seq", 0)), data, str(path))
     from tandem.core.spec import ModelSpec
     from tandem.export.format import tied_names
     from tandem.export.source import open_source

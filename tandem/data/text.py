@@ -19,7 +19,6 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
-import math
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -265,7 +264,3 @@ def read_manifest(folder: Path, field_: str = "data.path") -> dict:
         raise DataError(f"unknown token format {man.get('format')!r} version {man.get('version')!r}",
                         field=field_, value=str(folder), fix="prepare the folder again with this tandem")
     return man
-
-
-def bits(nats: float) -> float:
-    return nats / math.log(2)

@@ -76,5 +76,11 @@ def test_gpt_on_stdlib_text_beats_order0_entropy_and_generates(tmp_path):
     assert text.startswith("import ") and len(text.encode()) >= 40
     again = tandem("generate", str(run), "--prompt", "import ", "--tokens", "40", "--seed", "1")
     assert again.stdout == r.stdout  # seeded
+    # an export folder samples what its checkpoint samples
+    assert tandem("export", str(run)).returncode == 0
+    greedy = [tandem("generate", str(p), "--prompt", "def ", "--tokens", "20", "--temperature", "0")
+              for p in (run, run / "export" / "step-00000060")]
+    assert greedy[0].returncode == greedy[1].returncode == 0, greedy[1].stderr
+    assert greedy[0].stdout.split("\n", 1)[1] == greedy[1].stdout.split("\n", 1)[1]
     r = tandem("generate", str(run), "--prompt", "x", "--data", str(tmp_path / "nowhere"))
     assert r.returncode == 2 and r.stderr.startswith("error: --data: not a token folder"), r.stderr
