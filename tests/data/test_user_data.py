@@ -80,9 +80,16 @@ def user_dir(tmp_path_factory):
     ("userdata:stream", ["IterableDataset", "map-style"]),
     ("userdata:broken", ["raised FileNotFoundError: no such file ''"]),
 ])
-def test_bad_data_factory_is_one_line(user_dir, factory, words):
-    r = tandem("spec", OWN, "--data.name", factory, "--model.name", "examples.own_data:mlp", cwd=user_dir)
-    one_line_error(r, *words)
+def test_bad_data_factory_is_one_line(user_dir, factory, words, capsys, monkeypatch):
+    """`tandem spec` in this process (tandem.cli.main, as the console script runs it): what each would print."""
+    from tandem.cli import main
+
+    monkeypatch.chdir(user_dir)
+    monkeypatch.setenv("COLUMNS", "200")
+    with pytest.raises(SystemExit) as e:
+        main(["spec", OWN, "--data.name", factory])
+    err = capsys.readouterr().err
+    one_line_error(subprocess.CompletedProcess([], e.value.code, "", err), *words)
 
 
 def test_train_refuses_before_any_worker(user_dir):
