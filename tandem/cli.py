@@ -56,6 +56,8 @@ def _register() -> None:
     from tandem.export.cli import export_cmd; app.command("export")(export_cmd)  # noqa: E702
     from tandem.diagnose.run_cli import diagnose_cmd; app.command("diagnose")(diagnose_cmd)  # noqa: E702
     from tandem.serve.cli import serve_cmd; app.command("serve")(serve_cmd)  # noqa: E702
+    from tandem.data.cli import data_app; app.add_typer(data_app, name="data")  # noqa: E702
+    from tandem.data.cli import generate_cmd; app.command("generate")(generate_cmd)  # noqa: E702
 
 
 _register()

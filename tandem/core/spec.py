@@ -50,11 +50,18 @@ class ModelSpec:
 class DataSpec:
     name: str = f("digits", "digits (scikit-learn's bundled 8x8 handwritten digits) | synthetic (Gaussian "
                             "images, labels from a random linear teacher) | npz (your arrays, see path) | "
-                            "reverse | sort (token tasks for gpt: reverse or sort a string of digits).")
-    path: str = f("", "For name=npz: a .npz file with arrays x (N,C,H,W) and y (N,).")
+                            "reverse | sort (token tasks for gpt: reverse or sort a string of digits) | "
+                            "tokens (next-token windows of model.seq + 1 from a folder written by tandem data "
+                            "prepare-text, see path) | an import path 'pkg.module:factory' returning (train, "
+                            "held_out) map-style Datasets of (x, y) tensors (docs/data.md).")
+    path: str = f("", "For name=npz: a .npz file with arrays x (N,C,H,W) and y (N,); for name=tokens: the "
+                      "folder of tandem data prepare-text; passed to your own factory as path=.")
     image_size: int = f(8, "Side of the square input images (digits are resized from 8 when different).")
-    num_samples: int = f(2048, "For name=synthetic, reverse and sort: number of samples (held-out ones included).")
-    held_out: float = f(0.2, "Fraction of the set kept out of training for evaluation (0 disables eval).")
+    num_samples: int = f(2048, "For name=synthetic, reverse and sort: number of samples (held-out ones included); "
+                               "for tokens: held-out windows scored per evaluation, spread over the held-out "
+                               "split (0: all).")
+    held_out: float = f(0.2, "Fraction of the set kept out of training for evaluation (0 disables eval); tokens: "
+                             "the split is the folder's (prepare-text --held-out), 0 disables eval.")
     remainder: str = f("pad", "When the train set does not divide by world size: 'pad' repeats the first "
                               "few shuffled samples so every rank gets as many (every sample at least once, "
                               "pad count logged); 'drop' leaves the last few shuffled samples out of that "

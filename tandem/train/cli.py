@@ -133,6 +133,8 @@ class _Watch:
             info += f" | loss {last['loss']:.3f} | {last['samples_per_s']:.0f} samples/s"
         if acc:
             info += f" | acc {acc['accuracy']:.3f}"
+            if acc.get("bits_per_byte") is not None:  # data.name = tokens
+                info += f" | {acc['bits_per_byte']:.3f} bits/byte"
         self.progress.update(self.task, total=start["total_steps"], completed=last["step"] if last else
                              start["start_step"], info=info)
 
@@ -222,6 +224,10 @@ def print_result(result: dict, run_dir: Path, console: Console) -> None:
     rate = f"{result['samples_per_s']:.0f}" if result.get("samples_per_s") is not None else "n/a"
     console.print(f"[green]done[/]: {result['step']} steps on {result['world']} workers, "
                   f"{rate} samples/s, held-out accuracy {acc}", highlight=False)
+    if result.get("bits_per_byte") is not None:  # data.name = tokens: the model against order-0 statistics
+        console.print(f"  held-out loss {result['held_out_loss']:.4f}, {result['bits_per_byte']:.3f} bits per byte "
+                      f"(order-0 byte entropy of the same text: {result['order0_bits_per_byte']:.3f})",
+                      highlight=False)
     for r in result.get("restarts") or []:
         console.print(f"  restart {r.get('restart')}: resumed at step {r.get('resumed_step')}, "
                       f"{r.get('steps_redone')} step(s) redone, {r.get('lost_s', 0):.1f} s lost", highlight=False)

@@ -7,6 +7,9 @@ to each other. Three sources:
 - digits: scikit-learn's 1797 real 8x8 handwritten digits (bundled, no download);
 - synthetic: Gaussian images labelled by a random linear "teacher" (learnable);
 - npz: your own arrays x (N,C,H,W) and y (N,), used as stored.
+
+Two more, in tandem/data/: ``tokens`` (windows of a token folder, memory-mapped) and
+``pkg.module:factory`` (your own map-style Datasets).
 """
 
 from __future__ import annotations
@@ -40,8 +43,14 @@ def load_datasets(spec: DataSpec, seed: int, num_classes: int,
         return _synthetic(spec, seed, num_classes, in_channels)
     if spec.name == "npz":
         return _npz(spec, seed, num_classes, in_channels)
+    if spec.name == "tokens":  # a token folder of tandem data prepare-text: next-token windows
+        from tandem.data.tokens import load_tokens
+        return load_tokens(spec.path, seq, spec.held_out, spec.num_samples)
+    if ":" in spec.name:  # your own: a 'pkg.module:factory' returning (train, held_out)
+        from tandem.data.user import load_user
+        return load_user(spec, seed, num_classes, in_channels, seq)
     raise DataError("unknown data set", field="data.name", value=spec.name,
-                    fix="use digits | synthetic | npz | reverse | sort")
+                    fix="use digits | synthetic | npz | reverse | sort | tokens | 'pkg.module:factory'")
 
 
 def _held_out_count(n: int, frac: float) -> int:

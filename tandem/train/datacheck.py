@@ -25,9 +25,16 @@ RESNETS = ("resnet18", "resnet34", "resnet50")  # tandem.models.BUILTIN, named h
 FIX_WRITE = "save with np.savez(path, x=images_NCHW, y=labels_N)"
 
 
-def check_source(spec: JobSpec) -> None:
-    """Raise DataError/ConfigError when the data set cannot feed the model the spec names."""
+def check_source(spec: JobSpec, model=None) -> None:
+    """Raise DataError/ConfigError when the data set cannot feed the model the spec names
+    (``model``: the spec's model on the meta device, which your own data's first sample goes through)."""
     d, m = spec.data, spec.model
+    if d.name == "tokens":
+        from tandem.data.tokens import check_tokens
+        return check_tokens(spec)
+    if ":" in d.name:
+        from tandem.data.user import check_user_data
+        return check_user_data(spec, model)
     tokens = d.name in TOKEN_TASKS
     if tokens and m.name in RESNETS:
         raise ConfigError(f"{d.name} is a token task; {m.name} reads images", field="data.name", value=d.name,

@@ -59,9 +59,9 @@ def check_job(spec: JobSpec, run_dir: Path | None = None, *,
     device = resolve_device(spec, quick)
     validate(dataclasses.replace(spec, launch=dataclasses.replace(spec.launch, device=device)))
     model = None
-    if not quick or spec.model.name not in RESNETS:
+    if not quick or spec.model.name not in RESNETS or ":" in spec.data.name:
         model = build_on_meta(spec)
-    check_source(spec)
+    check_source(spec, model)
     if run_dir is not None:
         from tandem.train.elastic.resume import resume_path
 

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 
 from tandem.core.spec import JobSpec
 from tandem.core.validate import effective_lr
+from tandem.data.tokens import held_out_summary
 from tandem.models import build_model, model_signature
 from tandem.train import checkpoint as ckpt
 from tandem.train import runtime as rt
@@ -26,7 +27,7 @@ from tandem.train.elastic.resume import checkpoint_dir, layout_of, resume_path, 
 from tandem.train.elastic.hooks import ElasticHooks
 from tandem.train.metrics import MetricsWriter
 from tandem.train.parallel import build_optimizer as par_optimizer
-from tandem.train.parallel import parallelize
+from tandem.train.parallel import loss_sum, parallelize
 from tandem.train.parallel.ddp import prime_buckets
 from tandem.train.profile import StepProfiler
 from tandem.train.sampler import ResumableDistributedSampler
@@ -43,8 +44,9 @@ def build_optimizer(spec: JobSpec, model: torch.nn.Module) -> torch.optim.Optimi
 
 @torch.no_grad()
 def evaluate(model, held, ctx: rt.DistContext, spec: JobSpec, fmt=torch.contiguous_format,
-             par=None) -> tuple[int, int]:
+             par=None, stats: dict | None = None) -> tuple[int, int]:
     """Exact accuracy over the held-out set: rank r scores samples r, r+world, ... (no padding).
+    ``stats``, if given, gets ``nll``: the summed cross-entropy of the scored targets (all ranks).
 
     Under pp (``par`` with a schedule) the stages run forward only, hidden states sent stage to
     stage, and the rank holding the last stage (tp coordinate 0) scores its data rank's samples."""
@@ -56,7 +58,7 @@ def evaluate(model, held, ctx: rt.DistContext, spec: JobSpec, fmt=torch.contiguo
     rank, world = (model._tandem_dp_rank, dp) if dp else (ctx.rank, ctx.world)
     # the stages (and tp ranks) of one pipeline share a data rank: the same batches, so sends pair up
     idx = list(range(rank, len(held), world))
-    correct, scored = 0, 0
+    correct, scored, nll = 0, 0, 0.0
     for i in range(0, len(idx), 256):
         x, y = held[idx[i:i + 256]]
         with rt.autocast(ctx, spec.precision.dtype):
@@ -74,10 +76,14 @@ def evaluate(model, held, ctx: rt.DistContext, spec: JobSpec, fmt=torch.contiguo
             correct, scored = correct + c_i, scored + n_i
         else:
             correct, scored = correct + int((out.argmax(1).cpu() == y).sum()), scored + len(y)
+        if stats is not None:
+            nll += float(loss_sum(out.float().cpu(), y))
     model.train()
     # tp ranks score the same samples: count them once (under pp only one rank per replica scored)
     rep_ = 1 if pipelined else getattr(model, "_tandem_replicas", 1)
-    c, t = rt.all_reduce_sum([correct / rep_, scored / rep_], ctx)
+    c, t, n = rt.all_reduce_sum([correct / rep_, scored / rep_, nll / rep_], ctx)
+    if stats is not None:
+        stats["nll"] = n
     return round(c), round(t)
 
 
@@ -183,13 +189,17 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
         f"{abs(pad)} sample(s) {'repeated' if pad >= 0 else 'left out'} per epoch", flush=True)
 
     accuracy, rates, t_start, last_saved, scored_at = None, [], time.perf_counter(), None, None
+    held_stats: dict = {}
 
     def score(epoch: int, step: int) -> float:
         el.pause("eval")  # the hang watchdog judges training steps, not evaluation
         prof.end_memory()
-        c, t = evaluate(ddp, held, ctx, spec, fmt, par)
-        metrics.write("eval", epoch=epoch, step=step, accuracy=c / t, correct=c, total=t)
-        log(f"epoch {epoch} held-out accuracy {c / t:.4f} ({c}/{t})", flush=True)
+        stats: dict = {}
+        c, t = evaluate(ddp, held, ctx, spec, fmt, par, stats)
+        extra, text = held_out_summary(held, c, t, stats["nll"])  # tokens: held-out loss, bits per byte
+        held_stats.update(extra)
+        metrics.write("eval", epoch=epoch, step=step, accuracy=c / t, correct=c, total=t, **extra)
+        log(f"epoch {epoch} held-out accuracy {c / t:.4f} ({c}/{t}){text}", flush=True)
         return c / t
 
     records = _StepRecords(metrics, log, s.log_every, total, dp_world)
@@ -288,6 +298,7 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
               "samples_per_s": sum(steady) / len(steady) if steady else None, "wall_s": wall,
               "checkpoint": str(last_saved) if last_saved else None, "global_batch": rz.global_batch,
               "effective_lr": lr0, "grad_accum": accum, "parallel": par.dims.describe()}
+    result.update(held_stats)
     result.update(el.summary())
     metrics.write("end", **result)
     metrics.close()
