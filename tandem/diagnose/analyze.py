@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from statistics import median
 
+from tandem.diagnose import against_plan
 from tandem.diagnose.breakdown import CATEGORIES, StepShare, rank_shares
 from tandem.diagnose.clock import Clock, estimate, fr_lateness, lateness
 from tandem.diagnose.trace import PHASE_PREFIX, RankTrace
@@ -84,7 +85,8 @@ def _memory(meta: dict) -> dict | None:
         return None
     if "error" in peak:
         return {"error": peak["error"]}
-    return {"step": meta.get("memory_step"), "peak_mib": {k: round(v / (1 << 20), 3) for k, v in peak.items()}}
+    return {"step": meta.get("memory_step"), "peak_mib": {k: round(v / (1 << 20), 3) for k, v in peak.items()},
+            "capacity_bytes": meta.get("memory_capacity_bytes")}
 
 
 def section_scores(shares: dict[int, list[StepShare]]) -> dict:
@@ -156,5 +158,7 @@ def analyze(traces: list[RankTrace], spec: dict | None = None, run_dir: Path | N
                  (("parallel", "strategy"), ("parallel", "bucket_cap_mb"), ("data", "num_workers"),
                   ("schedule", "micro_batch"), ("parallel", "comm_hook"))} if spec else {},
     }
-    report["verdicts"] = judge(report)
+    if spec:
+        report["memory_vs_plan"] = against_plan.compare(report, spec)
+    report["verdicts"] = judge(report) + against_plan.memory_verdicts(report, spec)
     return report
