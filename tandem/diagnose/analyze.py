@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from statistics import median
 
-from tandem.diagnose import against_plan
+from tandem.diagnose import against_plan, efficiency
 from tandem.diagnose.breakdown import CATEGORIES, StepShare, rank_shares
 from tandem.diagnose.clock import Clock, estimate, fr_lateness, lateness
 from tandem.diagnose.trace import PHASE_PREFIX, RankTrace
@@ -133,7 +133,8 @@ def _metrics_window(run_dir: Path | None, steps: list[int]) -> dict:
             "step_ms": round(1e3 * _med(r["step_time_s"] for r in recs), 3)}
 
 
-def analyze(traces: list[RankTrace], spec: dict | None = None, run_dir: Path | None = None) -> dict:
+def analyze(traces: list[RankTrace], spec: dict | None = None, run_dir: Path | None = None,
+            calibration: str | None = None) -> dict:
     common = sorted(set.intersection(*(set(t.steps) for t in traces))) if traces else []
     traces = [RankTrace(t.rank, {k: v for k, v in t.steps.items() if k in common}, t.ops, t.c10d, t.phases,
                         t.comms, t.raw, t.meta, t.base_us) for t in traces]
@@ -160,5 +161,7 @@ def analyze(traces: list[RankTrace], spec: dict | None = None, run_dir: Path | N
     }
     if spec:
         report["memory_vs_plan"] = against_plan.compare(report, spec)
-    report["verdicts"] = judge(report) + against_plan.memory_verdicts(report, spec)
+        report["efficiency"] = efficiency.measure(report, spec, calibration)
+    report["verdicts"] = (judge(report) + against_plan.memory_verdicts(report, spec)
+                          + efficiency.verdicts(report, spec))
     return report

@@ -21,16 +21,18 @@ def diagnose_cmd(
                                             "step's timeline per rank, shares, memory, verdicts."),
     compare: Optional[Path] = typer.Option(None, "--compare", help="A second profiled run (after a change): "
                                            "print both side by side."),
+    calibration: Optional[Path] = typer.Option(None, "--calibration", help="A calibration from `tandem bench "
+                                               "train`: the FLOP/s the planner expects, for the efficiency verdict."),
 ) -> None:
     """Where each rank's step goes (data, compute, exposed communication, idle), which rank and section
     is slow, and what to change. Writes RUN_DIR/diagnose.json."""
     from tandem.diagnose.report import merged_trace, render
 
-    traces, rep = _analyze(run_dir)
+    traces, rep = _analyze(run_dir, calibration)
     if compare is not None:
         from tandem.diagnose import compare as cmp
 
-        other = _analyze(compare)[1]
+        other = _analyze(compare, calibration)[1]
         cmp.render(rep, other, (str(run_dir), str(compare)), Console())
         return
     if trace is not None:
@@ -57,7 +59,7 @@ def diagnose_cmd(
     console.print(f"written: {out}", highlight=False)
 
 
-def _analyze(run_dir: Path):
+def _analyze(run_dir: Path, calibration: Path | None = None):
     from tandem.diagnose.analyze import analyze
     from tandem.diagnose.trace import load_run
 
@@ -67,7 +69,10 @@ def _analyze(run_dir: Path):
     traces = load_run(run_dir)
     spec_p = run_dir / "spec.json"
     spec = json.loads(spec_p.read_text()) if spec_p.exists() else None
-    rep = analyze(traces, spec, run_dir)
+    if calibration is not None and not calibration.is_file():
+        raise DataError("no such file", field="calibration", value=str(calibration),
+                        fix="give the calibration.json that `tandem bench train` wrote")
+    rep = analyze(traces, spec, run_dir, str(calibration) if calibration else None)
     if not rep["steps"]:
         raise DataError("the ranks' windows share no step", field="run_dir", value=str(run_dir),
                         fix="profile again: every rank must record the same steps")

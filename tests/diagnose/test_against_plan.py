@@ -106,3 +106,36 @@ def test_gpt_measured_memory_against_the_plan(tmp_path, strategy):
         assert r["capacity_mib"] and r["capacity_mib"] > r["total_mib"]
     if any(r["ratio"]["activations"] > 1.1 for r in vs["ranks"].values()):
         assert any(n.startswith("activations:") for n in vs["notes"])   # the gap is explained in the report
+
+
+def _calibration(tmp_path, achieved: float, flops_per_sample: float):
+    doc = {"schema": "tandem.calibration/1", "backend": "gloo", "device": "cpu", "world_size": 2, "nnodes": 1,
+           "nproc_per_node": 2, "hosts": ["vm"], "device_name": "cpu", "cores": 2,
+           "links": {"intra_node": {"bandwidth_Bps": 1e9, "latency_s": 1e-4}},
+           "compute": {"achieved_flops": {"fp32": 2e10}, "model": {"name": "gpt", "precision": "fp32", "flops_per_sample": flops_per_sample,
+                                 "achieved_flops": achieved, "threads_per_worker": 1, "cores": 2,
+                                 "background_threads": 0.0, "step_samples_s": [0.1, 0.1, 0.1]}}}
+    p = tmp_path / "calibration.json"
+    p.write_text(json.dumps(doc))
+    return str(p)
+
+
+@pytest.mark.parametrize("achieved, finding", [(1e12, True), (1e6, False)])
+def test_low_efficiency_against_the_calibrated_rate(tmp_path, achieved, finding):
+    """The test GPT, 32 samples a rank a step in 40 ms of data + compute: ~7.3 GFLOP/s. A calibration
+    that measured 1 TFLOP/s for this model on one worker makes that a finding; 1 MFLOP/s does not."""
+    from tandem.diagnose import efficiency
+
+    spec = _spec()
+    fps = efficiency.expected(spec, None)["flops_per_sample"]
+    cal = _calibration(tmp_path, achieved, fps)
+    rep = {"ranks": [{"rank": k, "main_thread": {"runqueue_ms_per_step": 2.0},
+                      "steps": [{"data_ms": 1.0, "compute_ms": 39.0}] * 3} for k in (0, 1)]}
+    rep["efficiency"] = e = efficiency.measure(rep, spec, cal)
+    assert e["ranks"]["0"]["flops"] == pytest.approx(fps * 32 / 0.040, rel=1e-3)
+    assert e["expected_flops"] == pytest.approx(achieved, rel=0.01)   # 2 workers x 1 thread on 2 cores: no sharing
+    vs = efficiency.verdicts(rep, spec)
+    assert bool(vs) == finding, vs
+    if finding:
+        assert vs[0]["kind"] == "low-efficiency" and vs[0]["ranks"] == [0, 1]
+        assert "threads_per_worker" in vs[0]["change"] and "GFLOP/s" in vs[0]["evidence"][0]
