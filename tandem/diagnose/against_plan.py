@@ -11,7 +11,8 @@ category with MemTracker's peak (the step after the profiler window):
     Activation <-> activations (Korthikanti et al.'s per-layer terms + fp32 logits, or a CNN's measured ones)
 
 tandem trains bf16/fp16 under autocast: weights, gradients and Adam's moments stay fp32 (no separate
-master copy), so the model states are planned at fp32; activations at the run's precision.
+master copy), so the model states and the gradient traffic are planned at fp32; activations at the
+run's precision.
 The CUDA context and allocator slack (the plan's 1 GiB "other") are not tensors MemTracker sees.
 
 What-ifs re-plan the same spec with one setting changed (``parallel.strategy zero3``,
@@ -62,6 +63,7 @@ def planned(spec: dict, changes: dict | None = None) -> dict:
             if t.precision in ("bf16", "fp16"):  # autocast: fp32 weights, grads and moments, no master copy
                 states_t.precision = "fp32"
             st = memory(m, c, states_t, s, p.grad_accum)
+            p_states = evaluate(m, c, states_t, s) if states_t is not t else p   # fp32 gradients on the wire
         except Exception as e:  # noqa: BLE001 - a model the planner cannot size: say so, diagnose goes on
             return {"error": f"{type(e).__name__}: {e}"}
     finally:
@@ -70,12 +72,20 @@ def planned(spec: dict, changes: dict | None = None) -> dict:
     # FSDP gathers a block and prefetches the next (the plan's "other"); never more than the rest of the model
     gathered = (min(max(0.0, mem.other - CONTEXT_BYTES), st.params * (shard_group(s, c) - 1))
                 if s.zero >= 3 and s.dp > 1 else 0.0)
-    grad_ops = [o for o in p.comm if o.name in ("dp-grad", "hsdp-replicas")]
+    grad_ops = [o for o in p_states.comm if o.name in ("dp-grad", "hsdp-replicas")]
+    param_ops = [o for o in p_states.comm if o.name in ("dp-params", "fsdp-params")]
+
+    def wire(o) -> float:  # ring traffic a rank sends: all-reduce 2(n-1)/n of its bytes, RS/AG (n-1)/n
+        n = o.group.size
+        return (2.0 if o.collective == "all_reduce" else 1.0) * (n - 1) / n * o.bytes * o.calls if n > 1 else 0.0
+
     return {"strategy": s.label(), "precision": t.precision, "model": m.name,
             "bytes": {"params": st.params, "grads": st.grads, "optimizer": st.optimizer,
                       "activations": mem.activations, "gathered": gathered},
             "grad_bytes_per_step": sum(o.bytes * o.calls for o in grad_ops),
-            "grad_calls_per_step": sum(o.chunks * o.calls for o in grad_ops)}
+            "grad_calls_per_step": sum(o.chunks * o.calls for o in grad_ops),
+            "param_calls_per_step": sum(o.chunks * o.calls for o in param_ops),
+            "dp_wire_bytes": sum(wire(o) for o in grad_ops + param_ops)}
 
 
 def compare(rep: dict, spec: dict) -> dict | None:

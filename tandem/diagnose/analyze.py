@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from statistics import median
 
-from tandem.diagnose import against_plan, efficiency
+from tandem.diagnose import against_plan, efficiency, whatif
 from tandem.diagnose.breakdown import CATEGORIES, StepShare, rank_shares
 from tandem.diagnose.clock import Clock, estimate, fr_lateness, lateness
 from tandem.diagnose.trace import PHASE_PREFIX, RankTrace
@@ -162,6 +162,8 @@ def analyze(traces: list[RankTrace], spec: dict | None = None, run_dir: Path | N
     if spec:
         report["memory_vs_plan"] = against_plan.compare(report, spec)
         report["efficiency"] = efficiency.measure(report, spec, calibration)
+        report["what_if"] = whatif.table(report, spec)
     report["verdicts"] = (judge(report) + against_plan.memory_verdicts(report, spec)
                           + efficiency.verdicts(report, spec))
+    whatif.annotate(report["verdicts"], spec, report)
     return report
