@@ -92,9 +92,10 @@ def test_gpt_measured_memory_against_the_plan(tmp_path, strategy):
                    "--profile.steps", "2", "--parallel.strategy", strategy, "--checkpoint.at_end", "false",
                    "--launch.run_dir", str(run))
     assert p.returncode == 0, p.stderr[-3000:]
-    d = run_tandem("diagnose", str(run))
+    d = run_tandem("diagnose", str(run), "--html", str(tmp_path / "report.html"))
     assert d.returncode == 0, d.stderr[-3000:]
-    assert "Peak memory against the plan" in d.stdout, d.stdout
+    assert "Peak memory against the plan" in d.stdout and "What-ifs" in d.stdout, d.stdout
+    assert "plan (dp2 tp1 pp1" in (tmp_path / "report.html").read_text()   # the plan's bars under the ranks' 
     rep = json.loads((run / "diagnose.json").read_text())
     vs = rep["memory_vs_plan"]
     for r in vs["ranks"].values():
