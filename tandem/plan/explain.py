@@ -62,11 +62,16 @@ def _comm_sentence(p: Plan, o) -> str:
                 f"log2({g.nodes}) network hops instead of {g.nodes}-1) = {ms(per)} per step")
     if o.collective == "all_reduce" and g.nodes > 1 and algo == "tree":
         nn, l = g.nodes, g.local
+        p_ = proto or "Simple"
+        share = f" x {NA.PROTO_SHARE[p_]:.3g}" if proto else ""
+        a_in = NA._hop(c.intra.latency_s, "tree", NA._hw(c.intra.name), p_) if l > 1 else 0.0
+        a_out = NA._hop(c.inter.latency_s, "tree", "net", p_)
+        base = NA.BASE_US[("tree", p_)]
         return (f"{head}: NCCL-style tree{how} (its latency grows with log2 of the nodes; the ring's 2x({nn}-1) "
                 f"steps per call cost more at {si(o.bytes / o.chunks)} per call): 2 x {si(o.bytes / o.chunks)}"
-                f"{f' / {l}' if l > 1 else ''} / ({C.TREE_BW} x {si(c.node_bandwidth_Bps / c.gpus_per_node, 'B/s')}"
-                f" per GPU) + 2x({l - 1} x {c.intra.latency_s * 1e6:.3g} us + {math.ceil(math.log2(nn))} x "
-                f"{c.inter.latency_s * 1e6:.3g} us) latency, = {ms(per)} per step")
+                f"{f' / {l}' if l > 1 else ''} / ({C.TREE_BW}{share} x {si(c.node_bandwidth_Bps / c.gpus_per_node, 'B/s')}"
+                f" per GPU){' + inside the node' if l > 1 else ''} + {base:g} us + 2x({l - 1} x {a_in * 1e6:.3g} us + "
+                f"{math.ceil(math.log2(nn))} x {a_out * 1e6:.3g} us) latency, = {ms(per)} per step")
     if proto:
         head += how
     if o.collective == "all_reduce" and g.nodes > 1:
