@@ -22,6 +22,7 @@ each category to the measured peak: the measured figure carries what the plan le
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -55,7 +56,8 @@ def planned(spec: dict, changes: dict | None = None) -> dict:
         if ":" in str(model):  # a user's factory: measure it on the spec's image shape (tandem's image data)
             shape = f"{d['model'].get('in_channels', 3)},{d['data'].get('image_size', 224)},{d['data'].get('image_size', 224)}"
         try:
-            m, c, t, v = resolve(PlanArgs(config=path, input_shape=shape))
+            with _model_cache():
+                m, c, t, v = resolve(PlanArgs(config=path, input_shape=shape))
             s = strategy(v, c, t)
             t.bucket_bytes = float(d.get("parallel", {}).get("bucket_cap_mb") or 25.0) * MIB
             p = evaluate(m, c, t, s)
@@ -86,6 +88,32 @@ def planned(spec: dict, changes: dict | None = None) -> dict:
             "grad_calls_per_step": sum(o.chunks * o.calls for o in grad_ops),
             "param_calls_per_step": sum(o.chunks * o.calls for o in param_ops),
             "dp_wire_bytes": sum(wire(o) for o in grad_ops + param_ops)}
+
+
+_MODELS: dict[str, object] = {}
+
+
+@contextlib.contextmanager
+def _model_cache():
+    """The what-ifs change strategy, precision and checkpointing, never the model: measure a model (a
+    ResNet or a user's factory on the meta device, ~1-2 s each) once per diagnose, not once per what-if."""
+    from tandem.plan import inputs
+
+    orig = inputs.resolve_model
+
+    def cached(v: dict, spec: dict):
+        key = repr(([v.get(k) for k in ("model", "params", "layers", "hidden", "heads", "kv_heads", "ffn", "seq",
+                                        "vocab", "gated", "input_shape")],
+                    [spec.get(k) for k in ("_spec_model", "_image", "_tied")]))
+        if key not in _MODELS:
+            _MODELS[key] = orig(v, spec)
+        return copy.deepcopy(_MODELS[key])
+
+    inputs.resolve_model = cached
+    try:
+        yield
+    finally:
+        inputs.resolve_model = orig
 
 
 def compare(rep: dict, spec: dict) -> dict | None:
