@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from statistics import median
 
+from tandem.diagnose import against_plan, efficiency, whatif
 from tandem.diagnose.breakdown import CATEGORIES, StepShare, rank_shares
 from tandem.diagnose.clock import Clock, estimate, fr_lateness, lateness
 from tandem.diagnose.trace import PHASE_PREFIX, RankTrace
@@ -84,7 +85,8 @@ def _memory(meta: dict) -> dict | None:
         return None
     if "error" in peak:
         return {"error": peak["error"]}
-    return {"step": meta.get("memory_step"), "peak_mib": {k: round(v / (1 << 20), 3) for k, v in peak.items()}}
+    return {"step": meta.get("memory_step"), "peak_mib": {k: round(v / (1 << 20), 3) for k, v in peak.items()},
+            "capacity_bytes": meta.get("memory_capacity_bytes")}
 
 
 def section_scores(shares: dict[int, list[StepShare]]) -> dict:
@@ -131,7 +133,8 @@ def _metrics_window(run_dir: Path | None, steps: list[int]) -> dict:
             "step_ms": round(1e3 * _med(r["step_time_s"] for r in recs), 3)}
 
 
-def analyze(traces: list[RankTrace], spec: dict | None = None, run_dir: Path | None = None) -> dict:
+def analyze(traces: list[RankTrace], spec: dict | None = None, run_dir: Path | None = None,
+            calibration: str | None = None) -> dict:
     common = sorted(set.intersection(*(set(t.steps) for t in traces))) if traces else []
     traces = [RankTrace(t.rank, {k: v for k, v in t.steps.items() if k in common}, t.ops, t.c10d, t.phases,
                         t.comms, t.raw, t.meta, t.base_us) for t in traces]
@@ -156,5 +159,11 @@ def analyze(traces: list[RankTrace], spec: dict | None = None, run_dir: Path | N
                  (("parallel", "strategy"), ("parallel", "bucket_cap_mb"), ("data", "num_workers"),
                   ("schedule", "micro_batch"), ("parallel", "comm_hook"))} if spec else {},
     }
-    report["verdicts"] = judge(report)
+    if spec:
+        report["memory_vs_plan"] = against_plan.compare(report, spec)
+        report["efficiency"] = efficiency.measure(report, spec, calibration)
+        report["what_if"] = whatif.table(report, spec)
+    report["verdicts"] = (judge(report) + against_plan.memory_verdicts(report, spec)
+                          + efficiency.verdicts(report, spec))
+    whatif.annotate(report["verdicts"], spec, report)
     return report

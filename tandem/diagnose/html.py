@@ -58,12 +58,18 @@ def _memory(rep: dict) -> str:
     mem = [(r, m) for r, m in mem if m]
     if not mem:
         return "<p>No memory measurement (profile.memory off, or the run ended with the window).</p>"
-    top = max(m.get("Total", 0) for _, m in mem) or 1
+    vs = rep.get("memory_vs_plan") or {}
+    plan = None
+    if vs.get("plan"):  # the planner's prediction for the run's spec, in MemTracker's categories
+        pm = vs["plan"]["mib"]
+        plan = {"Parameter": pm["params"], "Gradient": pm["grads"], "Optstate": pm["optimizer"],
+                "Activation": pm["activations"], "Total": vs["plan"]["total_mib"]}
+    top = max([m.get("Total", 0) for _, m in mem] + [plan["Total"] if plan else 0]) or 1
     rows = []
-    for r, m in mem:
+    for label, m in [(f"rank {r}", m) for r, m in mem] + ([(f"plan ({vs['plan']['strategy']})", plan)] if plan else []):
         bars = "".join(f'<div title="{k} {m.get(k, 0):.2f} MiB" style="display:inline-block;height:16px;'
                        f'width:{600 * m.get(k, 0) / top:.1f}px;background:{c}"></div>' for k, c in MEM_COLORS.items())
-        rows.append(f"<div>rank {r} {bars} {m.get('Total', 0):.2f} MiB</div>")
+        rows.append(f"<div>{html.escape(label)} {bars} {m.get('Total', 0):.2f} MiB</div>")
     legend = " ".join(f'<span style="background:{c};color:#fff;padding:1px 5px">{k}</span>'
                       for k, c in MEM_COLORS.items())
     return "\n".join(rows) + f"<p>{legend}</p>"

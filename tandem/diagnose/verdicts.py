@@ -78,12 +78,14 @@ def judge(rep: dict) -> list[dict]:
         if n >= MANY_BUCKETS and size < SMALL_BUCKET:
             new = max((cap or 0) * 8, total / (1 << 20) / 2)
             out.append({"kind": "latency-bound", "ranks": ids, "evidence": ev,
+                        "setting": {"parallel.bucket_cap_mb": float(f"{new:.3g}")},
                         "title": f"communication latency-bound: {n:g} small all-reduces per step",
                         "change": f"raise parallel.bucket_cap_mb to {new:.3g} (about 2 buckets per step): "
                                   "fewer calls, each paying the per-call latency once"})
         elif n == 1 and m["overlap_pct"] < LOW_OVERLAP:
             new = total / (1 << 20) / 4
             out.append({"kind": "no-overlap", "ranks": ids, "evidence": ev,
+                        "setting": {"parallel.bucket_cap_mb": float(f"{new:.3g}")},
                         "title": "no overlap: one gradient bucket, sent after the backward",
                         "change": f"lower parallel.bucket_cap_mb to {new:.3g} (about 4 buckets per step): the "
                                   "first ones are sent while the backward still runs"})

@@ -110,11 +110,19 @@ def measured(c: Cluster) -> bool:
 
 def collective(kind: str, nbytes: float, chunks: int, g: Group, c: Cluster) -> tuple[float, str]:
     """Time of ``nbytes`` moved as ``chunks`` equal calls (DDP buckets, FSDP blocks), and the algorithm
-    chosen per call: "ring" or "tree" (all-reduce across nodes only, when the tree is faster)."""
+    chosen per call: on datasheet links NCCL's tuner (nccl_algos.py: ring, tree, nvls or pat, and the
+    protocol when not Simple, e.g. "ring/LL128"); on measured links "ring" or "tree" (all-reduce across
+    nodes only, when the tree is faster)."""
     if g.size <= 1 or nbytes <= 0:
         return 0.0, "none"
     chunks = max(1, chunks)
     per = nbytes / chunks
+    if not (measured(c) or c.intra.name.endswith("(measured)")):
+        # datasheet links: NCCL's tuner, algorithm x protocol (nccl_algos.py)
+        from tandem.plan.nccl_algos import choose
+
+        ch = choose(kind, per, g, c)
+        return chunks * ch.time_s, ch.algorithm if ch.protocol == "Simple" else f"{ch.algorithm}/{ch.protocol}"
     factor = 2.0 if kind == "all_reduce" else 1.0
     ring = ring_time(factor, per, g, c)
     if kind == "all_reduce" and g.nodes > 1 and not measured(c):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from tandem.plan import comm as C
+from tandem.plan import nccl_algos as NA
 from tandem.plan.cost import Plan
 from tandem.plan.host import default_threads
 
@@ -49,13 +50,30 @@ def _comm_sentence(p: Plan, o) -> str:
     chunked = f" in {o.chunks} {'buckets' if o.rule in ('buckets', 'prefetch') else 'calls'}" if o.chunks > 1 else ""
     head = (f"{o.name}: {o.collective} of {si(o.bytes)} x {o.calls} call(s) per step{chunked} over {g.size} GPUs, "
             f"{C.describe(g, c)}")
-    if o.collective == "all_reduce" and g.nodes > 1 and o.algorithm == "tree":
+    algo, _, proto = o.algorithm.partition("/")
+    how = (f" with NCCL's {proto} protocol ({proto_note(proto)})" if proto else "")
+    if o.collective == "all_reduce" and algo == "nvls":
+        return (f"{head}: NVLink SHARP (nvls: the switch reduces; each GPU sends {si(o.bytes / o.chunks)} once and "
+                f"reads the sum once) {si(o.bytes / o.chunks)} / ({NA.NVLS_SHARE} x "
+                f"{si(c.intra.bandwidth_Bps, 'B/s')}) + {NA.NVLS_US:g} us = {ms(per / max(1, o.chunks))} per call, "
+                f"{ms(per)} per step")
+    if algo == "pat":
+        return (f"{head}: PAT (NCCL's parallel aggregated trees, one GPU per node: the ring's bytes, "
+                f"log2({g.nodes}) network hops instead of {g.nodes}-1) = {ms(per)} per step")
+    if o.collective == "all_reduce" and g.nodes > 1 and algo == "tree":
         nn, l = g.nodes, g.local
-        return (f"{head}: NCCL-style tree (its latency grows with log2 of the nodes; the ring's 2x({nn}-1) "
+        p_ = proto or "Simple"
+        share = f" x {NA.PROTO_SHARE[p_]:.3g}" if proto else ""
+        a_in = NA._hop(c.intra.latency_s, "tree", NA._hw(c.intra.name), p_) if l > 1 else 0.0
+        a_out = NA._hop(c.inter.latency_s, "tree", "net", p_)
+        base = NA.BASE_US[("tree", p_)]
+        return (f"{head}: NCCL-style tree{how} (its latency grows with log2 of the nodes; the ring's 2x({nn}-1) "
                 f"steps per call cost more at {si(o.bytes / o.chunks)} per call): 2 x {si(o.bytes / o.chunks)}"
-                f"{f' / {l}' if l > 1 else ''} / ({C.TREE_BW} x {si(c.node_bandwidth_Bps / c.gpus_per_node, 'B/s')}"
-                f" per GPU) + 2x({l - 1} x {c.intra.latency_s * 1e6:.3g} us + {math.ceil(math.log2(nn))} x "
-                f"{c.inter.latency_s * 1e6:.3g} us) latency, = {ms(per)} per step")
+                f"{f' / {l}' if l > 1 else ''} / ({C.TREE_BW}{share} x {si(c.node_bandwidth_Bps / c.gpus_per_node, 'B/s')}"
+                f" per GPU){' + inside the node' if l > 1 else ''} + {base:g} us + 2x({l - 1} x {a_in * 1e6:.3g} us + "
+                f"{math.ceil(math.log2(nn))} x {a_out * 1e6:.3g} us) latency, = {ms(per)} per step")
+    if proto:
+        head += how
     if o.collective == "all_reduce" and g.nodes > 1:
         nn, l, gpn = g.nodes, g.local, c.gpus_per_node
         net = c.node_bandwidth_Bps
@@ -69,6 +87,11 @@ def _comm_sentence(p: Plan, o) -> str:
         return (f"{head}: 2x({n}-1)/{n} x {si(o.bytes)} / {si(c.intra.bandwidth_Bps, 'B/s')} + latency "
                 f"= {ms(per)} per call")
     return f"{head}: ring, {ms(per)} per call"
+
+
+def proto_note(proto: str) -> str:
+    return {"LL": "4 B of data per 8 B store: half the rate, the lowest latency per hop",
+            "LL128": "120 B of data per 128 B line: 94% of the rate, low latency per hop"}.get(proto, "")
 
 
 def overlap_rule(p: Plan) -> str:

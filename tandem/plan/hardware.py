@@ -68,32 +68,52 @@ GPUS: dict[str, GPU] = {g.name: g for g in [
     _g("l40s", 45 * GiB, 91.6, 183, 362.05, 362.05, 733, "pcie4", "NVIDIA L40S datasheet", 864),
     # GeForce: FP16/BF16 tensor rate with FP32 accumulate (what training uses) is half the FP16-acc rate.
     _g("rtx4090", 24 * GiB, 82.6, 82.6, 165.2, 165.2, 330.3, "pcie4", "NVIDIA Ada whitepaper, RTX 4090", 1008),
+    # P100 has no tensor cores: "tf32" runs at the FP32 rate, FP16 at twice it (no BF16).
+    _g("p100", 16 * GiB, 10.6, 10.6, None, 21.2, None, "nvlink1", "NVIDIA Tesla P100 datasheet (SXM2)", 732),
+    _g("l4", 24 * GiB, 30.3, 60, 121, 121, 242.5, "pcie4", "NVIDIA L4 datasheet (dense: half the sparse "
+       "figures)", 300),
+    # Blackwell: NVIDIA's GB200 NVL72 / HGX B200 datasheet per GPU, sparse figures halved for dense.
+    _g("b200", 180 * GiB, 75, 1100, 2250, 2250, 4500, "nvlink5", "NVIDIA HGX B200 datasheet, per GPU "
+       "(dense = sparse / 2)", 7700),
+    _g("gb200", 186 * GiB, 80, 1250, 2500, 2500, 5000, "nvlink5", "NVIDIA GB200 NVL72 datasheet, per GPU "
+       "(dense = sparse / 2); one NVLink domain of 72 GPUs: --gpus-per-node 72", 8000),
+    _g("mi300x", 192 * GiB, 163.4, 653.7, 1307.4, 1307.4, 2614.9, "xgmi", "AMD Instinct MI300X datasheet "
+       "(dense)", 5300),
 ]}
 
 ALIASES = {"a100": "a100-80gb", "h100": "h100-sxm", "v100": "v100-32gb", "4090": "rtx4090",
+           "b200-sxm": "b200", "gb200-nvl72": "gb200", "p100-sxm2": "p100", "mi300": "mi300x",
            "a100-80gb-sxm": "a100-80gb", "a100-40gb-sxm": "a100-40gb", "h200-sxm": "h200"}
 
 _L = Link
 LINKS: dict[str, Link] = {l.name: l for l in [
+    _L("nvlink1", 80 * GB, 3e-6, "intra", "P100 SXM2: 4 links x 20 GB/s per direction (160 GB/s total)"),
     _L("nvlink2", 150 * GB, 3e-6, "intra", "V100 SXM2: 6 links x 25 GB/s per direction"),
     _L("nvlink3", 300 * GB, 3e-6, "intra", "A100: 12 links x 25 GB/s per direction (600 GB/s total)"),
     _L("nvlink4", 450 * GB, 3e-6, "intra", "H100/H200: 18 links x 25 GB/s per direction (900 GB/s total)"),
+    _L("nvlink5", 900 * GB, 3e-6, "intra", "B200/GB200: 18 links x 50 GB/s per direction (1.8 TB/s total)"),
+    _L("xgmi", 448 * GB, 3e-6, "intra", "MI300X Infinity Fabric: 7 links x 64 GB/s per direction (896 GB/s "
+       "aggregate), one to each peer of the 8-GPU platform"),
     _L("pcie3", 15.75 * GB, 5e-6, "intra", "PCIe 3.0 x16, per direction"),
     _L("pcie4", 31.5 * GB, 5e-6, "intra", "PCIe 4.0 x16, per direction"),
     _L("pcie5", 63 * GB, 5e-6, "intra", "PCIe 5.0 x16, per direction"),
     _L("ib-edr", 100e9 / 8, 5e-6, "inter", "InfiniBand EDR 100 Gb/s"),
     _L("ib-hdr", 200e9 / 8, 5e-6, "inter", "InfiniBand HDR 200 Gb/s"),
     _L("ib-ndr", 400e9 / 8, 5e-6, "inter", "InfiniBand NDR 400 Gb/s"),
+    _L("ib-xdr", 800e9 / 8, 5e-6, "inter", "InfiniBand XDR 800 Gb/s"),
+    _L("opa-100", 100e9 / 8, 5e-6, "inter", "Intel Omni-Path 100 Gb/s (OPA 100 series)"),
     _L("roce-25", 25e9 / 8, 8e-6, "inter", "RoCE v2 25 Gb/s"),
     _L("roce-100", 100e9 / 8, 8e-6, "inter", "RoCE v2 100 Gb/s"),
     _L("roce-200", 200e9 / 8, 8e-6, "inter", "RoCE v2 200 Gb/s"),
     _L("roce-400", 400e9 / 8, 8e-6, "inter", "RoCE v2 400 Gb/s"),
     _L("eth-10", 10e9 / 8, 30e-6, "inter", "10 GbE, TCP sockets"),
     _L("eth-25", 25e9 / 8, 30e-6, "inter", "25 GbE, TCP sockets"),
+    _L("eth-50", 50e9 / 8, 30e-6, "inter", "50 GbE, TCP sockets"),
     _L("eth-100", 100e9 / 8, 30e-6, "inter", "100 GbE, TCP sockets"),
 ]}
 
-LINK_ALIASES = {"10gbe": "eth-10", "25gbe": "eth-25", "100gbe": "eth-100", "hdr": "ib-hdr",
+LINK_ALIASES = {"10gbe": "eth-10", "25gbe": "eth-25", "100gbe": "eth-100", "hdr": "ib-hdr", "50gbe": "eth-50",
+                "xdr": "ib-xdr", "omnipath": "opa-100", "opa": "opa-100", "infinity-fabric": "xgmi",
                 "ndr": "ib-ndr", "edr": "ib-edr", "roce": "roce-25", "nvlink": "nvlink3"}
 
 

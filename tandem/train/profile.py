@@ -123,7 +123,8 @@ class StepProfiler:
             mem = {getattr(k, "value", str(k)): int(v) for k, v in peak.items()}
         except Exception as e:
             mem = {"error": f"{type(e).__name__}: {e}"}
-        self._write_meta(memory_peak_bytes=mem, memory_step=self._mt_step)
+        self._write_meta(memory_peak_bytes=mem, memory_step=self._mt_step,
+                         memory_capacity_bytes=_capacity(self.ctx.device))
 
     def _schedule(self, k: int):
         from torch.profiler import ProfilerAction as A
@@ -177,6 +178,19 @@ class StepProfiler:
         tmp = self.dir / "window.json.tmp"
         tmp.write_text(json.dumps(self._meta, indent=1))
         tmp.replace(self.dir / "window.json")
+
+
+def _capacity(dev) -> int | None:
+    """Memory this rank may use: its GPU's, or on CPU the host's RAM shared by the ranks on it."""
+    try:
+        if dev.type == "cuda":
+            import torch
+
+            return int(torch.cuda.get_device_properties(dev).total_memory)
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return int(ram // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+    except (ValueError, OSError, RuntimeError, AttributeError):
+        return None
 
 
 def _flight_recorder(lo_ns: int, hi_ns: int) -> dict:

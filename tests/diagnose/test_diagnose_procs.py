@@ -104,6 +104,19 @@ def test_balanced_run_names_no_one(balanced):
     # On 2 cores shared by 2 ranks, their gloo threads, the agents and pytest, scheduling alone gives a
     # section a score of 0.6-0.75 now and then (seen: forward 11.1 vs 7.6 ms, 1 run in 3), which diagnose
     # reports as a mild straggler. A real one is far below: the sleeping forward above scores 0.01-0.02.
-    strong = [s for s in (rep.get("sections") or {}).get("stragglers", []) if s["score"] < 0.5]
-    assert not strong, strong
+    # A rank the loaded VM starved (load 17 on 2 cores: forward 48.8 vs 7.9 ms, seen) is named with cause
+    # cpu-starved, its run-queue wait in the evidence: the host's doing, not a finding against the code.
+    starved = {v["ranks"][0] for v in rep["verdicts"] if v.get("cause") == "cpu-starved"}
+    strong = [s for s in (rep.get("sections") or {}).get("stragglers", [])
+              if s["score"] < 0.5 and s["rank"] not in starved]
+    assert not strong, (strong, [(v["title"], v.get("cause"), v["evidence"]) for v in rep["verdicts"]])
+    # and no rank makes the others wait half a step (rank 1 with the sleeping forward: ~80 of ~126 ms)
+    if not any(v.get("cause") == "cpu-starved" for v in rep["verdicts"]):
+        step = max(r["median"]["step_ms"] for r in rep["ranks"])
+        late = {r["rank"]: r["lateness_ms"]["per_step"] for r in rep["ranks"]}
+        assert max(late.values()) < 0.5 * step, (late, step)
+    # the memory table against the plan is there for the tiny ResNet too (measured on the meta device)
+    vs = rep["memory_vs_plan"]
+    assert vs and "error" not in vs and all(x["ratio"]["params"] == pytest.approx(1.0, abs=0.1)
+                                            for x in vs["ranks"].values()), vs
     assert rep["merged_trace"]["bytes"] < 20e6
