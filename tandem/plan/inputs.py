@@ -220,6 +220,7 @@ def strategy(v: dict, c: Cluster, t: Training) -> Strategy:
         dp = c.world // (tp * pp)
     return Strategy(dp=dp, tp=tp, pp=pp, zero=v["zero"], micro_batch=v.get("micro_batch") or 0,
                     schedule=v["schedule"], virtual=v["virtual"], recompute=v["recompute"], hsdp=v["hsdp"],
+                    ranks_per_node=c.gpus_per_node,
                     stage_layers=parse_stage_layers(v.get("stage_layers")))
 
 
