@@ -19,12 +19,16 @@ import json
 import os
 import sys
 
+from pathlib import Path
+
 import torch
 
-from tandem.core.spec import JobSpec
-from tandem.models import build_model
-from tandem.train.parallel.check import run_many, spawn
-from tandem.train.tasks import make_task, token_accuracy
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the numerics harness lives with the tests
+from harness.numerics import run_many, spawn  # noqa: E402
+from tandem.core.spec import JobSpec  # noqa: E402
+from tandem.models import build_model  # noqa: E402
+from tandem.train.tasks import make_task, token_accuracy  # noqa: E402
 
 
 OPT = {"name": "sgd", "lr": 0.3}

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tandem.bench import fit, train as tb  # noqa: E402
 from tandem.bench.cli import measure  # noqa: E402
 from tandem.bench.options import CommOptions  # noqa: E402
-from tandem.bench.runner import WorkerLaunch  # noqa: E402
+from tandem.core.spec import LaunchSpec  # noqa: E402
 
 
 def matmul_only(cal: Path, spec_path: Path, workers: int, tmp: Path) -> float:
@@ -65,7 +65,7 @@ def main() -> int:
     comm_cal = a.run_dir / "comm-calibration.json"
     quick = CommOptions(collectives=["all_reduce"], min_bytes=1 << 10, max_bytes=16 << 20, factor=4,
                         warmup=2, iters=10, mode="in").validate()
-    fit.write_calibration(comm_cal, measure(quick, WorkerLaunch(nproc_per_node=max(2, max(counts))),
+    fit.write_calibration(comm_cal, measure(quick, LaunchSpec(nproc_per_node=max(2, max(counts))),
                                             a.run_dir / "comm"))
     opts = tb.TrainBenchOptions(workers=counts, steps=a.steps).validate()
     table = Table(title="planner vs measured step time (each 1-worker run calibrates, the row after it is predicted)",

@@ -13,9 +13,10 @@ from rich.console import Console
 
 from tandem.bench import fit, report
 from tandem.bench.options import CommOptions, check_memory, mem_available, parse_size
-from tandem.bench.runner import WorkerLaunch, read_result, run_module
+from tandem.bench.runner import procs_on_this_host, read_result, run_module
 from tandem.core.errors import ConfigError, WorkerFailure
-from tandem.launch.options import LaunchArgs, launch_options
+from tandem.core.spec import LaunchSpec
+from tandem.launch.options import check, launch_options
 
 bench_app = typer.Typer(help="Measure collectives (nccl-tests style), training scaling and a served model under load; "
                         "calibrate `tandem plan`.",
@@ -40,7 +41,7 @@ def comm_cmd(
     mode: str = typer.Option("both", "--mode", help="both | out (out-of-place) | in (in-place)."),
     no_check: bool = typer.Option(False, "--no-check", help="Skip the correctness check (nccl-tests -c 0)."),
     no_compute: bool = typer.Option(False, "--no-compute", help="Skip the matmul FLOP/s measurement."),
-    launch: LaunchArgs = None,
+    launch: LaunchSpec = None,
     run_dir: Path = typer.Option(Path("runs/bench-comm"), "--run-dir", help="Logs and raw results go here."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write results + fits as JSON."),
     csv_out: Optional[Path] = typer.Option(None, "--csv", help="Write one CSV row per measurement."),
@@ -58,17 +59,15 @@ def comm_cmd(
                        max_bytes=parse_size(max_bytes, "--max-bytes"), factor=factor, dtype=dtype,
                        warmup=warmup, iters=iters, mode=mode, check=not no_check, compute=not no_compute,
                        device=launch.device, backend=launch.backend).validate()
-    wl = WorkerLaunch.of(launch)
-    nproc_per_node, simulate_nodes, device = wl.nproc_per_node, wl.simulate_nodes, wl.device
-    spec = wl.spec()  # validate launcher options before anything starts
-    from tandem.core.validate import parse_nnodes
+    check(launch)  # before anything starts
+    from tandem.core.validate import world_sizes
 
-    if nproc_per_node * max(simulate_nodes, parse_nnodes(spec.nnodes)[1]) < 2:
-        raise ConfigError("a collective needs at least 2 ranks", field="--nproc-per-node", value=nproc_per_node,
-                          fix="use --nproc-per-node 2 (or more nodes)")
-    if device != "cuda":  # GPU memory is checked by the worker, where the device is
-        check_memory(opts, wl.procs_on_this_host(), mem_available())
-    result = measure(opts, wl, run_dir)
+    if world_sizes(launch)[1] < 2:
+        raise ConfigError("a collective needs at least 2 ranks", field="--nproc-per-node",
+                          value=launch.nproc_per_node, fix="use --nproc-per-node 2 (or more nodes)")
+    if launch.device != "cuda":  # GPU memory is checked by the worker, where the device is
+        check_memory(opts, procs_on_this_host(launch), mem_available())
+    result = measure(opts, launch, run_dir)
     # Piped output (CI logs, `| tee`) gets a fixed wide console so the nccl-tests columns never wrap.
     out = Console(width=None if sys.stdout.isatty() else 150)
     if result is None:
@@ -96,25 +95,27 @@ def comm_cmd(
                                 "rerun with NCCL_DEBUG=INFO and check `tandem doctor`")
 
 
-def measure(opts: CommOptions, wl: WorkerLaunch, run_dir: Path) -> dict | None:
+def measure(opts: CommOptions, launch: LaunchSpec, run_dir: Path) -> dict | None:
     """Run the workers and return rank 0's result (None on nodes without rank 0)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     opts_path, res_path = run_dir / "bench-comm-options.json", run_dir / RESULT_FILE
     opts_path.write_text(json.dumps(opts.to_dict()))
     res_path.unlink(missing_ok=True)  # a stale file must never pass for this run's result
     with Console(stderr=True).status(f"measuring {', '.join(opts.collectives)} on "
-                                     f"{wl.procs_on_this_host()} local workers ..."):
-        run_module(wl, "tandem.bench.comm_worker",
+                                     f"{procs_on_this_host(launch)} local workers ..."):
+        run_module(launch, "tandem.bench.comm_worker",
                    ["--options", str(opts_path.resolve()), "--out", str(res_path.resolve())], run_dir)
-    return read_result(res_path, wl)
+    return read_result(res_path, launch)
 
 
 def _comm_workers(counts: list[int]) -> int:
     """Workers for the quick link measurement: two at least, but NCCL takes one rank per GPU, so on a
     host with one GPU there is no link to measure (the calibration then holds the host and compute)."""
     import torch
+
+    from tandem.core.environment import resolve_device
     n = max(2, max(counts))
-    if os.environ.get("TANDEM_DEVICE", "cuda") == "cuda" and torch.cuda.is_available():
+    if resolve_device("auto", "auto", os.environ)[0] == "cuda":
         n = min(n, max(1, torch.cuda.device_count()))
     return n
 
@@ -153,7 +154,7 @@ def train_cmd(
         out.print(f"no calibration at {cal}: measuring all_reduce on {max(counts)} workers first")
         quick = CommOptions(collectives=["all_reduce"], min_bytes=1 << 10, max_bytes=16 << 20, factor=4,
                             warmup=2, iters=10, mode="in").validate()  # DDP reduces its buckets in place
-        res = measure(quick, WorkerLaunch(nproc_per_node=_comm_workers(counts)), run_dir / "comm")
+        res = measure(quick, LaunchSpec(nproc_per_node=_comm_workers(counts)), run_dir / "comm")
         fit.write_calibration(cal, res)
     res = tb.run(opts, run_dir, cal, Console(stderr=True))
     out.print(tb.table(res))

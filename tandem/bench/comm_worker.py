@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from tandem.bench.collectives import COLLECTIVES, DTYPES, Collective, bus_factor, check, numel_for, tolerance
 from tandem.bench.options import CommOptions, buffer_bytes_per_rank, format_size
+from tandem.core.environment import ClusterEnv, resolve_device
 from tandem.core.errors import ConfigError
 
 SCHEMA = "tandem.bench.comm/1"
@@ -57,18 +58,12 @@ class Link:
 
 def resolve(device: str, backend: str) -> tuple[str, str]:
     """The launcher exports its choice (TANDEM_DEVICE/TANDEM_BACKEND); honour it unless told otherwise."""
-    device = device if device != "auto" else os.environ.get("TANDEM_DEVICE", "auto")
-    backend = backend if backend != "auto" else os.environ.get("TANDEM_BACKEND", "auto")
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if backend == "auto":
-        backend = "nccl" if device == "cuda" else "gloo"
-    return device, backend
+    return resolve_device(device, backend, os.environ, field="--device")
 
 
 def init(device: str, backend: str, timeout_s: float | None = None) -> None:
     if device == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(ClusterEnv.detect().local_rank)
     if not dist.is_initialized():
         # Ranks outside the link being measured wait at a barrier for the whole sweep of that
         # link (minutes for 1 GiB messages on a slow network), so the default 10 min of a
@@ -79,7 +74,8 @@ def init(device: str, backend: str, timeout_s: float | None = None) -> None:
 
 def topology() -> Topology:
     """Who is on which node, learned from the ranks themselves (GROUP_RANK from torchrun)."""
-    me = (int(os.environ.get("GROUP_RANK", "0")), int(os.environ.get("LOCAL_RANK", "0")), socket.gethostname())
+    env = ClusterEnv.detect()
+    me = (env.node, env.local_rank, socket.gethostname())
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, me)
     node_ids = sorted({g for g, _, _ in everyone})

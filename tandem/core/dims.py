@@ -8,7 +8,9 @@ inside a worker, builds the DeviceMesh everything else slices:
 
 tp is innermost so a tp group is consecutive ranks (one node, fast links), then data
 parallel, then pipeline stages outermost (Megatron-LM's order; the planner assumes the
-same). ``dp = dp_replicate x dp_shard``; only hsdp has dp_replicate > 1.
+same). ``dp = dp_replicate x dp_shard``; the trainer builds dp_replicate > 1 for hsdp only,
+the planner (``tandem.plan``, which reads its degrees from here) also prices hybrid ZeRO-1/2:
+sharded inside a node, replicated across (``from_degrees``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from tandem.core.errors import ConfigError
 SHARDED = ("zero2", "zero3", "fsdp", "hsdp")    # FSDP2 strategies
 STRATEGIES = ("ddp", "zero1") + SHARDED
 ZERO_STAGE = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3, "hsdp": 3}
+STAGE_NAME = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}   # the canonical name of each ZeRO stage
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,31 @@ class ParallelDims:
     @property
     def dp(self) -> int:
         return self.dp_replicate * self.dp_shard
+
+    @property
+    def zero(self) -> int:
+        """ZeRO stage: 0 replicated (ddp), 1 optimizer state sharded, 2 + gradients, 3 + parameters."""
+        return ZERO_STAGE[self.strategy]
+
+    @property
+    def hybrid(self) -> bool:
+        """Sharded inside a group of dp_shard ranks, replicated across dp_replicate groups (HSDP)."""
+        return self.strategy == "hsdp" or self.dp_replicate > 1
+
+    @classmethod
+    def from_degrees(cls, dp: int, tp: int = 1, pp: int = 1, zero: int = 0, hybrid: bool = False,
+                     ranks_per_node: int | None = None) -> "ParallelDims":
+        """Degrees in the planner's terms (a ZeRO stage, hybrid or not) to dims; no spec checks.
+
+        hybrid: the ZeRO stage shards over the dp ranks of one node (``ranks_per_node // tp`` of
+        them, or the largest divisor of dp below that, as a DeviceMesh needs) and replicates across.
+        """
+        shard = dp
+        if hybrid and zero >= 1:
+            room = max(1, (ranks_per_node or dp * tp) // tp)
+            shard = max(d for d in range(1, min(dp, room) + 1) if dp % d == 0)
+        name = "hsdp" if hybrid and zero == 3 else STAGE_NAME[zero]
+        return cls(world=dp * tp * pp, pp=pp, dp_replicate=dp // shard, dp_shard=shard, tp=tp, strategy=name)
 
     @property
     def names(self) -> tuple[str, ...]:

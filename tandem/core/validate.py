@@ -7,11 +7,13 @@ Each check raises ConfigError naming the field, the numbers and the fix, e.g.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from tandem.core.dims import from_spec
 from tandem.core.errors import ConfigError
 from tandem.core.spec import JobSpec, LaunchSpec
 
+LAUNCH_CHOICES = {"device": ("auto", "cpu", "cuda"), "backend": ("auto", "gloo", "nccl")}
 CHOICES = {
     "data.name": ("digits", "synthetic", "npz", "reverse", "sort", "tokens"),  # or 'pkg.module:factory'
     "data.remainder": ("pad", "drop"),
@@ -23,24 +25,66 @@ CHOICES = {
     "optim.name": ("sgd", "adamw"),
     "schedule.decay": ("cosine", "linear", "constant"),
     "precision.dtype": ("fp32", "bf16", "fp16"),
-    "launch.device": ("auto", "cpu", "cuda"),
-    "launch.backend": ("auto", "gloo", "nccl"),
     "elastic.on_resize": ("keep_batch", "scale_lr"),
+    **{f"launch.{k}": v for k, v in LAUNCH_CHOICES.items()},
 }
 
 
-def parse_nnodes(nnodes: str) -> tuple[int, int]:
+def parse_nnodes(nnodes: str, field: str = "launch.nnodes") -> tuple[int, int]:
     """'2' -> (2, 2); '1:4' -> (1, 4)."""
     try:
         lo, _, hi = str(nnodes).partition(":")
         mn, mx = int(lo), int(hi or lo)
     except ValueError:
-        raise ConfigError("expected N or MIN:MAX", field="launch.nnodes", value=nnodes,
+        raise ConfigError("expected N or MIN:MAX", field=field, value=nnodes,
                           fix="write --nnodes 2 or --nnodes 1:4") from None
     if mn < 1 or mx < mn:
         raise ConfigError(f"{nnodes!r} is not a valid range (need 1 <= MIN <= MAX)",
-                          field="launch.nnodes", fix="write --nnodes 2 or --nnodes 1:4")
+                          field=field, fix="write --nnodes 2 or --nnodes 1:4")
     return mn, mx
+
+
+def spec_field(name: str) -> str:
+    """How a job spec names a LaunchSpec field in errors (the command-line verbs name their flags)."""
+    return f"launch.{name}"
+
+
+def validate_launch(launch: LaunchSpec, name: Callable[[str], str] = spec_field) -> LaunchSpec:
+    """The launch options' own rules, the same for `tandem train`, `launch`, `bench comm` and `doctor`.
+
+    ``name`` turns a LaunchSpec field into what the user wrote (``launch.nnodes`` in a job spec,
+    ``--nnodes`` on a command line), so that the error names it. Simulated nodes: ``--simulate-nodes K``
+    with ``--nnodes`` 1 (not given), K, or MIN:K (an elastic job of K simulated nodes, MIN to go on).
+    """
+    for key, choices in LAUNCH_CHOICES.items():
+        val = getattr(launch, key)
+        if val not in choices:
+            raise ConfigError(f"{val!r} is not one of {', '.join(choices)}", field=name(key), value=val,
+                              fix=f"use one of: {', '.join(choices)}")
+    if launch.nproc_per_node < 1:
+        raise ConfigError(f"must be at least 1, got {launch.nproc_per_node}", field=name("nproc_per_node"),
+                          value=launch.nproc_per_node, fix="use 1 or more workers per node")
+    for key in ("max_restarts", "simulate_nodes", "node_rank"):
+        if getattr(launch, key) < 0:
+            raise ConfigError(f"must be 0 or more, got {getattr(launch, key)}", field=name(key),
+                              value=getattr(launch, key), fix="give 0 or a positive number")
+    if launch.timeout_s <= 0:
+        raise ConfigError(f"must be positive, got {launch.timeout_s}", field=name("timeout_s"),
+                          value=launch.timeout_s, fix="give the seconds to wait for the rendezvous, e.g. 60")
+    mn, mx = parse_nnodes(launch.nnodes, name("nnodes"))
+    k = launch.simulate_nodes
+    if k and (mn, mx) != (1, 1) and mx != k:
+        raise ConfigError(f"{name('nnodes')} {launch.nnodes} does not fit {name('simulate_nodes')} {k}: the "
+                          f"simulated nodes are the job's nodes, so nnodes is 1 (not given), {k}, or MIN:{k}",
+                          field=name("nnodes"), value=launch.nnodes,
+                          fix=f"drop {name('nnodes')}, or give MIN:{k} for an elastic job")
+    if mn != mx and not launch.rdzv_endpoint and not k:
+        raise ConfigError(f"elastic nnodes {launch.nnodes} needs a c10d rendezvous endpoint",
+                          field=name("rdzv_endpoint"), fix=f"add {name('rdzv_endpoint')} HOST:PORT")
+    if launch.backend == "nccl" and launch.device == "cpu":
+        raise ConfigError("nccl needs CUDA devices", field=name("backend"), value="nccl",
+                          fix=f"use {name('backend')} gloo (or auto) on CPU")
+    return launch
 
 
 def node_counts(launch: LaunchSpec) -> tuple[int, int]:
@@ -99,6 +143,8 @@ def _check_scale_lr(spec: JobSpec) -> None:
 def validate(spec: JobSpec) -> JobSpec:
     for key, choices in CHOICES.items():
         sec, name = key.split(".")
+        if sec == "launch":
+            continue  # validate_launch's
         val = getattr(getattr(spec, sec), name)
         if key == "data.name" and ":" in str(val):
             continue  # your own data set's factory: imported and checked by tandem.data.user
@@ -108,7 +154,6 @@ def validate(spec: JobSpec) -> JobSpec:
     positive = {"schedule.global_batch": spec.schedule.global_batch,
                 "schedule.micro_batch": spec.schedule.micro_batch,
                 "schedule.epochs": spec.schedule.epochs,
-                "launch.nproc_per_node": spec.launch.nproc_per_node,
                 "model.width": spec.model.width, "model.num_classes": spec.model.num_classes,
                 "data.image_size": spec.data.image_size, "schedule.log_every": spec.schedule.log_every,
                 "profile.start_step": spec.profile.start_step, "profile.steps": spec.profile.steps,
@@ -117,8 +162,7 @@ def validate(spec: JobSpec) -> JobSpec:
         if val < 1:
             raise ConfigError(f"must be at least 1, got {val}", field=key, value=val, fix="give a positive number")
     nonneg = {"schedule.max_steps": spec.schedule.max_steps, "schedule.warmup_steps": spec.schedule.warmup_steps,
-              "checkpoint.every_steps": spec.checkpoint.every_steps, "launch.max_restarts": spec.launch.max_restarts,
-              "launch.simulate_nodes": spec.launch.simulate_nodes, "optim.ref_batch": spec.optim.ref_batch}
+              "checkpoint.every_steps": spec.checkpoint.every_steps, "optim.ref_batch": spec.optim.ref_batch}
     for key, val in nonneg.items():
         if val < 0:
             raise ConfigError(f"must be 0 or more, got {val}", field=key, value=val, fix="give 0 or a positive number")
@@ -135,10 +179,8 @@ def validate(spec: JobSpec) -> JobSpec:
                           fix="use e.g. 10 (seconds), below torchrun's 30 s; elastic.save_on_term=false turns "
                               "the graceful stop off")
 
+    validate_launch(spec.launch)
     mn, mx = parse_nnodes(spec.launch.nnodes)
-    if mn != mx and not spec.launch.rdzv_endpoint and not spec.launch.simulate_nodes:
-        raise ConfigError(f"elastic nnodes {spec.launch.nnodes} needs a c10d rendezvous endpoint",
-                          field="launch.rdzv_endpoint", fix="add --rdzv-endpoint HOST:PORT")
     lo, hi = world_sizes(spec.launch)
     # The degrees' owner (ParallelDims) checks tp/pp/dp arithmetic before any process starts.
     for world in sorted({lo, hi}):
@@ -166,10 +208,4 @@ def validate(spec: JobSpec) -> JobSpec:
     if spec.model.sync_bn and dev == "cpu":
         raise ConfigError("torch's SyncBatchNorm runs only on GPUs", field="model.sync_bn", value=True,
                           fix="set model.sync_bn=false on CPU (each rank keeps its own BatchNorm statistics)")
-    if spec.launch.backend == "nccl" and dev == "cpu":
-        raise ConfigError("nccl needs CUDA devices", field="launch.backend", value="nccl",
-                          fix="use launch.backend=gloo (or auto) on CPU")
-    if spec.launch.simulate_nodes and parse_nnodes(spec.launch.nnodes) not in ((1, 1), (mn, spec.launch.simulate_nodes)):
-        raise ConfigError("give either simulate_nodes or nnodes, not both", field="launch.simulate_nodes",
-                          value=spec.launch.simulate_nodes, fix="drop --nnodes when simulating nodes")
     return spec

@@ -13,12 +13,13 @@ import typer
 from rich.console import Console
 
 from tandem.bench.options import parse_size
-from tandem.bench.runner import WorkerLaunch, read_result, run_module
+from tandem.bench.runner import procs_on_this_host, read_result, run_module
 from tandem.core.errors import ConfigError, LaunchError, TandemError, WorkerFailure
 from tandem.diagnose import nccl_log, network, system
 from tandem.diagnose.checks import FAIL, Check, ChecksFailed, print_summary, table, worst
 from tandem.diagnose.options import DoctorOptions
-from tandem.launch.options import LaunchArgs, launch_options
+from tandem.core.spec import LaunchSpec
+from tandem.launch.options import check, launch_options
 
 
 def _expected_busbw(expect: float, calibration: Optional[Path], nnodes_max: int) -> float:
@@ -34,7 +35,7 @@ def _expected_busbw(expect: float, calibration: Optional[Path], nnodes_max: int)
                           fix="give a file written by `tandem bench comm` (schema tandem.calibration/1)") from None
 
 
-def local_checks(opts: DoctorOptions, wl: WorkerLaunch) -> list[Check]:
+def local_checks(opts: DoctorOptions, wl: LaunchSpec) -> list[Check]:
     """What this machine can tell alone, before (or without) starting any worker."""
     return [*system.node_checks(opts.device, opts.nproc_per_node, opts.checkpoint_path),
             *network.network_checks(dict(os.environ), wl.master_addr if not wl.rdzv_endpoint
@@ -77,7 +78,7 @@ def nccl_log_report(path: Path, json_out: Optional[Path]) -> None:
 def doctor_cmd(
     nccl_log_file: Optional[Path] = typer.Option(None, "--nccl-log",
                                                  help="Summarise an NCCL_DEBUG=INFO log instead of checking."),
-    launch: LaunchArgs = None,
+    launch: LaunchSpec = None,
     checkpoint_path: Path = typer.Option(Path("runs"), "--checkpoint-path", help="Where checkpoints will go."),
     shared_path: Optional[Path] = typer.Option(None, "--shared-path",
                                                help="Path that must be shared by all nodes (default: "
@@ -103,15 +104,14 @@ def doctor_cmd(
 
         launch.nproc_per_node = torch.cuda.device_count() if device != "cpu" and torch.cuda.is_available() else 2
     nproc_per_node = launch.nproc_per_node
-    wl = WorkerLaunch.of(launch)
-    spec = wl.spec()
-    from tandem.core.validate import parse_nnodes
+    wl = check(launch)
+    from tandem.core.validate import node_counts
 
     opts = DoctorOptions(device=device, nproc_per_node=nproc_per_node, checkpoint_path=str(checkpoint_path),
                          shared_path=str(shared_path or ""), busbw_bytes=parse_size(busbw_size, "--busbw-size"),
                          collective_timeout_s=max(60.0, 4.0 * timeout),
                          expect_busbw_GBps=_expected_busbw(expect_busbw, calibration,
-                                                           max(simulate_nodes, parse_nnodes(spec.nnodes)[1])))
+                                                           node_counts(wl)[1]))
     checks = local_checks(opts, wl)
     if local_only:
         _emit(checks, json_out, "tandem doctor (this machine only)")
@@ -122,18 +122,18 @@ def doctor_cmd(
     elif workers is None:
         _emit(checks, json_out, "tandem doctor (this node; the full table prints on the node with rank 0)")
     else:
-        _emit(workers, json_out, f"tandem doctor ({wl.procs_on_this_host() if simulate_nodes else nproc_per_node} "
+        _emit(workers, json_out, f"tandem doctor ({procs_on_this_host(wl) if simulate_nodes else nproc_per_node} "
                                  f"workers per {'machine' if simulate_nodes else 'node'})")
 
 
-def run_workers(opts: DoctorOptions, wl: WorkerLaunch, run_dir: Path) -> list[Check] | Check | None:
+def run_workers(opts: DoctorOptions, wl: LaunchSpec, run_dir: Path) -> list[Check] | Check | None:
     """Checks gathered from every node, None on a node without rank 0, or a fail row if they could not run."""
     run_dir.mkdir(parents=True, exist_ok=True)
     opts_path, res_path = run_dir / "doctor-options.json", run_dir / "doctor.json"
     opts_path.write_text(json.dumps(dataclasses.asdict(opts)))
     res_path.unlink(missing_ok=True)
     try:
-        with Console(stderr=True).status(f"checking {wl.procs_on_this_host()} local workers ..."):
+        with Console(stderr=True).status(f"checking {procs_on_this_host(wl)} local workers ..."):
             run_module(wl, "tandem.diagnose.doctor_worker",
                        ["--options", str(opts_path.resolve()), "--out", str(res_path.resolve())], run_dir)
         res = read_result(res_path, wl)

@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from tandem.bench import comm_worker as cw
 from tandem.bench.collectives import COLLECTIVES, bus_factor
+from tandem.core.environment import ClusterEnv
 from tandem.diagnose import network, system
 from tandem.diagnose.checks import FAIL, INFO, PASS, WARN, Check
 
@@ -37,7 +38,8 @@ def _node_name(topo: cw.Topology, node: int) -> str:
 
 
 def node_local(opts: DoctorOptions, device: str) -> list[Check]:
-    master = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "0"))
+    cenv = ClusterEnv.detect()
+    master = cenv.master_addr or "127.0.0.1", cenv.master_port
     # Under the launcher the master's store is up, so a refused connection is a real failure.
     ifaces = network.interfaces()
     r = network.rdma()

@@ -7,11 +7,11 @@ from pathlib import Path
 import typer
 
 from tandem.core.console import make_console
-from tandem.core.errors import ConfigError, WorkerFailure
-from tandem.core.validate import parse_nnodes
+from tandem.core.errors import WorkerFailure
+from tandem.core.spec import LaunchSpec
 from tandem.launch import failures as fl
 from tandem.launch.launcher import launch as run_launch
-from tandem.launch.options import LaunchArgs, launch_options
+from tandem.launch.options import check, launch_options
 
 
 @launch_options("nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "rdzv_endpoint",
@@ -21,7 +21,7 @@ from tandem.launch.options import LaunchArgs, launch_options
 def launch_cmd(
     ctx: typer.Context,
     script: str = typer.Argument(..., help="Python script (or -m module) to run on every worker."),
-    launch: LaunchArgs = None,
+    launch: LaunchSpec = None,
     run_dir: Path = typer.Option(Path("runs/launch"), "--run-dir", help="Logs and failure records go here."),
     quiet: bool = typer.Option(False, "--quiet", help="Per-rank files only, no console stream."),
     verbose: bool = typer.Option(False, "--verbose", help="Show torch's own logs (torchrun's agent, c10d's "
@@ -31,19 +31,7 @@ def launch_cmd(
 
     Example: tandem launch --nproc-per-node 2 --simulate-nodes 2 examples/hello_dist.py
     """
-    device, backend, nproc_per_node = launch.device, launch.backend, launch.nproc_per_node
-    nnodes, simulate_nodes = launch.nnodes, launch.simulate_nodes
-    if device not in ("auto", "cpu", "cuda"):
-        raise ConfigError(f"{device!r} is not one of auto, cpu, cuda", field="--device", fix="use auto")
-    if backend not in ("auto", "gloo", "nccl"):
-        raise ConfigError(f"{backend!r} is not one of auto, gloo, nccl", field="--backend", fix="use auto")
-    if nproc_per_node < 1:
-        raise ConfigError(f"must be at least 1, got {nproc_per_node}", field="--nproc-per-node", fix="use 1 or more")
-    parse_nnodes(nnodes)
-    if simulate_nodes and nnodes != "1" and parse_nnodes(nnodes)[1] != simulate_nodes:
-        raise ConfigError(f"--nnodes {nnodes} does not fit --simulate-nodes {simulate_nodes}", field="--nnodes",
-                          value=nnodes, fix=f"drop --nnodes, or give MIN:{simulate_nodes} for an elastic job")
-    opts = launch.launch_spec()
+    opts = check(launch)
     argv = ["-m", *ctx.args] if script == "-m" else [script, *ctx.args]
     console = make_console(stderr=True)
     try:

@@ -27,11 +27,13 @@ from pathlib import Path
 from typing import Callable
 
 from tandem.core.errors import ConfigError, JobStopped, LaunchError, WorkerFailure
+from tandem.core import environment
 from tandem.core.spec import LaunchSpec
 from tandem.core.validate import parse_nnodes
 from tandem.launch import failures as fl
 
-ENV_DEVICE, ENV_BACKEND, ENV_RUN_DIR = "TANDEM_DEVICE", "TANDEM_BACKEND", "TANDEM_RUN_DIR"
+ENV_DEVICE, ENV_BACKEND = environment.ENV_DEVICE, environment.ENV_BACKEND
+ENV_RUN_DIR = "TANDEM_RUN_DIR"
 CPP_LOG_ENV = "TORCH_CPP_LOG_LEVEL"
 
 
@@ -42,17 +44,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def resolve_device(opts: LaunchSpec) -> tuple[str, str]:
-    """(device, backend): cuda + nccl where GPUs exist, cpu + gloo otherwise, unless overridden."""
-    import torch
-
-    device = opts.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("no CUDA device is visible", field="launch.device", value="cuda",
-                          fix="use launch.device=cpu (or auto)")
-    backend = opts.backend if opts.backend != "auto" else ("nccl" if device == "cuda" else "gloo")
-    return device, backend
+    """(device, backend) for this launch: the launcher decides, its workers inherit (tandem.core.environment)."""
+    return environment.resolve_device(opts.device, opts.backend)
 
 
 def _check_master_port(opts: LaunchSpec) -> None:

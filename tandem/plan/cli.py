@@ -7,7 +7,6 @@ it never starts a process or touches a GPU.
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from typing import Optional
 
 import typer
@@ -149,7 +148,7 @@ def suggestion(m, c, t, s) -> str:
                 f"with {g} gradient accumulation step(s){rc and ' and ' + rc.strip()} "
                 f"does (--micro-batch {fit.micro_batch}{rc})")
     if s.zero < 3 and s.pp == 1:
-        z3 = fitting_micro_batch(m, c, t, replace(s, zero=3))
+        z3 = fitting_micro_batch(m, c, t, s.with_zero(3, c.gpus_per_node))
         if z3 is not None:
             rc = f" --recompute {z3.recompute}" if z3.recompute != "none" else ""
             return (f"no micro-batch fits with zero {s.zero}; sharding the model states over the {s.dp} "

@@ -1,9 +1,10 @@
-"""Typed inputs of a plan: how to train (Training) and how to split it (Strategy)."""
+"""Typed inputs of a plan: how to train (Training) and how to split it (Strategy: ParallelDims + knobs)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from tandem.core.dims import ParallelDims, from_spec
 from tandem.core.errors import ConfigError
 
 # bytes per parameter of the working weights, gradients and activations; `master` is the FP32
@@ -84,36 +85,66 @@ class Training:
         return self.bytes["master"] + OPTIMIZERS[self.optimizer]
 
 
-@dataclass
+@dataclass(init=False)
 class Strategy:
-    dp: int = 1
-    tp: int = 1
-    pp: int = 1
-    zero: int = 0                 # 0 DDP, 1 optimizer, 2 +gradients, 3 +parameters (FSDP full shard)
+    """One way to run the job: the parallel degrees, owned by ParallelDims (tandem.core.dims, the
+    same object the trainer builds its DeviceMesh from), and the planner's per-step knobs.
+
+    ``Strategy(dims, micro_batch=...)``, or the degrees in the planner's terms, ``Strategy(dp=8,
+    tp=2, zero=3, hsdp=True, ranks_per_node=8)``, turned into dims by ParallelDims.from_degrees.
+    ``from_job`` reads a job spec's parallel section the way `tandem train` does.
+    """
+    dims: ParallelDims
     micro_batch: int = 0          # samples per GPU per forward/backward (0: global_batch / dp)
     schedule: str = "1f1b"
     virtual: int = 1              # interleaved: model chunks per pipeline stage
     recompute: str = "none"
-    hsdp: bool = False            # ZeRO sharding inside a node only, replicas across nodes
     stage_layers: tuple[int, ...] | None = None   # layers per pipeline stage (None: the planner's split)
 
-    def __post_init__(self):
-        for k in ("dp", "tp", "pp", "virtual"):
-            v = getattr(self, k)
-            if not isinstance(v, int) or v <= 0:
-                raise ConfigError("must be a positive integer", field=k, value=v, fix=f"give --{k} >= 1")
-        if self.zero not in (0, 1, 2, 3):
-            raise ConfigError("must be 0, 1, 2 or 3", field="zero", value=self.zero,
-                              fix="0 = DDP, 1/2/3 = ZeRO stage (3 = FSDP full shard)")
+    def __init__(self, dims: ParallelDims | None = None, micro_batch: int = 0, schedule: str = "1f1b",
+                 virtual: int = 1, recompute: str = "none", stage_layers: tuple[int, ...] | None = None, *,
+                 dp: int = 1, tp: int = 1, pp: int = 1, zero: int = 0, hsdp: bool = False,
+                 ranks_per_node: int | None = None) -> None:
+        if dims is None:
+            for k, v in (("dp", dp), ("tp", tp), ("pp", pp)):
+                if not isinstance(v, int) or v <= 0:
+                    raise ConfigError("must be a positive integer", field=k, value=v, fix=f"give --{k} >= 1")
+            if zero not in (0, 1, 2, 3):
+                raise ConfigError("must be 0, 1, 2 or 3", field="zero", value=zero,
+                                  fix="0 = DDP, 1/2/3 = ZeRO stage (3 = FSDP full shard)")
+            dims = ParallelDims.from_degrees(dp, tp, pp, zero, hsdp, ranks_per_node)
+        self.dims, self.micro_batch, self.stage_layers = dims, micro_batch, stage_layers
+        if not isinstance(virtual, int) or virtual <= 0:
+            raise ConfigError("must be a positive integer", field="virtual", value=virtual, fix="give --virtual >= 1")
         if not isinstance(self.micro_batch, int) or self.micro_batch < 0:
             raise ConfigError("must be a positive integer", field="micro-batch", value=self.micro_batch,
                               fix="give --micro-batch >= 1")
-        self.schedule = _choice(self.schedule, SCHEDULES, "schedule")
-        self.recompute = _choice(self.recompute, RECOMPUTE, "recompute")
-        if self.schedule != "interleaved":
-            self.virtual = 1
-        elif self.virtual < 2:
-            self.virtual = 2
+        self.schedule = _choice(schedule, SCHEDULES, "schedule")
+        self.recompute = _choice(recompute, RECOMPUTE, "recompute")
+        self.virtual = 1 if self.schedule != "interleaved" else max(2, virtual)
+
+    @classmethod
+    def from_job(cls, spec, world: int, local_world: int | None = None) -> "Strategy":
+        """A job spec's parallel section on ``world`` ranks, as `tandem train` would lay it out
+        (its checks included: ConfigError where the trainer would refuse it)."""
+        p = spec.parallel
+        return cls(from_spec(spec, world, local_world, warn=False), micro_batch=spec.schedule.micro_batch,
+                   schedule=p.pp_schedule, virtual=p.pp_virtual,
+                   # tandem's "selective" (every ac_every-th block) has no planner twin
+                   recompute="full" if p.activation_checkpoint == "full" else "none")
+
+    # the degrees, read from their owner
+    dp = property(lambda self: self.dims.dp)
+    tp = property(lambda self: self.dims.tp)
+    pp = property(lambda self: self.dims.pp)
+    zero = property(lambda self: self.dims.zero)
+    hsdp = property(lambda self: self.dims.hybrid)
+
+    def with_zero(self, zero: int, ranks_per_node: int | None = None) -> "Strategy":
+        """The same strategy at another ZeRO stage."""
+        d = self.dims
+        dims = ParallelDims.from_degrees(d.dp, d.tp, d.pp, zero, d.hybrid, ranks_per_node or d.dp_shard * d.tp)
+        return replace(self, dims=dims)
 
     @property
     def world(self) -> int:

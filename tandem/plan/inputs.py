@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from tandem.core.dims import from_spec
 from tandem.core.errors import ConfigError
 from tandem.plan.config import Strategy, Training
 from tandem.plan.hardware import Cluster, load_cluster_file, make_cluster
@@ -83,8 +84,10 @@ def from_job_spec(path: str) -> dict:
     from tandem.core.dims import ZERO_STAGE
 
     par = spec.parallel
+    # the degrees as flags would give them (what `--tp 2` then overrides); without degree flags,
+    # `strategy` lays the spec's parallel section out as the trainer does (ParallelDims, "_job")
     out.update(tp=par.tp, pp=par.pp, zero=ZERO_STAGE.get(par.strategy, 0), hsdp=par.strategy == "hsdp",
-               schedule=par.pp_schedule, virtual=par.pp_virtual)
+               schedule=par.pp_schedule, virtual=par.pp_virtual, _job=spec)
     if par.activation_checkpoint == "full":  # tandem's "selective" (every ac_every-th block) has no planner twin
         out["recompute"] = "full"
     if spec.model.name == "gpt":  # tandem's own GPT (tandem/models/gpt.py): biases, LayerNorm, learned positions
@@ -184,6 +187,7 @@ def cluster_file_keys(path: str) -> set[str]:
 def resolve(a: PlanArgs) -> tuple[ModelStats, Cluster, Training, dict]:
     v, spec = merge(a)
     v["_given"] = {f.name for f in fields(a) if getattr(a, f.name) is not None}
+    v["_job"] = spec.get("_job")
     m = resolve_model(v, spec)
     c = resolve_cluster(v, spec)
     if c.gpu.name == "cpu" and "precision" not in v["_given"] and "precision" not in spec:
@@ -202,7 +206,17 @@ def resolve(a: PlanArgs) -> tuple[ModelStats, Cluster, Training, dict]:
     return m, c, t, v
 
 
+DEGREE_FLAGS = {"dp", "tp", "pp", "zero", "hsdp"}
+
+
 def strategy(v: dict, c: Cluster, t: Training) -> Strategy:
+    knobs = dict(micro_batch=v.get("micro_batch") or 0, schedule=v["schedule"], virtual=v["virtual"],
+                 recompute=v["recompute"], stage_layers=parse_stage_layers(v.get("stage_layers")))
+    job = v.get("_job")
+    if job is not None and not DEGREE_FLAGS & set(v.get("_given", ())):
+        # a job spec alone: its parallel section on this cluster, laid out as `tandem train` would
+        # (ParallelDims: hsdp's dp_shard included); its checks are the trainer's
+        return Strategy(from_spec(job, c.world, c.gpus_per_node, warn=False), **knobs)
     tp, pp = v["tp"], v["pp"]
     for k in ("tp", "pp"):
         if not isinstance(v[k], int) or v[k] <= 0:
@@ -218,9 +232,7 @@ def strategy(v: dict, c: Cluster, t: Training) -> Strategy:
                                              f"{'pp' if k == 'tp' else 'tp'} {other}), or change "
                                              "--gpus-per-node/--nodes")
         dp = c.world // (tp * pp)
-    return Strategy(dp=dp, tp=tp, pp=pp, zero=v["zero"], micro_batch=v.get("micro_batch") or 0,
-                    schedule=v["schedule"], virtual=v["virtual"], recompute=v["recompute"], hsdp=v["hsdp"],
-                    stage_layers=parse_stage_layers(v.get("stage_layers")))
+    return Strategy(dp=dp, tp=tp, pp=pp, zero=v["zero"], hsdp=v["hsdp"], ranks_per_node=c.gpus_per_node, **knobs)
 
 
 def parse_stage_layers(text: str | None) -> tuple[int, ...] | None:

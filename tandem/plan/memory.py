@@ -40,10 +40,9 @@ class Memory:
 
 
 def shard_group(s: Strategy, c: Cluster) -> int:
-    """Ranks a ZeRO stage shards over: all of dp, or (HSDP) only the dp ranks on one node."""
-    if not s.hsdp:
-        return s.dp
-    return max(1, min(s.dp, c.gpus_per_node // max(1, s.tp)))
+    """Ranks a ZeRO stage shards over: all of dp, or (HSDP) only the dp ranks on one node: the
+    dims' dp_shard (ParallelDims.from_degrees sized it for the cluster's nodes)."""
+    return s.dims.dp_shard
 
 
 def gpt_layer_act_bytes(m: ModelStats, s: Strategy, t: Training, b: int) -> float:

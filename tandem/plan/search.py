@@ -70,7 +70,7 @@ def candidates(m: ModelStats, c: Cluster, t: Training, zeros=(0, 1, 2, 3), recom
                                 (sc, v) for sc in schedules for v in (virtuals if sc == "interleaved" else (1,))]
                             for sc, v in scheds:
                                 yield Strategy(dp=dp, tp=tp, pp=pp, zero=zero, micro_batch=mb, schedule=sc,
-                                               virtual=v, recompute=rc, hsdp=h)
+                                               virtual=v, recompute=rc, hsdp=h, ranks_per_node=c.gpus_per_node)
 
 
 def search(m: ModelStats, c: Cluster, t: Training, objective: str = "time", top: int = 5,

@@ -31,9 +31,9 @@ def resolve_device(spec: JobSpec, quick: bool = False) -> str:
     dev = spec.launch.device
     if dev == "cpu" or (quick and dev == "auto" and not _device_matters(spec)):
         return dev
-    from tandem.launch.launcher import resolve_device as launcher_device
+    from tandem.core.environment import resolve_device as env_device
 
-    return launcher_device(spec.launch)[0]
+    return env_device(spec.launch.device, spec.launch.backend)[0]
 
 
 def build_on_meta(spec: JobSpec):

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from tandem.core.environment import ClusterEnv, resolve_device
 from tandem.core.errors import ConfigError
 from tandem.core.spec import ParallelSpec
 
@@ -42,21 +43,18 @@ class DistContext:
 
 def init(device: str | None = None, backend: str | None = None) -> DistContext:
     """Join the process group the launcher set up (or a world of one without a launcher)."""
-    device = device or os.environ.get("TANDEM_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
-    backend = backend or os.environ.get("TANDEM_BACKEND") or ("nccl" if device == "cuda" else "gloo")
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    device, backend = resolve_device(device, backend, os.environ)
+    env = ClusterEnv.detect()
     if device == "cuda":
-        torch.cuda.set_device(local_rank)
-        dev = torch.device("cuda", local_rank)
+        torch.cuda.set_device(env.local_rank)
+        dev = torch.device("cuda", env.local_rank)
     else:
         dev = torch.device("cpu")
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
-    if "MASTER_ADDR" in os.environ and not dist.is_initialized():
+    if env.distributed and not dist.is_initialized():
         dist.init_process_group(backend, device_id=dev if device == "cuda" else None)
-    return DistContext(rank=rank, world=world, local_rank=local_rank,
-                       local_world=int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
-                       node=int(os.environ.get("GROUP_RANK", 0)), device=dev, backend=backend)
+    return DistContext(rank=env.rank, world=env.world, local_rank=env.local_rank, local_world=env.local_world,
+                       node=env.node, device=dev, backend=backend)
 
 
 def shutdown() -> None:

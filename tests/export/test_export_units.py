@@ -217,7 +217,7 @@ def test_incomplete_checkpoint_and_full_disk(gpt_run, tmp_path, capsys, monkeypa
 
 @pytest.mark.slow
 def test_tp_slices_are_what_tandems_training_tp_plan_holds(gpt_run, tmp_path):
-    from tandem.train.parallel.check import spawn
+    from harness.numerics import spawn
 
     from export.tp_worker import check_slices
     _export(gpt_run, tmp_path / "out", tp=2)

@@ -1,4 +1,4 @@
-"""Run on each rank of a 2-process gloo group (tandem.train.parallel.check.spawn): the full export put
+"""Run on each rank of a 2-process gloo group (harness.numerics.spawn): the full export put
 through tandem's own training tp plan (DTensor) must hold, on rank R, exactly the tensors of the
 export's tp-R-of-2/ folder, and give the full model's outputs."""
 

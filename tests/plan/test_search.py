@@ -1,18 +1,36 @@
+import statistics
 import time
 
 from tandem.plan.config import Training
+from tandem.plan.cost import check, evaluate
 from tandem.plan.hardware import make_cluster
+from tandem.plan.memory import memory
 from tandem.plan.model import preset
 from tandem.plan.search import reasons, search
 
 
-def test_1t_gpt_on_3072_gpus_under_2_s():
+def test_1t_gpt_on_3072_gpus_costs_a_few_evaluations_per_candidate():
+    """Interactive on any host: a bounded number of candidates, each costing about one evaluation.
+    The search's time is compared with one candidate's check + memory + evaluate, timed in the same
+    run (a busy host slows both), not with a clock bound (1.5 s here on a quiet 2-core VM: ratio ~5)."""
     # Narayanan et al. 2021's largest run: 1T parameters on 3072 A100s (384 DGX nodes, 8 HDR NICs each)
     c = make_cluster("a100-80gb", 8, 384, inter="ib-hdr", nics_per_node=8)
+    m, t = preset("gpt-1t"), Training(global_batch=3072, optimizer="adam")
     t0 = time.perf_counter()
-    r = search(preset("gpt-1t"), c, Training(global_batch=3072, optimizer="adam"))
-    assert time.perf_counter() - t0 < 2.0
+    r = search(m, c, t)
+    searched = time.perf_counter() - t0
     w = r.ranked[0]
+    s = w.strategy
+
+    def one():
+        t1 = time.perf_counter()
+        check(m, c, t, s)
+        evaluate(m, c, t, s, memory(m, c, t, s, t.global_batch // (s.dp * s.micro_batch)))
+        return time.perf_counter() - t1
+    per_candidate = statistics.median(one() for _ in range(200))
+    assert r.counts["evaluated"] < 20_000, r.counts
+    ratio = searched / (per_candidate * r.counts["evaluated"])
+    assert ratio < 25, (ratio, searched, per_candidate, r.counts)
     assert w.memory.fits and w.strategy.world == 3072
     assert w.strategy.tp == 8             # tensor parallel fills, and stays inside, a node
     assert w.strategy.pp > 1              # 1T does not fit without a pipeline

@@ -166,7 +166,7 @@ def parallelize(model: nn.Module, spec, ctx, log=lambda *a: None) -> Parallel:
         else:
             from tandem.train.parallel.ddp import wrap_ddp
             par.model = wrap_ddp(model, p, ctx.device, dp_mesh.get_group())
-            from tandem.train.parallel.hooks import install
+            from tandem.train.parallel.comm_hooks import install
             install(par, p)
     if dims.pp > 1:
         from tandem.train.parallel import pp

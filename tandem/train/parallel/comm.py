@@ -7,7 +7,7 @@ Three taps, because the strategies reach the process group three ways:
   wrapped while the counter is installed;
 - DTensor's functional collectives (tensor parallel): a TorchDispatchMode sees the
   ``_c10d_functional`` ops;
-- DDP's bucketed all-reduce (C++): a communication hook counts each bucket (``hooks.py``
+- DDP's bucketed all-reduce (C++): a communication hook counts each bucket (``comm_hooks.py``
   calls ``record`` with what it actually sends, compressed or not).
 
 ``payload`` is the buffer size per call (what the planner's CommOp ``bytes`` means);

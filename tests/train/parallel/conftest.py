@@ -25,7 +25,7 @@ STEPS, WORLDS = jobs.STEPS, jobs.WORLDS
 
 
 def _run(world: int) -> tuple[dict, list]:
-    from tandem.train.parallel.check import run_many, spawn
+    from harness.numerics import run_many, spawn
     cfgs, local = WORLDS[world]
     os.environ["TANDEM_COUNT_COMM"] = "1"   # count DDP's buckets too (inherited by the workers)
     try:

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from tandem.train.parallel.check import run_many, spawn
+from harness.numerics import run_many, spawn
 
 jobs = sys.modules["parallel_jobs"]   # loaded by this folder's conftest.py
 

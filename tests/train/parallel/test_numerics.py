@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from tandem.train.parallel.check import run_steps_single
+from harness.numerics import run_steps_single
 
 jobs = sys.modules.get("parallel_jobs")
 if jobs is None:  # loaded by this folder's conftest.py

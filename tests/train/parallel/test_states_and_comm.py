@@ -1,5 +1,5 @@
 """Model-state bytes each rank holds and bytes handed to collectives per step, measured on the
-numerics runs, against ``tandem plan``'s prediction for the same job (tandem.train.parallel.planner_check).
+numerics runs, against ``tandem plan``'s prediction for the same job (tests/harness/planner_compare.py).
 
 Exact (the sum of the ranks' local shards divided by dp equals the planner's per-GPU bytes):
 ddp, zero1 (optimizer), zero2 (gradients, optimizer), zero3 and hsdp (all three).
@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from tandem.train.parallel.planner_check import compare
+from harness.planner_compare import compare
 
 jobs = sys.modules["parallel_jobs"]
 

@@ -15,7 +15,6 @@ from tandem.plan.cost import evaluate
 from tandem.plan.hardware import make_cluster
 from tandem.plan.memory import memory
 from tandem.plan.model import GPTShape, gpt_stats
-from tandem.core.dims import ZERO_STAGE
 
 OPTIM = {"sgd": "sgd-momentum", "adamw": "adamw"}
 KIND = {"all_reduce": "all_reduce", "reduce_scatter": "reduce_scatter", "all_gather": "all_gather",
@@ -27,14 +26,11 @@ def plan_for(spec, world: int, local_world: int):
     shape = GPTShape(layers=m.layers, hidden=m.hidden, heads=m.heads, kv_heads=m.kv_heads, ffn=m.ffn,
                      seq=m.seq, vocab=m.vocab, tied=m.tied)
     stats = gpt_stats(shape)
-    p = spec.parallel
-    dp = world // (p.tp * p.pp)
     cluster = make_cluster(gpus_per_node=local_world, nodes=max(1, world // local_world))
     training = Training(global_batch=spec.schedule.global_batch, precision="fp32",
                         optimizer=OPTIM[spec.optim.name])
-    strategy = Strategy(dp=dp, tp=p.tp, pp=p.pp, zero=ZERO_STAGE[p.strategy], micro_batch=spec.schedule.micro_batch,
-                        schedule=p.pp_schedule, hsdp=p.strategy == "hsdp")
-    mb = spec.schedule.global_batch // (dp * spec.schedule.micro_batch)
+    strategy = Strategy.from_job(spec, world, local_world)   # the trainer's own layout (ParallelDims)
+    mb = spec.schedule.global_batch // (strategy.dp * spec.schedule.micro_batch)
     return stats, memory(stats, cluster, training, strategy, mb), evaluate(stats, cluster, training, strategy)
 
 

@@ -1,6 +1,6 @@
 """How long training blocks for a checkpoint: synchronous DCP save vs dcp.async_save.
 
-    python -m tandem.train.elastic.savetime [--width 64] [--repeats 3] [--dir /tmp/x]
+    python bench/checkpoint_savetime.py [--width 64] [--repeats 3] [--dir /tmp/x]
 
 One process (a gloo world of one), a ResNet-18 of the given width with SGD momentum
 state, the same save path as the trainer (checkpoint.save: DCP, rng, meta, manifest,
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -22,10 +23,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from tandem.core.spec import ModelSpec
-from tandem.models import build_model
-from tandem.train import checkpoint as ckpt
-from tandem.train.runtime import DistContext
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
+from tandem.core.spec import ModelSpec  # noqa: E402
+from tandem.models import build_model  # noqa: E402
+from tandem.train import checkpoint as ckpt  # noqa: E402
+from tandem.train.runtime import DistContext  # noqa: E402
 
 
 def _spread(xs: list[float]) -> dict:
