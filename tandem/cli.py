@@ -56,6 +56,10 @@ def _register() -> None:
     from tandem.export.cli import export_cmd; app.command("export")(export_cmd)  # noqa: E702
     from tandem.diagnose.run_cli import diagnose_cmd; app.command("diagnose")(diagnose_cmd)  # noqa: E702
     from tandem.serve.cli import serve_cmd; app.command("serve")(serve_cmd)  # noqa: E702
+    from tandem.launch.submit_cli import submit_cmd, status_cmd, cancel_cmd  # noqa: E402
+    app.command("submit", context_settings=PASSTHROUGH)(submit_cmd)
+    app.command("status")(status_cmd)
+    app.command("cancel")(cancel_cmd)
 
 
 _register()
