@@ -82,9 +82,13 @@ def _q(argv: list[str]) -> str:
     return " ".join(shlex.quote(str(a)) for a in argv)
 
 
+def _abs_run_dir(job: SlurmJob) -> Path:
+    return job.run_dir if job.run_dir.is_absolute() else job.workdir / job.run_dir
+
+
 def tandem_argv(job: SlurmJob) -> list[str]:
     """What each node's task runs (node rank, nodes and master come from Slurm's env at run time)."""
-    run_dir = str(job.run_dir.resolve() if not job.run_dir.is_absolute() else job.run_dir)
+    run_dir = str(_abs_run_dir(job))
     if job.train:
         return [job.python, "-m", "tandem", "train", *job.command, "--launch.nproc_per_node", str(job.nproc_per_node),
                 "--launch.nnodes", str(job.nodes), "--launch.simulate_nodes", "0", "--launch.run_dir", run_dir,
@@ -94,7 +98,7 @@ def tandem_argv(job: SlurmJob) -> list[str]:
 
 
 def render_sbatch(job: SlurmJob) -> str:
-    sub = (job.run_dir if job.run_dir.is_absolute() else (job.workdir / job.run_dir)) / "submit"
+    sub = _abs_run_dir(job) / "submit"
     directives = [f"--job-name={job.job_name}", f"--nodes={job.nodes}", "--ntasks-per-node=1",
                   f"--output={sub}/slurm-%j.out", "--open-mode=append"]
     if job.partition:
@@ -138,7 +142,10 @@ def render_sbatch(job: SlurmJob) -> str:
     if job.max_requeues:
         lines += ["# Stopped by SIGTERM (preemption, --signal before the time limit) after saving: requeue, so",
                   "# that the next start resumes from the checkpoint, while under the limit.",
-                  f'if [ "$rc" -eq 143 ] && [ "${{SLURM_RESTART_COUNT:-0}}" -lt {job.max_requeues} ]; then',
+                  "# A worker that failed on its own leaves failures/node-K.json (then SIGTERM reaches the other",
+                  "# nodes through --kill-on-bad-exit and srun says 143 too): that is a failure, not a preemption.",
+                  f'failed=$(ls {shlex.quote(str(_abs_run_dir(job)))}/failures/node-*.json 2>/dev/null)',
+                  f'if [ "$rc" -eq 143 ] && [ -z "$failed" ] && [ "${{SLURM_RESTART_COUNT:-0}}" -lt {job.max_requeues} ]; then',
                   '    echo "tandem: stopped by SIGTERM (exit 143); requeueing job $SLURM_JOB_ID"',
                   '    scontrol requeue "$SLURM_JOB_ID" && exit 0',
                   "fi",
@@ -173,7 +180,7 @@ def submit(job: SlurmJob, *, dry_run: bool = False) -> tuple[str | None, str]:
     sbatch = _need("sbatch")
     if job.partition:
         _check_partition(job.partition)
-    sub = (job.run_dir if job.run_dir.is_absolute() else job.workdir / job.run_dir) / "submit"
+    sub = _abs_run_dir(job) / "submit"
     sub.mkdir(parents=True, exist_ok=True)
     script = sub / "job.sbatch"
     script.write_text(text)

@@ -6,6 +6,7 @@ places, signals and restarts it. What was submitted is recorded in RUN_DIR/submi
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import typer
@@ -97,7 +98,7 @@ def status_cmd(run_dir: Path = typer.Argument(..., help="The --run-dir of a `tan
     state, line = slurm_status(run_dir)
     make_console().print(line, highlight=False, soft_wrap=True)
     if state in ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"):
-        raise typer.Exit(1)
+        sys.exit(1)  # a job that ended badly: scripts can test `tandem status` like the job itself
 
 
 def cancel_cmd(run_dir: Path = typer.Argument(..., help="The --run-dir of a `tandem submit`.")) -> None:

@@ -8,7 +8,7 @@ Nothing is installed system-wide: the .deb files are unpacked into a cache folde
 daemon gets its config, socket, state and log paths in ``tmp_dir``, on free loopback ports,
 runs in the foreground as our child, and is killed (process group) on exit. Run by hand:
 
-    python tests/launch/slurm_cluster.py /tmp/slurm-play    # brings it up, prints the env, waits for Ctrl-C
+    python tests/slurm_cluster.py /tmp/slurm-play    # brings it up, prints the env, waits for Ctrl-C
 """
 
 from __future__ import annotations
@@ -170,29 +170,61 @@ class SlurmCluster:
         return sum(1 for ln in r.stdout.splitlines() if ln.split()[-1] == "idle")
 
     def stop(self) -> None:
-        """Kill every daemon's process group (slurmstepd and job steps included), then reap them."""
-        for p in reversed(self.procs):
-            for sig in (signal.SIGTERM,):
-                try:
-                    os.killpg(p.pid, sig)
-                except ProcessLookupError:
-                    pass
-        for p in reversed(self.procs):
+        """Kill every daemon, then every process that carries this cluster's SLURM_CONF in its environment.
+
+        slurmstepd and the job's tasks leave the daemons' process groups (setsid), so killing the
+        groups is not enough: the environment ties each of them to this cluster and to no other.
+        """
+        for p in self.procs:
             try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for p in self.procs:
+            p.wait(timeout=30)
+        self.procs.clear()
+        for _ in range(50):
+            left = self.strays()
+            if not left:
+                return
+            for pid in left:
                 try:
-                    os.killpg(p.pid, signal.SIGKILL)
+                    os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-                p.wait(timeout=10)
-        self.procs.clear()
+            time.sleep(0.1)
+        raise RuntimeError(f"processes of the test Slurm cluster survived SIGKILL: {self.strays()}")
+
+    def strays(self) -> list[int]:
+        """Live processes (not zombies) whose environment holds this cluster's SLURM_CONF."""
+        mark = f"SLURM_CONF={self.env['SLURM_CONF']}".encode() + b"\0"
+        found, mine = [], _ancestors()  # never this process or a shell above it that exported the env
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit() or int(d.name) in mine:
+                continue
+            try:
+                if mark in (d / "environ").read_bytes() and " Z " not in (d / "stat").read_text().split(")", 1)[1][:3]:
+                    found.append(int(d.name))
+            except OSError:
+                continue
+        return found
 
     def logs(self) -> str:
         out = []
         for f in sorted((self.dir / "log").glob("*")):
             out.append(f"--- {f.name}\n" + "\n".join(f.read_text(errors="replace").splitlines()[-15:]))
         return "\n".join(out)
+
+
+def _ancestors() -> set[int]:
+    pids, pid = set(), os.getpid()
+    while pid > 1:
+        pids.add(pid)
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().split(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            break
+    return pids
 
 
 def _wait(pred, timeout: float, what: str, cluster: SlurmCluster) -> None:
@@ -212,6 +244,9 @@ if __name__ == "__main__":
     root, why = slurm_root()
     if root is None:
         sys.exit(f"cannot bring up Slurm: {why}")
+    if sys.argv[1:] == ["--fetch-only"]:
+        print(f"Slurm's packages unpacked in {root}")
+        sys.exit(0)
     work = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/tandem-slurm")
     with SlurmCluster(work, root) as c:
         print(f"export SLURM_CONF={c.env['SLURM_CONF']} LD_LIBRARY_PATH={c.env['LD_LIBRARY_PATH']} "
