@@ -248,6 +248,8 @@ if __name__ == "__main__":
         print(f"Slurm's packages unpacked in {root}")
         sys.exit(0)
     work = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/tandem-slurm")
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # kill PID tears down like Ctrl-C
+    signal.signal(signal.SIGINT, signal.default_int_handler)   # even when started in the background
     with SlurmCluster(work, root) as c:
         print(f"export SLURM_CONF={c.env['SLURM_CONF']} LD_LIBRARY_PATH={c.env['LD_LIBRARY_PATH']} "
               f"PATH={c.root / 'usr/bin'}:$PATH", flush=True)
