@@ -107,7 +107,7 @@ PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP
 class SlurmCluster:
     """munged + slurmctld + N slurmd, all our children, in ``workdir``; ``env`` points clients at them."""
 
-    def __init__(self, workdir: Path, root: Path, nodes: int = 2, cpus: int = 2):
+    def __init__(self, workdir: Path, root: Path, nodes: int = 2, cpus: int = 4):
         self.dir, self.root = Path(workdir), Path(root)
         self.names = [f"n{i + 1}" for i in range(nodes)]
         self.cpus = cpus

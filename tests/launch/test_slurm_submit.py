@@ -30,59 +30,71 @@ def cluster(tmp_path_factory):
     assert not c.strays(), "Slurm processes left behind"
 
 
-def tandem(cluster, *args, timeout=120):
-    return run_tandem(*args, env={k: cluster.env[k] for k in ("SLURM_CONF", "LD_LIBRARY_PATH", "PATH")},
-                      timeout=timeout, cwd=ROOT)
+def tandem(cluster, *args, env=None, timeout=120):
+    full = {k: cluster.env[k] for k in ("SLURM_CONF", "LD_LIBRARY_PATH", "PATH")}
+    return run_tandem(*args, env={**full, **(env or {})}, timeout=timeout, cwd=ROOT)
 
 
-def wait_state(cluster, run_dir, states, timeout=180):
-    """Poll the controller (not a sleep) until the job reaches one of ``states``."""
-    def done():
-        r = tandem(cluster, "status", str(run_dir))
-        return r if any(f": {s};" in r.stdout for s in states) else None
-    return wait_for(done, timeout, f"the job in {run_dir} to reach {states}", interval=0.5)
-
-
-def test_submit_two_nodes_runs_four_ranks(cluster, tmp_path):
-    run = tmp_path / "hello"
-    r = tandem(cluster, "submit", "--on", "slurm", "--nodes", "2", "--nproc-per-node", "2", "--run-dir", str(run),
-               "examples/hello_dist.py")
+def submit(cluster, run_dir, *args, env=None):
+    r = tandem(cluster, "submit", "--on", "slurm", "--run-dir", str(run_dir), *args, env=env)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("submitted: slurm job "), r.stdout
-    st = wait_state(cluster, run, ["COMPLETED", "FAILED", "CANCELLED"])
-    assert ": COMPLETED;" in st.stdout and "nodes n[1-2]" in st.stdout and "exit 0:0" in st.stdout, st.stdout
-    assert st.returncode == 0
-    out = next((run / "submit").glob("slurm-*.out")).read_text()
+    return r.stdout.split()[3]
+
+
+@pytest.fixture(scope="module")
+def jobs(cluster, tmp_path_factory):
+    """The module's three jobs, submitted at once (they run side by side: 4 CPUs per node, 1 per job)."""
+    d = tmp_path_factory.mktemp("jobs")
+    script = d / "sleeper.py"
+    script.write_text("import pathlib, sys, time\npathlib.Path(sys.argv[1]).touch()\ntime.sleep(600)\n")
+    return {"hello": (d / "hello", submit(cluster, d / "hello", "--nodes", "2", "--nproc-per-node", "2",
+                                          "examples/hello_dist.py")),
+            "fail": (d / "fail", submit(cluster, d / "fail", "--nodes", "2", "--nproc-per-node", "2",
+                                        "--max-requeues", "1", "examples/hello_dist.py",
+                                        env={"HELLO_FAIL_RANK": "3"})),
+            "sleep": (d / "sleep", submit(cluster, d / "sleep", "--nodes", "2", str(script), str(d / "started"))),
+            "started": d / "started", "script": script}
+
+
+def wait_state(cluster, run_dir, job_id, states, timeout=180):
+    """Poll the controller (scontrol, not a sleep) until the job reaches one of ``states``; then `tandem status`."""
+    def state():
+        out = subprocess.run(["scontrol", "show", "job", "-o", job_id], env=cluster.env, capture_output=True,
+                             text=True).stdout
+        return next((s for s in states if f"JobState={s} " in out), None)
+    wait_for(state, timeout, f"slurm job {job_id} to reach {states}", interval=0.2)
+    return tandem(cluster, "status", str(run_dir))
+
+
+def test_submit_two_nodes_runs_four_ranks(cluster, jobs):
+    run, job_id = jobs["hello"]
+    st = wait_state(cluster, run, job_id, ["COMPLETED", "FAILED", "CANCELLED"])
+    assert st.returncode == 0 and st.stdout.startswith(f"slurm job {job_id}: COMPLETED; nodes n[1-2]; requeued 0 "
+                                                       "time(s); exit 0:0, run time "), st.stdout
+    out = (run / "submit" / f"slurm-{job_id}.out").read_text()
     ranks = sorted(ln for ln in out.splitlines() if "all_reduce sum" in ln)
     assert len(ranks) == 4 and all("sum 6 (expect 6)" in ln for ln in ranks), out
     assert {ln.split()[3] for ln in ranks} == {"0", "1"}  # "node K": both nodes' agents took part
     assert sorted(p.name for p in (run / "logs").glob("rank-?.log")) == [f"rank-{i}.log" for i in range(4)]
 
 
-def test_failed_rank_is_named_and_not_requeued(cluster, tmp_path):
-    run = tmp_path / "fail"
-    env = {k: cluster.env[k] for k in ("SLURM_CONF", "LD_LIBRARY_PATH", "PATH")}
-    r = run_tandem("submit", "--on", "slurm", "--nodes", "2", "--nproc-per-node", "2", "--max-requeues", "1",
-                   "--run-dir", str(run), "examples/hello_dist.py", env={**env, "HELLO_FAIL_RANK": "3"}, cwd=ROOT)
-    assert r.returncode == 0, r.stderr
-    st = wait_state(cluster, run, ["COMPLETED", "FAILED", "CANCELLED"])
+def test_failed_rank_is_named_and_not_requeued(cluster, jobs):
+    run, job_id = jobs["fail"]
+    st = wait_state(cluster, run, job_id, ["COMPLETED", "FAILED", "CANCELLED"])
     assert st.returncode == 1 and ": FAILED;" in st.stdout, st.stdout
     assert "requeued 0 time(s)" in st.stdout  # the other node's SIGTERM (exit 143) is not a preemption
     assert "root cause: rank 3 (node 1) exit 1: RuntimeError: rank 3 was told to fail" in st.stdout, st.stdout
 
 
-def test_cancel_ends_the_job_and_its_workers(cluster, tmp_path):
-    script = tmp_path / "sleeper.py"
-    script.write_text("import pathlib, sys, time\npathlib.Path(sys.argv[1]).touch()\ntime.sleep(600)\n")
-    started, run = tmp_path / "started", tmp_path / "sleep"
-    r = tandem(cluster, "submit", "--on", "slurm", "--nodes", "2", "--run-dir", str(run), str(script), str(started))
-    assert r.returncode == 0, r.stderr
-    wait_for(started.exists, 120, "the sleeping worker to start")
+def test_cancel_ends_the_job_and_its_workers(cluster, jobs):
+    run, job_id = jobs["sleep"]
+    wait_for(jobs["started"].exists, 120, "the sleeping worker to start")
     r = tandem(cluster, "cancel", str(run))
-    assert r.returncode == 0 and r.stdout.startswith("cancelled: slurm job "), r.stdout + r.stderr
-    st = wait_state(cluster, run, ["CANCELLED"])
-    assert st.returncode == 1
-    wait_for(lambda: not _running(str(script)), 60, "the cancelled workers to exit")
+    assert r.returncode == 0 and r.stdout.strip() == f"cancelled: slurm job {job_id}", r.stdout + r.stderr
+    st = wait_state(cluster, run, job_id, ["CANCELLED"])
+    assert st.returncode == 1 and f"slurm job {job_id}: CANCELLED;" in st.stdout, st.stdout
+    wait_for(lambda: not _running(str(jobs["script"])), 60, "the cancelled workers to exit")
 
 
 def _running(needle: str) -> list[str]:
