@@ -239,17 +239,20 @@ def slurm_status(run_dir: Path) -> tuple[str, str]:
     if state in TERMINAL:
         parts.append(f"exit {f.get('ExitCode', '?')}, run time {f.get('RunTime', '?')}")
     if state in ("FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "TIMEOUT"):
-        parts.append(_why(Path(run_dir), f))
+        parts.append(_why(Path(run_dir), f, rec))
     return state, "; ".join(p for p in parts if p)
 
 
-def _why(run_dir: Path, f: dict[str, str]) -> str:
+def _why(run_dir: Path, f: dict[str, str], rec: dict) -> str:
     from tandem.launch import failures as fl
 
     cause = fl.root_cause(fl.read_failures(run_dir))
     if cause is not None:
         return (f"root cause: rank {cause.rank} (node {cause.node}) exit {cause.exitcode}: {cause.message}; "
                 f"log {run_dir / 'logs' / f'rank-{cause.rank}.err.log'}")
+    if f.get("ExitCode", "").startswith("143:"):
+        return (f"stopped by SIGTERM (preemption, or --signal before the time limit) with {f.get('Restarts', '0')} "
+                f"requeue(s) done, limit --max-requeues {rec.get('max_requeues', 0)}")
     if f.get("Reason") and f["Reason"] != "None":
         return f"reason {f['Reason']}"
     return f"see {run_dir / 'submit'}/slurm-{f.get('JobId', '*')}.out"

@@ -48,12 +48,16 @@ def jobs(cluster, tmp_path_factory):
     d = tmp_path_factory.mktemp("jobs")
     script = d / "sleeper.py"
     script.write_text("import pathlib, sys, time\npathlib.Path(sys.argv[1]).touch()\ntime.sleep(600)\n")
+    other = d / "sleeper_rq.py"  # its own name: the cancel test looks for leftover sleeper.py processes
+    other.write_text(script.read_text())
     return {"hello": (d / "hello", submit(cluster, d / "hello", "--nodes", "2", "--nproc-per-node", "2",
                                           "examples/hello_dist.py")),
             "fail": (d / "fail", submit(cluster, d / "fail", "--nodes", "2", "--nproc-per-node", "2",
                                         "--max-requeues", "1", "examples/hello_dist.py",
                                         env={"HELLO_FAIL_RANK": "3"})),
             "sleep": (d / "sleep", submit(cluster, d / "sleep", "--nodes", "2", str(script), str(d / "started"))),
+            "requeue": (d / "requeue", submit(cluster, d / "requeue", "--max-requeues", "1", str(other),
+                                              str(d / "started-requeue"))),
             "started": d / "started", "script": script}
 
 
@@ -95,6 +99,31 @@ def test_cancel_ends_the_job_and_its_workers(cluster, jobs):
     st = wait_state(cluster, run, job_id, ["CANCELLED"])
     assert st.returncode == 1 and f"slurm job {job_id}: CANCELLED;" in st.stdout, st.stdout
     wait_for(lambda: not _running(str(jobs["script"])), 60, "the cancelled workers to exit")
+
+
+def test_sigterm_requeues_up_to_the_limit(cluster, jobs):
+    """SIGTERM to the job's steps (what preemption and --signal send): saved-and-exited 143, requeued once,
+    started again; the second SIGTERM finds the limit reached and the job fails with that reason."""
+    run, job_id = jobs["requeue"]
+    marker = jobs["started"].parent / "started-requeue"
+
+    def restarts():
+        out = subprocess.run(["scontrol", "show", "job", "-o", job_id], env=cluster.env, capture_output=True,
+                             text=True).stdout
+        return out.split("Restarts=", 1)[1].split()[0] if "Restarts=" in out else None
+
+    for expect in ("0", "1"):
+        wait_for(lambda: marker.exists() and restarts() == expect, 150, f"start {expect} of job {job_id}")
+        marker.unlink()
+        r = subprocess.run(["scancel", "--signal=TERM", job_id], env=cluster.env, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+    st = wait_state(cluster, run, job_id, ["FAILED", "COMPLETED", "CANCELLED"])
+    assert st.returncode == 1 and st.stdout.startswith(f"slurm job {job_id}: FAILED;"), st.stdout
+    assert "requeued 1 time(s)" in st.stdout and "exit 143:0" in st.stdout, st.stdout
+    assert "stopped by SIGTERM (preemption, or --signal before the time limit) with 1 requeue(s) done, limit " \
+           "--max-requeues 1" in st.stdout, st.stdout
+    out = (run / "submit" / f"slurm-{job_id}.out").read_text()
+    assert "requeueing job" in out and "requeue limit 1 reached" in out, out
 
 
 def _running(needle: str) -> list[str]:
