@@ -15,7 +15,7 @@ from tandem.core.errors import LaunchError
 from tandem.launch.cli import from_cluster
 from tandem.launch.options import LaunchArgs
 from tandem.launch.slurm_env import default_port, expand_hostlist, node_address, slurm_env, slurm_rendezvous
-from tandem_testing import run_tandem
+from tandem_testing import tandem_in_process
 
 # pattern -> what scontrol show hostnames prints (Slurm 22.05.8, Debian 12), one name per line
 HOSTLISTS = {
@@ -132,12 +132,13 @@ def test_launch_takes_slurm_env_unless_flags_say_otherwise():
     assert from_cluster(LaunchArgs(), {}) == LaunchArgs()
 
 
-def test_dry_run_prints_the_script_and_writes_nothing(tmp_path):
-    r = run_tandem("submit", "--on", "slurm", "--nodes", "2", "--nproc-per-node", "2", "--time", "10",
-                   "--max-requeues", "1", "--signal-s", "30", "--partition", "low", "--run-dir", str(tmp_path / "r"),
-                   "--dry-run", "examples/hello_dist.py", "--steps", "3")
-    assert r.returncode == 0, r.stderr
-    lines = r.stdout.splitlines()
+def test_dry_run_prints_the_script_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    code, out, err = tandem_in_process(
+        ["submit", "--on", "slurm", "--nodes", "2", "--nproc-per-node", "2", "--time", "10", "--max-requeues", "1",
+         "--signal-s", "30", "--partition", "low", "--run-dir", str(tmp_path / "r"), "--dry-run",
+         "examples/hello_dist.py", "--steps", "3"], capsys, monkeypatch)
+    assert code == 0, err
+    lines = out.splitlines()
     for d in ("--nodes=2", "--ntasks-per-node=1", "--time=10", "--requeue", "--signal=TERM@30", "--partition=low"):
         assert f"#SBATCH {d}" in lines
     step = next(ln for ln in lines if ln.startswith("srun "))
@@ -147,18 +148,25 @@ def test_dry_run_prints_the_script_and_writes_nothing(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
-def test_submit_bad_input_is_one_line_before_anything(tmp_path):
-    cases = [(["--time", "soon"], "--time: not a Slurm time"),
-             (["--nodes", "0"], "--nodes: must be at least 1"),
-             (["--on", "pbs"], "--on: 'pbs' is not one of slurm, k8s")]
-    for extra, msg in cases:
-        args = ["submit", "--on", "slurm", "--run-dir", str(tmp_path / "r"), *extra, "examples/hello_dist.py"]
-        r = run_tandem(*args)
-        lines = r.stderr.strip().splitlines()
-        assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: {msg}"), r.stderr
-    r = run_tandem("submit", "--on", "slurm", "nope.py")
-    assert r.returncode == 2 and "error: script: file not found (got 'nope.py')" in r.stderr
-    r = run_tandem("submit", "--on", "slurm", "--run-dir", str(tmp_path / "r"), "examples/hello_dist.py",
-                   env={"PATH": os.path.dirname(os.sys.executable)})  # no sbatch on PATH
-    assert r.returncode == 2 and "error: --on: sbatch is not on PATH" in r.stderr, r.stderr
+@pytest.mark.parametrize("extra,msg", [
+    (["--time", "soon"], "error: --time: not a Slurm time (got 'soon'). Fix: use minutes"),
+    (["--nodes", "0"], "error: --nodes: must be at least 1 (got 0)."),
+    (["--on", "pbs"], "error: --on: 'pbs' is not one of slurm, k8s. Fix: use --on slurm or --on k8s"),
+    (["--max-requeues", "-1"], "error: --max-requeues: must not be negative (got -1)."),
+])
+def test_submit_bad_input_is_one_line_before_anything(extra, msg, tmp_path, capsys, monkeypatch):
+    code, out, err = tandem_in_process(["submit", "--on", "slurm", "--run-dir", str(tmp_path / "r"), *extra,
+                                        "examples/hello_dist.py"], capsys, monkeypatch)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and err.startswith(msg), err
     assert not (tmp_path / "r").exists()
+
+
+def test_submit_missing_script_or_sbatch(tmp_path, capsys, monkeypatch):
+    code, _, err = tandem_in_process(["submit", "--on", "slurm", "nope.py"], capsys, monkeypatch)
+    assert code == 2 and err.startswith("error: script: file not found (got 'nope.py')"), err
+    code, _, err = tandem_in_process(["submit", "--on", "slurm", "--run-dir", str(tmp_path / "r"),
+                                      "examples/hello_dist.py"], capsys, monkeypatch, path=str(tmp_path))
+    assert code == 2 and err.startswith("error: --on: sbatch is not on PATH"), err
+    assert not (tmp_path / "r").exists()
+    code, _, err = tandem_in_process(["status", str(tmp_path)], capsys, monkeypatch)
+    assert code == 2 and err.startswith("error: run_dir: no submitted job here"), err

@@ -52,9 +52,8 @@ def jobs(cluster, tmp_path_factory):
     other.write_text(script.read_text())
     return {"hello": (d / "hello", submit(cluster, d / "hello", "--nodes", "2", "--nproc-per-node", "2",
                                           "examples/hello_dist.py")),
-            "fail": (d / "fail", submit(cluster, d / "fail", "--nodes", "2", "--nproc-per-node", "2",
-                                        "--max-requeues", "1", "examples/hello_dist.py",
-                                        env={"HELLO_FAIL_RANK": "3"})),
+            "fail": (d / "fail", submit(cluster, d / "fail", "--nodes", "2", "--max-requeues", "1",
+                                        "examples/hello_dist.py", env={"HELLO_FAIL_RANK": "1"})),
             "sleep": (d / "sleep", submit(cluster, d / "sleep", "--nodes", "2", str(script), str(d / "started"))),
             "requeue": (d / "requeue", submit(cluster, d / "requeue", "--max-requeues", "1", str(other),
                                               str(d / "started-requeue"))),
@@ -88,7 +87,7 @@ def test_failed_rank_is_named_and_not_requeued(cluster, jobs):
     st = wait_state(cluster, run, job_id, ["COMPLETED", "FAILED", "CANCELLED"])
     assert st.returncode == 1 and ": FAILED;" in st.stdout, st.stdout
     assert "requeued 0 time(s)" in st.stdout  # the other node's SIGTERM (exit 143) is not a preemption
-    assert "root cause: rank 3 (node 1) exit 1: RuntimeError: rank 3 was told to fail" in st.stdout, st.stdout
+    assert "root cause: rank 1 (node 1) exit 1: RuntimeError: rank 1 was told to fail" in st.stdout, st.stdout
 
 
 def test_cancel_ends_the_job_and_its_workers(cluster, jobs):
