@@ -160,7 +160,10 @@ def run_training(spec: JobSpec, console: Console, *, stream: bool = False, label
         raise AlreadyComplete(run_dir, path, meta["step"])
     run_dir.mkdir(parents=True, exist_ok=True)
     joining = spec.elastic.join and (run_dir / "spec.json").is_file()
-    if not joining:  # a node joining a running job (same run_dir) keeps the run's spec, metrics and result
+    # another node of a static multi-node job (Slurm: one `tandem train` per node, one shared run dir):
+    # node 0 writes the run's spec and moves the previous start's records, once
+    other_node = spec.launch.node_rank != 0 and not spec.launch.simulate_nodes
+    if not joining and not other_node:  # a node joining a running job (same run_dir) keeps the run's records
         (run_dir / "spec.json").write_text(json.dumps(to_dict(spec), indent=1))
         keep_history(run_dir)
     if joining:
@@ -199,7 +202,7 @@ def run_training(spec: JobSpec, console: Console, *, stream: bool = False, label
         e.fix = rerun_hint(spec, run_dir)
         raise
     result = run_dir / "result.json"
-    if spec.elastic.join and not result.is_file():  # rank 0 ran on a node whose run_dir is not shared
+    if (spec.elastic.join or other_node) and not result.is_file():  # rank 0 runs on another node
         console.print(f"done: this node's workers finished; the result is in rank 0's run_dir ({result} "
                       "on the node that ran rank 0)", highlight=False)
         raise SystemExit(0)
