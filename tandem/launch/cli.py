@@ -67,7 +67,7 @@ def from_cluster(launch: LaunchArgs, env=os.environ) -> LaunchArgs:
     """Inside a Slurm step, fill nodes, node rank and master from Slurm's env (flags the user gave win)."""
     given = launch.nnodes != "1" or launch.node_rank or launch.rdzv_endpoint or launch.simulate_nodes
     rdzv = None if given else slurm_rendezvous(env)
-    if rdzv is None:
+    if rdzv is None or rdzv.nnodes == 1:  # one node: the private standalone store is the better rendezvous
         return launch
     addr = launch.master_addr if launch.master_addr != "127.0.0.1" else rdzv.master_addr
     port = launch.master_port if launch.master_port != 29500 else rdzv.master_port

@@ -130,6 +130,9 @@ def test_launch_takes_slurm_env_unless_flags_say_otherwise():
     mine = LaunchArgs(nnodes="3", node_rank=2, master_addr="h", master_port=1234)
     assert from_cluster(mine, env) == mine
     assert from_cluster(LaunchArgs(), {}) == LaunchArgs()
+    one = {**STEP, "SLURM_JOB_NODELIST": "n1", "SLURM_JOB_NUM_NODES": "1", "SLURM_NODEID": "0",
+           "SLURM_STEP_NUM_TASKS": "1"}  # e.g. `srun pytest`: keep the standalone rendezvous on a free port
+    assert from_cluster(LaunchArgs(nproc_per_node=2), one) == LaunchArgs(nproc_per_node=2)
 
 
 def test_dry_run_prints_the_script_and_writes_nothing(tmp_path, capsys, monkeypatch):
