@@ -14,7 +14,7 @@ from tandem.core.validate import parse_nnodes
 from tandem.launch import failures as fl
 from tandem.launch.launcher import launch as run_launch
 from tandem.launch.options import LaunchArgs, launch_options
-from tandem.launch.slurm_env import slurm_rendezvous
+from tandem.launch.slurm_env import slurm_env, slurm_rendezvous
 
 
 @launch_options("nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "rdzv_endpoint",
@@ -66,8 +66,11 @@ def launch_cmd(
 def from_cluster(launch: LaunchArgs, env=os.environ) -> LaunchArgs:
     """Inside a Slurm step, fill nodes, node rank and master from Slurm's env (flags the user gave win)."""
     given = launch.nnodes != "1" or launch.node_rank or launch.rdzv_endpoint or launch.simulate_nodes
-    rdzv = None if given else slurm_rendezvous(env)
-    if rdzv is None or rdzv.nnodes == 1:  # one node: the private standalone store is the better rendezvous
+    job = None if given else slurm_env(env)
+    if job is None or job.nnodes == 1:  # one node: the private standalone store is the better rendezvous
+        return launch
+    rdzv = slurm_rendezvous(env)
+    if rdzv is None:
         return launch
     addr = launch.master_addr if launch.master_addr != "127.0.0.1" else rdzv.master_addr
     port = launch.master_port if launch.master_port != 29500 else rdzv.master_port
