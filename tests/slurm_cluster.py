@@ -39,20 +39,24 @@ def slurm_root() -> tuple[Path | None, str]:
         return root, ""
     if not shutil.which("apt-get") or not shutil.which("dpkg"):
         return None, "needs apt-get and dpkg (Debian/Ubuntu) to fetch Slurm's packages"
-    debs = cache_dir() / "debs"
+    debs = cache_dir() / f".debs-{os.getpid()}"  # per process: two sessions may fetch at once
     debs.mkdir(parents=True, exist_ok=True)
-    r = subprocess.run(["apt-get", "download", *PACKAGES], cwd=debs, capture_output=True, text=True)
-    if r.returncode != 0:  # an empty package index (a fresh container): update once, then retry
-        subprocess.run(["apt-get", "update", "-qq"], capture_output=True, text=True)
+    try:
         r = subprocess.run(["apt-get", "download", *PACKAGES], cwd=debs, capture_output=True, text=True)
-    if r.returncode != 0:
-        return None, f"apt-get download {' '.join(PACKAGES)} failed: {r.stderr.strip()[-300:]}"
-    tmp = cache_dir() / f".root-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    for deb in sorted(debs.glob("*.deb")):
-        subprocess.run(["dpkg", "-x", str(deb), str(tmp)], check=True)
-    shutil.rmtree(root, ignore_errors=True)
-    tmp.rename(root)  # atomic: a concurrent session sees a whole folder or none
+        if r.returncode != 0:  # an empty package index (a fresh container): update once, then retry
+            subprocess.run(["apt-get", "update", "-qq"], capture_output=True, text=True)
+            r = subprocess.run(["apt-get", "download", *PACKAGES], cwd=debs, capture_output=True, text=True)
+        if r.returncode != 0:
+            return None, f"apt-get download {' '.join(PACKAGES)} failed: {r.stderr.strip()[-300:]}"
+        tmp = cache_dir() / f".root-{os.getpid()}"
+        for deb in sorted(debs.glob("*.deb")):
+            subprocess.run(["dpkg", "-x", str(deb), str(tmp)], check=True)
+        try:
+            tmp.rename(root)  # atomic: another session sees a whole folder or none
+        except OSError:  # another session got there first: use theirs, never replace a folder in use
+            shutil.rmtree(tmp, ignore_errors=True)
+    finally:
+        shutil.rmtree(debs, ignore_errors=True)
     return root, ""
 
 
