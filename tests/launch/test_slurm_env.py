@@ -173,3 +173,16 @@ def test_submit_missing_script_or_sbatch(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "r").exists()
     code, _, err = tandem_in_process(["status", str(tmp_path)], capsys, monkeypatch)
     assert code == 2 and err.startswith("error: run_dir: no submitted job here"), err
+
+
+def test_job_spec_runs_under_tandem_train_with_the_node_rank_per_node(tmp_path, capsys, monkeypatch):
+    """The path run by hand on the test cluster (docs/clusters.md: preempted, requeued, bitwise equal)."""
+    code, out, err = tandem_in_process(["submit", "--on", "slurm", "--nodes", "2", "--run-dir", str(tmp_path / "r"),
+                                        "--dry-run", "examples/gpt_reverse.toml", "--schedule.max_steps", "5"],
+                                       capsys, monkeypatch)
+    assert code == 0, err
+    step = next(ln for ln in out.splitlines() if ln.startswith("srun "))
+    assert "bash -c 'exec \"$@\" --launch.node_rank \"$SLURM_NODEID\" --launch.master_addr \"$MASTER_ADDR\" " \
+           "--launch.master_port \"$MASTER_PORT\"' tandem " in step, step
+    assert " -m tandem train examples/gpt_reverse.toml --schedule.max_steps 5 --launch.nproc_per_node 1 " \
+           "--launch.nnodes 2 --launch.simulate_nodes 0 " in step, step
