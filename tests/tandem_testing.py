@@ -67,3 +67,20 @@ def wait_for(pred, timeout: float, what: str, interval: float = 0.05):
             return v
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def tandem_in_process(args, capsys, monkeypatch, path=None):
+    """tandem.cli.main as the command runs it (a subprocess each costs seconds of imports here)."""
+    from tandem.cli import main
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("COLUMNS", "200")
+    if path is not None:
+        monkeypatch.setenv("PATH", path)
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err

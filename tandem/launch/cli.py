@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from pathlib import Path
 
 import typer
 
 from tandem.core.console import make_console
-from tandem.core.errors import WorkerFailure
+from tandem.core.errors import ConfigError, WorkerFailure
 from tandem.core.spec import LaunchSpec
 from tandem.launch import failures as fl
 from tandem.launch.launcher import launch as run_launch
 from tandem.launch.options import check, launch_options
+from tandem.launch.slurm_env import slurm_env, slurm_rendezvous
 
 
 @launch_options("nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "rdzv_endpoint",
@@ -26,11 +29,17 @@ def launch_cmd(
     quiet: bool = typer.Option(False, "--quiet", help="Per-rank files only, no console stream."),
     verbose: bool = typer.Option(False, "--verbose", help="Show torch's own logs (torchrun's agent, c10d's "
                                                           "C++ store retries)."),
+    cluster: str = typer.Option("auto", "--cluster", help="auto: inside an `srun` step (one task per node) take "
+                                                          "nodes, node rank and master from Slurm's env; none: never."),
 ) -> None:
     """Run SCRIPT on every worker through torchrun's elastic agent.
 
     Example: tandem launch --nproc-per-node 2 --simulate-nodes 2 examples/hello_dist.py
     """
+    if cluster not in ("auto", "none"):
+        raise ConfigError(f"{cluster!r} is not one of auto, none", field="--cluster", value=cluster, fix="use auto")
+    if cluster == "auto":
+        launch = from_cluster(launch)
     opts = check(launch)
     argv = ["-m", *ctx.args] if script == "-m" else [script, *ctx.args]
     console = make_console(stderr=True)
@@ -40,3 +49,18 @@ def launch_cmd(
         fl.render(fl.read_failures(run_dir), console)
         raise
     console.print(f"[green]ok[/]: all workers finished; per-rank logs in {run_dir / 'logs'}", highlight=False)
+
+
+def from_cluster(launch: LaunchSpec, env=os.environ) -> LaunchSpec:
+    """Inside a Slurm step, fill nodes, node rank and master from Slurm's env (flags the user gave win)."""
+    given = launch.nnodes != "1" or launch.node_rank or launch.rdzv_endpoint or launch.simulate_nodes
+    job = None if given else slurm_env(env)
+    if job is None or job.nnodes == 1:  # one node: the private standalone store is the better rendezvous
+        return launch
+    rdzv = slurm_rendezvous(env)
+    if rdzv is None:
+        return launch
+    addr = launch.master_addr if launch.master_addr != "127.0.0.1" else rdzv.master_addr
+    port = launch.master_port if launch.master_port != 29500 else rdzv.master_port
+    return dataclasses.replace(launch, nnodes=str(rdzv.nnodes), node_rank=rdzv.node_rank, master_addr=addr,
+                               master_port=port)

@@ -162,9 +162,16 @@ def run_training(spec: JobSpec, console: Console, *, stream: bool = False, label
         raise AlreadyComplete(run_dir, path, meta["step"])
     run_dir.mkdir(parents=True, exist_ok=True)
     joining = spec.elastic.join and (run_dir / "spec.json").is_file()
+    # another node of a static multi-node job (Slurm: one `tandem train` per node, often one shared run
+    # dir): every node writes the spec (atomically: the same text), only node 0 moves the previous
+    # start's records, or two nodes would rename the same files at once
+    other_node = spec.launch.node_rank != 0 and not spec.launch.simulate_nodes
     if not joining:  # a node joining a running job (same run_dir) keeps the run's spec, metrics and result
-        (run_dir / "spec.json").write_text(json.dumps(to_dict(spec), indent=1))
-        keep_history(run_dir)
+        tmp = run_dir / f".spec.json.{os.getpid()}"
+        tmp.write_text(json.dumps(to_dict(spec), indent=1))
+        tmp.replace(run_dir / "spec.json")
+        if not other_node:
+            keep_history(run_dir)
     if joining:
         from tandem.launch.logs import JOINING_ENV
 
@@ -201,7 +208,7 @@ def run_training(spec: JobSpec, console: Console, *, stream: bool = False, label
         e.fix = rerun_hint(spec, run_dir)
         raise
     result = run_dir / "result.json"
-    if spec.elastic.join and not result.is_file():  # rank 0 ran on a node whose run_dir is not shared
+    if (spec.elastic.join or other_node) and not result.is_file():  # rank 0 runs on another node
         console.print(f"done: this node's workers finished; the result is in rank 0's run_dir ({result} "
                       "on the node that ran rank 0)", highlight=False)
         raise SystemExit(0)

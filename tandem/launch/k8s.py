@@ -1,0 +1,188 @@
+"""`tandem submit --on k8s`: a Kubernetes manifest that runs `tandem launch` (or `tandem train`) once per node.
+
+    text = submit_k8s(K8sJob(run_dir=Path("runs/x"), command=["train.py"], nodes=2, nproc_per_node=4,
+                             image="registry/me/train:1"), dry_run=True)
+
+Three kinds, one pod per node each, torchrun's static rendezvous on pod 0:
+
+* ``jobset`` (default, jobset.x-k8s.io/v1alpha2): one replicated Job, indexed; JobSet gives
+  every pod a stable DNS name (``NAME-node-0-0.NAME``) and restarts the whole group on a
+  failure (``failurePolicy.maxRestarts``), which is what a rendezvous needs.
+* ``trainjob`` (Kubeflow Trainer v2, trainer.kubeflow.org/v1alpha1) on the ``torch-distributed``
+  runtime: the runtime sets PET_NNODES / PET_NODE_RANK / PET_MASTER_ADDR / PET_MASTER_PORT,
+  which the command passes on.
+* ``indexed``: a plain batch/v1 indexed Job and a headless Service (no operator needed); a
+  failed pod is retried alone (``backoffLimit``), so a restart that needs the whole group is
+  the JobSet's job.
+
+The node rank comes from the Job's completion index; SIGTERM (pod deletion, preemption) reaches
+tandem, which saves on the way out within ``terminationGracePeriodSeconds``. Run dirs must be
+on a volume every pod mounts (add it to the manifest). Not run against a real cluster here:
+the tests validate the manifests against Kubeflow's published models (kubeflow-trainer-api).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tandem.core.errors import ConfigError, LaunchError
+
+KINDS = ("jobset", "trainjob", "indexed")
+PORT = 29500
+INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+NAME = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
+
+
+@dataclass
+class K8sJob:
+    run_dir: Path
+    command: list[str]
+    train: bool = False
+    nodes: int = 1
+    nproc_per_node: int = 1
+    name: str = "tandem"
+    image: str = ""
+    kind: str = "jobset"
+    namespace: str = "default"
+    queue: str = ""                 # Kueue LocalQueue
+    gpus_per_node: int = 0
+    cpus_per_node: int = 0
+    max_restarts: int = 0
+    grace_s: int = 120              # time tandem gets to checkpoint after SIGTERM
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def check(job: K8sJob) -> None:
+    if job.kind not in KINDS:
+        raise ConfigError(f"{job.kind!r} is not one of {', '.join(KINDS)}", field="--kind", value=job.kind,
+                          fix="use --kind jobset (default), trainjob or indexed")
+    if not NAME.match(job.name):
+        raise ConfigError("not a valid Kubernetes name (lower-case letters, digits and '-', 40 at most, "
+                          "starting with a letter)", field="--job-name", value=job.name, fix="use e.g. --job-name "
+                          "resnet-2x4")
+    if not job.image:
+        raise ConfigError("a container image is needed", field="--image",
+                          fix="give --image REGISTRY/IMAGE:TAG with tandem and your code in it")
+    if job.nodes < 1 or job.nproc_per_node < 1:
+        raise ConfigError("must be at least 1", field="--nodes" if job.nodes < 1 else "--nproc-per-node",
+                          value=min(job.nodes, job.nproc_per_node), fix="use 1 or more")
+    if not job.command:
+        raise ConfigError("nothing to run", field="script", fix="give a Python script or a job spec (.toml/.yaml)")
+
+
+def _shell(job: K8sJob, nnodes: str, rank: str, addr: str, port: str) -> str:
+    """`sh -c` text: the pod's shell fills in the node rank and master from its env."""
+    q = " ".join
+    if job.train:
+        head = ["python", "-m", "tandem", "train", *job.command, "--launch.nproc_per_node", str(job.nproc_per_node),
+                "--launch.simulate_nodes", "0", "--launch.run_dir", str(job.run_dir), "--stream"]
+        tail = (f' --launch.nnodes "{nnodes}" --launch.node_rank "{rank}" --launch.master_addr "{addr}"'
+                f' --launch.master_port "{port}"')
+        return "exec " + q(shlex.quote(a) for a in head) + tail
+    head = ["python", "-m", "tandem", "launch", "--nproc-per-node", str(job.nproc_per_node), "--run-dir",
+            str(job.run_dir), "--cluster", "none"]
+    tail = f' --nnodes "{nnodes}" --node-rank "{rank}" --master-addr "{addr}" --master-port "{port}" '
+    return "exec " + q(shlex.quote(a) for a in head) + tail + q(shlex.quote(a) for a in job.command)
+
+
+def _resources(job: K8sJob) -> dict:
+    req: dict = {}
+    if job.cpus_per_node:
+        req["cpu"] = str(job.cpus_per_node)
+    if job.gpus_per_node:
+        req["nvidia.com/gpu"] = str(job.gpus_per_node)
+    return {"requests": req, "limits": dict(req)} if req else {}
+
+
+def _labels(job: K8sJob, queue: bool = False) -> dict:
+    labels = {"app.kubernetes.io/name": "tandem", "tandem.dev/job": job.name}
+    if queue and job.queue:  # Kueue admits the top-level object
+        labels["kueue.x-k8s.io/queue-name"] = job.queue
+    return labels
+
+
+def _container(job: K8sJob, script: str, env: list[dict]) -> dict:
+    c = {"name": "tandem", "image": job.image, "command": ["/bin/sh", "-c", script],
+         "env": env + [{"name": k, "value": v} for k, v in sorted(job.env.items())],
+         "ports": [{"containerPort": PORT, "name": "rendezvous", "protocol": "TCP"}]}
+    res = _resources(job)
+    if res:
+        c["resources"] = res
+    return c
+
+
+def _indexed_job_spec(job: K8sJob, addr: str, subdomain: str | None) -> dict:
+    rank_env = [{"name": "NODE_RANK", "valueFrom": {"fieldRef": {
+        "fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}}}]
+    script = _shell(job, str(job.nodes), "$NODE_RANK", addr, str(PORT))
+    pod = {"restartPolicy": "Never", "terminationGracePeriodSeconds": job.grace_s,
+           "containers": [_container(job, script, rank_env)]}
+    if subdomain:
+        pod["subdomain"] = subdomain
+    return {"completionMode": "Indexed", "completions": job.nodes, "parallelism": job.nodes,
+            "backoffLimit": job.max_restarts if subdomain else 0,
+            "template": {"metadata": {"labels": _labels(job)}, "spec": pod}}
+
+
+def manifests(job: K8sJob) -> list[dict]:
+    """The objects to apply, in order."""
+    check(job)
+    meta = {"name": job.name, "namespace": job.namespace, "labels": _labels(job, queue=True)}
+    if job.kind == "jobset":
+        # JobSet names pods <jobset>-<replicatedJob>-<job index>-<pod index>, in a subdomain named after it
+        spec = {"network": {"enableDNSHostnames": True},
+                "failurePolicy": {"maxRestarts": job.max_restarts},
+                "replicatedJobs": [{"name": "node", "replicas": 1, "template": {
+                    "spec": _indexed_job_spec(job, f"{job.name}-node-0-0.{job.name}", None)}}]}
+        return [{"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": meta, "spec": spec}]
+    if job.kind == "trainjob":
+        script = _shell(job, "$PET_NNODES", "$PET_NODE_RANK", "$PET_MASTER_ADDR", "$PET_MASTER_PORT")
+        trainer = {"image": job.image, "command": ["/bin/sh", "-c", script], "numNodes": job.nodes,
+                   "numProcPerNode": job.nproc_per_node}
+        if job.env:
+            trainer["env"] = [{"name": k, "value": v} for k, v in sorted(job.env.items())]
+        res = _resources(job)
+        if res:
+            trainer["resourcesPerNode"] = res
+        return [{"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": meta,
+                 "spec": {"runtimeRef": {"name": "torch-distributed"}, "trainer": trainer}}]
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": meta,
+               "spec": {"clusterIP": "None", "selector": {"tandem.dev/job": job.name},
+                        "ports": [{"name": "rendezvous", "port": PORT, "protocol": "TCP"}]}}
+    # an indexed Job's pod i is named <job>-<i>, and <job>-<i>.<subdomain> resolves through the headless Service
+    jobm = {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta,
+            "spec": _indexed_job_spec(job, f"{job.name}-0.{job.name}", job.name)}
+    return [service, jobm]
+
+
+def render(job: K8sJob) -> str:
+    import yaml
+
+    return "".join("---\n" + yaml.safe_dump(m, sort_keys=False) for m in manifests(job))
+
+
+def submit_k8s(job: K8sJob, *, dry_run: bool = False) -> str:
+    """The manifest text; unless ``dry_run``, written to RUN_DIR/submit/job.yaml and applied with kubectl."""
+    text = render(job)
+    if dry_run:
+        return text
+    kubectl = shutil.which("kubectl")
+    if not kubectl:
+        raise LaunchError("kubectl is not on PATH", field="--on", value="k8s",
+                          fix="install kubectl and point it at your cluster, or use --dry-run to see the manifest")
+    sub = job.run_dir / "submit"
+    sub.mkdir(parents=True, exist_ok=True)
+    (sub / "job.yaml").write_text(text)
+    r = subprocess.run([kubectl, "apply", "-f", str(sub / "job.yaml")], capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        raise LaunchError(f"kubectl apply failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}", field="--on",
+                          value="k8s", fix=f"fix what kubectl says; the manifest is {sub / 'job.yaml'}")
+    (sub / "job.json").write_text(json.dumps({"engine": "k8s", "kind": job.kind, "name": job.name,
+                                              "namespace": job.namespace}) + "\n")
+    return text

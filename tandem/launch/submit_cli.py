@@ -1,0 +1,112 @@
+"""`tandem submit --on slurm|k8s`, `tandem status RUN_DIR`, `tandem cancel RUN_DIR`.
+
+tandem writes the job for the engine the user already runs and hands it over; the engine
+places, signals and restarts it. What was submitted is recorded in RUN_DIR/submit/.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+from tandem.core.console import make_console
+from tandem.core.errors import ConfigError
+
+ENGINES = ("slurm", "k8s")
+SPEC_SUFFIXES = (".toml", ".yaml", ".yml")
+
+
+def submit_cmd(
+    ctx: typer.Context,
+    target: str = typer.Argument(..., help="A Python script (run by `tandem launch` on every node) or a job spec "
+                                           "(.toml/.yaml, run by `tandem train`); what follows goes to it."),
+    on: str = typer.Option(..., "--on", help="slurm | k8s."),
+    nodes: int = typer.Option(1, "--nodes", help="Nodes (machines)."),
+    nproc_per_node: int = typer.Option(1, "--nproc-per-node", help="Workers per node."),
+    run_dir: Path = typer.Option(Path("runs/submit"), "--run-dir", help="Logs, checkpoints and submit/ go here "
+                                                                         "(on storage every node sees)."),
+    partition: str = typer.Option("", "--partition", help="Slurm partition (default: the cluster's)."),
+    time: str = typer.Option("", "--time", help="Slurm time limit: minutes, H:MM:SS or D-HH."),
+    job_name: str = typer.Option("tandem", "--job-name", help="Job name in the queue."),
+    max_requeues: int = typer.Option(0, "--max-requeues", help="Requeue after a save-and-exit on SIGTERM "
+                                                               "(preemption) up to this many times."),
+    signal_s: int = typer.Option(0, "--signal-s", help="Ask for SIGTERM this many seconds before the time limit."),
+    cpus_per_task: int = typer.Option(0, "--cpus-per-task", help="CPUs per node's task (0: the cluster's default)."),
+    gpus_per_node: int = typer.Option(0, "--gpus-per-node", help="GPUs per node (Slurm --gpus-per-node; k8s "
+                                                                 "nvidia.com/gpu)."),
+    sbatch_arg: list[str] = typer.Option([], "--sbatch-arg", help="Extra #SBATCH line, e.g. --sbatch-arg=--qos=low "
+                                                                  "(repeatable)."),
+    image: str = typer.Option("", "--image", help="k8s: container image with tandem and your code."),
+    kind: str = typer.Option("jobset", "--kind", help="k8s: jobset | pytorchjob | indexed (Job + headless "
+                                                      "Service)."),
+    namespace: str = typer.Option("default", "--namespace", help="k8s: namespace."),
+    queue: str = typer.Option("", "--queue", help="k8s: Kueue queue name (label kueue.x-k8s.io/queue-name)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the script / manifest; submit nothing."),
+) -> None:
+    """Hand a job to the cluster you already run: an sbatch script (Slurm) or a manifest (Kubernetes).
+
+    Example: tandem submit --on slurm --nodes 2 --nproc-per-node 2 examples/hello_dist.py
+    """
+    console = make_console()
+    if on not in ENGINES:
+        raise ConfigError(f"{on!r} is not one of {', '.join(ENGINES)}", field="--on", value=on,
+                          fix="use --on slurm or --on k8s")
+    command = [target, *ctx.args]
+    train = target.endswith(SPEC_SUFFIXES)
+    if on == "slurm":
+        from tandem.launch.slurm import SlurmJob, submit
+
+        job = SlurmJob(run_dir=run_dir, command=command, train=train, nodes=nodes, nproc_per_node=nproc_per_node,
+                       partition=partition, time=time, job_name=job_name, max_requeues=max_requeues,
+                       signal_s=signal_s, cpus_per_task=cpus_per_task, gpus_per_node=gpus_per_node,
+                       sbatch_args=[a if a.startswith("--") else f"--{a}" for a in sbatch_arg])
+        job_id, text = submit(job, dry_run=dry_run)
+        if dry_run:
+            print(text, end="")
+            return
+        console.print(f"submitted: slurm job {job_id} ({nodes} node(s) x {nproc_per_node} worker(s)); script "
+                      f"{run_dir / 'submit' / 'job.sbatch'}; output {run_dir / 'submit'}/slurm-{job_id}.out",
+                      highlight=False, soft_wrap=True)
+        console.print(f"  follow it: tandem status {run_dir}", highlight=False)
+        return
+    from tandem.launch.k8s import K8sJob, submit_k8s
+
+    job = K8sJob(run_dir=run_dir, command=command, train=train, nodes=nodes, nproc_per_node=nproc_per_node,
+                 name=job_name, image=image, kind=kind, namespace=namespace, queue=queue,
+                 gpus_per_node=gpus_per_node, cpus_per_node=cpus_per_task, max_restarts=max_requeues)
+    text = submit_k8s(job, dry_run=dry_run)
+    if dry_run:
+        print(text, end="")
+        return
+    console.print(f"applied: {kind} {job_name} in namespace {namespace}; manifest {run_dir / 'submit' / 'job.yaml'}",
+                  highlight=False, soft_wrap=True)
+
+
+def status_cmd(run_dir: Path = typer.Argument(..., help="The --run-dir of a `tandem submit`.")) -> None:
+    """Where a submitted job is: queued, running, requeued N times, done, or failed and why.
+
+    Example: tandem status runs/submit
+    """
+    from tandem.launch.slurm import read_record, slurm_status
+
+    rec = read_record(run_dir)
+    if rec.get("engine") != "slurm":
+        raise ConfigError(f"status of {rec.get('engine')} jobs is not implemented", field="run_dir",
+                          value=str(run_dir), fix="ask the engine (kubectl get jobset / kubectl logs)")
+    state, line = slurm_status(run_dir)
+    make_console().print(line, highlight=False, soft_wrap=True)
+    if state in ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"):
+        sys.exit(1)  # a job that ended badly: scripts can test `tandem status` like the job itself
+
+
+def cancel_cmd(run_dir: Path = typer.Argument(..., help="The --run-dir of a `tandem submit`.")) -> None:
+    """Cancel a submitted job (scancel).
+
+    Example: tandem cancel runs/submit
+    """
+    from tandem.launch.slurm import slurm_cancel
+
+    job_id = slurm_cancel(run_dir)
+    make_console().print(f"cancelled: slurm job {job_id}", highlight=False)

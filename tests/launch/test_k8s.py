@@ -1,0 +1,104 @@
+"""`tandem submit --on k8s` manifests: valid against Kubeflow's published models, and the pod command works.
+
+No Kubernetes cluster can run here (no container runtime); what is checked instead:
+every object round-trips through kubeflow-trainer-api's pydantic models with no key dropped
+(a misspelt or misplaced field would be), the rendezvous names agree with the DNS names
+JobSet / an indexed Job give pod 0, and the pod's own shell command, run here twice with the
+env a node would get, forms one 4-rank job.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tandem.core.errors import ConfigError
+from tandem.launch.k8s import INDEX_ANNOTATION, K8sJob, manifests
+from tandem.launch.launcher import free_port
+from tandem_testing import ROOT, tandem_in_process
+
+
+def job(**kw) -> K8sJob:
+    base = dict(run_dir=Path("runs/k"), command=["examples/hello_dist.py", "--x", "1"], nodes=2, nproc_per_node=2,
+                name="hello", image="reg/me/train:1", gpus_per_node=4, queue="team-a", max_restarts=3)
+    return K8sJob(**{**base, **kw})
+
+
+def _model(kind: str):
+    models = pytest.importorskip("kubeflow_trainer_api.models") if os.environ.get("CI") != "true" else \
+        __import__("kubeflow_trainer_api.models", fromlist=["x"])
+    return {"JobSet": models.JobsetV1alpha2JobSet, "TrainJob": models.TrainerV1alpha1TrainJob,
+            "Job": models.IoK8sApiBatchV1Job, "Service": models.IoK8sApiCoreV1Service}[kind]
+
+
+@pytest.mark.parametrize("kind", ["jobset", "trainjob", "indexed"])
+def test_manifests_round_trip_through_kubeflow_models(kind):
+    for m in manifests(job(kind=kind)):
+        parsed = _model(m["kind"]).from_dict(m)
+        assert parsed.to_dict() == m, f"{m['kind']}: the model dropped or changed keys"
+
+
+def _container(job_spec: dict) -> dict:
+    return job_spec["template"]["spec"]["containers"][0]
+
+
+def test_jobset_rendezvous_on_pod_zero_and_restarts_the_group():
+    (js,) = manifests(job())
+    assert js["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert js["spec"]["failurePolicy"]["maxRestarts"] == 3 and js["spec"]["network"]["enableDNSHostnames"]
+    rj = js["spec"]["replicatedJobs"][0]
+    spec = rj["template"]["spec"]
+    assert (spec["completionMode"], spec["completions"], spec["parallelism"], spec["backoffLimit"]) == \
+        ("Indexed", 2, 2, 0)
+    c = _container(spec)
+    # JobSet's pod 0 is <jobset>-<replicated job>-0-0 in the subdomain <jobset>
+    assert f'--master-addr "hello-{rj["name"]}-0-0.hello"' in c["command"][2]
+    assert c["env"][0]["valueFrom"]["fieldRef"]["fieldPath"] == f"metadata.annotations['{INDEX_ANNOTATION}']"
+    assert c["resources"]["limits"] == {"nvidia.com/gpu": "4"}
+    assert spec["template"]["spec"]["terminationGracePeriodSeconds"] == 120
+
+
+def test_indexed_job_and_headless_service_agree():
+    svc, jb = manifests(job(kind="indexed"))
+    assert svc["spec"]["clusterIP"] == "None"
+    pod = jb["spec"]["template"]
+    assert svc["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    assert pod["spec"]["subdomain"] == svc["metadata"]["name"]
+    assert '--master-addr "hello-0.hello"' in _container(jb["spec"])["command"][2]  # pod <job>-<index>
+
+
+def test_bad_input_is_one_line(tmp_path, capsys, monkeypatch):
+    with pytest.raises(ConfigError, match="--image: a container image is needed"):
+        manifests(job(image=""))
+    with pytest.raises(ConfigError, match="--job-name: not a valid Kubernetes name"):
+        manifests(job(name="My_Job"))
+    code, _, err = tandem_in_process(["submit", "--on", "k8s", "--kind", "pytorchjob", "--image", "x",
+                                      "examples/hello_dist.py"], capsys, monkeypatch)
+    assert code == 2 and err.startswith("error: --kind: 'pytorchjob' is not one of jobset, trainjob, indexed"), err
+    code, _, err = tandem_in_process(["submit", "--on", "k8s", "--image", "x", "--run-dir", str(tmp_path / "r"),
+                                      "examples/hello_dist.py"], capsys, monkeypatch, path=str(tmp_path))
+    assert code == 2 and err.startswith("error: --on: kubectl is not on PATH"), err
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+def test_trainjob_pod_command_forms_one_job_from_pet_env(tmp_path):
+    """The TrainJob's command, run as two pods would run it (PET_* from Trainer's torch runtime): one job."""
+    (tj,) = manifests(job(kind="trainjob", run_dir=tmp_path / "run", command=["examples/hello_dist.py"],
+                          nproc_per_node=1))
+    cmd = tj["spec"]["trainer"]["command"]
+    port = free_port()
+    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}", "PET_NNODES": "2",
+           "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(port), "COLUMNS": "200"}
+    procs = [subprocess.Popen(cmd, env={**env, "PET_NODE_RANK": str(k)}, cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for k in (0, 1)]
+    outs = [p.communicate(timeout=180)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    lines = [ln for out in outs for ln in out.splitlines() if "all_reduce sum" in ln]
+    assert sorted(ln.split("]:", 1)[-1].split()[1] for ln in lines) == ["0/2", "1/2"], outs
+    assert all("sum 1 (expect 1)" in ln for ln in lines), outs
+    assert sorted(p.name for p in (tmp_path / "run" / "logs").glob("rank-?.log")) == ["rank-0.log", "rank-1.log"]
