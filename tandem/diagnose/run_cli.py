@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 
 from tandem.core.errors import DataError
+from tandem.core import rundir
 
 
 def diagnose_cmd(
@@ -65,7 +66,7 @@ def _analyze(run_dir: Path):
         raise DataError("run dir not found", field="run_dir", value=str(run_dir),
                         fix="give the run_dir of a finished tandem train run")
     traces = load_run(run_dir)
-    spec_p = run_dir / "spec.json"
+    spec_p = run_dir / rundir.SPEC
     spec = json.loads(spec_p.read_text()) if spec_p.exists() else None
     rep = analyze(traces, spec, run_dir)
     if not rep["steps"]:

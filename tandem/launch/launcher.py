@@ -30,8 +30,10 @@ from tandem.core.errors import ConfigError, JobStopped, LaunchError, WorkerFailu
 from tandem.core.spec import LaunchSpec
 from tandem.core.validate import parse_nnodes
 from tandem.launch import failures as fl
+from tandem.launch import orphans
+from tandem.core import rundir
+from tandem.core.contract import ENV_BACKEND, ENV_DEVICE, ENV_RUN_DIR  # noqa: F401 (re-exported)
 
-ENV_DEVICE, ENV_BACKEND, ENV_RUN_DIR = "TANDEM_DEVICE", "TANDEM_BACKEND", "TANDEM_RUN_DIR"
 CPP_LOG_ENV = "TORCH_CPP_LOG_LEVEL"
 
 
@@ -103,7 +105,7 @@ def _worker_env(opts: LaunchSpec, run_dir: Path, nodes_here: int) -> None:
 
 def run_agent(opts: LaunchSpec, argv: list[str], run_dir: Path, *, agent_index: int = 0,
               run_id: str | None = None, tee: bool = True, nodes_here: int = 1,
-              store_hosted: bool = False) -> None:
+              store_hosted: bool = False, run_attempt: int = 1) -> None:
     """One torchrun elastic agent for this node; returns when its workers succeed."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -114,7 +116,7 @@ def run_agent(opts: LaunchSpec, argv: list[str], run_dir: Path, *, agent_index: 
     mn, mx = parse_nnodes(opts.nnodes)
     backend, endpoint, rdzv_cfg = _rendezvous(opts, store_hosted)
     _worker_env(opts, run_dir, nodes_here)
-    logs = RankLogsSpecs(run_dir, tee=tee)
+    logs = RankLogsSpecs(run_dir, tee=tee, run_attempt=run_attempt)
     config = LaunchConfig(
         min_nodes=mn, max_nodes=mx, nproc_per_node=opts.nproc_per_node,
         logs_specs=logs, run_id=run_id or _run_id(opts, mx),
@@ -125,7 +127,8 @@ def run_agent(opts: LaunchSpec, argv: list[str], run_dir: Path, *, agent_index: 
     t0 = time.monotonic()
     dog = start_watchdog(opts, run_dir, agent_index)
     try:
-        elastic_launch(config, entrypoint=sys.executable)(*argv)
+        # every worker through orphans.py: it dies with this agent, whatever ends the agent
+        elastic_launch(config, entrypoint=sys.executable)(*orphans.wrap(argv))
     except ChildFailedError as e:
         failures = fl.from_child_failed(e, node=0, run_dir=run_dir, stderr_of=logs.stderr_of)
         for f in failures:
@@ -156,9 +159,7 @@ def stopped(run_dir: Path, signum: int, since: float) -> JobStopped:
     name = signal.Signals(signum).name
     saved = None
     try:
-        from tandem.train import metrics as mt
-
-        recs = [r for r in mt.read(run_dir) if r["time"] >= since]
+        recs = [r for r in rundir.read_metrics(run_dir) if r["time"] >= since]
         last_start = max((i for i, r in enumerate(recs) if r["kind"] == "start"), default=-1)
         # the workers' last start only: an earlier attempt's stop (a join) is not this one
         saved = next((r for r in recs[last_start + 1:] if r["kind"] == "stop"), None)
@@ -222,28 +223,31 @@ def quiet_torch_logs(verbose: bool) -> None:
 
 
 def launch(opts: LaunchSpec, argv: list[str], run_dir: Path, *, quiet: bool = False,
-           on_poll: Callable[[], None] | None = None, verbose: bool = False) -> None:
+           on_poll: Callable[[], None] | None = None, verbose: bool = False, attempt: int | None = None) -> None:
     """Run ``python argv...`` on every worker; raise WorkerFailure/LaunchError on failure.
 
     ``quiet`` keeps worker output in the per-rank files only (no console stream);
-    ``on_poll`` is called about every 0.2 s while simulated nodes run (progress bars).
+    ``on_poll`` is called about every 0.2 s while simulated nodes run (progress bars);
+    ``attempt``: this start of the run dir (`tandem train` records it); None: record one here.
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    for old in (run_dir / "failures").glob("node-*.json"):
+    for old in (run_dir / rundir.FAILURES).glob("node-*.json"):
         old.unlink()
     if argv and argv[0].endswith(".py") and not Path(argv[0]).is_file():
         raise ConfigError("script not found", field="script", value=argv[0], fix="give the path of a Python file")
+    if attempt is None:
+        attempt = rundir.begin_attempt(run_dir)["attempt"]
     quiet_cpp_logs(verbose)  # before anything loads torch
     quiet_torch_logs(verbose)
     if not opts.simulate_nodes:
-        run_agent(opts, argv, run_dir, agent_index=opts.node_rank, tee=not quiet)
+        run_agent(opts, argv, run_dir, agent_index=opts.node_rank, tee=not quiet, run_attempt=attempt)
         return
-    _simulate(opts, argv, run_dir, quiet=quiet, on_poll=on_poll, verbose=verbose)
+    _simulate(opts, argv, run_dir, quiet=quiet, on_poll=on_poll, verbose=verbose, attempt=attempt)
 
 
 def _simulate(opts: LaunchSpec, argv: list[str], run_dir: Path, *, quiet: bool,
-              on_poll: Callable[[], None] | None, verbose: bool) -> None:
+              on_poll: Callable[[], None] | None, verbose: bool, attempt: int) -> None:
     """K real torchrun agents on this machine, joined by one c10d rendezvous."""
     from torch.distributed import TCPStore
 
@@ -253,7 +257,7 @@ def _simulate(opts: LaunchSpec, argv: list[str], run_dir: Path, *, quiet: bool,
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     endpoint = f"127.0.0.1:{store.port}"
     run_id = uuid.uuid4().hex[:12]
-    cfg_dir = run_dir / "launch"
+    cfg_dir = run_dir / rundir.LAUNCH
     cfg_dir.mkdir(parents=True, exist_ok=True)
     procs = []
     for i in range(k):
@@ -263,7 +267,7 @@ def _simulate(opts: LaunchSpec, argv: list[str], run_dir: Path, *, quiet: bool,
         cfg = cfg_dir / f"node-{i}.json"
         cfg.write_text(json.dumps({"opts": dataclasses.asdict(node_opts), "argv": argv, "run_dir": str(run_dir),
                                    "run_id": run_id, "agent_index": i, "nodes_here": k, "tee": not quiet, "store_hosted": True,
-                                   "verbose": verbose}))
+                                   "verbose": verbose, "run_attempt": attempt, "parent_pid": os.getpid()}))
         # Own process groups: a Ctrl-C in the terminal reaches this process only, which passes it
         # on once to each agent (an agent told twice cuts short its workers' graceful stop).
         procs.append(subprocess.Popen([sys.executable, "-m", "tandem.launch.node", str(cfg)], process_group=0))
