@@ -86,9 +86,9 @@ def begin_attempt(run_dir: Path, argv: list[str] | None = None) -> dict:
     never rewritten: the run's history of starts survives every rerun and resume."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    n = len(attempts(run_dir)) + 1
-    if n == 1 and (run_dir / METRICS).is_file():  # a run dir from before attempts were recorded
-        n = 2
+    before = attempts(run_dir)
+    # a run dir from before attempts were recorded holds attempt 1
+    n = (before[-1]["attempt"] if before else int((run_dir / METRICS).is_file())) + 1
     rec = {"attempt": n, "time": time.time(), "pid": os.getpid(), "host": socket.gethostname(),
            "argv": list(argv if argv is not None else sys.argv)}
     with open(run_dir / ATTEMPTS, "a") as f:

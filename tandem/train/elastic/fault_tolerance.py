@@ -20,13 +20,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from tandem.train import checkpoint as ckpt
-from tandem.train import metrics as mt
-from tandem.train.elastic import faults
-from tandem.train.elastic import resume as rs
-from tandem.launch import hangdump
+from tandem.core import contract, rundir
 from tandem.core.heartbeat import Heartbeat, read_all
 from tandem.core.runlock import process_start
+from tandem.train import checkpoint as ckpt
+from tandem.train.elastic import faults
+from tandem.train.elastic import resume as rs
 from tandem.train.elastic.stop import Stopped, StopRequest
 from tandem.train.elastic.straggler import StragglerMonitor
 

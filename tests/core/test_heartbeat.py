@@ -6,7 +6,7 @@ import sys
 import time
 import zlib
 
-from tandem.launch import heartbeat as hb
+from tandem.core import heartbeat as hb
 from tandem.train.elastic.resume import previous_attempt
 
 
