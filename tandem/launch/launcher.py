@@ -123,9 +123,11 @@ def run_agent(opts: LaunchSpec, argv: list[str], run_dir: Path, *, agent_index: 
         rdzv_endpoint=endpoint, rdzv_backend=backend, rdzv_configs=rdzv_cfg,
         max_restarts=opts.max_restarts, monitor_interval=0.1, start_method="spawn",
         log_line_prefix_template="[rank${rank}]:", local_addr="127.0.0.1" if _is_local(opts) else None,
+        signals_to_handle="SIGTERM,SIGHUP,SIGQUIT",  # SIGINT: _interrupts
     )
     t0 = time.monotonic()
     dog = start_watchdog(opts, run_dir, agent_index)
+    restore = _interrupts(SignalException)
     try:
         # every worker through orphans.py: it dies with this agent, whatever ends the agent
         elastic_launch(config, entrypoint=sys.executable)(*orphans.wrap(argv))
@@ -149,8 +151,46 @@ def run_agent(opts: LaunchSpec, argv: list[str], run_dir: Path, *, agent_index: 
         raise LaunchError(f"the rendezvous at {endpoint} failed ({text})", field="launch", value=endpoint,
                           fix="see the message above; run with --verbose for torch's logs") from None
     finally:
+        restore()
         if dog is not None:
             dog.stop()
+
+
+def _children() -> list[int]:
+    """This process's child processes (Linux), the workers among them."""
+    pids: list[int] = []
+    for task in Path("/proc/self/task").glob("*"):
+        try:
+            pids += [int(p) for p in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            pass
+    return pids
+
+
+def _interrupts(signal_exception) -> Callable[[], None]:
+    """Ctrl-C in this agent: the first asks for a graceful stop (torchrun passes SIGINT on to the
+    workers, which save at an agreed step); a second means now. torchrun's own handler cannot
+    tell them apart: its second SignalException, raised inside its wait for the workers, lands in
+    a ``finally`` that waits for them again (30 s, with SIGTERM), and the workers save anyway.
+    So SIGINT is ours (``LaunchConfig.signals_to_handle`` leaves it out): the first raises torchrun's SignalException as its handler would, the
+    second sends SIGINT to the workers again, which exit at once without a checkpoint (stop.py),
+    and torchrun's wait ends with them. Returns what undoes it."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    told = []
+
+    def on_sigint(signum, frame):
+        told.append(signum)
+        if len(told) == 1:
+            raise signal_exception(f"Process {os.getpid()} got signal: SIGINT", sigval=signal.SIGINT)
+        for pid in _children():
+            try:
+                os.killpg(pid, signal.SIGINT)  # torchrun starts each worker in a session of its own
+            except OSError:
+                pass
+
+    old_handler = signal.signal(signal.SIGINT, on_sigint)
+    return lambda: signal.signal(signal.SIGINT, old_handler)
 
 
 def stopped(run_dir: Path, signum: int, since: float) -> JobStopped:
