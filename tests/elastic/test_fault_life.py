@@ -79,11 +79,15 @@ def test_kill_9_of_tandem_train_with_simulated_nodes_leaves_no_orphan(tmp_path):
     wait_for(lambda: not _processes_with(str(run)), timeout=60, what="the agents and workers to die")
 
 
-def test_a_second_ctrl_c_stops_at_once_without_a_checkpoint(tmp_path):
+@pytest.mark.parametrize("nodes", [0, 2], ids=["one-node", "2-simulated-nodes"])
+def test_a_second_ctrl_c_stops_at_once_without_a_checkpoint(tmp_path, nodes):
+    """The first Ctrl-C asks for a checkpoint at an agreed step; the second, before it comes,
+    stops every worker at once: exit 130, no checkpoint, no stop record, no process left."""
     run = tmp_path / "run"
-    spec = write_spec(tmp_path / "job.toml", run, every=0)
+    spec = write_spec(tmp_path / "job.toml", run, every=0, nproc=1 if nodes else 2)
+    extra = ("--launch.simulate_nodes", str(nodes)) if nodes else ()
     # slow steps: the agreed step (1-2 steps after the first Ctrl-C) is seconds away
-    proc = start_train(spec, "--checkpoint.at_end", "false", env={"TANDEM_FAULTS": "slow:rank=0:ms=500"},
+    proc = start_train(spec, "--checkpoint.at_end", "false", *extra, env={"TANDEM_FAULTS": "slow:rank=0:ms=500"},
                        own_group=True)
     wait_for(lambda: (h := heartbeat(run, 0)) and h["step"] >= 2, timeout=180, what="step 2", interval=0.01)
     os.killpg(proc.pid, signal.SIGINT)
@@ -93,7 +97,9 @@ def test_a_second_ctrl_c_stops_at_once_without_a_checkpoint(tmp_path):
     rc, out, err = finish(proc)
     assert rc == 130, err[-3000:]
     lines = [" ".join(l.split()) for l in err.splitlines() if l.startswith("error:")]
-    assert lines and lines[0].startswith("error: stopped by SIGINT") and "saved" not in lines[0], err[-2000:]
+    assert lines == ["error: stopped by SIGINT. Fix: no checkpoint was saved: run the same command again to start "
+                     "over"], err[-2000:]
+    assert _log_has(run / "logs" / "rank-0.err.log", "SIGINT again: stopping at once, without a checkpoint")
     assert records(run, "stop") == [] and not list((run / "checkpoints").glob("step-*"))
     wait_for(lambda: not _processes_with(str(run)), timeout=60, what="the workers to die with the job")
 
