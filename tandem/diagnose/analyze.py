@@ -15,6 +15,7 @@ from tandem.diagnose.breakdown import CATEGORIES, StepShare, rank_shares
 from tandem.diagnose.clock import Clock, estimate, fr_lateness, lateness
 from tandem.diagnose.trace import PHASE_PREFIX, RankTrace
 from tandem.diagnose.verdicts import judge
+from tandem.core import rundir
 
 SCHEMA = "tandem.diagnose/1"
 STRAGGLER_SCORE = 0.75      # fastest rank's median / this rank's median, below it: a straggler (NVRx's rule)
@@ -121,7 +122,7 @@ def section_scores(shares: dict[int, list[StepShare]]) -> dict:
 
 def _metrics_window(run_dir: Path | None, steps: list[int]) -> dict:
     """metrics.jsonl's own data share for the window's steps (rank 0's clock), a cross-check."""
-    p = Path(run_dir) / "metrics.jsonl" if run_dir else None
+    p = Path(run_dir) / rundir.METRICS if run_dir else None
     if p is None or not p.exists():
         return {}
     recs = [json.loads(x) for x in p.read_text().splitlines() if x.strip()]

@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 
 from tandem.core.errors import DataError
+from tandem.core import rundir
 
 
 def diagnose_cmd(
@@ -95,7 +96,7 @@ def _analyze(run_dir: Path, calibration: Path | None = None, nccl_log: Path | No
         rep["verdicts"] = incidents.verdicts(rep)
         return [], rep
     traces = load_run(run_dir)
-    spec_p = run_dir / "spec.json"
+    spec_p = run_dir / rundir.SPEC
     spec = json.loads(spec_p.read_text()) if spec_p.exists() else None
     if calibration is not None and not calibration.is_file():
         raise DataError("no such file", field="calibration", value=str(calibration),

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tandem.core.errors import DataError
+from tandem.core import rundir
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 PHASE_PREFIX = "tandem."
@@ -117,7 +118,7 @@ def parse(doc: dict, rank: int, meta: dict | None = None, origin_us: float | Non
 
 def load_run(run_dir: Path) -> list[RankTrace]:
     """Every rank's window under RUN_DIR/profile, on rank 0's time base; errors name the fix."""
-    root = Path(run_dir) / "profile"
+    root = Path(run_dir) / rundir.PROFILE
     dirs = sorted(root.glob("rank-*"), key=lambda p: int(p.name.split("-")[1])) if root.is_dir() else []
     if not dirs:
         raise DataError("no profiler window in this run", field="run_dir", value=str(run_dir),

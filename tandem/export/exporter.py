@@ -28,6 +28,7 @@ from tandem.export import format as fmt
 from tandem.export import tp as tpplan
 from tandem.export.source import FIELD, ExportIOError, Source, manifest_sha256, open_source, spec_sha256
 from tandem.export.stfile import Entry, StreamFile, order
+from tandem.core import rundir
 
 DTYPES = {"keep": None, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MIN_GROUP = 16 << 20   # small tensors are read together up to this many bytes (fewer dcp.load calls)
@@ -48,7 +49,7 @@ class ExportOptions:
 
 def default_out(src: Source) -> Path:
     base = src.run_dir if src.run_dir is not None else src.path.parent
-    return base / "export" / src.path.name
+    return base / rundir.EXPORT / src.path.name
 
 
 def check_options(o: ExportOptions) -> None:

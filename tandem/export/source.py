@@ -23,6 +23,7 @@ import torch
 from tandem.core.errors import CheckpointError, ConfigError, TandemError
 from tandem.train import checkpoint as ckpt
 from tandem.train import manifest
+from tandem.core import rundir
 
 
 class ExportIOError(TandemError):
@@ -85,11 +86,11 @@ def find_checkpoint(path: Path) -> tuple[Path, Path | None]:
         raise CheckpointError("no such file or folder", field=FIELD, value=str(path),
                               fix="give a run dir (runs/<job>) or a checkpoint folder (runs/<job>/checkpoints/step-N)")
     if (path / ".metadata").is_file() or (path / "meta.json").is_file():
-        run = path.parent.parent if path.parent.name == "checkpoints" else None
-        return path, run if run is not None and (run / "spec.json").is_file() else None
-    if (path / "spec.json").is_file():
-        spec = json.loads((path / "spec.json").read_text())
-        cdir = Path(spec.get("checkpoint", {}).get("dir") or path / "checkpoints")
+        run = path.parent.parent if path.parent.name == rundir.CHECKPOINTS else None
+        return path, run if run is not None and (run / rundir.SPEC).is_file() else None
+    if (path / rundir.SPEC).is_file():
+        spec = json.loads((path / rundir.SPEC).read_text())
+        cdir = Path(spec.get("checkpoint", {}).get("dir") or path / rundir.CHECKPOINTS)
         found = _newest(cdir)
         if found is None:
             raise CheckpointError("the run has no complete checkpoint that matches its manifest", field=FIELD,
@@ -123,7 +124,7 @@ def open_source(path: Path, spec_path: Path | None = None) -> Source:
         raise CheckpointError(f"checkpoint {folder.name} failed its sha256 manifest: {bad}", field=FIELD,
                               value=str(folder), fix="export an earlier checkpoint that verifies")
     meta = json.loads((folder / "meta.json").read_text())
-    spec_file = Path(spec_path) if spec_path else (run / "spec.json" if run else None)
+    spec_file = Path(spec_path) if spec_path else (run / rundir.SPEC if run else None)
     if spec_file is None or not spec_file.is_file():
         raise ConfigError("no job spec for this checkpoint (no spec.json in its run dir)", field="--spec",
                           value=str(spec_file or folder),

@@ -22,6 +22,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from tandem.core import rundir
+
 # Messages of ranks that failed because a peer went away, not on their own.
 _PEER_LOSS = re.compile(
     r"Connection closed by peer|Connection reset by peer|Broken pipe|ECONNRESET|"
@@ -62,7 +64,7 @@ def from_child_failed(err, node: int, run_dir: Path, stderr_of: dict[int, str] |
         t_ns = pf.timestamp * 1_000_000_000
         if pf.error_file and os.path.isfile(pf.error_file):
             t_ns = os.stat(pf.error_file).st_mtime_ns
-        log = Path((stderr_of or {}).get(int(rank)) or run_dir / "logs" / f"rank-{rank}.err.log")
+        log = Path((stderr_of or {}).get(int(rank)) or run_dir / rundir.LOGS / f"rank-{rank}.err.log")
         if not tb and log.is_file():  # no @record (a signal, a fatal error): what stderr says
             fatal, tb = _from_stderr(log.read_text(errors="replace"))
             if fatal and (not msg or msg == "<NONE>"):
@@ -105,7 +107,7 @@ def signal_name(exitcode: int) -> str:
 
 
 def write_node_failures(run_dir: Path, node: int, failures: list[Failure]) -> Path:
-    d = run_dir / "failures"
+    d = run_dir / rundir.FAILURES
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"node-{node}.json"
     tmp = path.with_suffix(".tmp")
@@ -116,7 +118,7 @@ def write_node_failures(run_dir: Path, node: int, failures: list[Failure]) -> Pa
 
 def read_failures(run_dir: Path) -> list[Failure]:
     out = []
-    for p in sorted((run_dir / "failures").glob("node-*.json")):
+    for p in sorted((run_dir / rundir.FAILURES).glob("node-*.json")):
         out += [Failure(**d) for d in json.loads(p.read_text())]
     return out
 

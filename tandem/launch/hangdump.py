@@ -16,8 +16,8 @@ Both come from tools torch and Python already have:
   permission), faulthandler in the worker writes its Python stacks on SIGUSR1 (heartbeat.py).
   ``TANDEM_HANG_STACKS=faulthandler`` forces the fallback.
 
-The socket is ``$TMPDIR/tandem-ws/<pid>.sock``: the agent knows its workers' pids from
-their heartbeats, and the path stays under the 107-byte limit of a unix socket name.
+The worker serves it on ``contract.socket_path(pid)`` (``contract.serve``, the worker's side of
+the request); this module is the agent's side.
 """
 
 from __future__ import annotations
@@ -29,56 +29,11 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
+from tandem.core.contract import serve, socket_path  # noqa: F401 (serve: the worker side, for callers of old)
+
 STACKS_ENV = "TANDEM_HANG_STACKS"  # auto (default), py-spy, faulthandler
-
-
-def socket_path(pid: int) -> Path:
-    # One folder per user, private: another user's workers neither block nor reach ours.
-    return Path(tempfile.gettempdir()) / f"tandem-ws-{os.getuid()}" / f"{pid}.sock"
-
-
-_SERVER = None
-
-
-def serve() -> str | None:
-    """In a worker: start torch's worker server for this process. None, or why it is not there."""
-    global _SERVER
-    if _SERVER is not None:
-        return None
-    try:
-        from torch._C._distributed_c10d import _WorkerServer
-    except ImportError as e:
-        return f"this torch has no worker server ({e})"
-    path = socket_path(os.getpid())
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    _sweep(path.parent)  # sockets of killed workers (SIGKILL runs no atexit), this pid's old one included
-    try:
-        _SERVER = _WorkerServer(str(path))
-    except Exception as e:  # the dump falls back to heartbeats; training must not fail for it
-        return f"worker server did not start: {type(e).__name__}: {e}"
-    import atexit
-
-    # Not _SERVER.shutdown(): in torch 2.13 it hangs when the server never had a request.
-    # The server's thread ends with the process; its socket file would stay.
-    atexit.register(path.unlink, missing_ok=True)
-    return None
-
-
-def _sweep(folder: Path) -> None:
-    for p in folder.glob("*.sock"):
-        try:
-            pid = int(p.stem)
-            if pid != os.getpid():
-                os.kill(pid, 0)
-                continue
-        except ProcessLookupError:
-            pass
-        except (ValueError, PermissionError):
-            continue
-        p.unlink(missing_ok=True)
 
 
 class _UnixHTTP(http.client.HTTPConnection):

@@ -31,9 +31,10 @@ from tandem.core import environment
 from tandem.core.spec import LaunchSpec
 from tandem.core.validate import parse_nnodes
 from tandem.launch import failures as fl
+from tandem.launch import orphans
+from tandem.core import rundir
+from tandem.core.contract import ENV_BACKEND, ENV_DEVICE, ENV_RUN_DIR  # noqa: F401 (re-exported)
 
-ENV_DEVICE, ENV_BACKEND = environment.ENV_DEVICE, environment.ENV_BACKEND
-ENV_RUN_DIR = "TANDEM_RUN_DIR"
 CPP_LOG_ENV = "TORCH_CPP_LOG_LEVEL"
 
 
@@ -96,7 +97,7 @@ def _worker_env(opts: LaunchSpec, run_dir: Path, nodes_here: int) -> None:
 
 def run_agent(opts: LaunchSpec, argv: list[str], run_dir: Path, *, agent_index: int = 0,
               run_id: str | None = None, tee: bool = True, nodes_here: int = 1,
-              store_hosted: bool = False) -> None:
+              store_hosted: bool = False, run_attempt: int = 1) -> None:
     """One torchrun elastic agent for this node; returns when its workers succeed."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -107,18 +108,21 @@ def run_agent(opts: LaunchSpec, argv: list[str], run_dir: Path, *, agent_index: 
     mn, mx = parse_nnodes(opts.nnodes)
     backend, endpoint, rdzv_cfg = _rendezvous(opts, store_hosted)
     _worker_env(opts, run_dir, nodes_here)
-    logs = RankLogsSpecs(run_dir, tee=tee)
+    logs = RankLogsSpecs(run_dir, tee=tee, run_attempt=run_attempt)
     config = LaunchConfig(
         min_nodes=mn, max_nodes=mx, nproc_per_node=opts.nproc_per_node,
         logs_specs=logs, run_id=run_id or _run_id(opts, mx),
         rdzv_endpoint=endpoint, rdzv_backend=backend, rdzv_configs=rdzv_cfg,
         max_restarts=opts.max_restarts, monitor_interval=0.1, start_method="spawn",
         log_line_prefix_template="[rank${rank}]:", local_addr="127.0.0.1" if _is_local(opts) else None,
+        signals_to_handle="SIGTERM,SIGHUP,SIGQUIT",  # SIGINT: _interrupts
     )
     t0 = time.monotonic()
     dog = start_watchdog(opts, run_dir, agent_index)
+    restore = _interrupts(SignalException)
     try:
-        elastic_launch(config, entrypoint=sys.executable)(*argv)
+        # every worker through orphans.py: it dies with this agent, whatever ends the agent
+        elastic_launch(config, entrypoint=sys.executable)(*orphans.wrap(argv))
     except ChildFailedError as e:
         failures = fl.from_child_failed(e, node=0, run_dir=run_dir, stderr_of=logs.stderr_of)
         for f in failures:
@@ -139,8 +143,46 @@ def run_agent(opts: LaunchSpec, argv: list[str], run_dir: Path, *, agent_index: 
         raise LaunchError(f"the rendezvous at {endpoint} failed ({text})", field="launch", value=endpoint,
                           fix="see the message above; run with --verbose for torch's logs") from None
     finally:
+        restore()
         if dog is not None:
             dog.stop()
+
+
+def _children() -> list[int]:
+    """This process's child processes (Linux), the workers among them."""
+    pids: list[int] = []
+    for task in Path("/proc/self/task").glob("*"):
+        try:
+            pids += [int(p) for p in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            pass
+    return pids
+
+
+def _interrupts(signal_exception) -> Callable[[], None]:
+    """Ctrl-C in this agent: the first asks for a graceful stop (torchrun passes SIGINT on to the
+    workers, which save at an agreed step); a second means now. torchrun's own handler cannot
+    tell them apart: its second SignalException, raised inside its wait for the workers, lands in
+    a ``finally`` that waits for them again (30 s, with SIGTERM), and the workers save anyway.
+    So SIGINT is ours (``LaunchConfig.signals_to_handle`` leaves it out): the first raises torchrun's SignalException as its handler would, the
+    second sends SIGINT to the workers again, which exit at once without a checkpoint (stop.py),
+    and torchrun's wait ends with them. Returns what undoes it."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    told = []
+
+    def on_sigint(signum, frame):
+        told.append(signum)
+        if len(told) == 1:
+            raise signal_exception(f"Process {os.getpid()} got signal: SIGINT", sigval=signal.SIGINT)
+        for pid in _children():
+            try:
+                os.killpg(pid, signal.SIGINT)  # torchrun starts each worker in a session of its own
+            except OSError:
+                pass
+
+    old_handler = signal.signal(signal.SIGINT, on_sigint)
+    return lambda: signal.signal(signal.SIGINT, old_handler)
 
 
 def stopped(run_dir: Path, signum: int, since: float) -> JobStopped:
@@ -149,9 +191,7 @@ def stopped(run_dir: Path, signum: int, since: float) -> JobStopped:
     name = signal.Signals(signum).name
     saved = None
     try:
-        from tandem.train import metrics as mt
-
-        recs = [r for r in mt.read(run_dir) if r["time"] >= since]
+        recs = [r for r in rundir.read_metrics(run_dir) if r["time"] >= since]
         last_start = max((i for i, r in enumerate(recs) if r["kind"] == "start"), default=-1)
         # the workers' last start only: an earlier attempt's stop (a join) is not this one
         saved = next((r for r in recs[last_start + 1:] if r["kind"] == "stop"), None)
@@ -215,28 +255,31 @@ def quiet_torch_logs(verbose: bool) -> None:
 
 
 def launch(opts: LaunchSpec, argv: list[str], run_dir: Path, *, quiet: bool = False,
-           on_poll: Callable[[], None] | None = None, verbose: bool = False) -> None:
+           on_poll: Callable[[], None] | None = None, verbose: bool = False, attempt: int | None = None) -> None:
     """Run ``python argv...`` on every worker; raise WorkerFailure/LaunchError on failure.
 
     ``quiet`` keeps worker output in the per-rank files only (no console stream);
-    ``on_poll`` is called about every 0.2 s while simulated nodes run (progress bars).
+    ``on_poll`` is called about every 0.2 s while simulated nodes run (progress bars);
+    ``attempt``: this start of the run dir (`tandem train` records it); None: record one here.
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    for old in (run_dir / "failures").glob("node-*.json"):
+    for old in (run_dir / rundir.FAILURES).glob("node-*.json"):
         old.unlink()
     if argv and argv[0].endswith(".py") and not Path(argv[0]).is_file():
         raise ConfigError("script not found", field="script", value=argv[0], fix="give the path of a Python file")
+    if attempt is None:
+        attempt = rundir.begin_attempt(run_dir)["attempt"]
     quiet_cpp_logs(verbose)  # before anything loads torch
     quiet_torch_logs(verbose)
     if not opts.simulate_nodes:
-        run_agent(opts, argv, run_dir, agent_index=opts.node_rank, tee=not quiet)
+        run_agent(opts, argv, run_dir, agent_index=opts.node_rank, tee=not quiet, run_attempt=attempt)
         return
-    _simulate(opts, argv, run_dir, quiet=quiet, on_poll=on_poll, verbose=verbose)
+    _simulate(opts, argv, run_dir, quiet=quiet, on_poll=on_poll, verbose=verbose, attempt=attempt)
 
 
 def _simulate(opts: LaunchSpec, argv: list[str], run_dir: Path, *, quiet: bool,
-              on_poll: Callable[[], None] | None, verbose: bool) -> None:
+              on_poll: Callable[[], None] | None, verbose: bool, attempt: int) -> None:
     """K real torchrun agents on this machine, joined by one c10d rendezvous."""
     from torch.distributed import TCPStore
 
@@ -246,7 +289,7 @@ def _simulate(opts: LaunchSpec, argv: list[str], run_dir: Path, *, quiet: bool,
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     endpoint = f"127.0.0.1:{store.port}"
     run_id = uuid.uuid4().hex[:12]
-    cfg_dir = run_dir / "launch"
+    cfg_dir = run_dir / rundir.LAUNCH
     cfg_dir.mkdir(parents=True, exist_ok=True)
     procs = []
     for i in range(k):
@@ -256,7 +299,7 @@ def _simulate(opts: LaunchSpec, argv: list[str], run_dir: Path, *, quiet: bool,
         cfg = cfg_dir / f"node-{i}.json"
         cfg.write_text(json.dumps({"opts": dataclasses.asdict(node_opts), "argv": argv, "run_dir": str(run_dir),
                                    "run_id": run_id, "agent_index": i, "nodes_here": k, "tee": not quiet, "store_hosted": True,
-                                   "verbose": verbose}))
+                                   "verbose": verbose, "run_attempt": attempt, "parent_pid": os.getpid()}))
         # Own process groups: a Ctrl-C in the terminal reaches this process only, which passes it
         # on once to each agent (an agent told twice cuts short its workers' graceful stop).
         procs.append(subprocess.Popen([sys.executable, "-m", "tandem.launch.node", str(cfg)], process_group=0))

@@ -9,7 +9,9 @@ agent assigns at (re)start:
     run_dir/errors/rank-<R>.json     torch's @record error file (exception + traceback)
 
 After a restart (attempt k > 0) the names gain ``.restart<k>`` so that the first
-failure's logs survive. k counts this agent's worker starts: torchrun's restart count
+failure's logs survive; a later start of the run dir (a rerun, a resume: run attempt
+N > 1, see core/rundir.py) gains ``.attempt<N>`` before it, so that no start's logs
+are overwritten. k counts this agent's worker starts: torchrun's restart count
 does not move when the group restarts for a node that joined (a membership change is
 not a retry), and those restarts need their own files too. Workers get k as
 TANDEM_AGENT_STARTS (the group agrees on one attempt from it, see elastic/resume.py).
@@ -27,25 +29,26 @@ import socket
 from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs, Std, to_map
+from tandem.core import rundir
+from tandem.core.contract import AGENT_STARTS_ENV, JOINING_ENV  # noqa: F401 (JOINING_ENV re-exported)
 
-
-JOINING_ENV = "TANDEM_JOINING"
 
 
 class RankLogsSpecs(LogsSpecs):
-    def __init__(self, run_dir: Path, tee: bool = True) -> None:
+    def __init__(self, run_dir: Path, tee: bool = True, run_attempt: int = 1) -> None:
         self.run_dir = Path(run_dir)
-        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "errors").mkdir(parents=True, exist_ok=True)
-        super().__init__(str(self.run_dir / "logs"), redirects=Std.ALL, tee=Std.ALL if tee else Std.NONE)
+        (self.run_dir / rundir.LOGS).mkdir(parents=True, exist_ok=True)
+        (self.run_dir / rundir.ERRORS).mkdir(parents=True, exist_ok=True)
+        super().__init__(str(self.run_dir / rundir.LOGS), redirects=Std.ALL, tee=Std.ALL if tee else Std.NONE)
         self.starts = 0  # worker group starts of this agent so far
         self.stderr_of: dict[int, str] = {}  # global rank -> its stderr file in the latest start
         joining = os.environ.get(JOINING_ENV) == "1"
         self.agent_tag = f".join-{socket.gethostname()}-{os.getpid()}" if joining else ""
+        self.run_attempt = run_attempt  # a later start of the run dir: names of its own (never overwritten)
 
     @property
     def root_log_dir(self) -> str:
-        return str(self.run_dir / "logs")
+        return str(self.run_dir / rundir.LOGS)
 
     def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
         dest = LogsDest()
@@ -54,12 +57,12 @@ class RankLogsSpecs(LogsSpecs):
         self.starts += 1
         for local_rank, env in envs.items():
             rank = env.get("RANK", str(local_rank))
-            env["TANDEM_AGENT_STARTS"] = str(attempt)
-            tag = f"rank-{rank}{self.agent_tag}" + (f".restart{attempt}" if attempt else "")
-            dest.stdouts[local_rank] = str(self.run_dir / "logs" / f"{tag}.log")
-            dest.stderrs[local_rank] = str(self.run_dir / "logs" / f"{tag}.err.log")
+            env[AGENT_STARTS_ENV] = str(attempt)
+            tag = rundir.log_tag(rank, self.run_attempt, attempt, self.agent_tag)
+            dest.stdouts[local_rank] = str(self.run_dir / rundir.LOGS / f"{tag}.log")
+            dest.stderrs[local_rank] = str(self.run_dir / rundir.LOGS / f"{tag}.err.log")
             self.stderr_of[int(rank)] = dest.stderrs[local_rank]
-            err = self.run_dir / "errors" / f"{tag}.json"
+            err = self.run_dir / rundir.ERRORS / f"{tag}.json"
             if err.exists():  # a stale file from an earlier run would be read as this failure
                 os.remove(err)
             dest.error_files[local_rank] = str(err)

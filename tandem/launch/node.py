@@ -13,15 +13,18 @@ from pathlib import Path
 from tandem.core.errors import JobStopped, TandemError, WorkerFailure
 from tandem.core.spec import LaunchSpec
 from tandem.launch.launcher import quiet_cpp_logs, quiet_torch_logs, run_agent
+from tandem.launch.orphans import die_with_parent
 
 
 def main(cfg_path: str) -> int:
     cfg = json.loads(Path(cfg_path).read_text())
+    die_with_parent(cfg["parent_pid"])  # kill -9 of `tandem train`: this agent goes, and its workers with it
     quiet_cpp_logs(cfg["verbose"])
     quiet_torch_logs(cfg["verbose"])
     try:
         run_agent(LaunchSpec(**cfg["opts"]), cfg["argv"], Path(cfg["run_dir"]), agent_index=cfg["agent_index"],
-                  run_id=cfg["run_id"], tee=cfg["tee"], nodes_here=cfg["nodes_here"], store_hosted=cfg["store_hosted"])
+                  run_id=cfg["run_id"], tee=cfg["tee"], nodes_here=cfg["nodes_here"], store_hosted=cfg["store_hosted"],
+                  run_attempt=cfg["run_attempt"])
     except (WorkerFailure, JobStopped) as e:  # the parent merges every node's failures and reports once
         return e.exit_code
     except TandemError as e:

@@ -35,7 +35,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tandem.launch import hangdump
-from tandem.launch.heartbeat import read_all, stack_file
+from tandem.core.heartbeat import read_all, stack_file
+from tandem.core import rundir
 
 
 JUDGED = ("step", "sync")  # phases held to timeout_s; save, eval and done are not (they take their time)
@@ -115,7 +116,7 @@ class Watchdog(threading.Thread):
         first, why = first_stopped(peers, host)
         states = {b["rank"]: proc_state(b["pid"]) for b in mine}
         attempt = mine[0].get("attempt", 0)
-        wd = self.run_dir / "watchdog"
+        wd = self.run_dir / rundir.WATCHDOG
         wd.mkdir(parents=True, exist_ok=True)
         running = [b for b in mine if states[b["rank"]] != "T"]
         stopped = [b for b in mine if states[b["rank"]] == "T"]

@@ -17,9 +17,11 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from tandem.core import contract, rundir
 from tandem.core.config import load_spec, to_dict
 from tandem.core.console import make_console
 from tandem.core.errors import ConfigError, JobStopped, WorkerFailure
+from tandem.core.runlock import RunLock
 from tandem.core.spec import JobSpec
 from tandem.launch import failures as fl
 from tandem.launch.launcher import launch
@@ -92,26 +94,19 @@ def archive(spec: JobSpec, run_dir: Path, console: Console) -> None:
             console.print(f"--fresh: the previous run in {d} moved to {dest}", highlight=False)
 
 
-def keep_history(run_dir: Path) -> Path | None:
-    """A new start of a run dir (a rerun after a stop, a resume): the previous start's metrics,
-    result and rank logs move to RUN_DIR/history/<time>/ instead of being overwritten, so the loss
-    curve and the stop record of steps 1..N survive. Readers of metrics.jsonl see this start only."""
-    import time
-
-    old = [run_dir / n for n in ("metrics.jsonl", "result.json", "logs") if (run_dir / n).exists()]
-    if not any(p.name == "metrics.jsonl" for p in old):
-        for p in old:  # nothing was recorded: no history to keep
-            if p.is_file():
-                p.unlink()
-        return None
-    dest = run_dir / "history" / time.strftime("%Y%m%d-%H%M%S")
-    n = 1
-    while dest.exists():  # two starts within a second
-        dest, n = dest.with_name(f"{dest.name.split('.')[0]}.{n}"), n + 1
-    dest.mkdir(parents=True)
-    for p in old:
-        p.rename(dest / p.name)
-    return dest
+def begin_attempt(run_dir: Path, resume: Path | None) -> int:
+    """A new start of the run dir (a first start, a rerun after a stop, a resume): recorded in
+    RUN_DIR/attempts.jsonl and marked in metrics.jsonl by an ``attempt`` record, after which the
+    workers append theirs; nothing of an earlier start is moved, truncated or overwritten (the
+    rank logs of attempt N > 1 are named ``rank-R.attemptN.log``). The previous result.json is
+    the ``end`` record of its attempt, in metrics.jsonl: removed, so that it is never read as
+    this attempt's."""
+    rec = rundir.begin_attempt(run_dir)
+    with open(run_dir / rundir.METRICS, "a") as f:
+        f.write(json.dumps({"kind": "attempt", **{k: v for k, v in rec.items() if k != "argv"},
+                            "resume": str(resume) if resume else None}) + "\n")
+    (run_dir / rundir.RESULT).unlink(missing_ok=True)
+    return rec["attempt"]
 
 
 class _Watch:
@@ -147,45 +142,62 @@ class AlreadyComplete(Exception):
         self.run_dir, self.path, self.step = run_dir, path, step
 
 
+def other_node(spec: JobSpec) -> bool:
+    """A node other than node 0 of a static multi-node job (simulated nodes are one process tree)."""
+    return spec.launch.node_rank != 0 and not spec.launch.simulate_nodes
+
+
 def run_training(spec: JobSpec, console: Console, *, stream: bool = False, label: str = "train",
                  fresh: bool = False) -> dict:
     """Validate, launch, watch; returns RUN_DIR/result.json. Raises TandemError subclasses,
     and AlreadyComplete when a rerun would train nothing (RUN_DIR is left as it is)."""
     run_dir = run_dir_of(spec)
+    joining = spec.elastic.join and (run_dir / rundir.SPEC).is_file()
+    # a node joining a running job, or another node of a static multi-node job, shares its run dir on
+    # purpose: no lock (node 0 holds it), no new attempt
+    lock = RunLock(run_dir) if not (joining or other_node(spec)) else None
+    say = lambda m: console.print(m, highlight=False, soft_wrap=True)  # noqa: E731
     if fresh:  # every check first (as a fresh start), so that a refused spec moves nothing
         path, meta = preflight(dataclasses.replace(spec, checkpoint=dataclasses.replace(spec.checkpoint,
                                                                                         resume="none")), run_dir)
+        lock.acquire(say).release()  # a live job in the run dir: refused before anything moves
         archive(spec, run_dir, console)
     else:
         path, meta = preflight(spec, run_dir)
     if finished(spec, meta):
         raise AlreadyComplete(run_dir, path, meta["step"])
     run_dir.mkdir(parents=True, exist_ok=True)
-    joining = spec.elastic.join and (run_dir / "spec.json").is_file()
-    # another node of a static multi-node job (Slurm: one `tandem train` per node, often one shared run
-    # dir): every node writes the spec (atomically: the same text), only node 0 moves the previous
-    # start's records, or two nodes would rename the same files at once
-    other_node = spec.launch.node_rank != 0 and not spec.launch.simulate_nodes
-    if not joining:  # a node joining a running job (same run_dir) keeps the run's spec, metrics and result
-        tmp = run_dir / f".spec.json.{os.getpid()}"
-        tmp.write_text(json.dumps(to_dict(spec), indent=1))
-        tmp.replace(run_dir / "spec.json")
-        if not other_node:
-            keep_history(run_dir)
-    if joining:
-        from tandem.launch.logs import JOINING_ENV
+    if lock is not None:
+        lock.acquire(say)
+    try:
+        return _train_locked(spec, console, run_dir, path, joining, stream, label)
+    finally:
+        if lock is not None:
+            lock.release()
 
-        os.environ[JOINING_ENV] = "1"  # this process's agent: log names of their own (launch/logs.py)
+
+def _train_locked(spec: JobSpec, console: Console, run_dir: Path, path: Path | None, joining: bool,
+                  stream: bool, label: str) -> dict:
+    if not joining:  # a node joining a running job (same run_dir) keeps the run's spec, metrics and result
+        # every node writes the spec atomically (the same text); another node of a static multi-node job
+        # (Slurm: one `tandem train` per node, often a shared run dir) leaves the attempt to node 0
+        tmp = run_dir / f".{rundir.SPEC}.{os.getpid()}"
+        tmp.write_text(json.dumps(to_dict(spec), indent=1))
+        tmp.replace(run_dir / rundir.SPEC)
+        attempt = begin_attempt(run_dir, path) if not other_node(spec) else max(1, len(rundir.attempts(run_dir)))
+    else:
+        os.environ[contract.JOINING_ENV] = "1"  # this process's agent: log names of their own (launch/logs.py)
+        attempt = max(1, len(rundir.attempts(run_dir)))
     argv = ["-m", "tandem.train.worker", str(run_dir)]
     try:
         if stream:
-            launch(spec.launch, argv, run_dir)
+            launch(spec.launch, argv, run_dir, attempt=attempt)
         else:
             with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                           TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=console) as progress:
                 watch = _Watch(run_dir, progress, label)
                 if spec.launch.simulate_nodes:
-                    launch(spec.launch, argv, run_dir, quiet=True, on_poll=watch)
+                    launch(spec.launch, argv, run_dir, quiet=True, on_poll=watch, attempt=attempt)
                 else:
                     done = threading.Event()
 
@@ -196,7 +208,7 @@ def run_training(spec: JobSpec, console: Console, *, stream: bool = False, label
                     t = threading.Thread(target=poll, daemon=True)
                     t.start()
                     try:
-                        launch(spec.launch, argv, run_dir, quiet=True)
+                        launch(spec.launch, argv, run_dir, quiet=True, attempt=attempt)
                     finally:
                         done.set()
                         t.join()
@@ -207,8 +219,8 @@ def run_training(spec: JobSpec, console: Console, *, stream: bool = False, label
     except JobStopped as e:  # say what a rerun would really do
         e.fix = rerun_hint(spec, run_dir)
         raise
-    result = run_dir / "result.json"
-    if (spec.elastic.join or other_node) and not result.is_file():  # rank 0 runs on another node
+    result = run_dir / rundir.RESULT
+    if (spec.elastic.join or other_node(spec)) and not result.is_file():  # rank 0 runs on another node
         console.print(f"done: this node's workers finished; the result is in rank 0's run_dir ({result} "
                       "on the node that ran rank 0)", highlight=False)
         raise SystemExit(0)
@@ -238,8 +250,8 @@ def print_result(result: dict, run_dir: Path, console: Console) -> None:
     for r in result.get("restarts") or []:
         console.print(f"  restart {r.get('restart')}: resumed at step {r.get('resumed_step')}, "
                       f"{r.get('steps_redone')} step(s) redone, {r.get('lost_s', 0):.1f} s lost", highlight=False)
-    console.print(f"  checkpoint: {result['checkpoint']}\n  logs: {run_dir / 'logs'}/rank-*.log"
-                  f"\n  metrics: {run_dir / 'metrics.jsonl'}", highlight=False)
+    console.print(f"  checkpoint: {result['checkpoint']}\n  logs: {run_dir / rundir.LOGS}/rank-*.log"
+                  f"\n  metrics: {run_dir / rundir.METRICS}", highlight=False)
 
 
 def train_cmd(
@@ -262,7 +274,7 @@ def train_cmd(
     try:
         result = run_training(spec, console, stream=stream, fresh=fresh)
     except AlreadyComplete as e:
-        old = e.run_dir / "result.json"
+        old = e.run_dir / rundir.RESULT
         if as_json and old.is_file():
             print(old.read_text())
         console.print(f"{e} (result: {old if old.is_file() else 'n/a'}). To train it again from the start: "

@@ -18,6 +18,7 @@ from rich.table import Table
 from tandem.core.config import load_spec
 from tandem.core.validate import effective_lr, grad_accum
 from tandem.train.cli import run_training
+from tandem.core import rundir
 
 
 SPEC = Path(__file__).with_name("demo.toml")  # examples/digits_resnet.toml links here
@@ -57,7 +58,7 @@ def run_demo(config: str | None, run_dir: Path, console: Console) -> dict:
     table.add_row("held-out accuracy", f"{r4['accuracy']:.4f}")
     table.add_row("steps / wall time", f"{r4['step']} / {r4['wall_s']:.0f} s")
     table.add_row("checkpoint", str(r4["checkpoint"]))
-    table.add_row("logs", f"{run_dir / '2x2' / 'logs'}/rank-*.log")
+    table.add_row("logs", f"{run_dir / '2x2' / rundir.LOGS}/rank-*.log")
     console.print(table)
     cores = os.cpu_count() or 1
     if cores < 4:

@@ -7,6 +7,11 @@
     eval    epoch, step, accuracy, correct, total
     ckpt    step, path, save_s
     end     final step, accuracy, mean samples/s, wall time
+    attempt attempt, pid, host, resume: written by `tandem train` at every start of the run dir
+
+The file is only ever appended to: a rerun or a resume adds its records after an ``attempt``
+record, so the loss curve and the stop record of every earlier start stay. ``read`` returns
+the current attempt's records, ``read(..., all_attempts=True)`` the whole history.
 
 ``tandem train`` tails this file for its progress bar; later stages read it too.
 """
@@ -17,18 +22,20 @@ import json
 import time
 from pathlib import Path
 
+from tandem.core import rundir
+
 
 class MetricsWriter:
     def __init__(self, run_dir: Path, enabled: bool) -> None:
         self.enabled = enabled
-        self.path = Path(run_dir) / "metrics.jsonl"
+        self.path = Path(run_dir) / rundir.METRICS
         self._f = open(self.path, "a") if enabled else None
         self._tb = None
         if enabled:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
+                self._tb = SummaryWriter(str(Path(run_dir) / rundir.TENSORBOARD))
             except Exception:  # tensorboard is optional
                 self._tb = None
 
@@ -50,14 +57,6 @@ class MetricsWriter:
             self._tb.close()
 
 
-def read(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:  # a line being written right now
-            pass
-    return out
+def read(run_dir: Path, all_attempts: bool = False) -> list[dict]:
+    """The records of this attempt (or of every attempt): see ``rundir.read_metrics``."""
+    return rundir.read_metrics(run_dir, all_attempts)

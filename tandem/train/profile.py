@@ -34,6 +34,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from tandem.core import rundir
+
 PREFIX = "tandem."
 _NULL = contextlib.nullcontext()
 
@@ -41,7 +43,7 @@ _NULL = contextlib.nullcontext()
 class StepProfiler:
     def __init__(self, spec, ctx, run_dir: Path) -> None:
         self.spec, self.ctx = spec, ctx
-        self.dir = Path(run_dir) / "profile" / f"rank-{ctx.rank}"
+        self.dir = Path(run_dir) / rundir.PROFILE / f"rank-{ctx.rank}"
         self.on = bool(spec is not None and spec.enabled)
         self.nvtx = bool(spec is not None and spec.nvtx and ctx.device.type == "cuda")
         self.recording = False

@@ -24,7 +24,7 @@ from tandem.train import runtime as rt
 from tandem.train.data import load_datasets
 from tandem.train.elastic import resume as el_resume
 from tandem.train.elastic.resume import checkpoint_dir, layout_of, resume_path, schedule_key
-from tandem.train.elastic.hooks import ElasticHooks
+from tandem.train.elastic.fault_tolerance import FaultTolerance
 from tandem.train.metrics import MetricsWriter
 from tandem.train.parallel import build_optimizer as par_optimizer
 from tandem.train.parallel import loss_sum, parallelize
@@ -131,7 +131,7 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
     scaler = rt.grad_scaler(ctx, spec.precision.dtype)
     ckdir = checkpoint_dir(spec, run_dir)
     metrics = MetricsWriter(run_dir, ctx.is_main)
-    el = ElasticHooks(spec, ctx, run_dir, metrics, log, ckdir)
+    el = FaultTolerance(spec, ctx, run_dir, metrics, log, ckdir)
     prof = StepProfiler(spec.profile, ctx, run_dir)  # [profile]: a window of steps, phases named
     par.phase = prof.phase
     prof.track(ddp, optim)

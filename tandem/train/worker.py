@@ -20,6 +20,7 @@ from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, recor
 from tandem.core.config import from_dict
 from tandem.train import runtime as rt
 from tandem.train.trainer import train
+from tandem.core import rundir
 
 
 class _AtomicErrorFile(ErrorHandler):
@@ -47,14 +48,14 @@ class _AtomicErrorFile(ErrorHandler):
 
 def main(run_dir: str) -> None:
     run = Path(run_dir)
-    spec = from_dict(json.loads((run / "spec.json").read_text()))
+    spec = from_dict(json.loads((run / rundir.SPEC).read_text()))
     ctx = rt.init()
     try:
         result = train(spec, ctx, run)
         if ctx.is_main:
-            tmp = run / "result.json.tmp"
+            tmp = run / f"{rundir.RESULT}.tmp"
             tmp.write_text(json.dumps(result, indent=1))
-            tmp.replace(run / "result.json")
+            tmp.replace(run / rundir.RESULT)
     finally:
         rt.shutdown()
 

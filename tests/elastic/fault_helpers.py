@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from tandem.launch.heartbeat import read as read_heartbeat
+from tandem.core.heartbeat import read as read_heartbeat
 from tandem_testing import ROOT, TINY, wait_for  # noqa: F401 (the fault tests import it from here)
 
 # One epoch of digits (1438 train samples: nothing dropped or padded at world 1 or 2) in 45 steps.

@@ -66,7 +66,7 @@ WORKER = r'''
 import os, signal, sys, time
 import torch, torch.distributed as dist, torch.nn as nn
 from tandem.launch import hangdump
-from tandem.launch.heartbeat import Heartbeat, read
+from tandem.core.heartbeat import Heartbeat, read
 rank, store, run, how = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 torch.manual_seed(0)
 dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=rank, world_size=2)
@@ -100,7 +100,7 @@ def test_hang_dump_names_first_rank_stacks_and_collectives(tmp_path, monkeypatch
 
     from elastic.fault_helpers import wait_for
     from tandem.launch import hangdump
-    from tandem.launch.heartbeat import read
+    from tandem.core.heartbeat import read
     from tandem.launch.watchdog import Watchdog, proc_state
     from tandem_testing import ROOT
 

@@ -12,7 +12,7 @@ import pytest
 
 from elastic.fault_helpers import wait_for
 from tandem.core.errors import CheckpointError
-from tandem.launch.heartbeat import read_all
+from tandem.core.heartbeat import read_all
 from tandem.launch.watchdog import Watchdog, proc_state
 from tandem.train.elastic import faults
 from tandem.train.elastic.resume import carry_position, previous_attempt, restart_report
@@ -21,7 +21,7 @@ from tandem_testing import ROOT
 CHILD = """
 import os, signal, sys
 sys.path.insert(0, {root!r})
-from tandem.launch.heartbeat import Heartbeat
+from tandem.core.heartbeat import Heartbeat
 hb = Heartbeat({run!r}, rank={rank}, local_rank={rank})
 hb.beat(7, "sync")
 def stuck_in_a_collective():

@@ -15,22 +15,32 @@ def finished(finished_run):
     return finished_run
 
 
-def test_a_new_start_keeps_the_previous_starts_records(tmp_path):
-    """A rerun after a stop: the first start's metrics, result and logs move to history/, not away."""
-    from tandem.train.cli import keep_history
+def test_a_new_start_appends_after_the_previous_starts_records(tmp_path):
+    """A rerun after a stop: the first start's records and logs stay where they are; the new
+    start is marked by an ``attempt`` record and readers see its records only."""
+    from tandem.core import rundir
+    from tandem.train.cli import begin_attempt
 
     run = tmp_path / "run"
     (run / "logs").mkdir(parents=True)
-    (run / "metrics.jsonl").write_text('{"kind": "stop", "step": 15}\n')
+    (run / "metrics.jsonl").write_text('{"kind": "stop", "step": 15, "time": 1}\n')
+    (run / "result.json").write_text("{}")
     (run / "logs" / "rank-0.log").write_text("step 15\n")
-    dest = keep_history(run)
-    assert dest.parent == run / "history"
-    assert (dest / "metrics.jsonl").read_text() == '{"kind": "stop", "step": 15}\n'
-    assert (dest / "logs" / "rank-0.log").read_text() == "step 15\n"
-    assert not (run / "metrics.jsonl").exists() and not (run / "logs").exists()
-    (run / "metrics.jsonl").write_text("{}\n")
-    assert keep_history(run) != dest  # a second start in the same second gets its own folder
-    assert keep_history(run) is None  # nothing recorded since: nothing to keep
+    assert begin_attempt(run, None) == 2  # a run dir from before attempts were recorded was attempt 1
+    assert (run / "metrics.jsonl").read_text().startswith('{"kind": "stop", "step": 15, "time": 1}\n')
+    assert (run / "logs" / "rank-0.log").read_text() == "step 15\n" and not (run / "history").exists()
+    assert not (run / "result.json").exists()  # it was the previous attempt's; its end record stays in metrics
+    assert rundir.read_metrics(run) == []
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"kind": "start", "start_step": 15, "time": 2}\n')
+    assert [r["kind"] for r in rundir.read_metrics(run)] == ["start"]
+    assert begin_attempt(run, run / "checkpoints" / "step-00000015") == 3
+    every = rundir.read_metrics(run, all_attempts=True)
+    assert [(r["kind"], r.get("attempt")) for r in every] == [("stop", None), ("attempt", 2), ("start", None),
+                                                               ("attempt", 3)]
+    assert every[-1]["resume"].endswith("step-00000015")
+    assert [a["attempt"] for a in rundir.attempts(run)] == [2, 3]
+    assert rundir.log_tag(1, 3, 2) == "rank-1.attempt3.restart2" and rundir.log_tag(0, 1, 0) == "rank-0"
 
 
 @pytest.mark.slow

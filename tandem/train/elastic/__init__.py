@@ -7,6 +7,7 @@
                   rank, end the group so that torchrun restarts it
     straggler.py  per-rank data-wait (and busy) times compared every K steps
     faults.py     fault injection (TANDEM_FAULTS) for the tests
-    hooks.py      the one object the trainer calls
+    fault_tolerance.py  the one object the trainer calls (heartbeat, stop, saves, restart report)
+    stop.py       SIGTERM/Ctrl-C: save at an agreed step; a peer's death: exit at once
 See docs/elastic.md.
 """

@@ -28,22 +28,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from tandem.core import rundir
+from tandem.core.contract import AGENT_STARTS_ENV, ATTEMPT_ENV, attempt, run_id  # noqa: F401 (re-exported)
 from tandem.core.errors import CheckpointError
 from tandem.train import checkpoint as ckpt
 from tandem.train import manifest
-
-
-def run_id() -> str:
-    return os.environ.get("TORCHELASTIC_RUN_ID", "")
-
-
-ATTEMPT_ENV, AGENT_STARTS_ENV = "TANDEM_ATTEMPT", "TANDEM_AGENT_STARTS"
-
-
-def attempt() -> int:
-    """This worker group's attempt: torchrun's restart count, or the run-wide attempt the
-    ranks agreed on (``agree_attempt``), which also counts restarts for a joining node."""
-    return int(os.environ.get(ATTEMPT_ENV, os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
 
 
 def agree_attempt(ctx) -> int:
@@ -78,7 +67,7 @@ def own_latest(ckpt_dir: Path) -> Path | None:
 
 
 def checkpoint_dir(spec, run_dir: Path) -> Path:
-    return Path(spec.checkpoint.dir) if spec.checkpoint.dir else Path(run_dir) / "checkpoints"
+    return Path(spec.checkpoint.dir) if spec.checkpoint.dir else Path(run_dir) / rundir.CHECKPOINTS
 
 
 def resume_path(spec, run_dir: Path) -> Path | None:
@@ -233,7 +222,7 @@ def restart_report(prev: dict, resumed_step: int, proc_start: float, first_step_
 
 def last_hang(run_dir: Path, after: float) -> dict | None:
     found = []
-    for p in (Path(run_dir) / "watchdog").glob("hang-*.json"):
+    for p in (Path(run_dir) / rundir.WATCHDOG).glob("hang-*.json"):
         try:
             rec = json.loads(p.read_text())
         except (OSError, json.JSONDecodeError):

@@ -22,6 +22,19 @@ so the signal is also caught by a thread of ours through ``signal.set_wakeup_fd`
 by the C-level handler at once, whatever the main thread does). That thread raises the flag
 and, when no step finishes for ``grace_s`` seconds (not counting time in a save or an
 evaluation), ends the process with exit code 143.
+
+Two cases do not wait for an agreed step:
+
+* A second Ctrl-C (SIGINT after a first stop signal): the user wants out now. The rank exits at
+  once, without a checkpoint (exit code 130). The parent's second Ctrl-C ends the agents, and
+  their workers die with them (``tandem/launch/orphans.py``).
+* A peer's death. torchrun's agent stops the survivors of a failed worker with the same
+  SIGTERM as a user's stop; waiting ``grace_s`` for a step a dead rank can never join only
+  delays the restart. While it waits for the agreed step, the rank checks its peers
+  (``peer_gone``: the heartbeat pages of this attempt name each rank's pid and host; a rank
+  of this host whose process is gone is dead) and, when one is, exits at once without a
+  checkpoint. Peers on other hosts are not checked: their death breaks the next collective,
+  which fails fast (gloo: connection reset), or the grace period ends the wait.
 """
 
 from __future__ import annotations
@@ -31,9 +44,11 @@ import signal
 import sys
 import threading
 import time
+from typing import Callable
 
 EXIT_CODE = 128 + signal.SIGTERM  # what a shell reports for a process ended by SIGTERM
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+PEER_POLL_S = 0.1  # how often a rank waiting for an agreed step looks for a dead peer
 
 
 class Stopped(Exception):
@@ -42,7 +57,9 @@ class Stopped(Exception):
 
 
 class StopRequest:
-    def __init__(self, enabled: bool, grace_s: float = 10.0) -> None:
+    def __init__(self, enabled: bool, grace_s: float = 10.0,
+                 peer_gone: Callable[[], str | None] | None = None) -> None:
+        self.peer_gone = peer_gone  # None, or a line naming a dead peer (then no step can be agreed)
         self.flag = 0.0  # summed over ranks with the step's loss: > 0 means some rank was told to stop
         self.signal_time: float | None = None
         self.signum = signal.SIGTERM  # the first stop signal received
@@ -74,7 +91,7 @@ class StopRequest:
 
     def _on_term(self, signum, frame) -> None:
         if os.getpid() == self.pid:
-            self._raise(signum)
+            return  # the watcher thread reads every delivery from the wakeup fd: counted once, there
         else:  # caught in a forked child before _in_child ran: end it as the signal would
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
@@ -88,9 +105,9 @@ class StopRequest:
             if not data:  # closed by close()
                 os.close(r)
                 return
-            for s in SIGNALS:
-                if s in data:
-                    self._raise(s)
+            for b in data:  # one byte per delivery: a second Ctrl-C is a second byte
+                if b in SIGNALS:
+                    self._raise(b)
             if self._old_wakeup != -1:  # someone else's wakeup fd, set before ours: pass the bytes on
                 try:
                     os.write(self._old_wakeup, data)
@@ -100,8 +117,15 @@ class StopRequest:
     def _raise(self, signum: int) -> None:
         with self._lock:
             if self.signal_time is not None:
-                return  # a second signal changes nothing: the save is coming or the deadline ends us
+                if signum == signal.SIGINT and self.signum == signal.SIGINT:
+                    # a second Ctrl-C: out now, no checkpoint (a save under way is left as .tmp-step-N)
+                    print("SIGINT again: stopping at once, without a checkpoint", file=sys.stderr, flush=True)
+                    os._exit(128 + signal.SIGINT)
+                return  # a repeated SIGTERM changes nothing: the save is coming or the deadline ends us
             self.flag, self.signal_time, self.signum = 1.0, time.time(), signum
+        print(f"{signal.Signals(signum).name} received: the group saves a checkpoint at the next step all ranks "
+              f"agree on, then exits{'; Ctrl-C again stops at once, without one' if signum == signal.SIGINT else ''}",
+              file=sys.stderr, flush=True)
         threading.Thread(target=self._deadline, name="tandem-stop-deadline", daemon=True).start()
 
     def progress(self, busy: bool = False) -> None:
@@ -115,8 +139,14 @@ class StopRequest:
 
     def _deadline(self) -> None:
         while not self._done.is_set():
+            gone = self.peer_gone() if self.peer_gone else None
+            if gone and not self._done.is_set():
+                # Checked while a save runs too: a save with a dead peer cannot complete either.
+                print(f"{signal.Signals(self.signum).name}: {gone}; no step can be agreed, exiting at once "
+                      "without a checkpoint", file=sys.stderr, flush=True)
+                os._exit(128 + self.signum)
             if self._busy:
-                self._done.wait(0.5)
+                self._done.wait(PEER_POLL_S)
                 continue
             left = self.grace_s - (time.monotonic() - self._last_progress)
             if left <= 0:
@@ -125,7 +155,7 @@ class StopRequest:
                       "agreed with the other ranks (a peer is gone or stuck); exiting without a checkpoint",
                       file=sys.stderr, flush=True)
                 os._exit(128 + self.signum)
-            self._done.wait(left)
+            self._done.wait(min(left, PEER_POLL_S))
 
     def agreed(self, flag_sum: float) -> bool:
         """Called with the step's summed flag, the same on every rank: stop here?"""

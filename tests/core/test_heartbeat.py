@@ -6,7 +6,7 @@ import sys
 import time
 import zlib
 
-from tandem.launch import heartbeat as hb
+from tandem.core import heartbeat as hb
 from tandem.train.elastic.resume import previous_attempt
 
 
@@ -33,7 +33,7 @@ def test_beats_rewrite_the_page_in_place_and_a_restart_keeps_the_last_one(tmp_pa
 
 
 def test_a_killed_writer_leaves_its_last_beat(tmp_path):
-    code = ("import os, signal, sys; from tandem.launch.heartbeat import Heartbeat; "
+    code = ("import os, signal, sys; from tandem.core.heartbeat import Heartbeat; "
             "h = Heartbeat(sys.argv[1], 0, 0); [h.beat(i) for i in range(1, 501)]; "
             "os.kill(os.getpid(), signal.SIGKILL)")
     rc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], timeout=120).returncode
@@ -79,7 +79,7 @@ def _loads(text: bytes):
 def test_a_reader_racing_the_writer_never_gets_a_torn_beat(tmp_path):
     """Beats of alternating lengths (a step of 1 digit, then 16) shift the later fields; a
     torn copy can still be valid JSON with a wrong time. Every beat read must be one written."""
-    code = ("import sys; from tandem.launch.heartbeat import Heartbeat; h = Heartbeat(sys.argv[1], 0, 0); "
+    code = ("import sys; from tandem.core.heartbeat import Heartbeat; h = Heartbeat(sys.argv[1], 0, 0); "
             "print('up', flush=True)\n"
             "for i in range(400000): h.beat(1 if i % 2 else 10**15 + i, 'step' if i % 3 else 'sync')")
     t0 = time.time()

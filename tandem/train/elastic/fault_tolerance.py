@@ -1,6 +1,6 @@
-"""The one object the trainer calls for fault tolerance (so the loop stays readable).
+"""Fault tolerance: the one object the trainer calls for it (so the loop stays readable).
 
-    el = ElasticHooks(spec, ctx, run_dir, metrics, log)    # cleans partial saves, reads the last attempt
+    el = FaultTolerance(spec, ctx, run_dir, metrics, log)    # cleans partial saves, reads the last attempt
     sampler_for_loader = el.trace(sampler)                 # counts samples (TANDEM_TRACE_SAMPLES=1), slow faults
     el.before_sync(step)                                   # heartbeat: about to enter the gradient all-reduce
     el.on_step(step, epoch, dt, data_s, sync_s)            # heartbeat, stragglers, async save record, restart report
@@ -20,12 +20,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from tandem.core import contract, rundir
+from tandem.core.heartbeat import Heartbeat, read_all
+from tandem.core.runlock import process_start
 from tandem.train import checkpoint as ckpt
-from tandem.train import metrics as mt
 from tandem.train.elastic import faults
 from tandem.train.elastic import resume as rs
-from tandem.launch import hangdump
-from tandem.launch.heartbeat import Heartbeat, read_all
 from tandem.train.elastic.stop import Stopped, StopRequest
 from tandem.train.elastic.straggler import StragglerMonitor
 
@@ -35,7 +35,7 @@ TRACE_ENV = "TANDEM_TRACE_SAMPLES"
 class _TracedSampler:
     """Wraps the sampler the DataLoader draws from: records indices, applies 'slow' faults."""
 
-    def __init__(self, sampler, owner: "ElasticHooks", batch: int) -> None:
+    def __init__(self, sampler, owner: "FaultTolerance", batch: int) -> None:
         self.sampler, self.owner, self.batch = sampler, owner, batch
 
     def __len__(self) -> int:
@@ -50,29 +50,29 @@ class _TracedSampler:
             yield idx
 
 
-class ElasticHooks:
+class FaultTolerance:
     def __init__(self, spec, ctx, run_dir: Path, metrics, log, ckdir: Path) -> None:
         self.spec, self.ctx, self.run_dir, self.metrics, self.log = spec, ctx, Path(run_dir), metrics, log
         self.attempt = rs.attempt()  # the group's attempt (a joined node included), see resume.agree_attempt
         self.proc_start = rs.process_start_time()
         self.hb = Heartbeat(self.run_dir, ctx.rank, ctx.local_rank)
         if getattr(getattr(spec, "launch", None), "watchdog_s", 0):
-            why = hangdump.serve()  # torch's worker server: the watchdog reads the flight recorder through it
+            why = contract.serve()  # torch's worker server: the watchdog reads the flight recorder through it
             if why:
                 log(f"hang dumps will lack the flight recorder: {why}", flush=True)
         el = getattr(spec, "elastic", None)
         self.stop = StopRequest(getattr(el, "save_on_term", False) and dist.is_initialized(),
-                                getattr(el, "term_grace_s", 10.0))
+                                getattr(el, "term_grace_s", 10.0), peer_gone=self.peer_gone)
         self.straggler = StragglerMonitor(ctx, metrics, log, getattr(el, "straggler_every", 0),
                                           getattr(el, "straggler_ratio", 1.5), getattr(el, "straggler_min_ms", 10.0))
-        self.before = mt.read(self.run_dir) if ctx.is_main else []
+        self.before = rundir.read_metrics(self.run_dir) if ctx.is_main else []
         self.prev = rs.previous_attempt(self.before, read_all(self.run_dir) if ctx.is_main else [])
         self.report: dict | None = None
         self.tracing = os.environ.get(TRACE_ENV) == "1"
         self.drawn: list[int] = []
         self._trace_f = None
         if self.tracing:
-            d = self.run_dir / "samples"
+            d = self.run_dir / rundir.SAMPLES
             d.mkdir(parents=True, exist_ok=True)
             self._trace_f = open(d / f"rank-{ctx.rank}.attempt{self.attempt}.jsonl", "w")
         self.pending = None
@@ -86,6 +86,18 @@ class ElasticHooks:
                 log(f"removed partial checkpoint(s) of a save that did not finish: {', '.join(gone)}", flush=True)
                 metrics.write("ckpt_cleaned", folders=gone)
         self.resumed_step = 0
+
+    def peer_gone(self) -> str | None:
+        """A rank of this group on this host whose process is gone (its heartbeat page names its
+        pid): then no step can be agreed, and a stop signal must not wait for one (stop.py)."""
+        me = self.hb.base
+        for b in read_all(self.run_dir):
+            if (b.get("rank") == self.ctx.rank or b.get("host") != me["host"] or b.get("run_id") != me["run_id"]
+                    or b.get("attempt") != me["attempt"]):
+                continue
+            if process_start(int(b["pid"])) is None:
+                return f"rank {b['rank']} (pid {b['pid']}) is gone"
+        return None
 
     # -- the loop --------------------------------------------------------------------------------
     def trace(self, sampler):

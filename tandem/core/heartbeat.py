@@ -1,4 +1,5 @@
-"""Each rank's progress file, read by the agent's watchdog and by the tests.
+"""Each rank's progress file, written by the worker, read by the agent's watchdog (part of the
+worker/agent contract, see contract.py).
 
 ``run_dir/heartbeat/rank-<R>.json``, rewritten in place at every beat::
 
@@ -46,9 +47,12 @@ import time
 import zlib
 from pathlib import Path
 
+from tandem.core import rundir
+from tandem.core.contract import attempt as group_attempt
+
 
 def stack_file(run_dir: Path, rank: int, attempt: int) -> Path:
-    return Path(run_dir) / "watchdog" / f"stacks-rank-{rank}.attempt{attempt}.txt"
+    return Path(run_dir) / rundir.WATCHDOG / f"stacks-rank-{rank}.attempt{attempt}.txt"
 
 
 SIZE = 1024  # bytes of a heartbeat file: room for any host name and run id
@@ -61,12 +65,10 @@ def _hold(signum, frame) -> None:
 
 class Heartbeat:
     def __init__(self, run_dir: Path, rank: int, local_rank: int) -> None:
-        self.dir = Path(run_dir) / "heartbeat"
+        self.dir = Path(run_dir) / rundir.HEARTBEAT
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / f"rank-{rank}.json"
-        from tandem.train.elastic.resume import attempt as group_attempt  # worker side only: a join counts too
-
-        attempt = group_attempt()
+        attempt = group_attempt()  # the group's: a join counts too
         self.base = {"rank": rank, "local_rank": local_rank, "pid": os.getpid(), "ppid": os.getppid(),
                      "host": socket.gethostname()[:200], "attempt": attempt,
                      "run_id": os.environ.get("TORCHELASTIC_RUN_ID", "")[:200]}
@@ -128,5 +130,5 @@ def read(path: Path, tries: int = 50) -> dict | None:
 
 
 def read_all(run_dir: Path) -> list[dict]:
-    beats = (read(p) for p in sorted((Path(run_dir) / "heartbeat").glob("rank-*.json")))
+    beats = (read(p) for p in sorted((Path(run_dir) / rundir.HEARTBEAT).glob("rank-*.json")))
     return [b for b in beats if b is not None]
