@@ -50,12 +50,13 @@ def percentile(sorted_xs: list[float], q: float) -> float:
 
 
 async def run_load(url: str, rate: float, duration: float, kill_at: float | None = None,
-                   max_new_tokens: int = 8, seed: int = 0, timeout_s: float = 60.0) -> dict:
+                   max_new_tokens: int = 8, seed: int = 0, timeout_s: float = 60.0, api_key: str | None = None) -> dict:
     import httpx
 
     url = url.rstrip("/")
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
+    auth = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    async with httpx.AsyncClient(timeout=timeout_s, limits=limits, headers=auth) as client:
         info = (await client.get(f"{url}/v1/info")).json()
         route, body = body_for(info, max_new_tokens, seed)
         n = max(1, int(rate * duration))
@@ -126,9 +127,10 @@ def print_report(res: dict, say=print) -> None:
         say(f"  killed replica pid {k['pid']} (SIGKILL); {back}")
 
 
-def bench_serve(url: str, rate: float, duration: float, kill_at: float | None, max_new_tokens: int) -> dict:
+def bench_serve(url: str, rate: float, duration: float, kill_at: float | None, max_new_tokens: int,
+                api_key: str | None = None) -> dict:
     t = time.perf_counter()
-    res = asyncio.run(run_load(url, rate, duration, kill_at, max_new_tokens))
+    res = asyncio.run(run_load(url, rate, duration, kill_at, max_new_tokens, api_key=api_key))
     res["wall_s"] = time.perf_counter() - t
     return res
 
@@ -142,6 +144,8 @@ def serve_cmd(
                                                  "comes from the server's run dir)."),
     max_new_tokens: int = typer_opt(8, "--max-new-tokens", "Tokens per /v1/generate request (gpt exports)."),
     json_out: Optional[Path] = typer_opt(None, "--json", "Write the results as JSON."),
+    api_key_file: Optional[Path] = typer_opt(None, "--api-key-file", "Send the first key of this file (the "
+                                                                     "server's --api-key-file) as a Bearer token."),
 ) -> None:
     """Open-loop constant-rate load: throughput, p50/p90/p99/max from each request's due time, codes.
 
@@ -158,7 +162,11 @@ def serve_cmd(
     import httpx
 
     try:
-        res = bench_serve(url, rate, duration, kill_replica_at, max_new_tokens)
+        key = None
+        if api_key_file is not None:
+            from tandem.serve.auth import first_key
+            key = first_key(api_key_file)
+        res = bench_serve(url, rate, duration, kill_replica_at, max_new_tokens, key)
     except httpx.ConnectError as e:
         raise ConfigError(f"no server answers ({e})", field="URL", value=url,
                           fix="start one with `tandem serve EXPORT_DIR` and give its URL") from None

@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -36,6 +37,9 @@ def serve_cmd(
     timeout_ms: int = typer.Option(0, "--timeout-ms", help="Default deadline of a request (its timeout_ms field "
                                                            "overrides); expired ones are dropped before a "
                                                            "replica sees them (504). 0: none."),
+    api_key_file: Optional[Path] = typer.Option(None, "--api-key-file", help="Require one of these keys (one per "
+                                                 "line) as `Authorization: Bearer KEY` on every route but "
+                                                 "/livez and /readyz; else 401."),
 ) -> None:
     """Serve an export over HTTP: /v1/predict, /v1/generate, /livez, /readyz, /metrics.
 
@@ -59,16 +63,23 @@ def serve_cmd(
             raise ConfigError("must not be negative", field=name, value=v, fix=f"give {name} 0 or more")
     if not 0 <= port <= 65535:
         raise ConfigError("not a TCP port", field="--port", value=port, fix="give 0..65535")
+    keys = None
+    if api_key_file is not None:
+        from tandem.serve.auth import ApiKeys, loose_permissions
+
+        keys = ApiKeys.from_file(api_key_file)
+        if loose_permissions(api_key_file):
+            print(f"warning: {api_key_file} may be read by other users; chmod 600 it", flush=True)
     info = ModelInfo.from_export(export)
     opts = PoolOptions(export=export.resolve(), replicas=replicas, max_batch=max_batch, batch_wait_ms=batch_wait_ms,
                        max_queue=max_queue, run_dir=run_dir.resolve(), hang_s=hang_s,
                        # one core left to the front: torch's spinning threads on an oversubscribed CPU
                        # made a replica ~10x slower here (2 cores: p99 6.8 s against 0.2 s at 60 req/s)
                        threads=threads or max(1, ((os.cpu_count() or 1) - 1) // replicas))
-    if not _loopback(host):
+    if not _loopback(host) and keys is None:
         print(f"warning: binding {host} exposes the server beyond this machine and it has no authentication; "
-              f"put it behind a proxy that checks clients", flush=True)
-    asyncio.run(_serve(opts, info, host, port, drain_s, max_body, timeout_ms))
+              f"give --api-key-file, or put it behind a proxy that checks clients", flush=True)
+    asyncio.run(_serve(opts, info, host, port, drain_s, max_body, timeout_ms, keys))
 
 
 def _loopback(host: str) -> bool:
@@ -95,7 +106,7 @@ def _bind(host: str, port: int) -> socket.socket:
     return s
 
 
-async def _serve(opts, info, host: str, port: int, drain_s: float, max_body: int, timeout_ms: int) -> None:
+async def _serve(opts, info, host: str, port: int, drain_s: float, max_body: int, timeout_ms: int, keys) -> None:
     import uvicorn
 
     from tandem.serve.app import FrontState, build_app, drain
@@ -108,7 +119,7 @@ async def _serve(opts, info, host: str, port: int, drain_s: float, max_body: int
     bound = sock.getsockname()[1]
     url = f"http://{host if ':' not in host else f'[{host}]'}:{bound}"
     app = build_app(pool, info, metrics, state, max_body=max_body, run_dir=str(opts.run_dir),
-                    default_timeout_ms=timeout_ms)
+                    default_timeout_ms=timeout_ms, keys=keys)
     loop = asyncio.get_running_loop()
 
     async def on_term() -> None:
@@ -145,8 +156,9 @@ async def _serve(opts, info, host: str, port: int, drain_s: float, max_body: int
                                     f"`tandem export verify`") from None
         state.started = True
         pids = ", ".join(str(r.pid) for r in pool.live if r)
+        auth = f"; {len(keys)} API key(s) required" if keys is not None else ""
         print(f"ready: {url} ({opts.replicas} replica(s), pids {pids}; max batch {opts.max_batch}, "
-              f"queue {opts.max_queue}); Ctrl-C or SIGTERM to stop", flush=True)
+              f"queue {opts.max_queue}{auth}); Ctrl-C or SIGTERM to stop", flush=True)
         await served
     finally:
         await pool.close()

@@ -18,6 +18,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from tandem.serve.metrics import Metrics
 
 STREAM_LIMIT = 64 << 20   # one reply line may hold a whole batch's outputs
@@ -39,7 +41,7 @@ class DeadlineExceeded(Exception):
 @dataclass
 class Work:
     kind: str                 # "predict" | "generate"
-    payload: object           # a list of examples, or one generate request
+    payload: object           # examples (an array [N, ...]), or one generate request
     size: int                 # batch slots it takes
     future: asyncio.Future
     t_enq: float = field(default_factory=time.monotonic)
@@ -242,7 +244,7 @@ class Pool:
                 continue
             kind = batch[0].kind
             if kind == "predict":
-                msg = {"op": "predict", "inputs": [x for w in batch for x in w.payload]}
+                msg = {"op": "predict", "inputs": np.concatenate([w.payload for w in batch]).tolist()}
             else:
                 msg = {"op": "generate", "requests": [w.payload for w in batch]}
             self.m.batch_size.labels(kind).observe(sum(w.size for w in batch))
@@ -270,6 +272,8 @@ class Pool:
                     w.future.set_exception(ReplicaError(reply["error"]))
             return
         outs, i = reply["outputs"], 0
+        if batch[0].kind == "predict":
+            outs = np.asarray(outs, dtype=np.float32)
         for w in batch:
             if w.kind == "predict":
                 res, i = outs[i:i + w.size], i + w.size
