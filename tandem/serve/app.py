@@ -142,7 +142,7 @@ def build_app(pool: Pool, info: schemas.ModelInfo, metrics: Metrics, state: Fron
     @app.get("/v1/info")
     async def model_info():
         """The model this server answers for, its limits, and the run dir (replicas.json holds the pids)."""
-        return {"model": info.public(), "replicas": pool.o.replicas, "max_batch": pool.o.max_batch,
+        return {"model": info.public(), "replicas": pool.active, "max_batch": pool.o.max_batch,
                 "max_queue": pool.o.max_queue, "run_dir": run_dir}
 
     @app.get("/livez")
@@ -152,7 +152,7 @@ def build_app(pool: Pool, info: schemas.ModelInfo, metrics: Metrics, state: Fron
     @app.get("/readyz")
     async def readyz():
         ready = pool.ready_count
-        body = {"ready_replicas": ready, "replicas": pool.o.replicas, "draining": state.draining}
+        body = {"ready_replicas": ready, "replicas": pool.active, "draining": state.draining}
         if state.draining or not state.started or ready == 0:
             return JSONResponse({"status": "unavailable", **body}, status_code=503)
         return {"status": "ready", **body}

@@ -18,7 +18,8 @@ from tandem.core.errors import ConfigError, WorkerFailure
 
 def serve_cmd(
     export: Path = typer.Argument(..., help="An export folder written by `tandem export`."),
-    replicas: int = typer.Option(1, "--replicas", help="Replica processes, each loading the export once."),
+    replicas: str = typer.Option("1", "--replicas", help="Replica processes, each loading the export once: N, "
+                                                        "or MIN:MAX to autoscale on queue depth."),
     max_batch: int = typer.Option(32, "--max-batch", help="Most examples (predict) or requests (generate) "
                                                           "per batch."),
     batch_wait_ms: float = typer.Option(5.0, "--batch-wait-ms", help="Longest a request waits for its batch "
@@ -37,6 +38,12 @@ def serve_cmd(
     timeout_ms: int = typer.Option(0, "--timeout-ms", help="Default deadline of a request (its timeout_ms field "
                                                            "overrides); expired ones are dropped before a "
                                                            "replica sees them (504). 0: none."),
+    scale_up_queue: int = typer.Option(0, "--scale-up-queue", help="MIN:MAX: a queue deeper than this counts as "
+                                                                "overloaded (0: --max-batch)."),
+    scale_up_s: float = typer.Option(2.0, "--scale-up-s", help="MIN:MAX: add a replica when the queue stays "
+                                                             "overloaded this long."),
+    scale_down_s: float = typer.Option(30.0, "--scale-down-s", help="MIN:MAX: remove one when the queue stays "
+                                                                 "empty and a replica idle this long."),
     api_key_file: Optional[Path] = typer.Option(None, "--api-key-file", help="Require one of these keys (one per "
                                                  "line) as `Authorization: Bearer KEY` on every route but "
                                                  "/livez and /readyz; else 401."),
@@ -51,13 +58,18 @@ def serve_cmd(
     if not (export / "config.json").is_file():
         raise ConfigError("not an export folder (no config.json)", field="EXPORT_DIR", value=str(export),
                           fix="give a folder written by `tandem export`")
-    for name, v, lo in (("--replicas", replicas, 1), ("--max-batch", max_batch, 1), ("--max-queue", max_queue, 1),
+    from tandem.serve.autoscale import ScalePolicy, parse_replicas
+
+    lo_rep, hi_rep = parse_replicas(replicas)
+    for name, v, lo in (("--max-batch", max_batch, 1), ("--max-queue", max_queue, 1),
                         ("--max-body", max_body, 1024)):
         if v < lo:
             raise ConfigError(f"must be at least {lo}", field=name, value=v, fix=f"give {name} {lo} or more")
     if hang_s < 0.1:
         raise ConfigError("must be at least 0.1", field="--hang-s", value=hang_s, fix="give --hang-s 0.1 or more")
-    for name, v in (("--batch-wait-ms", batch_wait_ms), ("--drain-s", drain_s), ("--threads", threads),
+    for name, v in (("--scale-up-queue", scale_up_queue), ("--scale-up-s", scale_up_s),
+                    ("--scale-down-s", scale_down_s), ("--batch-wait-ms", batch_wait_ms), ("--drain-s", drain_s),
+                    ("--threads", threads),
                     ("--timeout-ms", timeout_ms)):
         if v < 0:
             raise ConfigError("must not be negative", field=name, value=v, fix=f"give {name} 0 or more")
@@ -71,11 +83,14 @@ def serve_cmd(
         if loose_permissions(api_key_file):
             print(f"warning: {api_key_file} may be read by other users; chmod 600 it", flush=True)
     info = ModelInfo.from_export(export)
-    opts = PoolOptions(export=export.resolve(), replicas=replicas, max_batch=max_batch, batch_wait_ms=batch_wait_ms,
+    scale = ScalePolicy(lo_rep, hi_rep, up_queue=scale_up_queue or max_batch, up_s=scale_up_s,
+                        down_s=scale_down_s, tick_s=min(0.25, scale_up_s / 4 or 0.05)) if hi_rep > lo_rep else None
+    opts = PoolOptions(export=export.resolve(), replicas=lo_rep, scale=scale, max_batch=max_batch,
+                       batch_wait_ms=batch_wait_ms,
                        max_queue=max_queue, run_dir=run_dir.resolve(), hang_s=hang_s,
                        # one core left to the front: torch's spinning threads on an oversubscribed CPU
                        # made a replica ~10x slower here (2 cores: p99 6.8 s against 0.2 s at 60 req/s)
-                       threads=threads or max(1, ((os.cpu_count() or 1) - 1) // replicas))
+                       threads=threads or max(1, ((os.cpu_count() or 1) - 1) // hi_rep))
     if not _loopback(host) and keys is None:
         print(f"warning: binding {host} exposes the server beyond this machine and it has no authentication; "
               f"give --api-key-file, or put it behind a proxy that checks clients", flush=True)
@@ -157,7 +172,9 @@ async def _serve(opts, info, host: str, port: int, drain_s: float, max_body: int
         state.started = True
         pids = ", ".join(str(r.pid) for r in pool.live if r)
         auth = f"; {len(keys)} API key(s) required" if keys is not None else ""
-        print(f"ready: {url} ({opts.replicas} replica(s), pids {pids}; max batch {opts.max_batch}, "
+        sc = opts.scale
+        scaling = f" of {sc.min_replicas}:{sc.max_replicas}" if sc else ""
+        print(f"ready: {url} ({opts.replicas}{scaling} replica(s), pids {pids}; max batch {opts.max_batch}, "
               f"queue {opts.max_queue}{auth}); Ctrl-C or SIGTERM to stop", flush=True)
         await served
     finally:

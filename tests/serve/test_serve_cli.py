@@ -12,7 +12,10 @@ from tandem_testing import run_tandem
 
 
 @pytest.mark.parametrize("args, line", [
-    (["--replicas", "0"], "error: --replicas: must be at least 1 (got 0)"),
+    (["--replicas", "0"], "error: --replicas: must be at least 1 (got '0')"),
+    (["--replicas", "3:2"], "error: --replicas: MIN is more than MAX (got '3:2')"),
+    (["--replicas", "1:x"], "error: --replicas: expected N or MIN:MAX (got '1:x')"),
+    (["--scale-up-s", "-1"], "error: --scale-up-s: must not be negative (got -1.0)"),
     (["--max-queue", "0"], "error: --max-queue: must be at least 1 (got 0)"),
     (["--batch-wait-ms", "-1"], "error: --batch-wait-ms: must not be negative (got -1.0)"),
     (["--hang-s", "0"], "error: --hang-s: must be at least 0.1 (got 0.0)"),
