@@ -94,7 +94,11 @@ def serve_cmd(
     if not _loopback(host) and keys is None:
         print(f"warning: binding {host} exposes the server beyond this machine and it has no authentication; "
               f"give --api-key-file, or put it behind a proxy that checks clients", flush=True)
-    asyncio.run(_serve(opts, info, host, port, drain_s, max_body, timeout_ms, keys))
+    try:  # uvloop's event loop costs the front less per request than asyncio's
+        from uvloop import run
+    except ImportError:
+        run = asyncio.run
+    run(_serve(opts, info, host, port, drain_s, max_body, timeout_ms, keys))
 
 
 def _loopback(host: str) -> bool:

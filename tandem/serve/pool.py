@@ -291,20 +291,20 @@ class Pool:
             if not batch:
                 continue
             kind = batch[0].kind
+            raw = b""
             if kind == "predict":
-                msg = {"op": "predict", "inputs": np.concatenate([w.payload for w in batch]).tolist()}
+                x = np.ascontiguousarray(np.concatenate([w.payload for w in batch]))
+                raw = x.tobytes()
+                msg = {"op": "predict", "shape": list(x.shape), "dtype": x.dtype.name, "nbytes": len(raw)}
             else:
                 msg = {"op": "generate", "requests": [w.payload for w in batch]}
             self.m.batch_size.labels(kind).observe(sum(w.size for w in batch))
             self.busy += 1
             try:
-                rep.proc.stdin.write((json.dumps(msg) + "\n").encode())
+                rep.proc.stdin.write(json.dumps(msg).encode() + b"\n" + raw)
                 await rep.proc.stdin.drain()
-                line = await asyncio.wait_for(rep.proc.stdout.readline(), self.o.hang_s)
-                if not line:
-                    raise ConnectionError("replica closed its stdout")
-                reply = json.loads(line)
-            except (ConnectionError, asyncio.TimeoutError, ValueError, OSError) as e:
+                reply = await asyncio.wait_for(_read_frame(rep.proc.stdout), self.o.hang_s)
+            except (ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError, OSError) as e:
                 self.say(f"serve: replica {rep.slot} (pid {rep.pid}) lost a batch of {len(batch)} "
                          f"({type(e).__name__}); retrying it on another replica")
                 self.m.retries.inc()
@@ -322,9 +322,11 @@ class Pool:
                 if not w.future.done():
                     w.future.set_exception(ReplicaError(reply["error"]))
             return
-        outs, i = reply["outputs"], 0
         if batch[0].kind == "predict":
-            outs = np.asarray(outs, dtype=np.float32)
+            outs = np.frombuffer(reply["raw"], dtype="<f4").reshape(reply["shape"])
+        else:
+            outs = reply["outputs"]
+        i = 0
         for w in batch:
             if w.kind == "predict":
                 res, i = outs[i:i + w.size], i + w.size
@@ -342,6 +344,16 @@ class Pool:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(doc, indent=1) + "\n")
         os.replace(tmp, path)
+
+
+async def _read_frame(stream: asyncio.StreamReader) -> dict:
+    """One reply: its JSON header line and the header's ``nbytes`` raw bytes (as ``raw``)."""
+    line = await stream.readline()
+    if not line:
+        raise ConnectionError("replica closed its stdout")
+    hdr = json.loads(line)
+    hdr["raw"] = await stream.readexactly(int(hdr.get("nbytes", 0)))
+    return hdr
 
 
 async def _ensure_dead(rep: Replica) -> None:
