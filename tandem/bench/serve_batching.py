@@ -5,8 +5,9 @@ Two servers of the same export start on loopback side by side (one replica each,
 (bench/serve.py's generator) then steps up in rate, x1.5 a step, alternating between the two servers
 at each rate so that drift on a shared machine hits both. A server *sustains* a rate when every
 request was answered 200 and its p99 from the intended send time is within ``--p99-ms``; its capacity
-is the highest rate it sustained (every request of it answered in time, so that rate is its throughput). The headline is capacity(batched) / capacity(batch 1): the
-throughput ratio at the same p99 bound.
+is the highest rate it sustained (every request of it answered in time, so that rate is its
+throughput). The headline is capacity(batched) / capacity(batch 1): the throughput ratio at the same
+p99 bound.
 """
 
 from __future__ import annotations

@@ -34,7 +34,8 @@ class FrontState:
 
 
 ERRORS = {c: {"model": schemas.ErrorResponse, "description": d} for c, d in (
-    (400, "not JSON, or not an object"), (401, "missing or invalid API key (--api-key-file)"), (413, "body over --max-body"),
+    (400, "not JSON, or not an object"), (401, "missing or invalid API key (--api-key-file)"),
+    (413, "body over --max-body"),
     (422, "a field is wrong (named in `field`)"), (429, "queue full: retry after Retry-After"),
     (503, "draining, or no replica could answer"), (504, "timeout_ms passed before a replica took it"))}
 

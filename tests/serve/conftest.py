@@ -1,5 +1,5 @@
-"""Exports to serve, shared by the session: a tied GPT (vocab 16, and 256 for text) and a ResNet-18, each checkpoint written in this
-process and exported with the real `tandem export`."""
+"""Exports to serve, shared by the session: a tied GPT (vocab 16, and 256 for text) and a ResNet-18, each
+checkpoint written in this process and exported with the real `tandem export`."""
 
 from __future__ import annotations
 

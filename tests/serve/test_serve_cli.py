@@ -42,3 +42,16 @@ def test_an_export_that_cannot_load_stops_the_server_with_its_reason(gpt_export,
     assert "model.safetensors is missing" in r.stderr
     assert json.loads((run / "server.json").read_text())["url"].startswith("http://127.0.0.1:")
     assert "serve: stopped" in r.stdout
+
+
+def test_vs_batch_1_takes_an_export_folder(tmp_path):
+    r = run_tandem("bench", "serve", str(tmp_path), "--vs-batch-1", timeout=60)
+    assert r.returncode == 2 and "error: URL: --vs-batch-1 takes an export folder" in r.stderr, r.stderr
+
+
+def test_a_rate_is_sustained_only_with_no_failure_within_the_p99_bound():
+    from tandem.bench.serve_batching import sustained
+
+    assert sustained({"failed": 0, "latency_ms": {"p99": 900.0}}, 1000)
+    assert not sustained({"failed": 1, "latency_ms": {"p99": 10.0}}, 1000)
+    assert not sustained({"failed": 0, "latency_ms": {"p99": 1001.0}}, 1000)
