@@ -130,6 +130,9 @@ async def run_load(url: str, rate: float, duration: float, kill_at: float | None
         fast.close()
         killed = await kill if kill else None
     ok = sorted(lat for _, lat, c in results if c == "200")
+    by_due = sorted(results)
+    quarter = max(1, len(by_due) // 4)
+    first, last = (sorted(lat for _, lat, _ in part) for part in (by_due[:quarter], by_due[-quarter:]))
     codes: dict[str, int] = {}
     for _, _, c in results:
         codes[c] = codes.get(c, 0) + 1
@@ -137,7 +140,9 @@ async def run_load(url: str, rate: float, duration: float, kill_at: float | None
             "ok": len(ok), "failed": len(results) - len(ok), "codes": dict(sorted(codes.items())),
             "throughput_rps": len(ok) / span if span > 0 else 0.0,
             "latency_ms": {k: 1000 * percentile(ok, q) for k, q in (("p50", 50), ("p90", 90), ("p99", 99))}
-            | {"max": 1000 * ok[-1] if ok else float("nan")}, "kill": killed}
+            | {"max": 1000 * ok[-1] if ok else float("nan")}, "kill": killed,
+            # a growing queue shows as latency rising through the run (first vs last quarter by due time)
+            "p50_first_quarter_ms": 1000 * percentile(first, 50), "p50_last_quarter_ms": 1000 * percentile(last, 50)}
 
 
 async def _kill_replica(client, url: str, info: dict, when: float, loop) -> dict:

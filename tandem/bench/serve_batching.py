@@ -3,11 +3,12 @@
 Two servers of the same export start on loopback side by side (one replica each, one with
 ``--max-batch`` N, one with ``--max-batch 1``; an idle server costs nothing). The same open-loop load
 (bench/serve.py's generator) then steps up in rate, x1.5 a step, alternating between the two servers
-at each rate so that drift on a shared machine hits both. A server *sustains* a rate when every
-request was answered 200 and its p99 from the intended send time is within ``--p99-ms``; its capacity
-is the highest rate it sustained (every request of it answered in time, so that rate is its
-throughput). The headline is capacity(batched) / capacity(batch 1): the throughput ratio at the same
-p99 bound.
+at each rate so that drift on a shared machine hits both; a rate that fails is measured once more
+before a server's search stops (a load spike from elsewhere hits one side at a time). A server
+*sustains* a rate when every request was answered 200, its p99 from the intended send time is within
+``--p99-ms`` and its latency did not climb through the run (a queue building up; see ``sustained``).
+Its capacity is the highest rate it sustained; the headline is capacity(batched) / capacity(batch 1),
+the throughput ratio at the same p99 bound.
 """
 
 from __future__ import annotations
@@ -52,7 +53,11 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def sustained(res: dict, p99_ms: float) -> bool:
-    return res["failed"] == 0 and res["latency_ms"]["p99"] <= p99_ms
+    """Every request 200, p99 within the bound, and no queue building up: the last quarter's median
+    latency at most twice the first quarter's plus 50 ms (an overload that a short run's p99 bound
+    would let pass shows as latency rising through the run)."""
+    return res["failed"] == 0 and res["latency_ms"]["p99"] <= p99_ms and \
+        res["p50_last_quarter_ms"] <= 2 * res["p50_first_quarter_ms"] + 50
 
 
 def compare(export: Path, max_batch: int = 32, batch_wait_ms: float = 5.0, start_rate: float = 5.0,
@@ -72,9 +77,13 @@ def compare(export: Path, max_batch: int = 32, batch_wait_ms: float = 5.0, start
                     break
                 row = {"rate": rate}
                 for k in [k for k in sides if k in going]:
-                    res = asyncio.run(run_load(procs[k][1], rate, duration, max_new_tokens=max_new_tokens,
-                                               timeout_s=max(60.0, 4 * duration)))
-                    ok = sustained(res, p99_ms)
+                    for _attempt in range(2):  # a failed rate is measured again once: one load spike from
+                        res = asyncio.run(run_load(procs[k][1], rate, duration,  # elsewhere must not end it
+                                                   max_new_tokens=max_new_tokens,
+                                                   timeout_s=max(60.0, 4 * duration)))
+                        ok = sustained(res, p99_ms)
+                        if ok:
+                            break
                     row[k] = {"throughput_rps": res["throughput_rps"], "p99_ms": res["latency_ms"]["p99"],
                               "failed": res["failed"], "sustained": ok}
                     if ok:
@@ -90,6 +99,7 @@ def compare(export: Path, max_batch: int = 32, batch_wait_ms: float = 5.0, start
     ratio = best["batched"] / best["batch1"] if best["batch1"] > 0 else float("nan")
     return {"export": str(export), "max_batch": max_batch, "batch_wait_ms": batch_wait_ms, "p99_ms": p99_ms,
             "duration_s": duration, "steps": rows, "capacity_rps": best, "ratio": ratio,
+            "still_sustaining": sorted(going),   # their capacity is at least the last rate (max_steps)
             "cpus": os.cpu_count()}
 
 
@@ -105,6 +115,9 @@ def _row_text(row: dict, sides: dict) -> str:
 
 def print_summary(res: dict, say=print) -> None:
     cap = res["capacity_rps"]
-    say(f"capacity (every request 200, p99 <= {res['p99_ms']:g} ms): max-batch {res['max_batch']} "
-        f"{cap['batched']:.1f} req/s, max-batch 1 {cap['batch1']:.1f} req/s")
+    more = {k: " (or more: still sustained at the last step)" if k in res["still_sustaining"] else ""
+            for k in cap}
+    say(f"capacity (every request 200, p99 <= {res['p99_ms']:g} ms, latency not climbing): "
+        f"max-batch {res['max_batch']} {cap['batched']:.1f} req/s{more['batched']}, "
+        f"max-batch 1 {cap['batch1']:.1f} req/s{more['batch1']}")
     say(f"ratio: {res['ratio']:.2f}x the throughput of --max-batch 1 at the same p99 bound")

@@ -52,6 +52,10 @@ def test_vs_batch_1_takes_an_export_folder(tmp_path):
 def test_a_rate_is_sustained_only_with_no_failure_within_the_p99_bound():
     from tandem.bench.serve_batching import sustained
 
-    assert sustained({"failed": 0, "latency_ms": {"p99": 900.0}}, 1000)
-    assert not sustained({"failed": 1, "latency_ms": {"p99": 10.0}}, 1000)
-    assert not sustained({"failed": 0, "latency_ms": {"p99": 1001.0}}, 1000)
+    def res(failed=0, p99=900.0, first=40.0, last=60.0):
+        return {"failed": failed, "latency_ms": {"p99": p99}, "p50_first_quarter_ms": first,
+                "p50_last_quarter_ms": last}
+    assert sustained(res(), 1000)
+    assert not sustained(res(failed=1, p99=10.0), 1000)
+    assert not sustained(res(p99=1001.0), 1000)
+    assert not sustained(res(first=40.0, last=400.0), 1000)  # a queue building up within the bound
