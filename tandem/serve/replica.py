@@ -50,7 +50,8 @@ def predict(model, torch, x):
 def generate(model, torch, reqs: list[dict]) -> list[list[int]]:
     """Whole requests batched together: each decode step runs one forward over every active sequence
     (right-padded; causal attention keeps padding out of earlier positions) and picks each row's next
-    token from the logits at its own last position. No KV cache: each step recomputes the prefix."""
+    token from the logits at its own last position. No KV cache: each step recomputes the prefix (models
+    kvcache.py does not know; tandem's GPT takes generate_cached)."""
     seqs = [list(r["prompt"]) for r in reqs]
     gens = [torch.Generator().manual_seed(int(r.get("seed", 0))) for r in reqs]
     out: list[list[int]] = [[] for _ in reqs]
@@ -68,6 +69,15 @@ def generate(model, torch, reqs: list[dict]) -> list[list[int]]:
                 out[i].append(tok)
             active = [i for i in active if len(out[i]) < reqs[i]["max_new_tokens"]]
     return out
+
+
+def generate_cached(model, torch, reqs: list[dict]) -> list[list[int]]:
+    """The same tokens as ``generate`` (same picks, same per-request generators), decoded with a KV
+    cache (kvcache.py): at batch 32 about 2x faster here, as each step no longer recomputes the prefix."""
+    from tandem.serve import kvcache
+
+    gens = [torch.Generator().manual_seed(int(r.get("seed", 0))) for r in reqs]
+    return kvcache.generate(model, reqs, lambda logits, i: _pick(torch, logits, reqs[i], gens[i]))
 
 
 def _pick(torch, logits, req: dict, gen) -> int:
@@ -92,6 +102,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import tandem.export
     from tandem.export import format as fmt
+    from tandem.serve import kvcache
     from tandem.export.loader import read_config
 
     torch.set_num_threads(max(1, args.threads))
@@ -104,7 +115,8 @@ def main(argv: list[str] | None = None) -> None:
         y = model(warm)
     if not torch.isfinite(y.float()).all():
         raise SystemExit("warm-up forward gave non-finite outputs")
-    _send(out, {"ready": True, "pid": os.getpid(), "warmup_s": time.perf_counter() - t0})
+    cached = kvcache.supports(model)  # tandem's GPT: decode with a KV cache
+    _send(out, {"ready": True, "pid": os.getpid(), "warmup_s": time.perf_counter() - t0, "kv_cache": cached})
     inp = sys.stdin.buffer
     while line := inp.readline():
         msg = json.loads(line)
@@ -114,6 +126,8 @@ def main(argv: list[str] | None = None) -> None:
                 x = np.frombuffer(raw, dtype=DTYPES[msg["dtype"]]).reshape(msg["shape"])
                 y = predict(model, torch, torch.from_numpy(x.copy()))
                 _send(out, {"shape": list(y.shape), "dtype": "float32"}, y.numpy().astype("<f4").tobytes())
+            elif cached:
+                _send(out, {"outputs": generate_cached(model, torch, msg["requests"])})
             else:
                 _send(out, {"outputs": generate(model, torch, msg["requests"])})
         except Exception as e:  # a bad batch answers an error; the replica stays up
