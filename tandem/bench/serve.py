@@ -49,36 +49,90 @@ def percentile(sorted_xs: list[float], q: float) -> float:
     return sorted_xs[k]
 
 
+class _Client:
+    """A minimal HTTP/1.1 client on asyncio streams, keep-alive connections reused as they come free.
+    The load generator must cost the server's CPU as little as possible on a shared machine: httpx's
+    pool spent more CPU per request than the server did (its idle-connection scan grows with the
+    number of connections, and an open loop at a high rate holds hundreds)."""
+
+    def __init__(self, host: str, port: int, headers: dict[str, str]):
+        self.host, self.port = host, port
+        self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        self.extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+
+    async def post(self, path: str, body: bytes, timeout_s: float) -> str:
+        """The status code as a string, or the exception's name."""
+        conn = self.idle.pop() if self.idle else None
+        try:
+            if conn is None:
+                conn = await asyncio.open_connection(self.host, self.port)
+            r, w = conn
+            w.write(f"POST {path} HTTP/1.1\r\nhost: {self.host}\r\ncontent-type: application/json\r\n"
+                    f"content-length: {len(body)}\r\n{self.extra}\r\n".encode() + body)
+            code, keep = await asyncio.wait_for(self._reply(r), timeout_s)
+        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError) as e:
+            if conn is not None:
+                conn[1].close()
+            return type(e).__name__
+        if keep:
+            self.idle.append(conn)
+        else:
+            w.close()
+        return code
+
+    @staticmethod
+    async def _reply(r: asyncio.StreamReader) -> tuple[str, bool]:
+        status = await r.readline()
+        if not status:
+            raise ConnectionResetError("closed before answering")
+        code, length, keep = status.split()[1].decode(), 0, True
+        while (line := await r.readline()) not in (b"\r\n", b""):
+            k, _, v = line.decode("latin-1").partition(":")
+            k = k.strip().lower()
+            if k == "content-length":
+                length = int(v)
+            elif k == "connection" and v.strip().lower() == "close":
+                keep = False
+        await r.readexactly(length)
+        return code, keep
+
+    def close(self) -> None:
+        for _, w in self.idle:
+            w.close()
+
+
 async def run_load(url: str, rate: float, duration: float, kill_at: float | None = None,
-                   max_new_tokens: int = 8, seed: int = 0, timeout_s: float = 60.0) -> dict:
+                   max_new_tokens: int = 8, seed: int = 0, timeout_s: float = 60.0, api_key: str | None = None) -> dict:
     import httpx
 
     url = url.rstrip("/")
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
+    auth = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    parts = httpx.URL(url)
+    async with httpx.AsyncClient(timeout=timeout_s, headers=auth) as client:
         info = (await client.get(f"{url}/v1/info")).json()
         route, body = body_for(info, max_new_tokens, seed)
         n = max(1, int(rate * duration))
         loop = asyncio.get_running_loop()
+        fast = _Client(parts.host, parts.port or 80, auth)
         t0 = loop.time() + 0.05
         results: list[tuple[float, float, str]] = []   # (due, latency, code)
-        headers = {"content-type": "application/json"}
 
         async def one(i: int) -> None:
             due = t0 + i / rate
             await asyncio.sleep(max(0.0, due - loop.time()))
-            try:
-                code = str((await client.post(url + route, content=body, headers=headers)).status_code)
-            except httpx.HTTPError as e:
-                code = type(e).__name__
+            code = await fast.post(route, body, timeout_s)
             results.append((due - t0, loop.time() - due, code))
 
         kill = asyncio.create_task(_kill_replica(client, url, info, t0 + kill_at, loop)) if kill_at is not None \
             else None
         await asyncio.gather(*(one(i) for i in range(n)))
         span = loop.time() - t0
+        fast.close()
         killed = await kill if kill else None
     ok = sorted(lat for _, lat, c in results if c == "200")
+    by_due = sorted(results)
+    quarter = max(1, len(by_due) // 4)
+    first, last = (sorted(lat for _, lat, _ in part) for part in (by_due[:quarter], by_due[-quarter:]))
     codes: dict[str, int] = {}
     for _, _, c in results:
         codes[c] = codes.get(c, 0) + 1
@@ -86,7 +140,9 @@ async def run_load(url: str, rate: float, duration: float, kill_at: float | None
             "ok": len(ok), "failed": len(results) - len(ok), "codes": dict(sorted(codes.items())),
             "throughput_rps": len(ok) / span if span > 0 else 0.0,
             "latency_ms": {k: 1000 * percentile(ok, q) for k, q in (("p50", 50), ("p90", 90), ("p99", 99))}
-            | {"max": 1000 * ok[-1] if ok else float("nan")}, "kill": killed}
+            | {"max": 1000 * ok[-1] if ok else float("nan")}, "kill": killed,
+            # a growing queue shows as latency rising through the run (first vs last quarter by due time)
+            "p50_first_quarter_ms": 1000 * percentile(first, 50), "p50_last_quarter_ms": 1000 * percentile(last, 50)}
 
 
 async def _kill_replica(client, url: str, info: dict, when: float, loop) -> dict:
@@ -126,15 +182,17 @@ def print_report(res: dict, say=print) -> None:
         say(f"  killed replica pid {k['pid']} (SIGKILL); {back}")
 
 
-def bench_serve(url: str, rate: float, duration: float, kill_at: float | None, max_new_tokens: int) -> dict:
+def bench_serve(url: str, rate: float, duration: float, kill_at: float | None, max_new_tokens: int,
+                api_key: str | None = None) -> dict:
     t = time.perf_counter()
-    res = asyncio.run(run_load(url, rate, duration, kill_at, max_new_tokens))
+    res = asyncio.run(run_load(url, rate, duration, kill_at, max_new_tokens, api_key=api_key))
     res["wall_s"] = time.perf_counter() - t
     return res
 
 
 def serve_cmd(
-    url: str = typer_arg("URL of a running `tandem serve`, e.g. http://127.0.0.1:8000"),
+    url: str = typer_arg("URL of a running `tandem serve`, e.g. http://127.0.0.1:8000 (with --vs-batch-1: an "
+                         "export folder)"),
     rate: float = typer_opt(50.0, "--rate", "Requests per second, sent on schedule (open loop)."),
     duration: float = typer_opt(10.0, "--duration", "Seconds of load."),
     kill_replica_at: Optional[float] = typer_opt(None, "--kill-replica-at",
@@ -142,6 +200,13 @@ def serve_cmd(
                                                  "comes from the server's run dir)."),
     max_new_tokens: int = typer_opt(8, "--max-new-tokens", "Tokens per /v1/generate request (gpt exports)."),
     json_out: Optional[Path] = typer_opt(None, "--json", "Write the results as JSON."),
+    api_key_file: Optional[Path] = typer_opt(None, "--api-key-file", "Send the first key of this file (the "
+                                                                     "server's --api-key-file) as a Bearer token."),
+    vs_batch_1: bool = typer_opt(False, "--vs-batch-1", "Start two servers of the export URL names (--max-batch "
+                                                        "32 and 1), step the rate up on both and print the "
+                                                        "capacity ratio at the same p99 bound."),
+    p99_ms: float = typer_opt(1000.0, "--p99-ms", "--vs-batch-1: the p99 a sustained rate stays within."),
+    start_rate: float = typer_opt(5.0, "--start-rate", "--vs-batch-1: the first rate (then x1.5 a step)."),
 ) -> None:
     """Open-loop constant-rate load: throughput, p50/p90/p99/max from each request's due time, codes.
 
@@ -155,14 +220,38 @@ def serve_cmd(
     if kill_replica_at is not None and not 0 <= kill_replica_at < duration:
         raise ConfigError(f"must be within the run (0..{duration:g} s)", field="--kill-replica-at",
                           value=kill_replica_at, fix="give a time inside --duration")
+    if vs_batch_1:
+        return _vs_batch_1(Path(url), duration, p99_ms, start_rate, max_new_tokens, json_out)
     import httpx
 
     try:
-        res = bench_serve(url, rate, duration, kill_replica_at, max_new_tokens)
+        key = None
+        if api_key_file is not None:
+            from tandem.serve.auth import first_key
+            key = first_key(api_key_file)
+        res = bench_serve(url, rate, duration, kill_replica_at, max_new_tokens, key)
     except httpx.ConnectError as e:
         raise ConfigError(f"no server answers ({e})", field="URL", value=url,
                           fix="start one with `tandem serve EXPORT_DIR` and give its URL") from None
     print_report(res)
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(res, indent=1) + "\n")
+
+
+def _vs_batch_1(export: Path, duration: float, p99_ms: float, start_rate: float, max_new_tokens: int,
+                json_out: Path | None) -> None:
+    from tandem.bench import serve_batching as sb
+    from tandem.core.errors import ConfigError
+
+    if not (export / "config.json").is_file():
+        raise ConfigError("--vs-batch-1 takes an export folder (no config.json here)", field="URL",
+                          value=str(export), fix="give a folder written by `tandem export`")
+    print(f"dynamic batching vs --max-batch 1 on {export}: open loop, {duration:g} s per rate, both servers "
+          f"on this machine, alternating", flush=True)
+    res = sb.compare(export, duration=duration, p99_ms=p99_ms, start_rate=start_rate, max_new_tokens=max_new_tokens,
+                     say=lambda m: print(m, flush=True))
+    sb.print_summary(res)
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(res, indent=1) + "\n")

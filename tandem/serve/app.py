@@ -1,14 +1,16 @@
 """The HTTP front: FastAPI routes, bounded admission, metrics, and the SIGTERM drain.
 
 Every /v1 request is parsed and validated here (schemas.py) before it is queued, so no bad input
-reaches a replica. Codes: 400 malformed JSON, 413 body over the limit, 422 bad shape/dtype/value,
-429 + Retry-After when the queue is full, 504 when its timeout_ms passed before a replica took it, 503 + Retry-After while draining (or no replica can take
-it), 404/405 from the router.
+reaches a replica. Codes: 400 malformed JSON, 401 without a valid API key (--api-key-file; /livez
+and /readyz stay open), 413 body over the limit, 422 bad shape/dtype/value, 429 + Retry-After when
+the queue is full, 504 when its timeout_ms passed before a replica took it, 503 + Retry-After while
+draining (or no replica can take it), 404/405 from the router.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass
 
@@ -17,6 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from tandem.serve import schemas
+from tandem.serve.auth import OPEN_PATHS, ApiKeys, presented_key
 from tandem.serve.metrics import Metrics
 from tandem.serve.pool import DeadlineExceeded, Pool, QueueFull, ReplicaError
 
@@ -30,87 +33,185 @@ class FrontState:
     inflight: int = 0
 
 
-def _err(code: int, msg: str, retry_after: int | None = None) -> JSONResponse:
-    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
-    return JSONResponse({"error": msg}, status_code=code, headers=headers)
+ERRORS = {c: {"model": schemas.ErrorResponse, "description": d} for c, d in (
+    (400, "not JSON, or not an object"), (401, "missing or invalid API key (--api-key-file)"),
+    (413, "body over --max-body"),
+    (422, "a field is wrong (named in `field`)"), (429, "queue full: retry after Retry-After"),
+    (503, "draining, or no replica could answer"), (504, "timeout_ms passed before a replica took it"))}
 
 
-def build_app(pool: Pool, info: schemas.ModelInfo, metrics: Metrics, state: FrontState, *,
-              max_body: int, run_dir: str, default_timeout_ms: int = 0) -> FastAPI:
-    app = FastAPI(title="tandem serve", summary=f"{info.name} ({info.kind}) from a tandem export")
+def _body(model) -> dict:
+    """The request body's schema for /docs: the routes read the body themselves (for 400/413 before
+    validation), so FastAPI would not document it."""
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
 
-    @app.middleware("http")
-    async def count(request: Request, call_next):
-        path = request.url.path
-        if path == "/metrics":
-            return await call_next(request)
-        route = path if path in ROUTES else "other"
-        t0 = time.perf_counter()
-        v1 = path.startswith("/v1/") and path != "/v1/info"
-        if v1 and state.draining:
-            resp = _err(503, "the server is draining (SIGTERM); retry on another instance", retry_after=1)
-        else:
-            state.inflight += v1
-            metrics.inflight.set(state.inflight)
-            try:
-                resp = await call_next(request)
-            finally:
-                state.inflight -= v1
-                metrics.inflight.set(state.inflight)
-        metrics.requests.labels(route, str(resp.status_code)).inc()
-        metrics.latency.labels(route).observe(time.perf_counter() - t0)
-        return resp
 
-    async def body_of(request: Request) -> dict:
-        declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > max_body:
-            raise schemas.BadRequest(413, f"body of {declared} bytes is over the limit of {max_body}")
-        chunks, n = [], 0
-        async for c in request.stream():
-            n += len(c)
-            if n > max_body:
-                raise schemas.BadRequest(413, f"body is over the limit of {max_body} bytes")
-            chunks.append(c)
-        return schemas.parse_json(b"".join(chunks))
+def _err(code: int, msg: str, retry_after: int | None = None, field: str = "") -> tuple[int, dict, dict]:
+    return code, {"error": msg, "field": field}, ({"retry-after": str(retry_after)} if retry_after is not None else {})
 
-    async def run(kind: str, payload, size: int, timeout_ms: int):
+
+class Handlers:
+    """The two inference routes as plain functions of the body: (status, JSON body, headers). The ASGI
+    front (Front) calls them directly; the FastAPI routes (for /docs) call the same ones."""
+
+    def __init__(self, pool: Pool, info: schemas.ModelInfo, default_timeout_ms: int):
+        self.pool, self.info, self.default_timeout_ms = pool, info, default_timeout_ms
+
+    async def _run(self, kind: str, payload, size: int, timeout_ms: int):
         try:
-            return await pool.submit(kind, payload, size, timeout_ms), None
+            return await self.pool.submit(kind, payload, size, timeout_ms), None
         except QueueFull:
-            return None, _err(429, f"the queue is full ({pool.o.max_queue} waiting); retry later", retry_after=1)
+            return None, _err(429, f"the queue is full ({self.pool.o.max_queue} waiting); retry later",
+                              retry_after=1)
         except DeadlineExceeded as e:
             return None, _err(504, str(e))
         except ReplicaError as e:
             return None, _err(503, f"no replica could answer: {e}", retry_after=1)
 
-    @app.post("/v1/predict")
-    async def predict(request: Request):
-        """Outputs of the model on a list of examples (nested lists of the export's input shape)."""
+    async def predict(self, body: bytes) -> tuple[int, dict, dict]:
         try:
-            obj = await body_of(request)
-            xs = schemas.predict_inputs(obj, info, pool.o.max_batch)
-            ms = schemas.timeout_ms(obj, default_timeout_ms)
+            obj = schemas.parse_json(body)
+            xs, b64 = schemas.predict_inputs(obj, self.info, self.pool.o.max_batch)
+            ms = schemas.timeout_ms(obj, self.default_timeout_ms)
         except schemas.BadRequest as e:
-            return _err(e.code, str(e))
-        out, bad = await run("predict", xs, len(xs), ms)
-        return bad or {"outputs": out, "model": info.name}
+            return _err(e.code, str(e), field=e.field)
+        out, bad = await self._run("predict", xs, len(xs), ms)
+        if bad:
+            return bad
+        return 200, {"outputs": schemas.encode_array(out) if b64 else out.tolist(), "model": self.info.name}, {}
 
-    @app.post("/v1/generate")
-    async def generate(request: Request):
-        """Tokens continuing a prompt: greedy (temperature 0) or sampled (temperature, top_k, seed)."""
+    async def generate(self, body: bytes) -> tuple[int, dict, dict]:
         try:
-            obj = await body_of(request)
-            req = schemas.generate_request(obj, info)
-            ms = schemas.timeout_ms(obj, default_timeout_ms)
+            obj = schemas.parse_json(body)
+            req, text = schemas.generate_request(obj, self.info)
+            ms = schemas.timeout_ms(obj, self.default_timeout_ms)
         except schemas.BadRequest as e:
-            return _err(e.code, str(e))
-        out, bad = await run("generate", req, 1, ms)
-        return bad or {"tokens": out, "prompt": req["prompt"], "model": info.name}
+            return _err(e.code, str(e), field=e.field)
+        out, bad = await self._run("generate", req, 1, ms)
+        if bad:
+            return bad
+        reply = {"tokens": out, "prompt": req["prompt"], "model": self.info.name}
+        if text:
+            reply["text"] = schemas.decode_text(out)
+        return 200, reply, {}
+
+
+class Front:
+    """The ASGI app uvicorn runs: API keys, the drain's 503, request metrics, the body limit, and the two
+    inference routes answered here directly; everything else goes to FastAPI. A plain ASGI layer, not
+    FastAPI's http middleware (an anyio task group and memory streams per request): per-request cost
+    in the front is what caps batching's throughput on a small machine."""
+
+    def __init__(self, app: FastAPI, handlers: Handlers, metrics: Metrics, state: FrontState, max_body: int,
+                 keys: ApiKeys | None):
+        self.app, self.h, self.m, self.state, self.max_body, self.keys = app, handlers, metrics, state, max_body, keys
+        self.hot = {"/v1/predict": handlers.predict, "/v1/generate": handlers.generate}
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]
+                   if k in (b"authorization", b"x-api-key", b"content-length")}
+        authed = self.keys is None or path in OPEN_PATHS or self.keys.check(presented_key(headers))
+        if path == "/metrics" and authed:
+            return await self.app(scope, receive, send)
+        route = path if path in ROUTES else "other"
+        t0 = time.perf_counter()
+        v1 = path.startswith("/v1/") and path != "/v1/info"
+        status = [500]
+
+        async def counted_send(msg):
+            if msg["type"] == "http.response.start":
+                status[0] = msg["status"]
+            await send(msg)
+        try:
+            if not authed:  # the same answer for a missing header, another scheme and a wrong key
+                await _send(send, status, 401, {"error": "missing or invalid API key (send Authorization: "
+                                                         "Bearer KEY)", "field": "authorization"},
+                            {"www-authenticate": "Bearer"})
+            elif v1 and self.state.draining:
+                await _send(send, status, *_err(503, "the server is draining (SIGTERM); retry on another "
+                                                     "instance", retry_after=1))
+            else:
+                self.state.inflight += v1
+                self.m.inflight.set(self.state.inflight)
+                try:
+                    handler = self.hot.get(path) if scope["method"] == "POST" else None
+                    if handler is None:
+                        await self.app(scope, receive, counted_send)
+                    else:
+                        try:
+                            body = await _read_body(receive, headers.get("content-length"), self.max_body)
+                        except _Gone:
+                            status[0] = 499   # nginx's "client closed request": not a server error
+                            return
+                        await _send(send, status, *(await handler(body) if isinstance(body, bytes) else body))
+                finally:
+                    self.state.inflight -= v1
+                    self.m.inflight.set(self.state.inflight)
+        finally:
+            self.m.requests.labels(route, str(status[0])).inc()
+            self.m.latency.labels(route).observe(time.perf_counter() - t0)
+
+
+class _Gone(Exception):
+    """The client disconnected before its body arrived."""
+
+
+async def _read_body(receive, declared: str | None, max_body: int):
+    """The body's bytes, or a (413, ...) answer when it is over the limit (declared or streamed)."""
+    if declared and declared.isdigit() and int(declared) > max_body:
+        return _err(413, f"body of {declared} bytes is over the limit of {max_body}")
+    chunks, n = [], 0
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            raise _Gone()
+        c = msg.get("body", b"")
+        n += len(c)
+        if n > max_body:
+            return _err(413, f"body is over the limit of {max_body} bytes")
+        chunks.append(c)
+        if not msg.get("more_body"):
+            return b"".join(chunks)
+
+
+async def _send(send, status: list, code: int, body: dict, headers: dict) -> None:
+    raw = json.dumps(body, separators=(",", ":")).encode()
+    status[0] = code
+    hs = [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]
+    hs += [(k.encode(), v.encode()) for k, v in headers.items()]
+    await send({"type": "http.response.start", "status": code, "headers": hs})
+    await send({"type": "http.response.body", "body": raw})
+
+
+def build_app(pool: Pool, info: schemas.ModelInfo, metrics: Metrics, state: FrontState, *,
+              max_body: int, run_dir: str, default_timeout_ms: int = 0, keys: ApiKeys | None = None) -> Front:
+    app = FastAPI(title="tandem serve", summary=f"{info.name} ({info.kind}) from a tandem export")
+    h = Handlers(pool, info, default_timeout_ms)
+
+    def _reply(res: tuple[int, dict, dict]) -> JSONResponse:
+        return JSONResponse(res[1], status_code=res[0], headers=res[2] or None)
+
+    # Front answers these two itself; the routes are here for /docs (and call the same handlers)
+    @app.post("/v1/predict", response_model=schemas.PredictResponse, responses=ERRORS,
+              openapi_extra=_body(schemas.PredictRequest))
+    async def predict(request: Request):
+        """Outputs of the model on a list of examples (nested lists of the export's input shape, or base64)."""
+        return _reply(await h.predict(await request.body()))
+
+    @app.post("/v1/generate", response_model=schemas.GenerateResponse, responses=ERRORS,
+              openapi_extra=_body(schemas.GenerateRequest))
+    async def generate(request: Request):
+        """Tokens continuing a prompt (token ids, or text for a byte-level vocabulary): greedy (temperature 0)
+        or sampled (temperature, top_k, seed)."""
+        return _reply(await h.generate(await request.body()))
 
     @app.get("/v1/info")
     async def model_info():
         """The model this server answers for, its limits, and the run dir (replicas.json holds the pids)."""
-        return {"model": info.public(), "replicas": pool.o.replicas, "max_batch": pool.o.max_batch,
+        return {"model": info.public(), "replicas": pool.active, "max_batch": pool.o.max_batch,
                 "max_queue": pool.o.max_queue, "run_dir": run_dir}
 
     @app.get("/livez")
@@ -120,7 +221,7 @@ def build_app(pool: Pool, info: schemas.ModelInfo, metrics: Metrics, state: Fron
     @app.get("/readyz")
     async def readyz():
         ready = pool.ready_count
-        body = {"ready_replicas": ready, "replicas": pool.o.replicas, "draining": state.draining}
+        body = {"ready_replicas": ready, "replicas": pool.active, "draining": state.draining}
         if state.draining or not state.started or ready == 0:
             return JSONResponse({"status": "unavailable", **body}, status_code=503)
         return {"status": "ready", **body}
@@ -129,7 +230,7 @@ def build_app(pool: Pool, info: schemas.ModelInfo, metrics: Metrics, state: Fron
     async def prom():
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    return app
+    return Front(app, h, metrics, state, max_body, keys)
 
 
 async def drain(state: FrontState, timeout_s: float) -> None:

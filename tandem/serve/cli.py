@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -17,7 +18,8 @@ from tandem.core.errors import ConfigError, WorkerFailure
 
 def serve_cmd(
     export: Path = typer.Argument(..., help="An export folder written by `tandem export`."),
-    replicas: int = typer.Option(1, "--replicas", help="Replica processes, each loading the export once."),
+    replicas: str = typer.Option("1", "--replicas", help="Replica processes, each loading the export once: N, "
+                                                        "or MIN:MAX to autoscale on queue depth."),
     max_batch: int = typer.Option(32, "--max-batch", help="Most examples (predict) or requests (generate) "
                                                           "per batch."),
     batch_wait_ms: float = typer.Option(5.0, "--batch-wait-ms", help="Longest a request waits for its batch "
@@ -36,6 +38,15 @@ def serve_cmd(
     timeout_ms: int = typer.Option(0, "--timeout-ms", help="Default deadline of a request (its timeout_ms field "
                                                            "overrides); expired ones are dropped before a "
                                                            "replica sees them (504). 0: none."),
+    scale_up_queue: int = typer.Option(0, "--scale-up-queue", help="MIN:MAX: a queue deeper than this counts as "
+                                                                "overloaded (0: --max-batch)."),
+    scale_up_s: float = typer.Option(2.0, "--scale-up-s", help="MIN:MAX: add a replica when the queue stays "
+                                                             "overloaded this long."),
+    scale_down_s: float = typer.Option(30.0, "--scale-down-s", help="MIN:MAX: remove one when the queue stays "
+                                                                 "empty and a replica idle this long."),
+    api_key_file: Optional[Path] = typer.Option(None, "--api-key-file", help="Require one of these keys (one per "
+                                                 "line) as `Authorization: Bearer KEY` on every route but "
+                                                 "/livez and /readyz; else 401."),
 ) -> None:
     """Serve an export over HTTP: /v1/predict, /v1/generate, /livez, /readyz, /metrics.
 
@@ -47,28 +58,47 @@ def serve_cmd(
     if not (export / "config.json").is_file():
         raise ConfigError("not an export folder (no config.json)", field="EXPORT_DIR", value=str(export),
                           fix="give a folder written by `tandem export`")
-    for name, v, lo in (("--replicas", replicas, 1), ("--max-batch", max_batch, 1), ("--max-queue", max_queue, 1),
+    from tandem.serve.autoscale import ScalePolicy, parse_replicas
+
+    lo_rep, hi_rep = parse_replicas(replicas)
+    for name, v, lo in (("--max-batch", max_batch, 1), ("--max-queue", max_queue, 1),
                         ("--max-body", max_body, 1024)):
         if v < lo:
             raise ConfigError(f"must be at least {lo}", field=name, value=v, fix=f"give {name} {lo} or more")
     if hang_s < 0.1:
         raise ConfigError("must be at least 0.1", field="--hang-s", value=hang_s, fix="give --hang-s 0.1 or more")
-    for name, v in (("--batch-wait-ms", batch_wait_ms), ("--drain-s", drain_s), ("--threads", threads),
+    for name, v in (("--scale-up-queue", scale_up_queue), ("--scale-up-s", scale_up_s),
+                    ("--scale-down-s", scale_down_s), ("--batch-wait-ms", batch_wait_ms), ("--drain-s", drain_s),
+                    ("--threads", threads),
                     ("--timeout-ms", timeout_ms)):
         if v < 0:
             raise ConfigError("must not be negative", field=name, value=v, fix=f"give {name} 0 or more")
     if not 0 <= port <= 65535:
         raise ConfigError("not a TCP port", field="--port", value=port, fix="give 0..65535")
+    keys = None
+    if api_key_file is not None:
+        from tandem.serve.auth import ApiKeys, loose_permissions
+
+        keys = ApiKeys.from_file(api_key_file)
+        if loose_permissions(api_key_file):
+            print(f"warning: {api_key_file} may be read by other users; chmod 600 it", flush=True)
     info = ModelInfo.from_export(export)
-    opts = PoolOptions(export=export.resolve(), replicas=replicas, max_batch=max_batch, batch_wait_ms=batch_wait_ms,
+    scale = ScalePolicy(lo_rep, hi_rep, up_queue=scale_up_queue or max_batch, up_s=scale_up_s,
+                        down_s=scale_down_s, tick_s=min(0.25, scale_up_s / 4 or 0.05)) if hi_rep > lo_rep else None
+    opts = PoolOptions(export=export.resolve(), replicas=lo_rep, scale=scale, max_batch=max_batch,
+                       batch_wait_ms=batch_wait_ms,
                        max_queue=max_queue, run_dir=run_dir.resolve(), hang_s=hang_s,
                        # one core left to the front: torch's spinning threads on an oversubscribed CPU
                        # made a replica ~10x slower here (2 cores: p99 6.8 s against 0.2 s at 60 req/s)
-                       threads=threads or max(1, ((os.cpu_count() or 1) - 1) // replicas))
-    if not _loopback(host):
+                       threads=threads or max(1, ((os.cpu_count() or 1) - 1) // hi_rep))
+    if not _loopback(host) and keys is None:
         print(f"warning: binding {host} exposes the server beyond this machine and it has no authentication; "
-              f"put it behind a proxy that checks clients", flush=True)
-    asyncio.run(_serve(opts, info, host, port, drain_s, max_body, timeout_ms))
+              f"give --api-key-file, or put it behind a proxy that checks clients", flush=True)
+    try:  # uvloop's event loop costs the front less per request than asyncio's
+        from uvloop import run
+    except ImportError:
+        run = asyncio.run
+    run(_serve(opts, info, host, port, drain_s, max_body, timeout_ms, keys))
 
 
 def _loopback(host: str) -> bool:
@@ -95,7 +125,7 @@ def _bind(host: str, port: int) -> socket.socket:
     return s
 
 
-async def _serve(opts, info, host: str, port: int, drain_s: float, max_body: int, timeout_ms: int) -> None:
+async def _serve(opts, info, host: str, port: int, drain_s: float, max_body: int, timeout_ms: int, keys) -> None:
     import uvicorn
 
     from tandem.serve.app import FrontState, build_app, drain
@@ -108,7 +138,7 @@ async def _serve(opts, info, host: str, port: int, drain_s: float, max_body: int
     bound = sock.getsockname()[1]
     url = f"http://{host if ':' not in host else f'[{host}]'}:{bound}"
     app = build_app(pool, info, metrics, state, max_body=max_body, run_dir=str(opts.run_dir),
-                    default_timeout_ms=timeout_ms)
+                    default_timeout_ms=timeout_ms, keys=keys)
     loop = asyncio.get_running_loop()
 
     async def on_term() -> None:
@@ -145,8 +175,11 @@ async def _serve(opts, info, host: str, port: int, drain_s: float, max_body: int
                                     f"`tandem export verify`") from None
         state.started = True
         pids = ", ".join(str(r.pid) for r in pool.live if r)
-        print(f"ready: {url} ({opts.replicas} replica(s), pids {pids}; max batch {opts.max_batch}, "
-              f"queue {opts.max_queue}); Ctrl-C or SIGTERM to stop", flush=True)
+        auth = f"; {len(keys)} API key(s) required" if keys is not None else ""
+        sc = opts.scale
+        scaling = f" of {sc.min_replicas}:{sc.max_replicas}" if sc else ""
+        print(f"ready: {url} ({opts.replicas}{scaling} replica(s), pids {pids}; max batch {opts.max_batch}, "
+              f"queue {opts.max_queue}{auth}); Ctrl-C or SIGTERM to stop", flush=True)
         await served
     finally:
         await pool.close()

@@ -27,6 +27,10 @@ class Metrics:
                                "replica died", registry=r)
         self.replicas_ready = Gauge("tandem_serve_replicas_ready", "Replicas loaded, warmed up and serving",
                                     registry=r)
+        self.replicas_target = Gauge("tandem_serve_replicas_target", "Replicas the pool runs (autoscaling "
+                                     "moves it within --replicas MIN:MAX)", registry=r)
+        self.scale_decisions = Counter("tandem_serve_autoscale_decisions", "Autoscaling decisions, by "
+                                       "direction (reasons in RUN_DIR/autoscale.jsonl)", ["direction"], registry=r)
         self.tokens = Counter("tandem_serve_generated_tokens", "Tokens generated", registry=r)
 
     def render(self) -> bytes:

@@ -18,6 +18,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
+from tandem.serve.autoscale import Scaler, ScalePolicy
 from tandem.serve.metrics import Metrics
 
 STREAM_LIMIT = 64 << 20   # one reply line may hold a whole batch's outputs
@@ -39,7 +42,7 @@ class DeadlineExceeded(Exception):
 @dataclass
 class Work:
     kind: str                 # "predict" | "generate"
-    payload: object           # a list of examples, or one generate request
+    payload: object           # examples (an array [N, ...]), or one generate request
     size: int                 # batch slots it takes
     future: asyncio.Future
     t_enq: float = field(default_factory=time.monotonic)
@@ -61,6 +64,7 @@ class PoolOptions:
     threads: int = 1
     hang_s: float = 60.0
     load_timeout_s: float = 300.0
+    scale: ScalePolicy | None = None   # --replicas MIN:MAX (replicas is MIN then)
 
 
 class Replica:
@@ -77,11 +81,18 @@ class Pool:
         self.o, self.m, self.say = opts, metrics, say
         self.queue: deque[Work] = deque()
         self.cond = asyncio.Condition()
-        self.live: list[Replica | None] = [None] * opts.replicas    # serving now
-        self.procs: list[Replica | None] = [None] * opts.replicas   # started, ready or not (to stop on close)
-        self.restarts = [0] * opts.replicas
+        size = max(opts.replicas, opts.scale.max_replicas if opts.scale else 0)
+        self.active = opts.replicas      # slots 0..active-1 run a replica; autoscaling moves this
+        self.live: list[Replica | None] = [None] * size    # serving now
+        self.procs: list[Replica | None] = [None] * size   # started, ready or not (to stop on close)
+        self.restarts = [0] * size
+        self.loading: set[int] = set()   # slots whose replica is starting
+        self.busy = 0                    # replicas holding a batch now
         self.closing = False
-        self._first_ready = [asyncio.Event() for _ in range(opts.replicas)]
+        # set when a slot's first replica serves (or cannot start); autoscaled slots start set
+        self._first_ready = [asyncio.Event() for _ in range(size)]
+        for e in self._first_ready[opts.replicas:]:
+            e.set()
         self._start_error: str | None = None
         self._tasks: list[asyncio.Task] = []
 
@@ -100,15 +111,45 @@ class Pool:
     def ready_count(self) -> int:
         return sum(r is not None for r in self.live)
 
+    def _retired(self, slot: int) -> bool:
+        return slot >= self.active
+
     # ---- lifecycle ----
     async def start(self) -> None:
         self.o.run_dir.mkdir(parents=True, exist_ok=True)
         self._tasks = [asyncio.create_task(self._slot(i)) for i in range(self.o.replicas)]
-        waits = [asyncio.create_task(e.wait()) for e in self._first_ready]
+        waits = [asyncio.create_task(e.wait()) for e in self._first_ready[:self.o.replicas]]
         await asyncio.gather(*waits)
         if self._start_error:
             await self.close()
             raise ReplicaError(self._start_error)
+        self.m.replicas_target.set(self.active)
+        if self.o.scale:
+            self._tasks.append(asyncio.create_task(self._autoscale(Scaler(self.o.scale))))
+
+    async def _autoscale(self, scaler: Scaler) -> None:
+        """Sample the queue every tick; act on the policy's decisions (autoscale.py)."""
+        loop = asyncio.get_running_loop()
+        while not self.closing:
+            await asyncio.sleep(self.o.scale.tick_s)
+            live = sum(r is not None for r in self.live[:self.active])
+            d = scaler.observe(loop.time(), len(self.queue), self.busy, live, len(self.loading))
+            if d is None:
+                continue
+            self.say(f"autoscale: {d.before} -> {d.after} replica(s): {d.reason}")
+            with open(self.o.run_dir / "autoscale.jsonl", "a") as f:
+                f.write(json.dumps({"time": time.time(), "direction": d.direction, "before": d.before,
+                                    "after": d.after, "reason": d.reason, "queue_depth": len(self.queue)}) + "\n")
+            self.m.scale_decisions.labels(d.direction).inc()
+            if d.direction == "up":
+                self.active += 1
+                self._tasks.append(asyncio.create_task(self._slot(self.active - 1)))
+            else:
+                self.active -= 1   # the last slot finishes its batch, then stops its replica
+                async with self.cond:
+                    self.cond.notify_all()
+            self.m.replicas_target.set(self.active)
+            self._write_pids()
 
     async def close(self) -> None:
         self.closing = True
@@ -141,7 +182,8 @@ class Pool:
 
     async def _slot(self, slot: int) -> None:
         backoff = 0.5
-        while not self.closing:
+        while not self.closing and not self._retired(slot):
+            self.loading.add(slot)
             try:
                 rep = await self._spawn(slot)
             except ReplicaError as e:
@@ -153,6 +195,8 @@ class Pool:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 10.0)
                 continue
+            finally:
+                self.loading.discard(slot)
             backoff = 0.5
             self.live[slot] = rep
             self.m.replicas_ready.set(self.ready_count)
@@ -167,6 +211,12 @@ class Pool:
                 watch.cancel()
             if self.closing:
                 return
+            if self._retired(slot) and rep.proc.returncode is None:   # scaled down: stopped, not restarted
+                await _stop(rep)
+                self.procs[slot] = None
+                self.say(f"serve: replica {slot} (pid {rep.pid}) stopped (scaled down)")
+                self._write_pids()
+                return
             await _ensure_dead(rep)
             self.restarts[slot] += 1
             self.m.restarts.inc()
@@ -178,7 +228,7 @@ class Pool:
         """The next batch, or None when the replica died while waiting (its watcher wakes us)."""
         async with self.cond:
             while not self.queue:
-                if rep.proc.returncode is not None or self.closing:
+                if rep.proc.returncode is not None or self.closing or self._retired(rep.slot):
                     return None
                 await self.cond.wait()
             first = self.queue.popleft()
@@ -228,7 +278,7 @@ class Pool:
 
     async def _serve(self, rep: Replica) -> None:
         """Send batches to ``rep`` until it dies (then return)."""
-        while not self.closing:
+        while not self.closing and not self._retired(rep.slot):
             batch = await self._take(rep)
             if batch is None:
                 return
@@ -241,19 +291,20 @@ class Pool:
             if not batch:
                 continue
             kind = batch[0].kind
+            raw = b""
             if kind == "predict":
-                msg = {"op": "predict", "inputs": [x for w in batch for x in w.payload]}
+                x = np.ascontiguousarray(np.concatenate([w.payload for w in batch]))
+                raw = x.tobytes()
+                msg = {"op": "predict", "shape": list(x.shape), "dtype": x.dtype.name, "nbytes": len(raw)}
             else:
                 msg = {"op": "generate", "requests": [w.payload for w in batch]}
             self.m.batch_size.labels(kind).observe(sum(w.size for w in batch))
+            self.busy += 1
             try:
-                rep.proc.stdin.write((json.dumps(msg) + "\n").encode())
+                rep.proc.stdin.write(json.dumps(msg).encode() + b"\n" + raw)
                 await rep.proc.stdin.drain()
-                line = await asyncio.wait_for(rep.proc.stdout.readline(), self.o.hang_s)
-                if not line:
-                    raise ConnectionError("replica closed its stdout")
-                reply = json.loads(line)
-            except (ConnectionError, asyncio.TimeoutError, ValueError, OSError) as e:
+                reply = await asyncio.wait_for(_read_frame(rep.proc.stdout), self.o.hang_s)
+            except (ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError, OSError) as e:
                 self.say(f"serve: replica {rep.slot} (pid {rep.pid}) lost a batch of {len(batch)} "
                          f"({type(e).__name__}); retrying it on another replica")
                 self.m.retries.inc()
@@ -261,6 +312,8 @@ class Pool:
                     rep.kill()
                 await self._requeue(batch)
                 return
+            finally:
+                self.busy -= 1
             self._answer(batch, reply)
 
     def _answer(self, batch: list[Work], reply: dict) -> None:
@@ -269,7 +322,11 @@ class Pool:
                 if not w.future.done():
                     w.future.set_exception(ReplicaError(reply["error"]))
             return
-        outs, i = reply["outputs"], 0
+        if batch[0].kind == "predict":
+            outs = np.frombuffer(reply["raw"], dtype="<f4").reshape(reply["shape"])
+        else:
+            outs = reply["outputs"]
+        i = 0
         for w in batch:
             if w.kind == "predict":
                 res, i = outs[i:i + w.size], i + w.size
@@ -282,11 +339,21 @@ class Pool:
     def _write_pids(self) -> None:
         doc = {"front_pid": os.getpid(), "export": str(self.o.export),
                "replicas": [{"slot": i, "pid": r.pid if r else None, "ready": r is not None,
-                             "restarts": self.restarts[i]} for i, r in enumerate(self.live)]}
+                             "restarts": self.restarts[i]} for i, r in enumerate(self.live[:self.active])]}
         path = self.o.run_dir / "replicas.json"
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(doc, indent=1) + "\n")
         os.replace(tmp, path)
+
+
+async def _read_frame(stream: asyncio.StreamReader) -> dict:
+    """One reply: its JSON header line and the header's ``nbytes`` raw bytes (as ``raw``)."""
+    line = await stream.readline()
+    if not line:
+        raise ConnectionError("replica closed its stdout")
+    hdr = json.loads(line)
+    hdr["raw"] = await stream.readexactly(int(hdr.get("nbytes", 0)))
+    return hdr
 
 
 async def _ensure_dead(rep: Replica) -> None:

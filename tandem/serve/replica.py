@@ -2,12 +2,16 @@
 
     python -m tandem.serve.replica EXPORT_DIR [--threads N]
 
-Protocol (one JSON object per line; no pickle anywhere):
+Protocol (frames: one JSON header line, then the header's "nbytes" raw bytes; no pickle anywhere):
     replica -> front   {"ready": true, "pid": P, "warmup_s": S}            once, after the warm-up forward
-    front -> replica   {"op": "predict", "inputs": [example, ...]}         examples already validated
+    front -> replica   {"op": "predict", "shape": [N, ...], "dtype": D, "nbytes": B} + the examples'
+                                                                           raw little-endian bytes (validated)
                        {"op": "generate", "requests": [{"prompt", "max_new_tokens", "temperature",
                                                        "top_k", "seed"}, ...]}
-    replica -> front   {"outputs": [...]} | {"error": "..."}                one line per batch
+    replica -> front   {"shape", "dtype": "float32", "nbytes"} + raw outputs (predict)
+                       {"outputs": [[tok, ...], ...]} (generate) | {"error": "..."}   one frame per batch
+Arrays travel as bytes: a batch of 32 8x8 examples cost ~50 ms of JSON encoding and parsing per round
+trip on the loaded 2-core VM, more than the model's forward.
 The protocol stream is the process's original stdout; anything else printing to stdout (a library's
 message) goes to stderr instead, so it cannot corrupt a reply.
 """
@@ -20,30 +24,34 @@ import os
 import sys
 import time
 
+import numpy as np
+
+DTYPES = {"float32": np.dtype("<f4"), "int64": np.dtype("<i8")}
+
 
 def _protocol_stream():
     """The original stdout for replies; fd 1 (and sys.stdout) now point at stderr."""
-    out = os.fdopen(os.dup(1), "w", buffering=1)
+    out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     return out
 
 
-def predict(model, torch, inputs: list, dtype) -> list:
-    x = torch.tensor(inputs, dtype=dtype)
+def predict(model, torch, x):
     n = len(x)
     if n == 1:
         # CPU convolution takes another kernel for a batch of one, whose last bits differ from the same
         # example inside a larger batch; a zero row keeps every output independent of batch composition.
         x = torch.cat([x, torch.zeros_like(x)])
     with torch.no_grad():
-        return model(x)[:n].tolist()
+        return model(x)[:n].float().contiguous()
 
 
 def generate(model, torch, reqs: list[dict]) -> list[list[int]]:
     """Whole requests batched together: each decode step runs one forward over every active sequence
     (right-padded; causal attention keeps padding out of earlier positions) and picks each row's next
-    token from the logits at its own last position. No KV cache: each step recomputes the prefix."""
+    token from the logits at its own last position. No KV cache: each step recomputes the prefix (models
+    kvcache.py does not know; tandem's GPT takes generate_cached)."""
     seqs = [list(r["prompt"]) for r in reqs]
     gens = [torch.Generator().manual_seed(int(r.get("seed", 0))) for r in reqs]
     out: list[list[int]] = [[] for _ in reqs]
@@ -61,6 +69,15 @@ def generate(model, torch, reqs: list[dict]) -> list[list[int]]:
                 out[i].append(tok)
             active = [i for i in active if len(out[i]) < reqs[i]["max_new_tokens"]]
     return out
+
+
+def generate_cached(model, torch, reqs: list[dict]) -> list[list[int]]:
+    """The same tokens as ``generate`` (same picks, same per-request generators), decoded with a KV
+    cache (kvcache.py): at batch 32 about 2x faster here, as each step no longer recomputes the prefix."""
+    from tandem.serve import kvcache
+
+    gens = [torch.Generator().manual_seed(int(r.get("seed", 0))) for r in reqs]
+    return kvcache.generate(model, reqs, lambda logits, i: _pick(torch, logits, reqs[i], gens[i]))
 
 
 def _pick(torch, logits, req: dict, gen) -> int:
@@ -85,6 +102,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import tandem.export
     from tandem.export import format as fmt
+    from tandem.serve import kvcache
     from tandem.export.loader import read_config
 
     torch.set_num_threads(max(1, args.threads))
@@ -92,23 +110,33 @@ def main(argv: list[str] | None = None) -> None:
     cfg = read_config(args.export)
     model = tandem.export.load(args.export, device="cpu")
     desc = cfg["example_input"]
-    dtype = torch.long if desc["dtype"] == "int64" else torch.float32
     warm = fmt.make_input(desc)
     with torch.no_grad():
         y = model(warm)
     if not torch.isfinite(y.float()).all():
         raise SystemExit("warm-up forward gave non-finite outputs")
-    out.write(json.dumps({"ready": True, "pid": os.getpid(), "warmup_s": time.perf_counter() - t0}) + "\n")
-    for line in sys.stdin:
+    cached = kvcache.supports(model)  # tandem's GPT: decode with a KV cache
+    _send(out, {"ready": True, "pid": os.getpid(), "warmup_s": time.perf_counter() - t0, "kv_cache": cached})
+    inp = sys.stdin.buffer
+    while line := inp.readline():
         msg = json.loads(line)
+        raw = inp.read(msg.get("nbytes", 0))
         try:
             if msg["op"] == "predict":
-                reply = {"outputs": predict(model, torch, msg["inputs"], dtype)}
+                x = np.frombuffer(raw, dtype=DTYPES[msg["dtype"]]).reshape(msg["shape"])
+                y = predict(model, torch, torch.from_numpy(x.copy()))
+                _send(out, {"shape": list(y.shape), "dtype": "float32"}, y.numpy().astype("<f4").tobytes())
+            elif cached:
+                _send(out, {"outputs": generate_cached(model, torch, msg["requests"])})
             else:
-                reply = {"outputs": generate(model, torch, msg["requests"])}
+                _send(out, {"outputs": generate(model, torch, msg["requests"])})
         except Exception as e:  # a bad batch answers an error; the replica stays up
-            reply = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
-        out.write(json.dumps(reply) + "\n")
+            _send(out, {"error": f"{type(e).__name__}: {str(e)[:300]}"})
+
+
+def _send(out, header: dict, raw: bytes = b"") -> None:
+    out.write(json.dumps({**header, "nbytes": len(raw)}).encode() + b"\n" + raw)
+    out.flush()
 
 
 if __name__ == "__main__":

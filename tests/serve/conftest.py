@@ -1,5 +1,5 @@
-"""Exports to serve, shared by the session: a tied GPT and a ResNet-18, each checkpoint written in this
-process and exported with the real `tandem export`."""
+"""Exports to serve, shared by the session: a tied GPT (vocab 16, and 256 for text) and a ResNet-18, each
+checkpoint written in this process and exported with the real `tandem export`."""
 
 from __future__ import annotations
 
@@ -21,3 +21,10 @@ def gpt_export(tmp_path_factory) -> Path:
 def resnet_export(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("serve-resnet")
     return export(write_resnet_checkpoint(root / "run"), root / "export")
+
+
+@pytest.fixture(scope="session")
+def text_gpt_export(tmp_path_factory) -> Path:
+    """A GPT with the byte-level vocabulary of 256 (text prompts)."""
+    root = tmp_path_factory.mktemp("serve-gpt256")
+    return export(write_checkpoint(root / "run", model_overrides={"vocab": 256}), root / "export")

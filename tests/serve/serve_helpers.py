@@ -66,8 +66,10 @@ def write_resnet_checkpoint(run: Path, step: int = 3) -> Path:
 class Server:
     """`tandem serve EXPORT --port 0 ...` as a subprocess, ready (every replica warmed up) on entry."""
 
-    def __init__(self, export_dir: Path, run_dir: Path, *args: str, ready_timeout: float = 120):
+    def __init__(self, export_dir: Path, run_dir: Path, *args: str, ready_timeout: float = 120,
+                 headers: dict | None = None):
         self.export_dir, self.run_dir, self.args, self.ready_timeout = export_dir, run_dir, args, ready_timeout
+        self.headers = headers or {}
 
     def __enter__(self) -> "Server":
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -80,7 +82,7 @@ class Server:
         wait_for(lambda: info.is_file() or self.proc.poll() is not None, 60, "server.json")
         assert self.proc.poll() is None, self.output()
         self.url = json.loads(info.read_text())["url"]
-        self.client = httpx.Client(base_url=self.url, timeout=60)
+        self.client = httpx.Client(base_url=self.url, timeout=60, headers=self.headers)
         wait_for(self._ready, self.ready_timeout, "/readyz 200")
         return self
 

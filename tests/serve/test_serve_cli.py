@@ -12,7 +12,10 @@ from tandem_testing import run_tandem
 
 
 @pytest.mark.parametrize("args, line", [
-    (["--replicas", "0"], "error: --replicas: must be at least 1 (got 0)"),
+    (["--replicas", "0"], "error: --replicas: must be at least 1 (got '0')"),
+    (["--replicas", "3:2"], "error: --replicas: MIN is more than MAX (got '3:2')"),
+    (["--replicas", "1:x"], "error: --replicas: expected N or MIN:MAX (got '1:x')"),
+    (["--scale-up-s", "-1"], "error: --scale-up-s: must not be negative (got -1.0)"),
     (["--max-queue", "0"], "error: --max-queue: must be at least 1 (got 0)"),
     (["--batch-wait-ms", "-1"], "error: --batch-wait-ms: must not be negative (got -1.0)"),
     (["--hang-s", "0"], "error: --hang-s: must be at least 0.1 (got 0.0)"),
@@ -39,3 +42,20 @@ def test_an_export_that_cannot_load_stops_the_server_with_its_reason(gpt_export,
     assert "model.safetensors is missing" in r.stderr
     assert json.loads((run / "server.json").read_text())["url"].startswith("http://127.0.0.1:")
     assert "serve: stopped" in r.stdout
+
+
+def test_vs_batch_1_takes_an_export_folder(tmp_path):
+    r = run_tandem("bench", "serve", str(tmp_path), "--vs-batch-1", timeout=60)
+    assert r.returncode == 2 and "error: URL: --vs-batch-1 takes an export folder" in r.stderr, r.stderr
+
+
+def test_a_rate_is_sustained_only_with_no_failure_within_the_p99_bound():
+    from tandem.bench.serve_batching import sustained
+
+    def res(failed=0, p99=900.0, first=40.0, last=60.0):
+        return {"failed": failed, "latency_ms": {"p99": p99}, "p50_first_quarter_ms": first,
+                "p50_last_quarter_ms": last}
+    assert sustained(res(), 1000)
+    assert not sustained(res(failed=1, p99=10.0), 1000)
+    assert not sustained(res(p99=1001.0), 1000)
+    assert not sustained(res(first=40.0, last=400.0), 1000)  # a queue building up within the bound

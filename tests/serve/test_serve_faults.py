@@ -42,7 +42,8 @@ def test_full_queue_answers_429_at_once_and_no_5xx(gpt_export, tmp_path):
         rs = asyncio.run(burst())
         codes = [r.status_code for r in rs]
         assert set(codes) <= {200, 429}, codes
-        assert codes.count(429) >= 1 and codes.count(200) >= 5
+        # the first --max-queue are always admitted; more only if the replica took one before the rest arrived
+        assert codes.count(429) >= 1 and codes.count(200) >= 4
         assert all(r.headers.get("retry-after") == "1" for r in rs if r.status_code == 429)
         m = srv.metrics()
         assert m[("/v1/generate", "200")] == codes.count(200)
