@@ -115,7 +115,10 @@ def run_agent(opts: LaunchSpec, argv: list[str], run_dir: Path, *, agent_index: 
         rdzv_endpoint=endpoint, rdzv_backend=backend, rdzv_configs=rdzv_cfg,
         max_restarts=opts.max_restarts, monitor_interval=0.1, start_method="spawn",
         log_line_prefix_template="[rank${rank}]:", local_addr="127.0.0.1" if _is_local(opts) else None,
-        signals_to_handle="SIGTERM,SIGHUP,SIGQUIT",  # SIGINT: _interrupts
+        # SIGINT is ours (_interrupts); a torch without this field handles all four itself (a second
+        # Ctrl-C then waits for the workers' save like the first)
+        **({"signals_to_handle": "SIGTERM,SIGHUP,SIGQUIT"}
+           if "signals_to_handle" in {f.name for f in dataclasses.fields(LaunchConfig)} else {}),
     )
     t0 = time.monotonic()
     dog = start_watchdog(opts, run_dir, agent_index)
