@@ -49,10 +49,18 @@ def test_spec_missing_factory():
                    "model.name: cannot import 'nosuch.mod:build'", "No module named 'nosuch'")
 
 
-@pytest.mark.skipif("cuda()", reason="checks the CPU-only answer")
-def test_spec_fp16_without_gpu():
-    one_line_error(tandem("spec", EXAMPLE, "--precision.dtype", "fp16"),
-                   "precision.dtype: fp16 with GradScaler needs a GPU", "Fix: use precision.dtype=bf16")
+def test_spec_fp16_on_cpu_is_valid():
+    r = tandem("spec", EXAMPLE, "--precision.dtype", "fp16", "--launch.device", "cpu")
+    assert r.returncode == 0, r.stderr
+
+
+def test_spec_bad_loss_and_clip():
+    one_line_error(tandem("spec", EXAMPLE, "--model.loss", "nosuch_losses:fn"),
+                   "model.loss: cannot import 'nosuch_losses:fn'", "Fix: use cross_entropy | model")
+    one_line_error(tandem("spec", EXAMPLE, "--model.loss", "mean"), "model.loss: unknown loss (got 'mean')")
+    one_line_error(tandem("spec", EXAMPLE, "--model.loss", "model"), "model.loss: the built-in resnet18 returns logits")
+    one_line_error(tandem("spec", EXAMPLE, "--optim.clip_grad_norm", "-1"),
+                   "optim.clip_grad_norm: a gradient norm must be 0 (off) or positive (got -1.0)")
 
 
 @pytest.mark.skipif("cuda()", reason="checks the CPU-only answer")
