@@ -7,7 +7,8 @@ of an epoch. ``model.loss`` picks where the sum comes from:
 
 - ``cross_entropy`` (default): the built-in summed cross-entropy over class labels (N,) or token
   targets (N, T), targets equal to -100 left out.
-- ``model``: the model computes it: the trainer calls ``model(x, y)``, which returns the loss as a
+- ``model``: the model computes it: the trainer calls ``model(x, y)`` (and ``model(x)`` for the held-out
+  evaluation, which then returns logits), which returns the loss as a
   tensor, a dict with ``"loss"`` or an object with ``.loss`` (Hugging Face's output classes). Such a
   loss is taken as a *mean* over the micro-batch's scored targets (Hugging Face's convention) and
   multiplied by their count: the targets of ``y`` that are not -100 (for class labels, len(y)). A
