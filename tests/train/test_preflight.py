@@ -129,12 +129,13 @@ def test_token_task_needs_gpt_with_room_for_its_tokens():
 
 def test_spec_imports_torch_only_when_an_answer_needs_it():
     """The digits example on a built-in ResNet: a verdict without torch (about 2 s of import saved);
-    fp16 asks whether there is a GPU, so torch is loaded (and the answer is the device's)."""
+    sync_bn asks whether there is a GPU, so torch is loaded (and the answer is the device's); fp16 runs
+    on CPU too and asks nothing."""
     code = ("import sys\nfrom tandem.cli import main\ntry:\n    main(sys.argv[1:])\nfinally:\n"
             "    print('torch loaded:', 'torch' in sys.modules)\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     for args, loaded in (([], False), (["--launch.device", "cpu", "--precision.dtype", "bf16"], False),
-                         (["--precision.dtype", "fp16"], True)):
+                         (["--precision.dtype", "fp16"], False), (["--model.sync_bn", "true"], True)):
         r = subprocess.run([sys.executable, "-c", code, "spec", EXAMPLE, *args], capture_output=True, text=True,
                            timeout=120, env=env)
         assert r.stdout.splitlines()[-1] == f"torch loaded: {loaded}", (args, r.stdout, r.stderr)

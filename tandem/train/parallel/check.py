@@ -199,7 +199,7 @@ def run_many(specs: dict, ctx, steps: int, count: bool = False) -> dict:
             out[name] = run_steps(spec, ctx, kw.pop("steps", steps), count, **kw)
         except Exception:
             out[name] = {"error": traceback.format_exc()}
-            print(out[name]["error"], file=sys.stderr, flush=True)
+            print(out[name]["error"], file=sys.stderr, flush=True)  # its peers may hang: say why now
         dist.barrier()
     return out
 
