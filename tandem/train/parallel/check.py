@@ -79,6 +79,10 @@ def batches(spec, n: int) -> tuple[torch.Tensor, torch.Tensor]:
             torch.randint(0, m.num_classes, (n,), generator=g))
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 def _inject_inf(par, rank: int) -> None:
     """One gradient element set to inf on ``rank`` only, after backward and the dp sync: an fp16
     overflow that only that rank (one shard, one stage) can see."""
@@ -86,8 +90,7 @@ def _inject_inf(par, rank: int) -> None:
         return
     for p in par.root.parameters():
         if p.grad is not None:
-            g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
-            g.view(-1)[0] = float("inf")
+            _local(p.grad).view(-1)[0] = float("inf")
             return
 
 
@@ -128,11 +131,12 @@ def run_steps(spec, ctx, steps: int, count: bool = False, save: str = "", load: 
             if step == inf_at:
                 _inject_inf(par, inf_rank)
         par.finish_backward = finish
-        before = [p.detach().clone() for p in par.root.parameters()] if step == inf_at else None
+        # local tensors: a DTensor comparison would be a collective, and all() stops at the first False
+        before = [_local(p).detach().clone() for p in par.root.parameters()] if step == inf_at else None
         with (counter if count else _null()):
             out = stepper.train_step(iter(micro), n_micro, denom)
         if before is not None:
-            unchanged = all(torch.equal(a, p.detach()) for a, p in zip(before, par.root.parameters()))
+            unchanged = all([torch.equal(a, _local(p).detach()) for a, p in zip(before, par.root.parameters())])
         norms.append(out.grad_norm)
         skipped.append(out.skipped)
         scales.append(out.loss_scale)
