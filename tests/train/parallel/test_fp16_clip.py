@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from tandem.train.parallel.check import run_many, run_steps_single, spawn
+from harness.numerics import run_many, run_steps_single, spawn
 
 jobs = sys.modules["parallel_jobs"]  # loaded by this folder's conftest.py
 STRATEGIES = {"ddp": {}, "zero3": {"strategy": "zero3"}, "tp2": {"tp": 2}, "pp2": {"pp": 2}}
