@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 
 from tandem.core.spec import JobSpec
 from tandem.core.validate import effective_lr
-from tandem.models import build_model, model_signature
+from tandem.models import model_signature
 from tandem.train import checkpoint as ckpt
 from tandem.train import runtime as rt
 from tandem.train.data import load_datasets
@@ -28,6 +28,8 @@ from tandem.train.metrics import MetricsWriter
 from tandem.train.parallel import build_optimizer as par_optimizer
 from tandem.train.parallel import parallelize
 from tandem.train.parallel.ddp import prime_buckets
+from tandem.train.parallel.materialize import Materializer, build_meta
+from tandem.train.peak_memory import PeakMemory
 from tandem.train.profile import StepProfiler
 from tandem.train.sampler import ResumableDistributedSampler
 from tandem.train.schedule import make_scheduler
@@ -88,8 +90,9 @@ def _pp_forward(par, x):
 
 def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
     s = spec.schedule
+    mem = PeakMemory(ctx.device)  # the baseline before the build: the run's peak memory per rank, in the end record
     rt.seed_everything(s.seed)  # same initial weights on every rank (DDP broadcasts rank 0's anyway)
-    model = build_model(spec.model).to(ctx.device)
+    model = build_meta(spec.model, ctx.device)  # meta: parallelize materializes this rank's shards only
     signature = model_signature(model)
     if spec.model.sync_bn:
         model = rt.convert_sync_bn(model, ctx)
@@ -99,7 +102,7 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
     train_ds, held = load_datasets(spec.data, s.seed, spec.model.num_classes, spec.model.in_channels,
                                    seq=spec.model.seq)
     log = print if ctx.is_main else (lambda *a, **k: None)
-    par = parallelize(model, spec, ctx, log)  # tp, pp, checkpointing, compile, dp sharding (docs/parallel.md)
+    par = parallelize(model, spec, ctx, log, Materializer(s.seed, ctx.device))  # tp, pp, checkpointing, compile, dp sharding (docs/parallel.md)
     dp_world, dp_rank = par.dp, par.dp_rank   # data ranks: tp and pp ranks of one replica read the same batch
     el_resume.agree_attempt(ctx)  # one attempt number for the group, a node that just joined included
     path = resume_path(spec, run_dir)
@@ -289,6 +292,7 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
               "checkpoint": str(last_saved) if last_saved else None, "global_batch": rz.global_batch,
               "effective_lr": lr0, "grad_accum": accum, "parallel": par.dims.describe()}
     result.update(el.summary())
+    result["memory"] = mem.gather(ctx)  # collective
     metrics.write("end", **result)
     metrics.close()
     return result

@@ -26,10 +26,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from tandem.core.validate import effective_lr
-from tandem.models import build_model
 from tandem.train import runtime as rt
 from tandem.train.parallel import build_optimizer, parallelize
 from tandem.train.parallel.comm import CommCounter
+from tandem.train.parallel.materialize import Materializer, build_meta
 from tandem.train.tasks import make_task
 
 
@@ -72,21 +72,28 @@ def full_state(par) -> dict:
 
 
 def batches(spec, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """n samples: the reverse task for gpt, Gaussian images with random labels for image models."""
+    """n samples: the reverse task for gpt, Gaussian blobs (``_blobs``) for image models."""
     g = torch.Generator().manual_seed(spec.schedule.seed + 1)
     if spec.model.name == "gpt":
         return make_task("reverse", n, spec.model.seq, spec.schedule.seed + 1)
-    m = spec.model
-    return (torch.randn(n, m.in_channels, spec.data.image_size, spec.data.image_size, generator=g),
-            torch.randint(0, m.num_classes, (n,), generator=g))
+    return _blobs(spec, n, g)
+
+
+def _blobs(spec, n: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gaussian images whose mean grows with the label: learnable, so "the model learns" in a few
+    steps is a property of the training, not of a lucky draw of random labels."""
+    m, size = spec.model, spec.data.image_size
+    x = torch.randn(n, m.in_channels, size, size, generator=g)
+    y = torch.randint(0, m.num_classes, (n,), generator=g)
+    return x + 0.3 * y.view(-1, 1, 1, 1).float(), y
 
 
 def run_steps(spec, ctx, steps: int, count: bool = False, save: str = "", load: str = "") -> dict:
     """``steps`` optimizer steps; ``load``: start from that DCP checkpoint; ``save``: write one at the end."""
     s = spec.schedule
     rt.seed_everything(s.seed)
-    model = build_model(spec.model)
-    par = parallelize(model, spec, ctx)
+    model = build_meta(spec.model, ctx.device)  # as the trainer: meta, parallelize, materialize the shards
+    par = parallelize(model, spec, ctx, materialize=Materializer(s.seed, ctx.device))
     optim = build_optimizer(spec, par, effective_lr(spec), _default_opt)
     B, mb, dp = s.global_batch, s.micro_batch, par.dp
     per = B // dp
@@ -144,9 +151,7 @@ def held_out_eval(spec, par, ctx) -> tuple[tuple[int, int], float]:
     if spec.model.name == "gpt":
         held = TensorDataset(*make_task("reverse", 64, spec.model.seq, spec.schedule.seed + 2))
     else:
-        m = spec.model
-        held = TensorDataset(torch.randn(64, m.in_channels, spec.data.image_size, spec.data.image_size, generator=g),
-                             torch.randint(0, m.num_classes, (64,), generator=g))
+        held = TensorDataset(*_blobs(spec, 64, g))
     model = par.model
     model._tandem_dp, model._tandem_dp_rank, model._tandem_replicas = par.dp, par.dp_rank, ctx.world // par.dp
     return evaluate(model, held, ctx, spec, par=par), _fingerprint(model, held, par, ctx, spec)
