@@ -72,11 +72,16 @@ def full_state(par) -> dict:
 
 
 def batches(spec, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """n samples: the reverse task for gpt, Gaussian blobs (``_blobs``) for image models."""
+    """n samples: the reverse task for gpt; for image models one global batch of Gaussian blobs
+    (``_blobs``) repeated, so that a few steps' losses, on the same images, fall when training works
+    (on fresh noise images each step they rose or fell by the luck of the draw)."""
     g = torch.Generator().manual_seed(spec.schedule.seed + 1)
     if spec.model.name == "gpt":
         return make_task("reverse", n, spec.model.seq, spec.schedule.seed + 1)
-    return _blobs(spec, n, g)
+    B = spec.schedule.global_batch  # images: one batch, trained on step after step (its loss must fall)
+    x, y = _blobs(spec, min(n, B), g)
+    reps = -(-n // len(y))
+    return x.repeat(reps, 1, 1, 1)[:n], y.repeat(reps)[:n]
 
 
 def _blobs(spec, n: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:

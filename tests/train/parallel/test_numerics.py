@@ -59,10 +59,13 @@ def check(name, spec, results):
     worst = max((r["state"][k].float() - ref["state"][k].float()).abs().max().item() for k in params)
     assert worst <= w_tol, (name, worst)
     # held-out evaluation (pp: the stages' forward-only pass) on the same weights: the same answers
-    # in fp32 (weights within 1.2e-7: no argmax flips); bf16 rounds by how the work is split: within 2 %
+    # in fp32 (weights within 1.2e-7: no argmax flips); bf16 rounds by how the work is split, and the
+    # ResNet's weights are 1e-4 apart (BatchNorm): a sample on the decision boundary may flip, within 2 %
+    # (measured: 1 of 64); the logit fingerprint below stays as tight for every run
     ((c, t), fp), ((c_ref, t_ref), fp_ref) = r["eval"], ref["eval"]
     assert t == t_ref and t > 0, (name, r["eval"], ref["eval"])
-    assert abs(c - c_ref) <= (0 if spec.precision.dtype == "fp32" else 0.02 * t), (name, r["eval"], ref["eval"])
+    exact = spec.precision.dtype == "fp32" and spec.model.name == "gpt"
+    assert abs(c - c_ref) <= (0 if exact else 0.02 * t), (name, r["eval"], ref["eval"])
     assert abs(fp - fp_ref) <= loss_tol * 10 * fp_ref, (name, fp, fp_ref)  # the logits themselves
     print(f"{name}: {r['dims']} max |loss diff| "
           f"{max(abs(a - b) for a, b in zip(r['losses'], ref['losses'])):.2e}, max |weight diff| {worst:.2e}, "
