@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -50,9 +51,19 @@ def run_one(impl: str, a, d: Path, k: int) -> list[float]:
     cmd = [sys.executable, "-m", "tandem.cli", "launch", "--nproc-per-node", str(a.world), "--quiet",
            "--run-dir", str(run_dir), str(ROOT / "bench/peers_worker.py"), "--impl", impl, "--spec", str(spec),
            "--out", str(out)]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=d)
+    # its own process group: a run that hangs (seen once with Fabric: one rank left, one waiting) is
+    # ended whole after --run-timeout and reported, instead of stalling the bench
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=d,
+                         start_new_session=True)
+    try:
+        _, err = p.communicate(timeout=a.run_timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+        print(f"{impl}: no result within {a.run_timeout} s (killed); logs were in {run_dir}/logs", flush=True)
+        return []
     if p.returncode != 0:
-        raise SystemExit(f"{impl} failed:\n{p.stderr[-3000:]}")
+        raise SystemExit(f"{impl} failed:\n{err[-3000:]}")
     return json.loads(out.read_text())
 
 
@@ -63,6 +74,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--config", default=str(ROOT / "examples/gpt_reverse.toml"))
     ap.add_argument("--only", default=",".join(IMPLS))
+    ap.add_argument("--run-timeout", type=float, default=300.0, help="seconds before a peer's run is ended")
     ap.add_argument("--json", default="")
     a = ap.parse_args()
     impls = [i for i in IMPLS if i in a.only.split(",")]
@@ -71,12 +83,16 @@ def main() -> None:
         for k in range(a.rounds):
             for impl in (impls if k % 2 == 0 else impls[::-1]):  # alternate the order too
                 times = run_one(impl, a, Path(d), k)
-                med[impl].append(statistics.median(times[WARMUP:] or times))
-                print(f"round {k + 1} {impl}: median step {med[impl][-1] * 1e3:.1f} ms", flush=True)
-    base = statistics.median(med["torch"]) if "torch" in med else None
+                if times:
+                    med[impl].append(statistics.median(times[WARMUP:] or times))
+                    print(f"round {k + 1} {impl}: median step {med[impl][-1] * 1e3:.1f} ms", flush=True)
+    base = statistics.median(med["torch"]) if med.get("torch") else None
     print(f"\n{a.world} workers, {a.steps} steps, {a.rounds} rounds; {a.config}")
     print(f"{'impl':<12}{'median step ms':>15}{'vs torch':>10}   per round (ms)")
     for impl, ms in med.items():
+        if not ms:
+            print(f"{impl:<12}{'no result':>15}")
+            continue
         m = statistics.median(ms)
         ratio = f"{m / base:.3f}" if base else "-"
         print(f"{impl:<12}{m * 1e3:>15.1f}{ratio:>10}   " + " ".join(f"{x * 1e3:.1f}" for x in ms))
