@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader
 from tandem.core.spec import JobSpec
 from tandem.core.validate import effective_lr
 from tandem.data.tokens import held_out_summary
-from tandem.models import build_model, model_signature
+from tandem.models import model_signature
 from tandem.train import checkpoint as ckpt
 from tandem.train import runtime as rt
 from tandem.train.data import load_datasets
@@ -38,6 +38,8 @@ from tandem.train.loss import resolve_loss
 from tandem.train.optim import build_optimizer
 from tandem.train.parallel import Parallel, loss_sum, parallelize
 from tandem.train.parallel.ddp import prime_buckets
+from tandem.train.parallel.materialize import Materializer, build_meta
+from tandem.train.peak_memory import PeakMemory
 from tandem.train.profile import StepProfiler
 from tandem.train.sampler import ResumableDistributedSampler
 from tandem.train.schedule import make_scheduler
@@ -121,6 +123,7 @@ class Job:
     total: int            # optimizer steps of the whole run
     global_batch: int
     lr0: float            # the effective peak LR at this world size
+    mem: PeakMemory | None = None  # the run's peak memory per rank (measured from before the build)
 
 
 def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
@@ -149,8 +152,9 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
 def setup(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> tuple[Job, TrainState]:
     """Everything the loop needs, and where the run stands (its checkpoint's state when it resumes)."""
     s = spec.schedule
+    mem = PeakMemory(ctx.device)  # the baseline before the build: the run's peak memory per rank, in the end record
     rt.seed_everything(s.seed)  # same initial weights on every rank (DDP broadcasts rank 0's anyway)
-    model = build_model(spec.model).to(ctx.device)
+    model = build_meta(spec.model, ctx.device)  # meta: parallelize materializes this rank's shards only
     signature = model_signature(model)
     if spec.model.sync_bn:
         model = rt.convert_sync_bn(model, ctx)
@@ -160,7 +164,7 @@ def setup(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> tuple[Job, Train
     train_ds, held = load_datasets(spec.data, s.seed, spec.model.num_classes, spec.model.in_channels,
                                    seq=spec.model.seq)
     log = print if ctx.is_main else (lambda *a, **k: None)
-    par = parallelize(model, spec, ctx, log)  # tp, pp, checkpointing, compile, dp sharding (docs/parallel.md)
+    par = parallelize(model, spec, ctx, log, Materializer(s.seed, ctx.device))  # tp, pp, checkpointing, compile, dp sharding (docs/parallel.md)
     dp_world, dp_rank = par.dp, par.dp_rank   # data ranks: tp and pp ranks of one replica read the same batch
     el_resume.agree_attempt(ctx)  # one attempt number for the group, a node that just joined included
     path = resume_path(spec, run_dir)
@@ -186,6 +190,7 @@ def setup(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> tuple[Job, Train
               FaultTolerance(spec, ctx, run_dir, metrics, log, ckdir), prof, log, rz.accum, per_step,
               int((y0 != -100).sum()) if y0.dim() else 1, epoch_len, steps_per_epoch, total, rz.global_batch,
               effective_lr(spec) * rz.ratio)
+    job.mem = mem
     st = TrainState()
     if path is not None:
         _resume(job, st, path, meta, rz)
@@ -347,6 +352,7 @@ def _finish(job: Job, st: TrainState, wall: float) -> dict:
               "effective_lr": job.lr0, "grad_accum": job.accum, "parallel": job.par.dims.describe()}
     result.update(st.held_stats)
     result.update(job.el.summary())
+    result["memory"] = job.mem.gather(job.ctx)  # collective: every rank reaches it
     job.metrics.write("end", **result)
     job.metrics.close()
     return result

@@ -26,12 +26,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from tandem.models import build_model
 from tandem.train import runtime as rt
 from tandem.train.loss import resolve_loss
 from tandem.train.optim import build_optimizer
 from tandem.train.parallel import parallelize
 from tandem.train.parallel.comm import CommCounter
+from tandem.train.parallel.materialize import Materializer, build_meta
 from tandem.train.step import Stepper
 from tandem.train.tasks import make_task
 
@@ -70,13 +70,25 @@ def full_state(par) -> dict:
 
 
 def batches(spec, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """n samples: the reverse task for gpt, Gaussian images with random labels for image models."""
+    """n samples: the reverse task for gpt; for image models one global batch of Gaussian blobs
+    (``_blobs``) repeated, so that a few steps' losses, on the same images, fall when training works
+    (on fresh noise images each step they rose or fell by the luck of the draw)."""
     g = torch.Generator().manual_seed(spec.schedule.seed + 1)
     if spec.model.name == "gpt":
         return make_task("reverse", n, spec.model.seq, spec.schedule.seed + 1)
-    m = spec.model
-    return (torch.randn(n, m.in_channels, spec.data.image_size, spec.data.image_size, generator=g),
-            torch.randint(0, m.num_classes, (n,), generator=g))
+    B = spec.schedule.global_batch  # images: one batch, trained on step after step (its loss must fall)
+    x, y = _blobs(spec, min(n, B), g)
+    reps = -(-n // len(y))
+    return x.repeat(reps, 1, 1, 1)[:n], y.repeat(reps)[:n]
+
+
+def _blobs(spec, n: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gaussian images whose mean grows with the label: learnable, so "the model learns" in a few
+    steps is a property of the training, not of a lucky draw of random labels."""
+    m, size = spec.model, spec.data.image_size
+    x = torch.randn(n, m.in_channels, size, size, generator=g)
+    y = torch.randint(0, m.num_classes, (n,), generator=g)
+    return x + 0.3 * y.view(-1, 1, 1, 1).float(), y
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -100,8 +112,8 @@ def run_steps(spec, ctx, steps: int, count: bool = False, save: str = "", load: 
     ``inf_at``: put an inf in one gradient element of rank ``inf_rank`` at that step (0-based)."""
     s = spec.schedule
     rt.seed_everything(s.seed)
-    model = build_model(spec.model)
-    par = parallelize(model, spec, ctx)
+    model = build_meta(spec.model, ctx.device)  # as the trainer: meta, parallelize, materialize the shards
+    par = parallelize(model, spec, ctx, materialize=Materializer(s.seed, ctx.device))
     optim = build_optimizer(spec, par)
     stepper = Stepper(par, optim, spec, ctx, resolve_loss(spec.model.loss))
     sync = par.finish_backward
@@ -167,9 +179,7 @@ def held_out_eval(spec, par, ctx) -> tuple[tuple[int, int], float]:
     if spec.model.name == "gpt":
         held = TensorDataset(*make_task("reverse", 64, spec.model.seq, spec.schedule.seed + 2))
     else:
-        m = spec.model
-        held = TensorDataset(torch.randn(64, m.in_channels, spec.data.image_size, spec.data.image_size, generator=g),
-                             torch.randint(0, m.num_classes, (64,), generator=g))
+        held = TensorDataset(*_blobs(spec, 64, g))
     model = par.model
     return evaluate(model, held, ctx, spec, par=par), _fingerprint(model, held, par, ctx, spec)
 

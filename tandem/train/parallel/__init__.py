@@ -7,8 +7,9 @@ The order, on each rank (torchtitan's):
 3. tensor parallel on the tp mesh (``tp.apply_tp``): DTensor parameters;
 4. activation checkpointing per block (``ac.apply_ac``);
 5. ``torch.compile`` per block (optional);
-6. data parallel on the dp mesh: DDP / ZeRO-1 (``ddp``), FSDP2 ``fully_shard`` for zero2, zero3
-   and hsdp (``fsdp``), or a bucketed gradient all-reduce when tp or pp rule DDP out;
+6. data parallel on the dp mesh: FSDP2 ``fully_shard`` for zero2, zero3 and hsdp (``fsdp``); a model
+   built on the meta device is materialized here, its local shards only (``materialize``); then
+   DDP / ZeRO-1 (``ddp``), or a bucketed gradient all-reduce when tp or pp rule DDP out;
 7. pipeline stages and schedule over the (possibly sharded) skeleton (``pp.build_schedule``).
 
 Tensor parallel must come before FSDP (FSDP shards the DTensors tp made, on the other mesh
@@ -105,12 +106,17 @@ def loss_sum(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(out, y, reduction="sum")
 
 
-def parallelize(model: nn.Module, spec, ctx, log=lambda *a: None) -> Parallel:
-    """Apply the spec's strategy to a freshly built model (same seed on every rank). Collective."""
+def parallelize(model: nn.Module, spec, ctx, log=lambda *a: None, materialize=None) -> Parallel:
+    """Apply the spec's strategy to a freshly built model (same seed on every rank). Collective.
+
+    ``materialize``: for a model built on the meta device, called with the pruned, tp- and
+    FSDP-sharded model before DDP wraps it (``materialize.Materializer``)."""
     p = spec.parallel
     dims = from_spec(spec, ctx.world, ctx.local_world)
     coords = dims.coords(ctx.rank)
     if ctx.world == 1 or not dist.is_initialized():
+        if materialize is not None:
+            materialize(model)
         return Parallel(dims, model, model, coords)
     mesh, dp_mesh = dims.build_mesh(ctx.device.type)
     par = Parallel(dims, model, model, coords, mesh=mesh, dp_mesh=dp_mesh)
@@ -133,12 +139,13 @@ def parallelize(model: nn.Module, spec, ctx, log=lambda *a: None) -> Parallel:
         from tandem.train.parallel.fsdp import blocks
         for b in blocks(model):
             b.compile()
-    if dims.dp > 1:
-        if p.strategy in SHARDED:
-            from tandem.train.parallel.fsdp import apply_fsdp
-            dp_mesh = mesh["dp_replicate", "dp_shard"] if p.strategy == "hsdp" else dp_mesh
-            apply_fsdp(model, dp_mesh, p.strategy)
-        elif dims.tp > 1 or dims.pp > 1:
+    if dims.dp > 1 and p.strategy in SHARDED:
+        from tandem.train.parallel.fsdp import apply_fsdp
+        apply_fsdp(model, mesh["dp_replicate", "dp_shard"] if p.strategy == "hsdp" else dp_mesh, p.strategy)
+    if materialize is not None:  # a meta model: allocate the local shards now, before DDP broadcasts
+        materialize(model)
+    if dims.dp > 1 and p.strategy not in SHARDED:
+        if dims.tp > 1 or dims.pp > 1:
             from tandem.train.parallel.ddp import GradSync
             par.grad_sync = GradSync(model.parameters(), dp_mesh.get_group(), dims.dp, p.bucket_cap_mb)
         else:
