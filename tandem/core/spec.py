@@ -44,6 +44,11 @@ class ModelSpec:
     seq: int = f(16, "gpt: sequence length (the reverse/sort tasks use seq/2 digits).")
     vocab: int = f(16, "gpt: vocabulary size (the digit tasks need at least 11).")
     tied: bool = f(True, "gpt: output layer shares the token embedding matrix (refused with pp > 1).")
+    loss: str = f("cross_entropy", "The training loss, a sum over the micro-batch: cross_entropy (class labels "
+                                   "or token targets, -100 ignored) | model (the model's forward(x, y) returns "
+                                   "its loss, a mean over the targets, as a tensor, a dict with 'loss' or an "
+                                   "object with .loss, like Hugging Face models) | 'pkg.module:fn' with "
+                                   "fn(output, target) returning the SUMMED loss. See tandem/train/loss.py.")
 
 
 @dataclass
@@ -110,6 +115,9 @@ class OptimSpec:
     nesterov: bool = f(False, "SGD Nesterov momentum.")
     weight_decay: float = f(5e-4, "Weight decay.")
     betas: list = f([0.9, 0.999], "AdamW betas.")
+    clip_grad_norm: float = f(0.0, "Clip the gradient to this global 2-norm (over all shards and pipeline "
+                                   "stages, after fp16 unscaling) before each step; 0: off. The norm before "
+                                   "clipping is logged as grad_norm in every step record either way.")
 
 
 @dataclass
@@ -128,7 +136,8 @@ class ScheduleSpec:
 
 @dataclass
 class PrecisionSpec:
-    dtype: str = f("fp32", "fp32 | bf16 (autocast, CPU and GPU) | fp16 (autocast + GradScaler, GPU only).")
+    dtype: str = f("fp32", "fp32 | bf16 (autocast, CPU and GPU) | fp16 (autocast + GradScaler, CPU and GPU: "
+                           "a step whose gradient overflows is skipped on every rank and the scale halved).")
 
 
 @dataclass

@@ -140,6 +140,22 @@ def _check_scale_lr(spec: JobSpec) -> None:
                                               f"divides, or elastic.on_resize=keep_batch")
 
 
+def _check_loss(spec: JobSpec) -> None:
+    loss = spec.model.loss
+    if loss in ("cross_entropy", "model") or ":" in loss:
+        if loss == "model" and ":" not in spec.model.name:
+            raise ConfigError(f"the built-in {spec.model.name} returns logits, not a loss", field="model.loss",
+                              value=loss, fix="use model.loss=cross_entropy, or a model.name 'pkg.module:factory' "
+                                              "whose forward(x, y) returns its loss")
+        if loss == "model" and spec.parallel.pp > 1:
+            raise ConfigError("the pipeline schedule computes the loss on the last stage's output",
+                              field="model.loss", value=loss,
+                              fix="with parallel.pp > 1 use cross_entropy or a 'pkg.module:fn' loss function")
+        return
+    raise ConfigError("unknown loss", field="model.loss", value=loss,
+                      fix="use cross_entropy | model | an import path 'pkg.module:fn' returning the summed loss")
+
+
 def validate(spec: JobSpec) -> JobSpec:
     for key, choices in CHOICES.items():
         sec, name = key.split(".")
@@ -174,6 +190,10 @@ def validate(spec: JobSpec) -> JobSpec:
                           fix="use e.g. 0.2")
     if spec.optim.lr <= 0:
         raise ConfigError(f"must be positive, got {spec.optim.lr}", field="optim.lr", fix="use e.g. 0.1")
+    if not spec.optim.clip_grad_norm >= 0:  # NaN too
+        raise ConfigError("a gradient norm must be 0 (off) or positive", field="optim.clip_grad_norm",
+                          value=spec.optim.clip_grad_norm, fix="use e.g. 1.0, or 0 to turn clipping off")
+    _check_loss(spec)
     if spec.elastic.term_grace_s <= 0:
         raise ConfigError(f"must be positive, got {spec.elastic.term_grace_s}", field="elastic.term_grace_s",
                           fix="use e.g. 10 (seconds), below torchrun's 30 s; elastic.save_on_term=false turns "
@@ -202,9 +222,6 @@ def validate(spec: JobSpec) -> JobSpec:
         raise ConfigError("checkpoint not found", field="checkpoint.resume", value=resume,
                           fix="give an existing checkpoint folder, or 'auto' / 'none'")
     dev = spec.launch.device
-    if spec.precision.dtype == "fp16" and dev == "cpu":
-        raise ConfigError("fp16 with GradScaler needs a GPU", field="precision.dtype", value="fp16",
-                          fix="use precision.dtype=bf16 on CPU")
     if spec.model.sync_bn and dev == "cpu":
         raise ConfigError("torch's SyncBatchNorm runs only on GPUs", field="model.sync_bn", value=True,
                           fix="set model.sync_bn=false on CPU (each rank keeps its own BatchNorm statistics)")

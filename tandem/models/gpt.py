@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tandem.core.errors import ConfigError
+from tandem.models.init import init_weights
 
 
 @dataclass
@@ -107,21 +108,25 @@ class GPT(nn.Module):
         self.layers = nn.ModuleDict({str(i): Block(c) for i in range(c.layers)})
         self.norm = nn.LayerNorm(c.hidden)
         self.head = nn.Linear(c.hidden, c.vocab, bias=False)
-        self.reset_parameters()
         if c.tied:
             self.head.weight = self.tok_emb.weight
+        self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """GPT-2 initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 layers)."""
+        """Initialise every tensor from its own generator, seeded by ``torch.initial_seed()`` and its
+        name (``tandem/models/init.py``): a shard or a pipeline stage gets the same values."""
+        init_weights(self)
+
+    def init_tensor(self, module: nn.Module, name: str, t: torch.Tensor, g: torch.Generator) -> None:
+        """GPT-2 initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 layers);
+        layer norms to identity, biases to zero."""
         std = 0.02
-        for name, p in self.named_parameters():
-            if p.dim() == 1:
-                nn.init.ones_(p) if name.endswith("ln1.weight") or name.endswith("ln2.weight") \
-                    or name == "norm.weight" else nn.init.zeros_(p)
-            elif name.endswith(("wo.weight", "w2.weight")):
-                nn.init.normal_(p, 0.0, std / math.sqrt(2 * self.config.layers))
-            else:
-                nn.init.normal_(p, 0.0, std)
+        if t.dim() == 1:
+            t.fill_(1 if isinstance(module, nn.LayerNorm) and name.endswith("weight") else 0)
+        elif name.endswith(("wo.weight", "w2.weight")):
+            nn.init.normal_(t, 0.0, std / math.sqrt(2 * self.config.layers), generator=g)
+        else:
+            nn.init.normal_(t, 0.0, std, generator=g)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens (B, T) int64 on the first stage, hidden states (B, T, H) on later pipeline stages."""

@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tandem.models.init import default_init, init_weights
+
 
 def conv3x3(c_in: int, c_out: int, stride: int = 1) -> nn.Conv2d:
     # No bias: every conv is followed by a BatchNorm, whose beta does the job.
@@ -114,19 +116,17 @@ class ResNet(nn.Module):
         self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
         self.fc = nn.Linear(width * 8 * block.expansion, num_classes)
 
-        # Initialisation as torchvision: Kaiming-normal (fan_out) convs, BN to identity;
-        # the Linear keeps PyTorch's default init.
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-            elif isinstance(m, (nn.BatchNorm2d, nn.GroupNorm)):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
-        if zero_init_residual:
-            # Each block then starts as the identity (Goyal et al. 2017), helps large-batch runs.
-            for m in self.modules():
-                if isinstance(m, (BasicBlock, Bottleneck)):
-                    nn.init.zeros_(m.last_bn().weight)
+        self.zero_init_residual = zero_init_residual
+        init_weights(self)  # per tensor, seeded by torch.initial_seed() and its name (tandem/models/init.py)
+
+    def init_tensor(self, module: nn.Module, name: str, t: torch.Tensor, g: torch.Generator) -> None:
+        """As torchvision: Kaiming-normal (fan_out) convs, BN to identity, the Linear at torch's default."""
+        if isinstance(module, nn.Conv2d):
+            nn.init.kaiming_normal_(t, mode="fan_out", nonlinearity="relu", generator=g)
+        elif self.zero_init_residual and name.endswith("weight") and _is_last_bn(self, module):
+            t.zero_()  # each block then starts as the identity (Goyal et al. 2017), helps large-batch runs
+        else:
+            default_init(module, name, t, g)
 
     def _make_stage(self, block: type[nn.Module], planes: int, blocks: int, stride: int) -> nn.Sequential:
         downsample = None
@@ -144,6 +144,10 @@ class ResNet(nn.Module):
         x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
         x = torch.flatten(self.avgpool(x), 1)
         return self.fc(x)
+
+
+def _is_last_bn(model: ResNet, bn: nn.Module) -> bool:
+    return any(isinstance(m, (BasicBlock, Bottleneck)) and m.last_bn() is bn for m in model.modules())
 
 
 def resnet18(**kw) -> ResNet:

@@ -5,7 +5,7 @@
     check_job(spec, run_dir)     ... and the checkpoint the run would resume (tandem train): (path, meta)
 
 torch is imported only when an answer depends on it: the device when something in the
-spec needs a GPU (fp16, sync_bn, nccl, device=cuda), and the model unless it is a built-in
+spec needs a GPU (sync_bn, nccl, device=cuda), and the model unless it is a built-in
 ResNet (whose build is arithmetic on sizes `validate` already checked). `tandem train`
 passes ``quick=False``: it always builds the model, on the meta device (no memory, no init).
 """
@@ -23,7 +23,7 @@ from tandem.train.datacheck import RESNETS, check_source
 
 def _device_matters(spec: JobSpec) -> bool:
     """Whether validate's answer depends on the device (its checks that refuse a CPU)."""
-    return spec.precision.dtype == "fp16" or spec.model.sync_bn or spec.launch.backend == "nccl"
+    return spec.model.sync_bn or spec.launch.backend == "nccl"
 
 
 def resolve_device(spec: JobSpec, quick: bool = False) -> str:
@@ -61,6 +61,9 @@ def check_job(spec: JobSpec, run_dir: Path | None = None, *,
     model = None
     if not quick or spec.model.name not in RESNETS or ":" in spec.data.name:
         model = build_on_meta(spec)
+    if ":" in spec.model.loss:  # the loss function imports as the workers will import it
+        from tandem.train.loss import resolve_loss
+        resolve_loss(spec.model.loss)
     check_source(spec, model)
     if run_dir is not None:
         from tandem.train.elastic.resume import resume_path

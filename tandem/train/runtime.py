@@ -133,13 +133,10 @@ def autocast(ctx: DistContext, dtype: str):
 
 
 def grad_scaler(ctx: DistContext, dtype: str):
-    """fp16 needs loss scaling (GradScaler); bf16 and fp32 do not."""
-    if dtype != "fp16":
-        return None
-    if ctx.device.type != "cuda":
-        raise ConfigError("fp16 with GradScaler needs a GPU", field="precision.dtype", value="fp16",
-                          fix="use precision.dtype=bf16 on CPU")
-    return torch.amp.GradScaler("cuda")
+    """fp16 needs loss scaling (a GradScaler whose overflow check spans every rank); bf16 and fp32 do not."""
+    from tandem.train.parallel.grads import grad_scaler as make
+
+    return make(ctx.device, dtype)
 
 
 def all_reduce_sum(values: list[float], ctx: DistContext) -> list[float]:

@@ -1,24 +1,32 @@
-"""The built-in trainer: data parallel training of a job spec, on the runtime's pieces.
+"""The built-in trainer, in three parts (torchtitan's shape):
 
-One optimizer step = ``grad_accum`` micro-batches per rank; DDP all-reduces only on
-the last one (``no_sync`` before). The loss of each micro-batch is a *sum* divided by
-the samples of the whole step on this rank, so the gradient is the exact mean over
-the step's samples even when the last step of an epoch is short.
+- ``setup``: model, data, ``parallelize``, optimizer, scheduler, the run's sizes (``Job``) and where
+  it stands (``TrainState``, restored from the checkpoint it resumes);
+- the step (tandem/train/step.py): ``forward_backward_step`` and ``train_step``, one path for every
+  strategy;
+- ``train``: the loop over epochs and steps: records, the agreed stop, checkpoints, evaluation.
+
+One optimizer step = ``grad_accum`` micro-batches per rank; the data-parallel sync runs only on
+the last one. The loss of each micro-batch is a *sum* divided by the scored targets of the whole
+step on this rank, so the gradient is the exact mean over the step's samples even when the last
+step of an epoch is short (tandem/train/loss.py).
 """
 
 from __future__ import annotations
 
+import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from tandem.core.spec import JobSpec
 from tandem.core.validate import effective_lr
 from tandem.data.tokens import held_out_summary
-from tandem.models import build_model, model_signature
+from tandem.models import model_signature
 from tandem.train import checkpoint as ckpt
 from tandem.train import runtime as rt
 from tandem.train.data import load_datasets
@@ -26,20 +34,16 @@ from tandem.train.elastic import resume as el_resume
 from tandem.train.elastic.resume import checkpoint_dir, layout_of, resume_path, schedule_key
 from tandem.train.elastic.fault_tolerance import FaultTolerance
 from tandem.train.metrics import MetricsWriter
-from tandem.train.parallel import build_optimizer as par_optimizer
-from tandem.train.parallel import loss_sum, parallelize
+from tandem.train.loss import resolve_loss
+from tandem.train.optim import build_optimizer
+from tandem.train.parallel import Parallel, loss_sum, parallelize
 from tandem.train.parallel.ddp import prime_buckets
+from tandem.train.parallel.materialize import Materializer, build_meta
+from tandem.train.peak_memory import PeakMemory
 from tandem.train.profile import StepProfiler
 from tandem.train.sampler import ResumableDistributedSampler
 from tandem.train.schedule import make_scheduler
-
-
-def build_optimizer(spec: JobSpec, model: torch.nn.Module) -> torch.optim.Optimizer:
-    o, lr = spec.optim, effective_lr(spec)
-    if o.name == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=lr, momentum=o.momentum, nesterov=o.nesterov,
-                               weight_decay=o.weight_decay)
-    return torch.optim.AdamW(model.parameters(), lr=lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
+from tandem.train.step import Stepper, TrainState
 
 
 @torch.no_grad()
@@ -54,8 +58,7 @@ def evaluate(model, held, ctx: rt.DistContext, spec: JobSpec, fmt=torch.contiguo
     if not pipelined:  # pp: the stages' skeletons differ (and the GPT has no buffers)
         rt.sync_buffers(model, ctx)
     model.eval()
-    dp = getattr(model, "_tandem_dp", None)
-    rank, world = (model._tandem_dp_rank, dp) if dp else (ctx.rank, ctx.world)
+    rank, world = (par.dp_rank, par.dp) if par is not None else (ctx.rank, ctx.world)
     # the stages (and tp ranks) of one pipeline share a data rank: the same batches, so sends pair up
     idx = list(range(rank, len(held), world))
     correct, scored, nll = 0, 0, 0.0
@@ -80,7 +83,7 @@ def evaluate(model, held, ctx: rt.DistContext, spec: JobSpec, fmt=torch.contiguo
             nll += float(loss_sum(out.float().cpu(), y))
     model.train()
     # tp ranks score the same samples: count them once (under pp only one rank per replica scored)
-    rep_ = 1 if pipelined else getattr(model, "_tandem_replicas", 1)
+    rep_ = 1 if pipelined or par is None else ctx.world // par.dp
     c, t, n = rt.all_reduce_sum([correct / rep_, scored / rep_, nll / rep_], ctx)
     if stats is not None:
         stats["nll"] = n
@@ -92,10 +95,66 @@ def _pp_forward(par, x):
     return forward_only(par, x)
 
 
+@dataclass
+class Job:
+    """What the loop works with, built once by ``setup``."""
+
+    spec: JobSpec
+    ctx: rt.DistContext
+    par: Parallel
+    stepper: Stepper
+    optim: torch.optim.Optimizer
+    sched: object
+    sampler: ResumableDistributedSampler
+    train_ds: object
+    held: object
+    fmt: torch.memory_format
+    signature: dict
+    ckdir: Path
+    metrics: MetricsWriter
+    el: FaultTolerance
+    prof: StepProfiler
+    log: Callable
+    accum: int
+    per_step: int         # samples per rank per optimizer step
+    per_sample: int       # scored targets per sample (tokens for the gpt tasks)
+    epoch_len: int        # samples per rank per epoch
+    steps_per_epoch: int
+    total: int            # optimizer steps of the whole run
+    global_batch: int
+    lr0: float            # the effective peak LR at this world size
+    mem: PeakMemory | None = None  # the run's peak memory per rank (measured from before the build)
+
+
 def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
+    job, st = setup(spec, ctx, run_dir)
+    t_start = time.perf_counter()
+    records = _StepRecords(job.metrics, job.log, spec.schedule.log_every, job.total, job.par.dp)
+    vote = _StopVote(ctx)
+    job.par.model.train()
+    while st.step < job.total:
+        job.sampler.set_epoch(st.epoch)
+        st.consumed = job.sampler.start
+        loader = iter(DataLoader(job.train_ds, batch_size=spec.schedule.micro_batch,
+                                 sampler=job.el.trace(job.sampler), num_workers=spec.data.num_workers))
+        while st.step < job.total and st.consumed < job.epoch_len:
+            _step(job, st, loader, records, vote)
+        records.flush()
+        if st.consumed >= job.epoch_len:
+            if job.held is not None:
+                st.accuracy, st.scored_at = _score(job, st), st.step
+            st.epoch += 1
+    if job.held is not None and st.scored_at != st.step:  # max_steps ended the run inside an epoch
+        st.accuracy = _score(job, st)
+    return _finish(job, st, time.perf_counter() - t_start)
+
+
+def setup(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> tuple[Job, TrainState]:
+    """Everything the loop needs, and where the run stands (its checkpoint's state when it resumes)."""
     s = spec.schedule
+    mem = PeakMemory(ctx.device)  # the baseline before the build: the run's peak memory per rank, in the end record
     rt.seed_everything(s.seed)  # same initial weights on every rank (DDP broadcasts rank 0's anyway)
-    model = build_model(spec.model).to(ctx.device)
+    model = build_meta(spec.model, ctx.device)  # meta: parallelize materializes this rank's shards only
     signature = model_signature(model)
     if spec.model.sync_bn:
         model = rt.convert_sync_bn(model, ctx)
@@ -105,203 +164,197 @@ def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
     train_ds, held = load_datasets(spec.data, s.seed, spec.model.num_classes, spec.model.in_channels,
                                    seq=spec.model.seq)
     log = print if ctx.is_main else (lambda *a, **k: None)
-    par = parallelize(model, spec, ctx, log)  # tp, pp, checkpointing, compile, dp sharding (docs/parallel.md)
+    par = parallelize(model, spec, ctx, log, Materializer(s.seed, ctx.device))  # tp, pp, checkpointing, compile, dp sharding (docs/parallel.md)
     dp_world, dp_rank = par.dp, par.dp_rank   # data ranks: tp and pp ranks of one replica read the same batch
     el_resume.agree_attempt(ctx)  # one attempt number for the group, a node that just joined included
     path = resume_path(spec, run_dir)
     meta = ckpt.read_meta(path) if path is not None else None
     rz = el_resume.plan_resize(spec, meta, dp_world)  # elastic.on_resize: the batch at this world size
-    accum = rz.accum
     sampler = ResumableDistributedSampler(train_ds, dp_world, dp_rank, shuffle=spec.data.shuffle, seed=s.seed,
                                           drop_last=spec.data.remainder == "drop")
     y0 = train_ds[0][1]
-    per_sample = int((y0 != -100).sum()) if y0.dim() else 1  # scored targets per sample (tokens for gpt tasks)
-    per_step = s.micro_batch * accum  # samples per rank per optimizer step
-    epoch_len = sampler.num_samples  # samples per rank per epoch
+    per_step = s.micro_batch * rz.accum
+    epoch_len = sampler.num_samples
     if par.schedule is not None:  # pipeline stages keep static shapes: whole steps only, the tail is left out
         epoch_len -= epoch_len % per_step
     steps_per_epoch = -(-epoch_len // per_step)
     total = min(s.max_steps, s.epochs * steps_per_epoch) if s.max_steps else s.epochs * steps_per_epoch
-
-    ddp = par.model
-    ddp._tandem_dp, ddp._tandem_dp_rank, ddp._tandem_replicas = dp_world, dp_rank, ctx.world // dp_world
-    ddp._tandem_accum = accum
-    optim = par_optimizer(spec, par, effective_lr(spec), build_optimizer)
+    optim = build_optimizer(spec, par)
     sched = make_scheduler(optim, total, s.warmup_steps, s.decay, s.min_lr_ratio)
-    scaler = rt.grad_scaler(ctx, spec.precision.dtype)
-    ckdir = checkpoint_dir(spec, run_dir)
     metrics = MetricsWriter(run_dir, ctx.is_main)
-    el = FaultTolerance(spec, ctx, run_dir, metrics, log, ckdir)
+    ckdir = checkpoint_dir(spec, run_dir)
     prof = StepProfiler(spec.profile, ctx, run_dir)  # [profile]: a window of steps, phases named
-    par.phase = prof.phase
-    prof.track(ddp, optim)
-
-    step, epoch, resumed = 0, 0, None
+    prof.track(par.model, optim)
+    job = Job(spec, ctx, par, Stepper(par, optim, spec, ctx, resolve_loss(spec.model.loss), prof.phase), optim,
+              sched, sampler, train_ds, held, fmt, signature, ckdir, metrics,
+              FaultTolerance(spec, ctx, run_dir, metrics, log, ckdir), prof, log, rz.accum, per_step,
+              int((y0 != -100).sum()) if y0.dim() else 1, epoch_len, steps_per_epoch, total, rz.global_batch,
+              effective_lr(spec) * rz.ratio)
+    job.mem = mem
+    st = TrainState()
     if path is not None:
-        ckpt.check_compatible(meta, spec.model.name, signature, path)
-        prime_buckets(par, train_ds, s.micro_batch, fmt, ctx.device, rt.autocast(ctx, spec.precision.dtype))
-        ckpt.load(path, ddp, optim, ctx)
-        sched.load_state_dict(meta["scheduler"])
-        for group, lr in zip(optim.param_groups, sched.get_last_lr()):  # zero1's wrapper groups: not in DCP's state
-            group["lr"] = lr
-        step, epoch = meta["step"], meta["epoch"]
-        old = {**meta, "world_size": meta.get("data_world", meta.get("world_size"))}
-        position = el_resume.carry_position(old, dp_world, log)  # per data rank, at this dp size
-        el.resumed(path, step)
-        if position >= epoch_len:
-            epoch, position = epoch + 1, 0
-        else:
-            sampler.set_epoch(epoch)
-            sampler.set_start(position)
-        resumed = str(path)
-        log(f"resumed from {path} at step {step}, epoch {epoch}", flush=True)
-        old_ratio = sched.ratio
-        if rz.ratio != 1 or old_ratio != 1:  # a global batch off the configured one: the schedule follows it
-            total = step + el_resume.steps_left(spec, epoch, position, epoch_len, per_step, steps_per_epoch,
-                                                sched.position(step), rz.ratio)
-            sched.resize(step, rz.ratio, total - step)
-        if rz.changed:
-            peak = effective_lr(spec)
-            log(el_resume.describe_resize(rz, s.micro_batch, step, peak * old_ratio, peak * rz.ratio,
-                                          sched.get_last_lr()[0], sched.position(step), sched.horizon,
-                                          total - step), flush=True)
-            metrics.write("resize", step=step, **rz.record(), peak_lr_before=peak * old_ratio,
+        _resume(job, st, path, meta, rz)
+    _announce(job, st, rz, path)
+    return job, st
+
+
+def _resume(job: Job, st: TrainState, path: Path, meta: dict, rz) -> None:
+    spec, s, sched, log = job.spec, job.spec.schedule, job.sched, job.log
+    ckpt.check_compatible(meta, spec.model.name, job.signature, path)
+    prime_buckets(job.stepper, job.train_ds, s.micro_batch, job.fmt, job.ctx.device)
+    ckpt.load(path, job.par.model, job.optim, job.ctx)
+    sched.load_state_dict(meta["scheduler"])
+    for group, lr in zip(job.optim.param_groups, sched.get_last_lr()):  # zero1's wrapper groups: not in DCP's state
+        group["lr"] = lr
+    if job.stepper.scaler is not None and "grad_scaler" in meta:
+        job.stepper.scaler.load_state_dict(meta["grad_scaler"])
+    st.step, st.epoch = meta["step"], meta["epoch"]
+    old = {**meta, "world_size": meta.get("data_world", meta.get("world_size"))}
+    position = el_resume.carry_position(old, job.par.dp, log)  # per data rank, at this dp size
+    job.el.resumed(path, st.step)
+    if position >= job.epoch_len:
+        st.epoch, position = st.epoch + 1, 0
+    else:
+        job.sampler.set_epoch(st.epoch)
+        job.sampler.set_start(position)
+    log(f"resumed from {path} at step {st.step}, epoch {st.epoch}", flush=True)
+    old_ratio = sched.ratio
+    if rz.ratio != 1 or old_ratio != 1:  # a global batch off the configured one: the schedule follows it
+        job.total = st.step + el_resume.steps_left(spec, st.epoch, position, job.epoch_len, job.per_step,
+                                                   job.steps_per_epoch, sched.position(st.step), rz.ratio)
+        sched.resize(st.step, rz.ratio, job.total - st.step)
+    if rz.changed:
+        peak = effective_lr(spec)
+        log(el_resume.describe_resize(rz, s.micro_batch, st.step, peak * old_ratio, peak * rz.ratio,
+                                      sched.get_last_lr()[0], sched.position(st.step), sched.horizon,
+                                      job.total - st.step), flush=True)
+        job.metrics.write("resize", step=st.step, **rz.record(), peak_lr_before=peak * old_ratio,
                           peak_lr_after=peak * rz.ratio, lr_now=sched.get_last_lr()[0],
-                          schedule_position=sched.position(step), schedule_horizon=sched.horizon,
-                          total_steps=total)
+                          schedule_position=sched.position(st.step), schedule_horizon=sched.horizon,
+                          total_steps=job.total)
 
-    lr0 = effective_lr(spec) * rz.ratio
+
+def _announce(job: Job, st: TrainState, rz, path: Path | None) -> None:
+    """The start record and line: world, layout, batch, LR, steps, the remainder's samples."""
+    spec, s, ctx, par = job.spec, job.spec.schedule, job.ctx, job.par
     scaled = f" x {rz.global_batch}/{s.global_batch} (on_resize scale_lr)" if rz.ratio != 1 else ""
-    pad = sampler.padding
-    metrics.write("start", world=ctx.world, nodes=ctx.world // ctx.local_world, global_batch=rz.global_batch,
-                  micro_batch=s.micro_batch, grad_accum=accum, effective_lr=lr0, on_resize=rz.mode,
-                  lr_scale=rz.ratio, base_lr=spec.optim.lr,
-                  ref_batch=spec.optim.ref_batch, total_steps=total, steps_per_epoch=steps_per_epoch,
-                  train_samples=len(train_ds), remainder=spec.data.remainder, padding=pad, resumed_from=resumed,
-                  start_step=step, device=str(ctx.device), backend=ctx.backend, dtype=spec.precision.dtype,
-                  parallel=par.dims.describe(), pipeline_split=par.split)
-    log(f"world {ctx.world} ({ctx.world // ctx.local_world} nodes x {ctx.local_world}) on {ctx.device}/{ctx.backend}"
-        f" | {par.dims.describe()}"
-        f" | global batch {rz.global_batch} = {dp_world} data ranks x micro {s.micro_batch} x accum {accum}"
-        f" | effective lr {lr0:g} = {spec.optim.lr:g} x {s.global_batch}/{spec.optim.ref_batch or s.global_batch}"
-        f"{scaled}"
-        f" | {total} steps, {steps_per_epoch}/epoch | remainder {spec.data.remainder}: "
-        f"{abs(pad)} sample(s) {'repeated' if pad >= 0 else 'left out'} per epoch", flush=True)
+    pad = job.sampler.padding
+    job.metrics.write("start", world=ctx.world, nodes=ctx.world // ctx.local_world, global_batch=rz.global_batch,
+                      micro_batch=s.micro_batch, grad_accum=job.accum, effective_lr=job.lr0, on_resize=rz.mode,
+                      lr_scale=rz.ratio, base_lr=spec.optim.lr, ref_batch=spec.optim.ref_batch,
+                      total_steps=job.total, steps_per_epoch=job.steps_per_epoch, train_samples=len(job.train_ds),
+                      remainder=spec.data.remainder, padding=pad, resumed_from=str(path) if path else None,
+                      start_step=st.step, device=str(ctx.device), backend=ctx.backend, dtype=spec.precision.dtype,
+                      clip_grad_norm=spec.optim.clip_grad_norm, parallel=par.dims.describe(),
+                      pipeline_split=par.split)
+    job.log(f"world {ctx.world} ({ctx.world // ctx.local_world} nodes x {ctx.local_world}) on "
+            f"{ctx.device}/{ctx.backend} | {par.dims.describe()}"
+            f" | global batch {rz.global_batch} = {par.dp} data ranks x micro {s.micro_batch} x accum {job.accum}"
+            f" | effective lr {job.lr0:g} = {spec.optim.lr:g} x {s.global_batch}/"
+            f"{spec.optim.ref_batch or s.global_batch}{scaled}"
+            f" | {job.total} steps, {job.steps_per_epoch}/epoch | remainder {spec.data.remainder}: "
+            f"{abs(pad)} sample(s) {'repeated' if pad >= 0 else 'left out'} per epoch", flush=True)
 
-    accuracy, rates, t_start, last_saved, scored_at = None, [], time.perf_counter(), None, None
-    held_stats: dict = {}
 
-    def score(epoch: int, step: int) -> float:
-        el.pause("eval")  # the hang watchdog judges training steps, not evaluation
-        prof.end_memory()
-        stats: dict = {}
-        c, t = evaluate(ddp, held, ctx, spec, fmt, par, stats)
-        extra, text = held_out_summary(held, c, t, stats["nll"])  # tokens: held-out loss, bits per byte
-        held_stats.update(extra)
-        metrics.write("eval", epoch=epoch, step=step, accuracy=c / t, correct=c, total=t, **extra)
-        log(f"epoch {epoch} held-out accuracy {c / t:.4f} ({c}/{t}){text}", flush=True)
-        return c / t
+def _step(job: Job, st: TrainState, loader, records: "_StepRecords", vote: "_StopVote") -> None:
+    """One optimizer step, its record, and the checkpoint or agreed stop after it."""
+    spec, el, prof = job.spec, job.el, job.prof
+    prof.step(st.step)
+    t0 = time.perf_counter()
+    n_step = min(job.per_step, job.epoch_len - st.consumed)  # samples of this step on this rank
+    n_micro = -(-n_step // spec.schedule.micro_batch)
+    feed = _Feed(job, st.step)
+    out = job.stepper.train_step(feed.batches(loader, n_micro), n_micro, n_step * job.per_sample)
+    with prof.phase("sync"):  # the step's loss over all replicas and the stop vote: read after the next step
+        loss_all = rt.PendingSum([out.loss], job.ctx)
+        vote.cast(el.stop.flag)
+    lr = job.sched.get_last_lr()[0]
+    job.sched.step()
+    st.step += 1
+    st.consumed += n_step
+    dt = time.perf_counter() - t0
+    st.rates.append(n_step * job.par.dp / dt)
+    fp16 = {} if out.loss_scale is None else {"loss_scale": out.loss_scale, "skipped": out.skipped}
+    records.add(loss_all, step=st.step, epoch=st.epoch, lr=lr, samples_per_s=st.rates[-1], step_time_s=dt,
+                data_time_s=feed.data_s, grad_norm=out.grad_norm if math.isfinite(out.grad_norm) else None,
+                **fp16, time=time.time())
+    el.on_step(st.step, st.epoch, dt, feed.data_s, time.perf_counter() - feed.sync_t0)
+    every = spec.checkpoint.every_steps
+    periodic = bool(every and st.step % every == 0) or (st.step == job.total and spec.checkpoint.at_end)
+    stop = st.step < job.total and el.stop_here(vote.count(latest=periodic), st.step, periodic)
+    if periodic or stop:
+        records.flush()
+        with prof.phase("checkpoint"):
+            st.last_saved = _save(job, st) or st.last_saved
+    if stop:
+        raise el.stopped(st.step, st.last_saved)
 
-    records = _StepRecords(metrics, log, s.log_every, total, dp_world)
-    carry = 0.0  # a SIGTERM flag read when an epoch's records were flushed, for the next step
-    ddp.train()
-    while step < total:
-        sampler.set_epoch(epoch)
-        consumed = sampler.start
-        loader = iter(DataLoader(train_ds, batch_size=s.micro_batch, sampler=el.trace(sampler),
-                                 num_workers=spec.data.num_workers))
-        while step < total and consumed < epoch_len:
-            prof.step(step)
-            t0 = time.perf_counter()
-            n_step = min(per_step, epoch_len - consumed)  # samples of this step on this rank
-            n_micro = -(-n_step // s.micro_batch)
-            data_time, loss_sum, batch = 0.0, 0.0, []
-            for i in range(n_micro):
-                td = time.perf_counter()
-                with prof.phase("data"):
-                    x, y = next(loader)
-                data_time += time.perf_counter() - td
-                x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
-                if x.dim() == 4:
-                    x = x.contiguous(memory_format=fmt)
-                if i == n_micro - 1:
-                    el.before_sync(step)
-                    t_sync = time.perf_counter()
-                if par.schedule is not None:  # pipeline: the schedule runs the step's micro-batches at once
-                    batch.append((x, y))
-                    if i == n_micro - 1:
-                        x, y = torch.cat([b[0] for b in batch]), torch.cat([b[1] for b in batch])
-                        with prof.phase("forward_backward"):
-                            loss_sum = par.forward_backward(x, y, n_step * per_sample,
-                                                            rt.autocast(ctx, spec.precision.dtype), False)
-                    continue
-                if y.dim() == 2 or par.loss_parallel or scaler is None:
-                    loss_sum += par.forward_backward(x, y, n_step * per_sample,
-                                                     rt.autocast(ctx, spec.precision.dtype), i < n_micro - 1)
-                    continue
-                with rt.no_sync(ddp, skip=i < n_micro - 1), rt.autocast(ctx, spec.precision.dtype):
-                    with prof.phase("forward"):
-                        loss = F.cross_entropy(ddp(x), y, reduction="sum") / n_step
-                    with prof.phase("backward"):
-                        (scaler.scale(loss) if scaler else loss).backward()
-                loss_sum += loss.item()
-            with prof.phase("sync"):
-                par.finish_backward()  # tp/pp with dp: the gradient all-reduce DDP would have done
-            with prof.phase("optimizer"):
-                if scaler:
-                    scaler.step(optim)
-                    scaler.update()
-                else:
-                    optim.step()
-                optim.zero_grad(set_to_none=True)
-            with prof.phase("sync"):
-                par.after_step()  # local SGD: average the models every H steps
-            scored = loss_sum if par.has_last and par.coords["tp"] == 0 else 0.0  # one copy per replica
-            # the step's loss over all replicas, read next step; with it, how many ranks got a SIGTERM
-            with prof.phase("sync"):
-                loss_all = rt.PendingSum([scored, el.stop.flag], ctx)
-            lr = sched.get_last_lr()[0]
-            sched.step()
-            step += 1
-            consumed += n_step
-            dt = time.perf_counter() - t0
-            rate = n_step * dp_world / dt
-            rates.append(rate)
-            stop_flag = carry + records.add(loss_all, step=step, epoch=epoch, lr=lr, samples_per_s=rate,
-                                            step_time_s=dt, data_time_s=data_time, time=time.time())
-            carry = 0.0  # the previous step's sum (and one read at the end of the last epoch)
-            el.on_step(step, epoch, dt, data_time, time.perf_counter() - t0 - (t_sync - t0))
-            every = spec.checkpoint.every_steps
-            periodic = (every and step % every == 0) or (step == total and spec.checkpoint.at_end)
-            if periodic:
-                stop_flag += records.flush()
-            stop = step < total and el.stop_here(stop_flag, step, periodic)  # SIGTERM: every rank stops here
-            if periodic or stop:
-                records.flush()
-                with prof.phase("checkpoint"):
-                    last_saved = _save(ckdir, step, epoch, consumed, ddp, optim, sched, ctx, spec, signature,
-                                       metrics, el, total) or last_saved
-            if stop:
-                raise el.stopped(step, last_saved)
-        carry = records.flush()
-        if consumed >= epoch_len:
-            if held is not None:
-                accuracy, scored_at = score(epoch, step), step
-            epoch += 1
-    if held is not None and scored_at != step:  # max_steps ended the run inside an epoch: score its weights
-        accuracy = score(epoch, step)
-    prof.close()
-    last_saved = el.finish() or last_saved
-    wall = time.perf_counter() - t_start
-    steady = rates[len(rates) // 5:] or rates  # the first steps pay for warm-up
-    result = {"step": step, "epoch": epoch, "accuracy": accuracy, "world": ctx.world,
+
+class _Feed:
+    """A step's micro-batches from the loader, on the device, with the time spent waiting for data."""
+
+    def __init__(self, job: Job, step: int) -> None:
+        self.job, self.step, self.data_s, self.sync_t0 = job, step, 0.0, time.perf_counter()
+
+    def batches(self, loader, n_micro: int):
+        job = self.job
+        for i in range(n_micro):
+            td = time.perf_counter()
+            with job.prof.phase("data"):
+                x, y = next(loader)
+            self.data_s += time.perf_counter() - td
+            x, y = x.to(job.ctx.device, non_blocking=True), y.to(job.ctx.device, non_blocking=True)
+            if x.dim() == 4:
+                x = x.contiguous(memory_format=job.fmt)
+            if i == n_micro - 1:  # heartbeat: the last micro-batch enters the gradient sync
+                job.el.before_sync(self.step)
+                self.sync_t0 = time.perf_counter()
+            yield x, y
+
+
+class _StopVote:
+    """Each rank's stop flag (SIGTERM/SIGINT), summed over the group without waiting for it: a
+    step's vote is read after the next step (at once when this step saves anyway), and every rank
+    reads the same votes, so all stop after the same step."""
+
+    def __init__(self, ctx: rt.DistContext) -> None:
+        self.ctx, self.pending = ctx, []
+
+    def cast(self, flag: float) -> None:
+        self.pending.append(rt.PendingSum([flag], self.ctx))
+
+    def count(self, latest: bool) -> float:
+        """Ranks told to stop, by the votes read now (all of them with ``latest``)."""
+        ready = self.pending if latest else self.pending[:-1]
+        self.pending = [] if latest else self.pending[-1:]
+        return max((v.result()[0] for v in ready), default=0.0)
+
+
+def _score(job: Job, st: TrainState) -> float:
+    job.el.pause("eval")  # the hang watchdog judges training steps, not evaluation
+    job.prof.end_memory()
+    stats: dict = {}
+    c, t = evaluate(job.par.model, job.held, job.ctx, job.spec, job.fmt, job.par, stats)
+    extra, text = held_out_summary(job.held, c, t, stats["nll"])  # tokens: held-out loss, bits per byte
+    st.held_stats.update(extra)
+    job.metrics.write("eval", epoch=st.epoch, step=st.step, accuracy=c / t, correct=c, total=t, **extra)
+    job.log(f"epoch {st.epoch} held-out accuracy {c / t:.4f} ({c}/{t}){text}", flush=True)
+    return c / t
+
+
+def _finish(job: Job, st: TrainState, wall: float) -> dict:
+    job.prof.close()
+    st.last_saved = job.el.finish() or st.last_saved
+    steady = st.rates[len(st.rates) // 5:] or st.rates  # the first steps pay for warm-up
+    result = {"step": st.step, "epoch": st.epoch, "accuracy": st.accuracy, "world": job.ctx.world,
               "samples_per_s": sum(steady) / len(steady) if steady else None, "wall_s": wall,
-              "checkpoint": str(last_saved) if last_saved else None, "global_batch": rz.global_batch,
-              "effective_lr": lr0, "grad_accum": accum, "parallel": par.dims.describe()}
-    result.update(held_stats)
-    result.update(el.summary())
-    metrics.write("end", **result)
-    metrics.close()
+              "checkpoint": str(st.last_saved) if st.last_saved else None, "global_batch": job.global_batch,
+              "effective_lr": job.lr0, "grad_accum": job.accum, "parallel": job.par.dims.describe()}
+    result.update(st.held_stats)
+    result.update(job.el.summary())
+    result["memory"] = job.mem.gather(job.ctx)  # collective: every rank reaches it
+    job.metrics.write("end", **result)
+    job.metrics.close()
     return result
 
 
@@ -312,34 +365,32 @@ class _StepRecords:
         self.metrics, self.log, self.every, self.total, self.dp_world = metrics, log, every, total, dp_world
         self.pending = None
 
-    def add(self, loss: rt.PendingSum, **rec) -> float:
-        """Queue this step's record; returns the previous step's other sums (the stop flag)."""
-        flag = self.flush()
+    def add(self, loss: rt.PendingSum, **rec) -> None:
+        self.flush()
         self.pending = (loss, rec)
-        return flag
 
-    def flush(self) -> float:
+    def flush(self) -> None:
         if self.pending is None:
-            return 0.0
+            return
         (loss, r), self.pending = self.pending, None
-        total, flag = loss.result()
-        r = {"step": r.pop("step"), "epoch": r.pop("epoch"), "loss": total / self.dp_world, **r}
+        r = {"step": r.pop("step"), "epoch": r.pop("epoch"), "loss": loss.result()[0] / self.dp_world, **r}
         self.metrics.write("step", **r)
         if r["step"] % self.every == 0 or r["step"] == self.total:
             self.log(f"step {r['step']}/{self.total} epoch {r['epoch']} loss {r['loss']:.4f} lr {r['lr']:.4g} "
                      f"{r['samples_per_s']:.0f} samples/s step {r['step_time_s'] * 1e3:.1f} ms "
                      f"(data {r['data_time_s'] * 1e3:.1f} ms)", flush=True)
-        return flag
 
 
-def _save(ckdir, step, epoch, consumed, ddp, optim, sched, ctx, spec, signature, metrics, el, total):
+def _save(job: Job, st: TrainState) -> Path | None:
     t0 = time.perf_counter()
-    meta = {"epoch": epoch, "consumed": consumed, "scheduler": sched.state_dict(), "model": spec.model.name,
-            "signature": signature, "job": spec.name, "data_world": getattr(ddp, "_tandem_dp", ctx.world),
-            "grad_accum": ddp._tandem_accum, "global_batch": getattr(ddp, "_tandem_dp", ctx.world) *
-            spec.schedule.micro_batch * ddp._tandem_accum,
-            "parallel": layout_of(spec), "total_steps": total, "schedule_key": schedule_key(spec)}
-    path = el.save(ckdir, step, ddp, optim, meta)
+    spec, scaler = job.spec, job.stepper.scaler
+    meta = {"epoch": st.epoch, "consumed": st.consumed, "scheduler": job.sched.state_dict(),
+            "model": spec.model.name, "signature": job.signature, "job": spec.name, "data_world": job.par.dp,
+            "grad_accum": job.accum, "global_batch": job.global_batch, "parallel": layout_of(spec),
+            "total_steps": job.total, "schedule_key": schedule_key(spec)}
+    if scaler is not None:
+        meta["grad_scaler"] = scaler.state_dict()
+    path = job.el.save(job.ckdir, st.step, job.par.model, job.optim, meta)
     if path is not None:
-        metrics.write("ckpt", step=step, path=str(path), save_s=time.perf_counter() - t0)
+        job.metrics.write("ckpt", step=st.step, path=str(path), save_s=time.perf_counter() - t0)
     return path

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import faulthandler
 import os
+import sys
 import tempfile
 import time
 import traceback
@@ -25,17 +26,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from tandem.core.validate import effective_lr
-from tandem.models import build_model
 from tandem.train import runtime as rt
-from tandem.train.parallel import build_optimizer, parallelize
+from tandem.train.loss import resolve_loss
+from tandem.train.optim import build_optimizer
+from tandem.train.parallel import parallelize
 from tandem.train.parallel.comm import CommCounter
+from tandem.train.parallel.materialize import Materializer, build_meta
+from tandem.train.step import Stepper
 from tandem.train.tasks import make_task
-
-
-def _default_opt(spec, model):
-    from tandem.train.trainer import build_optimizer as b
-    return b(spec, model)
 
 
 def local_state_bytes(par, optim) -> dict:
@@ -72,22 +70,53 @@ def full_state(par) -> dict:
 
 
 def batches(spec, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """n samples: the reverse task for gpt, Gaussian images with random labels for image models."""
+    """n samples: the reverse task for gpt; for image models one global batch of Gaussian blobs
+    (``_blobs``) repeated, so that a few steps' losses, on the same images, fall when training works
+    (on fresh noise images each step they rose or fell by the luck of the draw)."""
     g = torch.Generator().manual_seed(spec.schedule.seed + 1)
     if spec.model.name == "gpt":
         return make_task("reverse", n, spec.model.seq, spec.schedule.seed + 1)
-    m = spec.model
-    return (torch.randn(n, m.in_channels, spec.data.image_size, spec.data.image_size, generator=g),
-            torch.randint(0, m.num_classes, (n,), generator=g))
+    B = spec.schedule.global_batch  # images: one batch, trained on step after step (its loss must fall)
+    x, y = _blobs(spec, min(n, B), g)
+    reps = -(-n // len(y))
+    return x.repeat(reps, 1, 1, 1)[:n], y.repeat(reps)[:n]
 
 
-def run_steps(spec, ctx, steps: int, count: bool = False, save: str = "", load: str = "") -> dict:
-    """``steps`` optimizer steps; ``load``: start from that DCP checkpoint; ``save``: write one at the end."""
+def _blobs(spec, n: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gaussian images whose mean grows with the label: learnable, so "the model learns" in a few
+    steps is a property of the training, not of a lucky draw of random labels."""
+    m, size = spec.model, spec.data.image_size
+    x = torch.randn(n, m.in_channels, size, size, generator=g)
+    y = torch.randint(0, m.num_classes, (n,), generator=g)
+    return x + 0.3 * y.view(-1, 1, 1, 1).float(), y
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _inject_inf(par, rank: int) -> None:
+    """One gradient element set to inf on ``rank`` only, after backward and the dp sync: an fp16
+    overflow that only that rank (one shard, one stage) can see."""
+    if dist.get_rank() != rank if dist.is_initialized() else rank != 0:
+        return
+    for p in par.root.parameters():
+        if p.grad is not None:
+            _local(p.grad).view(-1)[0] = float("inf")
+            return
+
+
+def run_steps(spec, ctx, steps: int, count: bool = False, save: str = "", load: str = "",
+              inf_at: int = -1, inf_rank: int = 0) -> dict:
+    """``steps`` optimizer steps; ``load``: start from that DCP checkpoint; ``save``: write one at the end;
+    ``inf_at``: put an inf in one gradient element of rank ``inf_rank`` at that step (0-based)."""
     s = spec.schedule
     rt.seed_everything(s.seed)
-    model = build_model(spec.model)
-    par = parallelize(model, spec, ctx)
-    optim = build_optimizer(spec, par, effective_lr(spec), _default_opt)
+    model = build_meta(spec.model, ctx.device)  # as the trainer: meta, parallelize, materialize the shards
+    par = parallelize(model, spec, ctx, materialize=Materializer(s.seed, ctx.device))
+    optim = build_optimizer(spec, par)
+    stepper = Stepper(par, optim, spec, ctx, resolve_loss(spec.model.loss))
+    sync = par.finish_backward
     B, mb, dp = s.global_batch, s.micro_batch, par.dp
     per = B // dp
     x, y = batches(spec, steps * B)
@@ -99,36 +128,42 @@ def run_steps(spec, ctx, steps: int, count: bool = False, save: str = "", load: 
         if not steps:
             return {"state": full_state(par), "rank": ctx.rank, "dims": par.dims.describe()}
     losses, states, counter = [], [], CommCounter()
-    times = []
+    times, norms, skipped, scales, unchanged = [], [], [], [], None
+    n_micro = per // mb
     for step in range(steps):
         t0 = time.perf_counter()
         lo = step * B + par.dp_rank * per
         xs, ys = x[lo:lo + per], y[lo:lo + per]
-        with (counter if count else _null()):
-            local = 0.0
-            if par.schedule is not None:
-                local = par.forward_backward(xs, ys, denom, rt.autocast(ctx, spec.precision.dtype), False)
-            else:
-                n_micro = per // mb
-                for i in range(n_micro):
-                    local += par.forward_backward(xs[i * mb:(i + 1) * mb], ys[i * mb:(i + 1) * mb], denom,
-                                                  rt.autocast(ctx, spec.precision.dtype), i < n_micro - 1)
-            par.finish_backward()
+        micro = [(xs[i * mb:(i + 1) * mb], ys[i * mb:(i + 1) * mb]) for i in range(n_micro)]
+
+        def finish(step=step):
+            sync()
             if step == 0:
                 states.append(local_state_bytes(par, optim))
-            optim.step()
-            optim.zero_grad(set_to_none=True)
-            par.after_step()
-        scored = local if (par.has_last and tp_rank == 0) else 0.0
+            if step == inf_at:
+                _inject_inf(par, inf_rank)
+        par.finish_backward = finish
+        # local tensors: a DTensor comparison would be a collective, and all() stops at the first False
+        before = [_local(p).detach().clone() for p in par.root.parameters()] if step == inf_at else None
+        with (counter if count else _null()):
+            out = stepper.train_step(iter(micro), n_micro, denom)
+        if before is not None:
+            unchanged = all([torch.equal(a, _local(p).detach()) for a, p in zip(before, par.root.parameters())])
+        norms.append(out.grad_norm)
+        skipped.append(out.skipped)
+        scales.append(out.loss_scale)
+        scored = out.loss if (par.has_last and tp_rank == 0) else 0.0
         losses.append(rt.all_reduce_sum([scored], ctx)[0] / dp)
         times.append(time.perf_counter() - t0)
+    par.finish_backward = sync
     if count and states:
         states[0]["optimizer"] = local_state_bytes(par, optim)["optimizer"]  # state exists after a step
     if save:
         from tandem.train import checkpoint as ckpt
         ckpt.save(Path(save), steps, par.model, optim, ctx, {"job": "check"}, keep_last=1)
     steady = sorted(times[1:] or times)
-    return {"losses": losses, "eval": held_out_eval(spec, par, ctx), "step_s": steady[len(steady) // 2] if steady else None, "state": full_state(par), "bytes": states[0] if states else {},
+    return {"losses": losses, "grad_norms": norms, "skipped": skipped, "scales": scales, "unchanged": unchanged,
+            "eval": held_out_eval(spec, par, ctx), "step_s": steady[len(steady) // 2] if steady else None, "state": full_state(par), "bytes": states[0] if states else {},
             "comm": counter.summary(steps) if count else {}, "split": par.split, "dims": par.dims.describe(),
             "rank": ctx.rank}
 
@@ -144,11 +179,8 @@ def held_out_eval(spec, par, ctx) -> tuple[tuple[int, int], float]:
     if spec.model.name == "gpt":
         held = TensorDataset(*make_task("reverse", 64, spec.model.seq, spec.schedule.seed + 2))
     else:
-        m = spec.model
-        held = TensorDataset(torch.randn(64, m.in_channels, spec.data.image_size, spec.data.image_size, generator=g),
-                             torch.randint(0, m.num_classes, (64,), generator=g))
+        held = TensorDataset(*_blobs(spec, 64, g))
     model = par.model
-    model._tandem_dp, model._tandem_dp_rank, model._tandem_replicas = par.dp, par.dp_rank, ctx.world // par.dp
     return evaluate(model, held, ctx, spec, par=par), _fingerprint(model, held, par, ctx, spec)
 
 
@@ -181,6 +213,7 @@ def run_many(specs: dict, ctx, steps: int, count: bool = False) -> dict:
             out[name] = run_steps(spec, ctx, kw.pop("steps", steps), count, **kw)
         except Exception:
             out[name] = {"error": traceback.format_exc()}
+            print(out[name]["error"], file=sys.stderr, flush=True)  # its peers may hang: say why now
         dist.barrier()
     return out
 
@@ -193,13 +226,13 @@ class _null:
         return False
 
 
-def run_steps_single(spec, steps: int, count: bool = False) -> dict:
+def run_steps_single(spec, steps: int, count: bool = False, **kw) -> dict:
     spec = copy.deepcopy(spec)
     spec.parallel.strategy, spec.parallel.tp, spec.parallel.pp = "ddp", 1, 1
     spec.parallel.comm_hook, spec.parallel.local_sgd_every = "none", 0
     torch.set_num_threads(1)
     ctx = rt.DistContext(0, 1, 0, 1, 0, torch.device("cpu"), "gloo")
-    return run_steps(spec, ctx, steps, count)
+    return run_steps(spec, ctx, steps, count, **kw)
 
 
 def _worker(rank: int, world: int, local_world: int, store: str, out: str, fn, args, kwargs):

@@ -49,10 +49,18 @@ def test_spec_missing_factory():
                    "model.name: cannot import 'nosuch.mod:build'", "No module named 'nosuch'")
 
 
-@pytest.mark.skipif("cuda()", reason="checks the CPU-only answer")
-def test_spec_fp16_without_gpu():
-    one_line_error(tandem("spec", EXAMPLE, "--precision.dtype", "fp16"),
-                   "precision.dtype: fp16 with GradScaler needs a GPU", "Fix: use precision.dtype=bf16")
+def test_spec_fp16_on_cpu_is_valid():
+    r = tandem("spec", EXAMPLE, "--precision.dtype", "fp16", "--launch.device", "cpu")
+    assert r.returncode == 0, r.stderr
+
+
+def test_spec_bad_loss_and_clip():
+    one_line_error(tandem("spec", EXAMPLE, "--model.loss", "nosuch_losses:fn"),
+                   "model.loss: cannot import 'nosuch_losses:fn'", "Fix: use cross_entropy | model")
+    one_line_error(tandem("spec", EXAMPLE, "--model.loss", "mean"), "model.loss: unknown loss (got 'mean')")
+    one_line_error(tandem("spec", EXAMPLE, "--model.loss", "model"), "model.loss: the built-in resnet18 returns logits")
+    one_line_error(tandem("spec", EXAMPLE, "--optim.clip_grad_norm", "-1"),
+                   "optim.clip_grad_norm: a gradient norm must be 0 (off) or positive (got -1.0)")
 
 
 @pytest.mark.skipif("cuda()", reason="checks the CPU-only answer")
@@ -121,12 +129,13 @@ def test_token_task_needs_gpt_with_room_for_its_tokens():
 
 def test_spec_imports_torch_only_when_an_answer_needs_it():
     """The digits example on a built-in ResNet: a verdict without torch (about 2 s of import saved);
-    fp16 asks whether there is a GPU, so torch is loaded (and the answer is the device's)."""
+    sync_bn asks whether there is a GPU, so torch is loaded (and the answer is the device's); fp16 runs
+    on CPU too and asks nothing."""
     code = ("import sys\nfrom tandem.cli import main\ntry:\n    main(sys.argv[1:])\nfinally:\n"
             "    print('torch loaded:', 'torch' in sys.modules)\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     for args, loaded in (([], False), (["--launch.device", "cpu", "--precision.dtype", "bf16"], False),
-                         (["--precision.dtype", "fp16"], True)):
+                         (["--precision.dtype", "fp16"], False), (["--model.sync_bn", "true"], True)):
         r = subprocess.run([sys.executable, "-c", code, "spec", EXAMPLE, *args], capture_output=True, text=True,
                            timeout=120, env=env)
         assert r.stdout.splitlines()[-1] == f"torch loaded: {loaded}", (args, r.stdout, r.stderr)

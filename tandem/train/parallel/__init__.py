@@ -7,8 +7,9 @@ The order, on each rank (torchtitan's):
 3. tensor parallel on the tp mesh (``tp.apply_tp``): DTensor parameters;
 4. activation checkpointing per block (``ac.apply_ac``);
 5. ``torch.compile`` per block (optional);
-6. data parallel on the dp mesh: DDP / ZeRO-1 (``ddp``), FSDP2 ``fully_shard`` for zero2, zero3
-   and hsdp (``fsdp``), or a bucketed gradient all-reduce when tp or pp rule DDP out;
+6. data parallel on the dp mesh: FSDP2 ``fully_shard`` for zero2, zero3 and hsdp (``fsdp``); a model
+   built on the meta device is materialized here, its local shards only (``materialize``); then
+   DDP / ZeRO-1 (``ddp``), or a bucketed gradient all-reduce when tp or pp rule DDP out;
 7. pipeline stages and schedule over the (possibly sharded) skeleton (``pp.build_schedule``).
 
 Tensor parallel must come before FSDP (FSDP shards the DTensors tp made, on the other mesh
@@ -46,7 +47,7 @@ class Parallel:
     split: str = ""                  # the pipeline split, printed
     hook_state: object = None        # comm hook / local SGD state
     averager: object = None          # local SGD model averager
-    phase: object = None             # the trainer's phase marker, phase("forward") (tandem/train/profile.py)
+    pp_loss: object = None           # pp: the schedule's loss function, fn(out, y) (tandem/train/step.py)
 
     @property
     def dp_rank(self) -> int:
@@ -74,29 +75,16 @@ class Parallel:
         return nullcontext()
 
     def no_sync(self, skip: bool):
+        """Defer the data-parallel gradient sync on accumulation micro-batches (``skip``): DDP's
+        ``no_sync``; zero2 keeps its parameters gathered and hsdp its replica all-reduce for the last."""
+        if self.dims.dp > 1 and self.dims.strategy in ("zero2", "hsdp") and self.mesh is not None:
+            if self.dims.strategy == "zero2":   # ZeRO-2: parameters stay gathered across the step's micro-batches
+                self.model.set_reshard_after_backward(not skip, recurse=True)
+            else:                               # hsdp: replicas all-reduce their shards once per step
+                self.model.set_requires_all_reduce(not skip, recurse=True)
         if skip and isinstance(self.model, nn.parallel.DistributedDataParallel) and self.averager is None:
             return self.model.no_sync()
         return nullcontext()
-
-    def forward_backward(self, x: torch.Tensor, y: torch.Tensor, denom: float, autocast, skip_sync: bool) -> float:
-        """One micro-batch (or, with pp, the whole step's micro-batches): backward of sum-loss / denom."""
-        if self.schedule is not None:
-            with self.loss_context(), autocast:
-                self._denom = denom
-                losses = _pp_step(self, x, y)
-            return float(sum(l.detach().float() for l in losses)) if losses else 0.0
-        if self.dims.dp > 1 and self.dims.strategy in ("zero2", "hsdp") and self.mesh is not None:
-            if self.dims.strategy == "zero2":   # ZeRO-2: parameters stay gathered across the step's micro-batches
-                self.model.set_reshard_after_backward(not skip_sync, recurse=True)
-            else:                               # hsdp: replicas all-reduce their shards once per step
-                self.model.set_requires_all_reduce(not skip_sync, recurse=True)
-        mark = self.phase or _no_phase
-        with self.no_sync(skip_sync), self.loss_context(), autocast:
-            with mark("forward"):
-                loss = loss_sum(self.model(x), y) / denom
-            with mark("backward"):
-                loss.backward()
-        return float(loss.detach())
 
     def finish_backward(self) -> None:
         if self.grad_sync is not None:
@@ -111,15 +99,6 @@ class Parallel:
             a.step += 1
 
 
-def _no_phase(name: str):
-    return nullcontext()
-
-
-def _pp_step(par: Parallel, x, y):
-    from tandem.train.parallel import pp
-    return pp.step(par.schedule, x, y, par.has_first, par.has_last)
-
-
 def loss_sum(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Sum of the cross-entropy over the scored targets: classes (N,) or token targets (N, T)."""
     if y.dim() == 2:
@@ -127,12 +106,17 @@ def loss_sum(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(out, y, reduction="sum")
 
 
-def parallelize(model: nn.Module, spec, ctx, log=lambda *a: None) -> Parallel:
-    """Apply the spec's strategy to a freshly built model (same seed on every rank). Collective."""
+def parallelize(model: nn.Module, spec, ctx, log=lambda *a: None, materialize=None) -> Parallel:
+    """Apply the spec's strategy to a freshly built model (same seed on every rank). Collective.
+
+    ``materialize``: for a model built on the meta device, called with the pruned, tp- and
+    FSDP-sharded model before DDP wraps it (``materialize.Materializer``)."""
     p = spec.parallel
     dims = from_spec(spec, ctx.world, ctx.local_world)
     coords = dims.coords(ctx.rank)
     if ctx.world == 1 or not dist.is_initialized():
+        if materialize is not None:
+            materialize(model)
         return Parallel(dims, model, model, coords)
     mesh, dp_mesh = dims.build_mesh(ctx.device.type)
     par = Parallel(dims, model, model, coords, mesh=mesh, dp_mesh=dp_mesh)
@@ -155,12 +139,13 @@ def parallelize(model: nn.Module, spec, ctx, log=lambda *a: None) -> Parallel:
         from tandem.train.parallel.fsdp import blocks
         for b in blocks(model):
             b.compile()
-    if dims.dp > 1:
-        if p.strategy in SHARDED:
-            from tandem.train.parallel.fsdp import apply_fsdp
-            dp_mesh = mesh["dp_replicate", "dp_shard"] if p.strategy == "hsdp" else dp_mesh
-            apply_fsdp(model, dp_mesh, p.strategy)
-        elif dims.tp > 1 or dims.pp > 1:
+    if dims.dp > 1 and p.strategy in SHARDED:
+        from tandem.train.parallel.fsdp import apply_fsdp
+        apply_fsdp(model, mesh["dp_replicate", "dp_shard"] if p.strategy == "hsdp" else dp_mesh, p.strategy)
+    if materialize is not None:  # a meta model: allocate the local shards now, before DDP broadcasts
+        materialize(model)
+    if dims.dp > 1 and p.strategy not in SHARDED:
+        if dims.tp > 1 or dims.pp > 1:
             from tandem.train.parallel.ddp import GradSync
             par.grad_sync = GradSync(model.parameters(), dp_mesh.get_group(), dims.dp, p.bucket_cap_mb)
         else:
@@ -171,8 +156,8 @@ def parallelize(model: nn.Module, spec, ctx, log=lambda *a: None) -> Parallel:
     if dims.pp > 1:
         from tandem.train.parallel import pp
 
-        def loss_fn(out, y):
-            return loss_sum(out, y) / par._denom
+        def loss_fn(out, y):  # set by the trainer's Stepper (tandem/train/step.py): scaled, per step
+            return par.pp_loss(out, y)
 
         n_micro = spec.schedule.global_batch // (dims.dp * spec.schedule.micro_batch)
         par.schedule, par.stages = pp.build_schedule(model, parts, mine, coords["pp"], dims.pp,
@@ -180,10 +165,3 @@ def parallelize(model: nn.Module, spec, ctx, log=lambda *a: None) -> Parallel:
                                                      n_micro, loss_fn)
     return par
 
-
-def build_optimizer(spec, par: Parallel, lr: float, default_builder):
-    """zero1: ZeroRedundancyOptimizer over the dp group; otherwise ``default_builder(spec, root)``."""
-    if spec.parallel.strategy == "zero1" and par.mesh is not None and par.dp > 1:
-        from tandem.train.parallel.ddp import zero1_optimizer
-        return zero1_optimizer(spec, par.root.parameters(), lr, par.dp_group())
-    return default_builder(spec, par.root)

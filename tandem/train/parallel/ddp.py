@@ -1,8 +1,8 @@
 """Replicated data parallelism: DDP, ZeRO-1, and gradient all-reduce over tp/pp slices.
 
 - ``ddp``: torch's DistributedDataParallel (bucketed all-reduce overlapped with backward).
-- ``zero1``: DDP for the gradients plus ``ZeroRedundancyOptimizer``: each rank keeps the
-  optimizer state of 1/dp of the parameters, steps them, and broadcasts its slice back.
+- ``zero1``: DDP for the gradients plus ``ZeroRedundancyOptimizer`` (built by tandem/train/optim.py):
+  each rank keeps the optimizer state of 1/dp of the parameters, steps them, and broadcasts its slice back.
 - With tp or pp, DDP cannot wrap DTensors or pipeline stages; ``GradSync`` all-reduces every
   gradient (the local shard of a DTensor) over the dp group once per step, flattened into
   buckets, and divides by dp (the same mean DDP computes).
@@ -13,17 +13,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
-
-
-def zero1_optimizer(spec, params, lr: float, group=None) -> ZeroRedundancyOptimizer:
-    o = spec.optim
-    if o.name == "sgd":
-        cls, kw = torch.optim.SGD, dict(momentum=o.momentum, nesterov=o.nesterov, weight_decay=o.weight_decay)
-    else:
-        cls, kw = torch.optim.AdamW, dict(betas=tuple(o.betas), weight_decay=o.weight_decay)
-    return ZeroRedundancyOptimizer(list(params), optimizer_class=cls, process_group=group, lr=lr, **kw)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -70,7 +60,7 @@ def wrap_ddp(model: nn.Module, p, device: torch.device, group=None) -> nn.Module
         static_graph=p.static_graph, find_unused_parameters=p.find_unused_parameters)
 
 
-def prime_buckets(par, dataset, micro_batch: int, fmt, device: torch.device, autocast) -> None:
+def prime_buckets(stepper, dataset, micro_batch: int, fmt, device: torch.device) -> None:
     """Before a resumed run loads its checkpoint: make DDP reduce its first step as the uninterrupted run did.
 
     DDP's first backward reduces every gradient in one bucket (reverse parameter order) and records the
@@ -81,6 +71,7 @@ def prime_buckets(par, dataset, micro_batch: int, fmt, device: torch.device, aut
     gradients dropped and buffers and RNG put back, makes DDP rebuild its buckets as the uninterrupted run
     did. Skipped under a stateful comm hook (PowerSGD, local SGD), whose state the backward would advance.
     """
+    par = stepper.par
     model = par.model
     if not isinstance(model, nn.parallel.DistributedDataParallel) or par.hook_state is not None:
         return
@@ -90,7 +81,7 @@ def prime_buckets(par, dataset, micro_batch: int, fmt, device: torch.device, aut
 
     rng, buffers = rng_state(), [b.detach().clone() for b in model.buffers()]
     x, y = (t.to(device) for t in default_collate([dataset[i] for i in range(min(micro_batch, len(dataset)))]))
-    par.forward_backward(x.contiguous(memory_format=fmt) if x.dim() == 4 else x, y, len(y), autocast, False)
+    stepper.forward_backward_step(x.contiguous(memory_format=fmt) if x.dim() == 4 else x, y, len(y))
     with torch.no_grad():
         for b, saved in zip(model.buffers(), buffers):
             b.copy_(saved)

@@ -1,9 +1,13 @@
 """Every strategy and combination against one process: same initial weights, same batches, 3 steps.
 
-fp32: per-step losses within 1e-5 (relative) and final weights within 2e-5 (absolute) of the
+fp32: per-step losses within 1e-5 (relative) and final weights within 2e-6 (absolute, SGD) of the
 single-process run (the remaining difference is the order of floating-point sums: a dp all-reduce
-adds the ranks' partial gradients, tp splits the matmuls); measured: <= 2.4e-7 on losses, <= 1.7e-5 on
-weights (AdamW, which divides tiny gradients by their own size), <= 1.2e-7 with SGD. ResNet (BatchNorm
+adds the ranks' partial gradients, tp splits the matmuls); measured: <= 2.4e-7 on losses, <= 1.2e-7 on
+weights with SGD. AdamW, which divides tiny gradients by their own size: the attention's key bias
+within 1e-4 (measured 5.9e-5; its gradient is zero but for rounding, as softmax ignores a constant
+added to a row's scores, so AdamW moves it by a noise-driven fraction of the LR; the per-tensor
+initialisation of tandem/models/init.py drew other noise than the old one, which measured 1.7e-5),
+every other tensor within 2e-5 (measured 2.5e-6). ResNet (BatchNorm
 over 4-sample micro-batches): weights within 1e-4. bf16 autocast: losses within 2e-2 relative,
 weights within 5e-3 (bf16 keeps 8 bits of mantissa; its rounding depends on how the work is split).
 """
@@ -22,7 +26,8 @@ if jobs is None:  # loaded by this folder's conftest.py
     raise ImportError("tests/train/parallel/conftest.py did not load parallel_jobs")
 STEPS, WORLD2, WORLD4, WORLD8, single = jobs.STEPS, jobs.WORLD2, jobs.WORLD4, jobs.WORLD8, jobs.single
 
-TOL = {"fp32": (1e-5, 2e-5), "bf16": (2e-2, 5e-3)}
+TOL = {"fp32": (1e-5, 2e-6), "bf16": (2e-2, 5e-3)}
+ADAMW_FP32_W, ADAMW_FP32_W_OTHER = 1e-4, 2e-5
 _refs: dict = {}
 
 
@@ -39,6 +44,11 @@ def check(name, spec, results):
     loss_tol, w_tol = TOL[spec.precision.dtype]
     if spec.model.name != "gpt":  # BatchNorm over 4-sample micro-batches amplifies summation-order noise
         w_tol = 1e-4
+    elif spec.optim.name == "adamw" and spec.precision.dtype == "fp32":  # see the docstring: the key bias
+        w_tol = ADAMW_FP32_W
+        rest = [k for k in ref["state"] if not k.endswith("attn.wk.bias")]
+        other = max((r["state"][k] - ref["state"][k]).abs().max().item() for k in rest)
+        assert other <= ADAMW_FP32_W_OTHER, (name, "a tensor other than the key bias", other)
     assert len(r["losses"]) == STEPS
     for a, b in zip(r["losses"], ref["losses"]):
         assert abs(a - b) <= loss_tol * abs(b), (name, r["losses"], ref["losses"])
@@ -49,10 +59,13 @@ def check(name, spec, results):
     worst = max((r["state"][k].float() - ref["state"][k].float()).abs().max().item() for k in params)
     assert worst <= w_tol, (name, worst)
     # held-out evaluation (pp: the stages' forward-only pass) on the same weights: the same answers
-    # in fp32 (weights within 1.2e-7: no argmax flips); bf16 rounds by how the work is split: within 2 %
+    # in fp32 (weights within 1.2e-7: no argmax flips); bf16 rounds by how the work is split, and the
+    # ResNet's weights are 1e-4 apart (BatchNorm): a sample on the decision boundary may flip, within 2 %
+    # (measured: 1 of 64); the logit fingerprint below stays as tight for every run
     ((c, t), fp), ((c_ref, t_ref), fp_ref) = r["eval"], ref["eval"]
     assert t == t_ref and t > 0, (name, r["eval"], ref["eval"])
-    assert abs(c - c_ref) <= (0 if spec.precision.dtype == "fp32" else 0.02 * t), (name, r["eval"], ref["eval"])
+    exact = spec.precision.dtype == "fp32" and spec.model.name == "gpt"
+    assert abs(c - c_ref) <= (0 if exact else 0.02 * t), (name, r["eval"], ref["eval"])
     assert abs(fp - fp_ref) <= loss_tol * 10 * fp_ref, (name, fp, fp_ref)  # the logits themselves
     print(f"{name}: {r['dims']} max |loss diff| "
           f"{max(abs(a - b) for a, b in zip(r['losses'], ref['losses'])):.2e}, max |weight diff| {worst:.2e}, "
