@@ -52,15 +52,7 @@ def read_metrics(run_dir: Path, all_attempts: bool = False) -> list[dict]:
     last ``attempt`` record; a file written before attempts were marked counts as one), which is
     what a progress bar, a restart report or a stop message is about; ``all_attempts``: the
     whole history, ``attempt`` records included."""
-    path = Path(run_dir) / METRICS
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:  # a line being written right now, or cut by a kill
-            pass
+    out = _read_jsonl(Path(run_dir) / METRICS)
     if all_attempts:
         return out
     last = max((i for i, r in enumerate(out) if r.get("kind") == "attempt"), default=-1)
@@ -69,14 +61,17 @@ def read_metrics(run_dir: Path, all_attempts: bool = False) -> list[dict]:
 
 def attempts(run_dir: Path) -> list[dict]:
     """Every start of this run dir so far, oldest first."""
-    path = Path(run_dir) / ATTEMPTS
+    return _read_jsonl(Path(run_dir) / ATTEMPTS)
+
+
+def _read_jsonl(path: Path) -> list[dict]:
     if not path.is_file():
         return []
     out = []
     for line in path.read_text().splitlines():
         try:
             out.append(json.loads(line))
-        except json.JSONDecodeError:
+        except json.JSONDecodeError:  # a line being written right now, or cut by a kill
             pass
     return out
 

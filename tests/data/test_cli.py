@@ -5,20 +5,7 @@ import json
 
 import pytest
 
-from tandem.cli import main
-from tandem_testing import ROOT
-
-
-def run(args, capsys, monkeypatch, cwd=ROOT):
-    monkeypatch.chdir(cwd)
-    monkeypatch.setenv("COLUMNS", "200")
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
+from tandem_testing import tandem_in_process as run
 
 
 @pytest.mark.parametrize("args,line", [
@@ -45,7 +32,7 @@ def test_prepare_text_prints_its_splits(tmp_path, capsys, monkeypatch):
     for i in range(4):
         (src / f"{i}.txt").write_text("hello world\n" * (10 + i))
     code, out, err = run(["data", "prepare-text", str(src), "--out", str(tmp_path / "tok"), "--held-out", "0.2"],
-                         capsys, monkeypatch, cwd=tmp_path)
+                         capsys, monkeypatch)
     assert code == 0, err
     man = json.loads((tmp_path / "tok" / "manifest.json").read_text())
     h = man["splits"]["held_out"]
