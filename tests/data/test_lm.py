@@ -34,7 +34,7 @@ weight_decay = 0.0
 [schedule]
 global_batch = 32
 micro_batch = 16
-max_steps = 60
+max_steps = 120
 warmup_steps = 5
 [launch]
 nproc_per_node = 2
@@ -72,14 +72,14 @@ def test_gpt_on_stdlib_text_beats_order0_entropy_and_generates(tmp_path):
     r = tandem("generate", str(run), "--prompt", "import ", "--tokens", "40", "--seed", "1")
     assert r.returncode == 0, r.stderr
     head, text = r.stdout.split("\n", 1)
-    assert head.startswith("# 40 tokens from ") and "step-00000060" in head
+    assert head.startswith("# 40 tokens from ") and "step-00000120" in head
     assert text.startswith("import ") and len(text.encode()) >= 40
     again = tandem("generate", str(run), "--prompt", "import ", "--tokens", "40", "--seed", "1")
     assert again.stdout == r.stdout  # seeded
     # an export folder samples what its checkpoint samples
     assert tandem("export", str(run)).returncode == 0
     greedy = [tandem("generate", str(p), "--prompt", "def ", "--tokens", "20", "--temperature", "0")
-              for p in (run, run / "export" / "step-00000060")]
+              for p in (run, run / "export" / "step-00000120")]
     assert greedy[0].returncode == greedy[1].returncode == 0, greedy[1].stderr
     assert greedy[0].stdout.split("\n", 1)[1] == greedy[1].stdout.split("\n", 1)[1]
     r = tandem("generate", str(run), "--prompt", "x", "--data", str(tmp_path / "nowhere"))
