@@ -271,6 +271,11 @@ def launch(opts: LaunchSpec, argv: list[str], run_dir: Path, *, quiet: bool = Fa
         old.unlink()
     if argv and argv[0].endswith(".py") and not Path(argv[0]).is_file():
         raise ConfigError("script not found", field="script", value=argv[0], fix="give the path of a Python file")
+    if attempt is None and opts.node_rank and not opts.simulate_nodes:
+        # another node of a static multi-node job (Slurm, a TrainJob's pods), often on a shared run
+        # dir: node 0 records the start, the other nodes log under its number
+        prior = rundir.attempts(run_dir)
+        attempt = prior[-1]["attempt"] if prior else 1
     if attempt is None:
         attempt = rundir.begin_attempt(run_dir)["attempt"]
     quiet_cpp_logs(verbose)  # before anything loads torch
