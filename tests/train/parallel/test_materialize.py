@@ -104,8 +104,8 @@ def test_zero3_builds_a_model_no_rank_holds_and_peaks_below_ddp(monkeypatch):
     """A 42.5M-parameter GPT (170 MB in fp32) on 2 ranks. The 'budget': 3/4 of the model. Under
     zero3 each rank's build peaks within it (half the model plus one tensor; the old build, whole
     model then shard, needed all of it); a step's peak (params, grads, AdamW state) stays below ddp's."""
-    from tandem.train.parallel.check import spawn
-    from tandem.train.parallel.memcheck import build_and_step
+    from harness.numerics import spawn
+    from harness.memcheck import build_and_step
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", str(128 * 1024))  # RSS follows the tensors (bench/meta_memory.py)
     z3 = spawn(build_and_step, 2, _mem_job("zero3"), steps=1)
     ddp = spawn(build_and_step, 2, _mem_job("ddp"), steps=1)

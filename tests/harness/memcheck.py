@@ -21,13 +21,14 @@ def build_and_step(spec, ctx, steps: int = 1) -> dict:
     import torch.distributed.pipelining  # noqa: F401
     import torch.distributed.tensor.parallel  # noqa: F401
 
-    from tandem.core.validate import effective_lr
+    from harness.numerics import batches, local_state_bytes
     from tandem.train import runtime as rt
-    from tandem.train.parallel import build_optimizer, parallelize
-    from tandem.train.parallel.check import batches, local_state_bytes
+    from tandem.train.loss import resolve_loss
+    from tandem.train.optim import build_optimizer
+    from tandem.train.parallel import parallelize
     from tandem.train.parallel.materialize import Materializer, build_meta
     from tandem.train.peak_memory import PeakMemory
-    from tandem.train.trainer import build_optimizer as default_optimizer
+    from tandem.train.step import Stepper
 
     s = spec.schedule
     x, y = batches(spec, s.global_batch * max(steps, 1))
@@ -37,22 +38,16 @@ def build_and_step(spec, ctx, steps: int = 1) -> dict:
     full = sum(p.numel() * p.element_size() for p in model.parameters())
     par = parallelize(model, spec, ctx, materialize=Materializer(s.seed, ctx.device))
     built = mem.peak() - mem.baseline
-    optim = build_optimizer(spec, par, effective_lr(spec), default_optimizer)
+    optim = build_optimizer(spec, par)
+    stepper = Stepper(par, optim, spec, ctx, resolve_loss(spec.model.loss))
     per = s.global_batch // par.dp
     denom = per * (spec.model.seq // 2 if spec.model.name == "gpt" else 1)
+    mb = s.micro_batch
     for step in range(steps):
         lo = step * s.global_batch + par.dp_rank * per
         xs, ys = x[lo:lo + per], y[lo:lo + per]
-        if par.schedule is not None:
-            par.forward_backward(xs, ys, denom, rt.autocast(ctx, spec.precision.dtype), False)
-        else:
-            mb = s.micro_batch
-            for i in range(per // mb):
-                par.forward_backward(xs[i * mb:(i + 1) * mb], ys[i * mb:(i + 1) * mb], denom,
-                                     rt.autocast(ctx, spec.precision.dtype), i < per // mb - 1)
-        par.finish_backward()
-        optim.step()
-        optim.zero_grad(set_to_none=True)
+        micro = [(xs[i * mb:(i + 1) * mb], ys[i * mb:(i + 1) * mb]) for i in range(per // mb)]
+        stepper.train_step(iter(micro), len(micro), denom)
     return {"built": built, "step": mem.peak() - mem.baseline, "model_bytes": full, "kind": mem.local()["kind"],
             "local_param_bytes": local_state_bytes(par, optim)["params"], "rank": ctx.rank,
             "dims": par.dims.describe()}
