@@ -136,7 +136,7 @@ def check_against_model(model, x: torch.Tensor, y: torch.Tensor, name: str) -> N
         with torch.no_grad():
             out = model(x.unsqueeze(0).to(device))
     except NotImplementedError:
-        return  # an op without a meta kernel: the workers will tell
+        return  # an op with no meta kernel cannot be checked here; the workers run it for real
     except Exception as e:
         raise DataError(f"the model cannot read the data set's samples: model(x[None]) with x "
                         f"{tuple(x.shape)} {x.dtype} raised {type(e).__name__}: {_one_line(e)}",

@@ -106,3 +106,18 @@ def records(run_dir: Path, kind: str) -> list[dict]:
     from tandem.train import metrics
 
     return [r for r in metrics.read(run_dir) if r["kind"] == kind]
+
+
+def processes_with(text: str) -> list[int]:
+    """Live processes whose command line names ``text`` (a run dir or its node configs): none may
+    outlive the job."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if text in cmd and int(d.name) != os.getpid():
+                found.append(int(d.name))
+    return found

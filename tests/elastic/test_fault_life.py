@@ -10,23 +10,9 @@ from pathlib import Path
 import pytest
 
 from tandem.core import rundir
-from elastic.fault_helpers import finish, heartbeat, records, start_train, wait_for, write_spec
+from elastic.fault_helpers import finish, heartbeat, processes_with, records, start_train, wait_for, write_spec
 
 pytestmark = [pytest.mark.slow]
-
-
-def _processes_with(text: str) -> list[int]:
-    """Live processes whose command line names ``text`` (a run dir or its node configs)."""
-    found = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if text in cmd and int(d.name) != os.getpid():
-                found.append(int(d.name))
-    return found
 
 
 def _log_has(path: Path, text: str):
@@ -47,7 +33,7 @@ def test_kill_9_of_tandem_train_leaves_no_orphan_and_the_rerun_takes_the_lock_an
     workers = [heartbeat(run, r)["pid"] for r in (0, 1)]
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
-    wait_for(lambda: not _processes_with(str(run)), timeout=60, what="the workers to die with their parent")
+    wait_for(lambda: not processes_with(str(run)), timeout=60, what="the workers to die with their parent")
     assert all(not Path(f"/proc/{p}/cmdline").is_file() or not Path(f"/proc/{p}/cmdline").read_bytes()
                for p in workers)
     before = rundir.read_metrics(run, all_attempts=True)
@@ -73,10 +59,10 @@ def test_kill_9_of_tandem_train_with_simulated_nodes_leaves_no_orphan(tmp_path):
     spec = write_spec(tmp_path / "job.toml", run, nproc=1, every=0)
     proc = start_train(spec, "--launch.simulate_nodes", "2", env={"TANDEM_FAULTS": "slow:rank=0:ms=150"})
     wait_for(lambda: (h := heartbeat(run, 1)) and h["step"] >= 3, timeout=180, what="step 3", interval=0.01)
-    assert len(_processes_with(str(run))) >= 4  # 2 node agents (their config is in the run dir) + 2 workers
+    assert len(processes_with(str(run))) >= 4  # 2 node agents (their config is in the run dir) + 2 workers
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
-    wait_for(lambda: not _processes_with(str(run)), timeout=60, what="the agents and workers to die")
+    wait_for(lambda: not processes_with(str(run)), timeout=60, what="the agents and workers to die")
 
 
 @pytest.mark.parametrize("nodes", [0, 2], ids=["one-node", "2-simulated-nodes"])
@@ -101,7 +87,7 @@ def test_a_second_ctrl_c_stops_at_once_without_a_checkpoint(tmp_path, nodes):
                      "over"], err[-2000:]
     assert _log_has(run / "logs" / "rank-0.err.log", "SIGINT again: stopping at once, without a checkpoint")
     assert records(run, "stop") == [] and not list((run / "checkpoints").glob("step-*"))
-    wait_for(lambda: not _processes_with(str(run)), timeout=60, what="the workers to die with the job")
+    wait_for(lambda: not processes_with(str(run)), timeout=60, what="the workers to die with the job")
 
 
 def test_a_dead_peer_skips_the_wait_for_an_agreed_step(tmp_path):

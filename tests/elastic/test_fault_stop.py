@@ -8,13 +8,12 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from tandem.train.elastic.stop import EXIT_CODE
 from elastic.fault_helpers import (assert_bitwise_equal, final_state, finish, heartbeat, records, start_train,
-                                   wait_for, write_spec)
+                                   processes_with, wait_for, write_spec)
 from tandem_testing import ROOT
 
 pytestmark = [pytest.mark.slow]
@@ -94,20 +93,6 @@ def test_sigterm_to_the_job_stops_it_with_a_checkpoint_and_the_rerun_ends_bitwis
     assert_bitwise_equal(final_state(result["checkpoint"]), reference["state"])
 
 
-def _processes_with(text: str) -> list[int]:
-    """Live processes whose command line names ``text`` (a run dir): none may outlive the job."""
-    found = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if text in cmd and int(d.name) != os.getpid():
-                found.append(int(d.name))
-    return found
-
-
 @pytest.mark.parametrize("nodes", [0, 2], ids=["one-node", "2-simulated-nodes"])
 def test_ctrl_c_stops_with_a_checkpoint_and_says_so(tmp_path, nodes):
     """Ctrl-C in a terminal: SIGINT to every process of the foreground job. The workers save at
@@ -127,4 +112,4 @@ def test_ctrl_c_stops_with_a_checkpoint_and_says_so(tmp_path, nodes):
     assert lines == [f"error: stopped by SIGINT: the workers saved step-{s:08d} at step {s} on the way out. "
                      f"Fix: run the same command again: it resumes from {run / 'checkpoints' / f'step-{s:08d}'}"], err
     assert (run / "checkpoints" / f"step-{s:08d}" / "manifest.json").is_file()
-    assert _processes_with(str(run)) == []
+    assert processes_with(str(run)) == []
