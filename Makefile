@@ -14,7 +14,7 @@ $(BIN)/python:
 # requirement would pull a multi-GB CUDA build.
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[test,plot,debug,text]"
+	$(BIN)/pip install -q -e ".[test,plot,debug,text,ray]"
 	touch $(STAMP)
 
 install: $(STAMP)
