@@ -1,4 +1,4 @@
-"""`tandem submit --on slurm|k8s`, `tandem status RUN_DIR`, `tandem cancel RUN_DIR`.
+"""`tandem submit --on slurm|k8s|ssh`, `tandem status RUN_DIR`, `tandem cancel RUN_DIR`.
 
 tandem writes the job for the engine the user already runs and hands it over; the engine
 places, signals and restarts it. What was submitted is recorded in RUN_DIR/submit/.
@@ -14,7 +14,7 @@ import typer
 from tandem.core.console import make_console
 from tandem.core.errors import ConfigError
 
-ENGINES = ("slurm", "k8s")
+ENGINES = ("slurm", "k8s", "ssh")
 SPEC_SUFFIXES = (".toml", ".yaml", ".yml")
 
 
@@ -22,7 +22,7 @@ def submit_cmd(
     ctx: typer.Context,
     target: str = typer.Argument(..., help="A Python script (run by `tandem launch` on every node) or a job spec "
                                            "(.toml/.yaml, run by `tandem train`); what follows goes to it."),
-    on: str = typer.Option(..., "--on", help="slurm | k8s."),
+    on: str = typer.Option(..., "--on", help="slurm | k8s | ssh."),
     nodes: int = typer.Option(1, "--nodes", help="Nodes (machines)."),
     nproc_per_node: int = typer.Option(1, "--nproc-per-node", help="Workers per node."),
     run_dir: Path = typer.Option(Path("runs/submit"), "--run-dir", help="Logs, checkpoints and submit/ go here "
@@ -43,18 +43,34 @@ def submit_cmd(
                                                       "Service)."),
     namespace: str = typer.Option("default", "--namespace", help="k8s: namespace."),
     queue: str = typer.Option("", "--queue", help="k8s: Kueue queue name (label kueue.x-k8s.io/queue-name)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the script / manifest; submit nothing."),
+    hostfile: Path = typer.Option(None, "--hostfile", help="ssh: `HOST slots=N` per line; node rank = line order."),
+    env: list[str] = typer.Option([], "--env", help="ssh: also pass this variable on (NAME or NAME=VALUE; "
+                                                    "repeatable). TANDEM_*, NCCL_*, GLOO_*, PYTHONPATH always go."),
+    ssh_config: str = typer.Option("", "--ssh-config", help="ssh: an ssh_config file (ssh -F)."),
+    master_port: int = typer.Option(29500, "--master-port", help="ssh: rendezvous port on the first host."),
+    watchdog_s: float = typer.Option(0, "--watchdog-s", help="ssh: each agent's hang watchdog (tandem launch)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the script / manifest / ssh commands; submit "
+                                                          "nothing."),
 ) -> None:
     """Hand a job to the cluster you already run: an sbatch script (Slurm) or a manifest (Kubernetes).
 
     Example: tandem submit --on slurm --nodes 2 --nproc-per-node 2 examples/hello_dist.py
+    Example: tandem submit --on ssh --hostfile hosts.txt examples/hello_dist.py
     """
     console = make_console()
     if on not in ENGINES:
         raise ConfigError(f"{on!r} is not one of {', '.join(ENGINES)}", field="--on", value=on,
-                          fix="use --on slurm or --on k8s")
+                          fix="use --on slurm, --on k8s or --on ssh")
     command = [target, *ctx.args]
     train = target.endswith(SPEC_SUFFIXES)
+    if on == "ssh":
+        from tandem.launch.ssh_cli import submit_ssh
+
+        given = {n: ctx.get_parameter_source(n).name != "DEFAULT" for n in ("nodes", "nproc_per_node")}
+        sys.exit(submit_ssh(run_dir=run_dir, command=command, train=train, hostfile=hostfile, env=env,
+                            nodes=nodes if given["nodes"] else 0,
+                            nproc_per_node=nproc_per_node if given["nproc_per_node"] else 0,
+                            ssh_config=ssh_config, master_port=master_port, watchdog_s=watchdog_s, dry_run=dry_run))
     if on == "slurm":
         from tandem.launch.slurm import SlurmJob, submit
 
@@ -92,6 +108,12 @@ def status_cmd(run_dir: Path = typer.Argument(..., help="The --run-dir of a `tan
     from tandem.launch.slurm import read_record, slurm_status
 
     rec = read_record(run_dir)
+    if rec.get("engine") == "ssh":
+        from tandem.launch.ssh_run import ssh_status
+
+        state, line = ssh_status(run_dir)
+        make_console().print(line, highlight=False, soft_wrap=True)
+        sys.exit(1 if state in ("FAILED", "CANCELLED", "LOST") else 0)
     if rec.get("engine") != "slurm":
         raise ConfigError(f"status of {rec.get('engine')} jobs is not implemented", field="run_dir",
                           value=str(run_dir), fix="ask the engine (kubectl get jobset / kubectl logs)")
@@ -102,10 +124,19 @@ def status_cmd(run_dir: Path = typer.Argument(..., help="The --run-dir of a `tan
 
 
 def cancel_cmd(run_dir: Path = typer.Argument(..., help="The --run-dir of a `tandem submit`.")) -> None:
-    """Cancel a submitted job (scancel).
+    """Cancel a submitted job (scancel; over ssh: SIGTERM to every host's agent).
 
     Example: tandem cancel runs/submit
     """
+    from tandem.launch.slurm import read_record
+
+    if read_record(run_dir).get("engine") == "ssh":
+        from tandem.launch.ssh_run import ssh_cancel
+
+        told = ssh_cancel(run_dir)
+        make_console().print(f"cancelled: ssh job: SIGTERM to the agents on {', '.join(told) or 'no host (none running)'}",
+                             highlight=False, soft_wrap=True)
+        return
     from tandem.launch.slurm import slurm_cancel
 
     job_id = slurm_cancel(run_dir)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -16,38 +15,25 @@ import time
 import pytest
 
 from elastic.fault_helpers import wait_for, write_spec
+from netns_hosts import ip, netns_pair, why_not
 from tandem_testing import ROOT
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
+    return ip(*args, check=check)
 
 
 @pytest.fixture
 def two_hosts():
-    if os.geteuid() != 0:
-        pytest.skip("network namespaces need root")
-    if shutil.which("ip") is None:
-        pytest.skip("iproute2's `ip` is not installed")
-    tag = f"tdm{os.getpid() % 100000}"
-    ns = [f"{tag}a", f"{tag}b"]
-    veth = [f"v{tag}a", f"v{tag}b"]
-    addr = ["10.231.7.1", "10.231.7.2"]
+    if why_not():
+        pytest.skip(why_not())
     try:
-        r = _ip("netns", "add", ns[0], check=False)
-        if r.returncode:
-            pytest.skip(f"`ip netns add` is unavailable here: {r.stderr.strip()}")
-        _ip("netns", "add", ns[1])
-        _ip("link", "add", veth[0], "type", "veth", "peer", "name", veth[1])
-        for i in range(2):
-            _ip("link", "set", veth[i], "netns", ns[i])
-            _ip("-n", ns[i], "addr", "add", f"{addr[i]}/24", "dev", veth[i])
-            _ip("-n", ns[i], "link", "set", veth[i], "up")
-            _ip("-n", ns[i], "link", "set", "lo", "up")
-        yield {"ns": ns, "veth": veth, "addr": addr}
-    finally:
-        for n in ns:
-            _ip("netns", "del", n, check=False)  # takes its end of the veth pair with it
+        with netns_pair(f"tdm{os.getpid() % 100000}") as hosts:
+            yield hosts
+    except RuntimeError as e:
+        if "unavailable here" not in str(e):
+            raise
+        pytest.skip(str(e))
 
 
 def _on_host(host: dict, i: int, *args: str, env: dict | None = None) -> subprocess.Popen:

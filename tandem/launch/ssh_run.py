@@ -1,0 +1,215 @@
+"""Run an ssh job (ssh.py's Plan), and `tandem status` / `tandem cancel` of one, from RUN_DIR/submit/job.json.
+
+    code = run_job(plan)        # one ssh client per host; their lines printed as `[host] ...`; blocks
+    state, line = ssh_status(run_dir)
+    ssh_cancel(run_dir)         # `ssh HOST kill -TERM AGENT_PID` on every host still running
+
+The record (submit/job.json, rewritten whole at each change) holds the hosts in node order,
+each with its agent's pid (the remote shell's first line) and its exit code once ssh returns,
+and the submitting process's host and pid. When one host fails, the others' agents get
+SIGTERM at once (what `srun --kill-on-bad-exit` does): nobody waits on a collective whose peer
+is gone. The ssh clients run in a process group of their own, so a Ctrl-C reaches this process
+only, which passes it on as that same SIGTERM through ssh; they also die with this process
+(parent-death signal), and the remote agents die with their ssh sessions (ssh_remote.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from tandem.core.errors import ConfigError
+from tandem.launch.orphans import die_with_parent
+from tandem.launch.ssh import PID_TAG, Plan, SshJob, ssh_base
+
+RECORD, CANCELLED = "job.json", "cancelled"
+DONE_STATES = ("DONE", "FAILED", "CANCELLED")
+
+
+def _sub(run_dir: Path) -> Path:
+    return Path(run_dir) / "submit"
+
+
+def write_record(run_dir: Path, rec: dict) -> None:
+    """Atomic: `tandem status` may read it while this process rewrites it."""
+    sub = _sub(run_dir)
+    sub.mkdir(parents=True, exist_ok=True)
+    tmp = sub / f".{RECORD}.{os.getpid()}"
+    tmp.write_text(json.dumps(rec, indent=1) + "\n")
+    tmp.replace(sub / RECORD)
+
+
+def _ssh_job(rec: dict) -> SshJob:
+    return SshJob(run_dir=Path("."), command=[], hosts=[], ssh_config=rec.get("ssh_config", ""))
+
+
+def kill_agents(job: SshJob, nodes: list[dict], sig: str = "TERM", timeout: float = 30) -> list[str]:
+    """`ssh HOST kill -SIG PID` for every node whose agent runs; the hosts that were told."""
+    live = [n for n in nodes if n.get("pid") and n.get("rc") is None]
+
+    def one(n: dict) -> str | None:
+        try:
+            r = subprocess.run([*ssh_base(job), n["host"], f"kill -{sig} {int(n['pid'])}"], capture_output=True,
+                               stdin=subprocess.DEVNULL, timeout=timeout)
+            return n["host"] if r.returncode == 0 else None
+        except subprocess.TimeoutExpired:
+            return None
+    if not live:
+        return []
+    with ThreadPoolExecutor(max_workers=min(16, len(live))) as pool:
+        return [h for h in pool.map(one, live) if h]
+
+
+def _die_with_us() -> None:  # in the forked child, before exec: its parent is this process
+    die_with_parent(os.getppid(), signal.SIGTERM)
+
+
+class _Node:
+    """One host's ssh client: reads its stdout and stderr, prints each line with the host's prefix."""
+
+    def __init__(self, plan: Plan, index: int, lock: threading.Lock, on_pid) -> None:
+        self.host = plan.nodes[index][0].name
+        self.index, self.lock, self.on_pid = index, lock, on_pid
+        self.last_err = ""
+        self.proc = subprocess.Popen(plan.argv[index], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1,
+                                     process_group=0, preexec_fn=_die_with_us)
+        self.readers = [threading.Thread(target=self._pump, args=(self.proc.stdout, sys.stdout, True), daemon=True),
+                        threading.Thread(target=self._pump, args=(self.proc.stderr, sys.stderr, False), daemon=True)]
+        for t in self.readers:
+            t.start()
+
+    def _pump(self, src, dst, is_out: bool) -> None:
+        first = is_out
+        for line in src:
+            if first and line.startswith(PID_TAG + " "):
+                first = False
+                self.on_pid(self.index, int(line.split()[1]))
+                continue
+            if line.strip() and not is_out:
+                self.last_err = line.strip()
+            with self.lock:
+                dst.write(f"[{self.host}] {line}" if line.endswith("\n") else f"[{self.host}] {line}\n")
+                dst.flush()
+
+
+def run_job(plan: Plan) -> int:
+    """Start every host's agent, stream their output, record them; 0 when every host exits 0."""
+    job = plan.job
+    run_dir = job.run_dir if job.run_dir.is_absolute() else job.workdir / job.run_dir
+    (_sub(run_dir) / CANCELLED).unlink(missing_ok=True)
+    rec = {"engine": "ssh", "state": "RUNNING", "reason": "", "submit_host": socket.gethostname(),
+           "submit_pid": os.getpid(), "started": time.time(), "ended": None, "world": plan.world,
+           "master": f"{plan.master_addr}:{job.master_port}", "command": job.command, "ssh_config": job.ssh_config,
+           "env_keys": list(plan.env),
+           "nodes": [{"host": h.name, "node_rank": i, "nproc": k, "pid": None, "rc": None}
+                     for i, (h, k) in enumerate(plan.nodes)]}
+    lock = threading.Lock()
+    write_record(run_dir, rec)
+
+    def on_pid(i: int, pid: int) -> None:
+        with lock:
+            rec["nodes"][i]["pid"] = pid
+            write_record(run_dir, rec)
+
+    told: list[int] = []
+
+    def stop_all(signum, frame) -> None:  # Ctrl-C / SIGTERM: every agent stops (and saves) like one would
+        told.append(signum)
+        threading.Thread(target=kill_agents, args=(job, rec["nodes"], "TERM" if len(told) == 1 else "KILL"),
+                         daemon=True).start()
+
+    main = threading.current_thread() is threading.main_thread()
+    previous = {s: signal.signal(s, stop_all) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
+    nodes = [_Node(plan, i, lock, on_pid) for i in range(len(plan.nodes))]
+    first_bad: _Node | None = None
+    try:
+        while any(n.proc.poll() is None for n in nodes) or any(r["rc"] is None for r in rec["nodes"]):
+            for n in nodes:
+                rc = n.proc.poll()
+                if rc is None or rec["nodes"][n.index]["rc"] is not None:
+                    continue
+                for t in n.readers:  # its last lines (the error) before its exit is acted on
+                    t.join(timeout=5)
+                with lock:
+                    rec["nodes"][n.index]["rc"] = rc
+                    write_record(run_dir, rec)
+                if rc != 0 and first_bad is None:
+                    first_bad = n
+                    if any(r["rc"] is None for r in rec["nodes"]):
+                        threading.Thread(target=kill_agents, args=(job, rec["nodes"]), daemon=True).start()
+            time.sleep(0.1)  # polling our own children's exit codes
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    cancelled = (_sub(run_dir) / CANCELLED).exists() or bool(told)
+    codes = [r["rc"] for r in rec["nodes"]]
+    if not any(codes):
+        state, reason, code = "DONE", f"every host exited 0 (world {plan.world})", 0
+    elif cancelled:
+        state, reason, code = "CANCELLED", "cancelled: the agents were sent SIGTERM", 128 + (told[0] if told else 15)
+    else:
+        state, code = "FAILED", 1
+        reason = (f"host {first_bad.host} (node {first_bad.index}) exited with {codes[first_bad.index]} first"
+                  f"{'' if codes[first_bad.index] != 255 else ' (ssh itself: connection lost or refused)'}: "
+                  f"{first_bad.last_err or 'no message'}; the other hosts were stopped")
+    rec.update(state=state, reason=reason, ended=time.time())
+    write_record(run_dir, rec)
+    print(f"tandem submit: {state.lower()}: {reason}", file=sys.stderr if code else sys.stdout, flush=True)
+    return code
+
+
+def read_ssh_record(run_dir: Path) -> dict:
+    path = _sub(run_dir) / RECORD
+    if not path.is_file():
+        raise ConfigError("no submitted job here", field="run_dir", value=str(run_dir),
+                          fix="give the --run-dir of a `tandem submit` (it holds submit/job.json)")
+    return json.loads(path.read_text())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def ssh_status(run_dir: Path) -> tuple[str, str]:
+    """(state, one line): RUNNING, DONE, FAILED, CANCELLED, or LOST (the submitting process is gone)."""
+    rec = read_ssh_record(run_dir)
+    hosts = ", ".join(f"{n['host']} (node {n['node_rank']}, {n['nproc']} worker(s), agent pid {n['pid'] or '?'}"
+                      + ("" if n["rc"] is None else f", exit {n['rc']}") + ")" for n in rec["nodes"])
+    head = f"ssh job, world {rec['world']} on {len(rec['nodes'])} host(s)"
+    if rec["state"] in DONE_STATES:
+        return rec["state"], f"{rec['state']}: {head}: {rec['reason']}"
+    here = rec["submit_host"] == socket.gethostname()
+    if here and not _alive(rec["submit_pid"]):
+        return "LOST", (f"LOST: {head}: tandem submit (pid {rec['submit_pid']}) ended before the job did; "
+                        f"agents may still run on: {hosts}. Fix: tandem cancel {run_dir}")
+    since = time.time() - rec["started"]
+    where = "" if here else f" (submitted from {rec['submit_host']}, pid {rec['submit_pid']})"
+    return "RUNNING", f"RUNNING: {head} for {since:.0f} s{where}: {hosts}"
+
+
+def ssh_cancel(run_dir: Path) -> list[str]:
+    """SIGTERM to every host's agent still running (they stop their workers, a train job saves); the hosts."""
+    rec = read_ssh_record(run_dir)
+    if rec["state"] in DONE_STATES:
+        return []
+    (_sub(run_dir) / CANCELLED).touch()
+    told = kill_agents(_ssh_job(rec), rec["nodes"])
+    if rec["submit_host"] == socket.gethostname() and not _alive(rec["submit_pid"]):
+        rec.update(state="CANCELLED", reason="cancelled after tandem submit had ended", ended=time.time())
+        write_record(run_dir, rec)
+    return told

@@ -1,0 +1,187 @@
+"""Two ssh hosts on this machine: a network namespace each (netns_hosts.py), each running its own sshd.
+
+    sshd, why = sshd_binary()                 # the system's, else Debian's openssh-server unpacked into
+                                              # ~/.cache/tandem/ssh (apt-get download + dpkg -x); None + why
+    with SshHosts(tmp_dir, sshd, hosts) as h: # sshd on port 22 in each namespace, key login as root
+        subprocess.run(["ssh", "-F", h.config, hosts["addr"][1], "true"])   # from inside a namespace
+
+Nothing is installed system-wide. sshd runs as root and wants its privilege-separation user
+(`sshd`) and directory (/run/sshd), which a machine without openssh-server lacks: each sshd
+starts in the private mount namespace `ip netns exec` makes, with a copy of /etc/passwd that
+has the user bind-mounted over the real one and a tmpfs on /run; the host outside sees none of
+it. Every sshd is started with ``MARK`` in its environment and every agent the tests start gets
+it through tandem's env allowlist (a TANDEM_* variable), so ``strays()`` finds whatever is left.
+
+    python tests/ssh_hosts.py --fetch-only    # CI's fetch step
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PACKAGES = ["openssh-server", "libwrap0"]
+LIBS = ("lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu")
+MARK = "TANDEM_TEST_SSH_MARK"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TANDEM_CACHE_DIR_SSH") or os.path.expanduser("~/.cache/tandem/ssh"))
+
+
+def sshd_binary() -> tuple[Path | None, str]:
+    """(absolute path of an sshd, "") or (None, why not): the system's, else Debian's package, fetched once."""
+    for p in (shutil.which("sshd"), "/usr/sbin/sshd"):
+        if p and Path(p).is_file():
+            return Path(p), ""
+    root = cache_dir() / "root"
+    sshd = root / "usr/sbin/sshd"
+    if sshd.exists():
+        return sshd, ""
+    if not shutil.which("apt-get") or not shutil.which("dpkg"):
+        return None, "no sshd here, and fetching openssh-server needs apt-get and dpkg (Debian/Ubuntu)"
+    debs = cache_dir() / f".debs-{os.getpid()}"  # per process: two sessions may fetch at once
+    debs.mkdir(parents=True, exist_ok=True)
+    try:
+        r = subprocess.run(["apt-get", "download", *PACKAGES], cwd=debs, capture_output=True, text=True)
+        if r.returncode != 0:  # an empty package index (a fresh container): update once, then retry
+            subprocess.run(["apt-get", "update", "-qq"], capture_output=True, text=True)
+            r = subprocess.run(["apt-get", "download", *PACKAGES], cwd=debs, capture_output=True, text=True)
+        if r.returncode != 0:
+            return None, f"apt-get download {' '.join(PACKAGES)} failed: {r.stderr.strip()[-300:]}"
+        tmp = cache_dir() / f".root-{os.getpid()}"
+        for deb in sorted(debs.glob("*.deb")):
+            subprocess.run(["dpkg", "-x", str(deb), str(tmp)], check=True)
+        try:
+            tmp.rename(root)  # atomic: another session sees a whole folder or none
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+    finally:
+        shutil.rmtree(debs, ignore_errors=True)
+    return sshd, ""
+
+
+SSHD_CONFIG = """\
+Port 22
+ListenAddress {addr}
+HostKey {dir}/host_key
+AuthorizedKeysFile {dir}/authorized_keys
+StrictModes no
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin prohibit-password
+PidFile {dir}/sshd-{i}.pid
+"""
+
+CLIENT_CONFIG = """\
+Host *
+  User root
+  Port 22
+  IdentityFile {dir}/id_ed25519
+  IdentitiesOnly yes
+  UserKnownHostsFile {dir}/known_hosts
+  StrictHostKeyChecking yes
+  LogLevel ERROR
+"""
+
+
+class SshHosts:
+    """An sshd in each namespace of ``hosts``; ``config`` is the client's ssh_config (key, known_hosts)."""
+
+    def __init__(self, workdir: Path, sshd: Path, hosts: dict):
+        self.dir, self.sshd, self.hosts = Path(workdir), Path(sshd), hosts
+        self.config = str(self.dir / "ssh_config")
+        self.procs: list[subprocess.Popen] = []
+        self.mark = f"{MARK}={self.dir}"
+
+    def __enter__(self) -> "SshHosts":
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self, timeout: float = 30) -> None:
+        d = self.dir
+        d.mkdir(parents=True, exist_ok=True)
+        for key in ("host_key", "id_ed25519"):
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / key)], check=True)
+        (d / "authorized_keys").write_text((d / "id_ed25519.pub").read_text())
+        host_pub = " ".join((d / "host_key.pub").read_text().split()[:2])
+        (d / "known_hosts").write_text(f"{','.join(self.hosts['addr'])} {host_pub}\n")
+        Path(self.config).write_text(CLIENT_CONFIG.format(dir=d))
+        mounts = []
+        try:
+            pwd.getpwnam("sshd")
+        except KeyError:  # the privilege-separation user, in this mount namespace only
+            (d / "passwd").write_text(Path("/etc/passwd").read_text() + "sshd:x:65534:65534::/run/sshd:/bin/false\n")
+            mounts.append(f"mount --bind {d}/passwd /etc/passwd")
+        if not Path("/run/sshd").is_dir():
+            mounts += ["mount -t tmpfs tmpfs /run", "mkdir -m 755 /run/sshd"]
+        root = self.sshd.parents[2]
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", MARK: str(d),
+               "LD_LIBRARY_PATH": ":".join(str(root / lib) for lib in LIBS)}
+        for i, (ns, addr) in enumerate(zip(self.hosts["ns"], self.hosts["addr"])):
+            (d / f"sshd-{i}.conf").write_text(SSHD_CONFIG.format(addr=addr, dir=d, i=i))
+            script = " && ".join([*mounts, f"exec {self.sshd} -D -e -f {d}/sshd-{i}.conf"])
+            log = open(d / f"sshd-{i}.log", "w")
+            self.procs.append(subprocess.Popen(["ip", "netns", "exec", ns, "sh", "-c", script], env=env, stdout=log,
+                                               stderr=subprocess.STDOUT, start_new_session=True))
+            log.close()
+        deadline = time.monotonic() + timeout
+        for i, p in enumerate(self.procs):
+            log = d / f"sshd-{i}.log"
+            while "Server listening" not in log.read_text():
+                if p.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"sshd {i} did not come up (rc {p.poll()}): {log.read_text()[-800:]}")
+                time.sleep(0.05)
+
+    def strays(self, mark: str = "") -> list[int]:
+        """Live processes (not zombies) whose environment holds ``mark`` (default: this instance's, which its
+        sshds and their sessions carry; a job's agents and workers carry the one the test passed on)."""
+        mark, found = (mark or self.mark).encode() + b"\0", []
+        for p in Path("/proc").iterdir():
+            if not p.name.isdigit() or int(p.name) == os.getpid():
+                continue
+            try:
+                if mark in (p / "environ").read_bytes() and " Z " not in (p / "stat").read_text().split(")", 1)[1][:3]:
+                    found.append(int(p.name))
+            except OSError:
+                continue
+        return found
+
+    def stop(self) -> None:
+        for p in self.procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait(timeout=30)
+        self.procs.clear()
+        for _ in range(50):
+            left = self.strays()
+            if not left:
+                return
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.1)
+
+
+if __name__ == "__main__":
+    sshd, why = sshd_binary()
+    if sshd is None:
+        sys.exit(f"no sshd for the ssh tests: {why}")
+    print(f"sshd for the ssh tests: {sshd}")
