@@ -128,8 +128,8 @@ def run_agent(opts: LaunchSpec, argv: list[str], run_dir: Path, *, agent_index: 
         elastic_launch(config, entrypoint=sys.executable)(*orphans.wrap(argv))
     except ChildFailedError as e:
         failures = fl.from_child_failed(e, node=0, run_dir=run_dir, stderr_of=logs.stderr_of)
-        for f in failures:
-            f.node = f.rank // opts.nproc_per_node
+        for f in failures:  # static: the node rank is ours (nodes may differ in size); c10d: uniform sizes
+            f.node = opts.node_rank if backend == "static" else f.rank // opts.nproc_per_node
         fl.write_node_failures(run_dir, agent_index, failures)
         raise WorkerFailure(fl.summarize(failures)) from None
     except SignalException as e:  # this agent was told to stop: torchrun has SIGTERMed its workers

@@ -107,7 +107,7 @@ def run_job(plan: Plan) -> int:
     run_dir = job.run_dir if job.run_dir.is_absolute() else job.workdir / job.run_dir
     (_sub(run_dir) / CANCELLED).unlink(missing_ok=True)
     rec = {"engine": "ssh", "state": "RUNNING", "reason": "", "submit_host": socket.gethostname(),
-           "submit_pid": os.getpid(), "started": time.time(), "ended": None, "world": plan.world,
+           "submit_pid": os.getpid(), "submit_started": _started(os.getpid()), "started": time.time(), "ended": None, "world": plan.world,
            "master": f"{plan.master_addr}:{job.master_port}", "command": job.command, "ssh_config": job.ssh_config,
            "env_keys": list(plan.env),
            "nodes": [{"host": h.name, "node_rank": i, "nproc": k, "pid": None, "rc": None}
@@ -155,7 +155,7 @@ def run_job(plan: Plan) -> int:
     if not any(codes):
         state, reason, code = "DONE", f"every host exited 0 (world {plan.world})", 0
     elif cancelled:
-        state, reason, code = "CANCELLED", "cancelled: the agents were sent SIGTERM", 128 + (told[0] if told else 15)
+        state, reason, code = "CANCELLED", "the agents were sent SIGTERM (tandem cancel, or a signal to tandem submit)", 128 + (told[0] if told else 15)
     else:
         state, code = "FAILED", 1
         reason = (f"host {first_bad.host} (node {first_bad.index}) exited with {codes[first_bad.index]} first"
@@ -175,14 +175,26 @@ def read_ssh_record(run_dir: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def _alive(pid: int) -> bool:
+def _started(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22), or None when it is gone
+    or a zombie: with the pid, it names one process (pids are reused)."""
     try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] == "Z" else fields[19]
+
+
+def _alive(rec: dict) -> bool:
+    if not Path("/proc/self/stat").exists():  # no procfs: ask the kernel, and trust the pid
+        try:
+            os.kill(rec["submit_pid"], 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+    return _started(rec["submit_pid"]) == rec.get("submit_started")
 
 
 def ssh_status(run_dir: Path) -> tuple[str, str]:
@@ -194,7 +206,7 @@ def ssh_status(run_dir: Path) -> tuple[str, str]:
     if rec["state"] in DONE_STATES:
         return rec["state"], f"{rec['state']}: {head}: {rec['reason']}"
     here = rec["submit_host"] == socket.gethostname()
-    if here and not _alive(rec["submit_pid"]):
+    if here and not _alive(rec):
         return "LOST", (f"LOST: {head}: tandem submit (pid {rec['submit_pid']}) ended before the job did; "
                         f"agents may still run on: {hosts}. Fix: tandem cancel {run_dir}")
     since = time.time() - rec["started"]
@@ -209,7 +221,7 @@ def ssh_cancel(run_dir: Path) -> list[str]:
         return []
     (_sub(run_dir) / CANCELLED).touch()
     told = kill_agents(_ssh_job(rec), rec["nodes"])
-    if rec["submit_host"] == socket.gethostname() and not _alive(rec["submit_pid"]):
+    if rec["submit_host"] == socket.gethostname() and not _alive(rec):
         rec.update(state="CANCELLED", reason="cancelled after tandem submit had ended", ended=time.time())
         write_record(run_dir, rec)
     return told
