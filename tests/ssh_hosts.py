@@ -35,36 +35,54 @@ def cache_dir() -> Path:
     return Path(os.environ.get("TANDEM_CACHE_DIR_SSH") or os.path.expanduser("~/.cache/tandem/ssh"))
 
 
-def sshd_binary() -> tuple[Path | None, str]:
-    """(absolute path of an sshd, "") or (None, why not): the system's, else Debian's package, fetched once."""
-    for p in (shutil.which("sshd"), "/usr/sbin/sshd"):
-        if p and Path(p).is_file():
-            return Path(p), ""
-    root = cache_dir() / "root"
-    sshd = root / "usr/sbin/sshd"
-    if sshd.exists():
-        return sshd, ""
+def _fetch(packages: list[str], root: Path) -> str:
+    """apt-get download + dpkg -x of ``packages`` into ``root`` (atomically: a whole folder or none); why not."""
     if not shutil.which("apt-get") or not shutil.which("dpkg"):
-        return None, "no sshd here, and fetching openssh-server needs apt-get and dpkg (Debian/Ubuntu)"
+        return f"fetching {' '.join(packages)} needs apt-get and dpkg (Debian/Ubuntu)"
     debs = cache_dir() / f".debs-{os.getpid()}"  # per process: two sessions may fetch at once
     debs.mkdir(parents=True, exist_ok=True)
     try:
-        r = subprocess.run(["apt-get", "download", *PACKAGES], cwd=debs, capture_output=True, text=True)
+        r = subprocess.run(["apt-get", "download", *packages], cwd=debs, capture_output=True, text=True)
         if r.returncode != 0:  # an empty package index (a fresh container): update once, then retry
             subprocess.run(["apt-get", "update", "-qq"], capture_output=True, text=True)
-            r = subprocess.run(["apt-get", "download", *PACKAGES], cwd=debs, capture_output=True, text=True)
+            r = subprocess.run(["apt-get", "download", *packages], cwd=debs, capture_output=True, text=True)
         if r.returncode != 0:
-            return None, f"apt-get download {' '.join(PACKAGES)} failed: {r.stderr.strip()[-300:]}"
+            return f"apt-get download {' '.join(packages)} failed: {r.stderr.strip()[-300:]}"
         tmp = cache_dir() / f".root-{os.getpid()}"
         for deb in sorted(debs.glob("*.deb")):
             subprocess.run(["dpkg", "-x", str(deb), str(tmp)], check=True)
         try:
-            tmp.rename(root)  # atomic: another session sees a whole folder or none
-        except OSError:
+            tmp.rename(root)
+        except OSError:  # another session got there first: use theirs
             shutil.rmtree(tmp, ignore_errors=True)
     finally:
         shutil.rmtree(debs, ignore_errors=True)
+    return ""
+
+
+def sshd_binary() -> tuple[Path | None, str]:
+    """(absolute path of an sshd, "") or (None, why not): the system's, else Debian's package, fetched once.
+    The client (ssh, ssh-keygen) is fetched too where the system has none; ``client_path()`` finds it."""
+    if not client_path():
+        why = _fetch(["openssh-client"], cache_dir() / "client")
+        if why or not client_path():
+            return None, why or "openssh-client unpacked, but no ssh in it"
+    for p in (shutil.which("sshd"), "/usr/sbin/sshd"):
+        if p and Path(p).is_file():
+            return Path(p), ""
+    sshd = cache_dir() / "root/usr/sbin/sshd"
+    if not sshd.exists():
+        why = _fetch(PACKAGES, cache_dir() / "root")
+        if why:
+            return None, why
     return sshd, ""
+
+
+def client_path() -> str:
+    """The PATH under which `ssh` and `ssh-keygen` are found (the system's, else the fetched client's), or ""."""
+    fetched = cache_dir() / "client/usr/bin"
+    path = os.environ.get("PATH", "") + (os.pathsep + str(fetched) if fetched.is_dir() else "")
+    return path if shutil.which("ssh", path=path) and shutil.which("ssh-keygen", path=path) else ""
 
 
 SSHD_CONFIG = """\
@@ -115,7 +133,7 @@ class SshHosts:
         d = self.dir
         d.mkdir(parents=True, exist_ok=True)
         for key in ("host_key", "id_ed25519"):
-            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / key)], check=True)
+            subprocess.run([shutil.which("ssh-keygen", path=client_path()) or "ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / key)], check=True)
         (d / "authorized_keys").write_text((d / "id_ed25519.pub").read_text())
         host_pub = " ".join((d / "host_key.pub").read_text().split()[:2])
         (d / "known_hosts").write_text(f"{','.join(self.hosts['addr'])} {host_pub}\n")

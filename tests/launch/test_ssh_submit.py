@@ -18,7 +18,7 @@ import time
 import pytest
 
 from netns_hosts import netns_pair, why_not
-from ssh_hosts import MARK, SshHosts, sshd_binary
+from ssh_hosts import MARK, SshHosts, client_path, sshd_binary
 from tandem_testing import ROOT, tandem_in_process, wait_for
 
 ADDR = ("10.231.9.1", "10.231.9.2")
@@ -51,7 +51,7 @@ def submit(h, tmp_path, slots, *args):
     hostfile = tmp_path / "hosts"
     hostfile.write_text(f"# test hosts\n{ADDR[0]} slots={slots[0]}\n\n{ADDR[1]} slots={slots[1]}  # second\n")
     run_dir = tmp_path / "run"
-    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(ROOT), "GLOO_SOCKET_IFNAME": IFNAME,
+    env = {**os.environ, "COLUMNS": "200", "PATH": client_path(), "PYTHONPATH": str(ROOT), "GLOO_SOCKET_IFNAME": IFNAME,
            MARK: str(run_dir), "TANDEM_PROBE_ALLOWED": "yes", "PROBE_KEPT": "kept", "PROBE_OUTSIDE": "leaked"}
     proc = subprocess.Popen(["ip", "netns", "exec", h.hosts["ns"][0], sys.executable, "-m", "tandem", "submit", "--on",
                              "ssh", "--hostfile", str(hostfile), "--ssh-config", h.config, "--run-dir", str(run_dir),
