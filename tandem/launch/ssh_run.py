@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import socket
 import subprocess
@@ -75,7 +76,7 @@ def _die_with_us() -> None:  # in the forked child, before exec: its parent is t
 class _Node:
     """One host's ssh client: reads its stdout and stderr, prints each line with the host's prefix."""
 
-    def __init__(self, plan: Plan, index: int, lock: threading.Lock, on_pid) -> None:
+    def __init__(self, plan: Plan, index: int, lock: threading.Lock, on_pid, exits: queue.Queue) -> None:
         self.host = plan.nodes[index][0].name
         self.index, self.lock, self.on_pid = index, lock, on_pid
         self.last_err = ""
@@ -86,6 +87,14 @@ class _Node:
                         threading.Thread(target=self._pump, args=(self.proc.stderr, sys.stderr, False), daemon=True)]
         for t in self.readers:
             t.start()
+        threading.Thread(target=self._wait, args=(exits,), daemon=True).start()
+
+    def _wait(self, exits: queue.Queue) -> None:
+        """Its exit, once its last lines (the error) are printed: output ends when the session does."""
+        for t in self.readers:
+            t.join()
+        self.proc.wait()
+        exits.put(self.index)
 
     def _pump(self, src, dst, is_out: bool) -> None:
         first = is_out
@@ -94,7 +103,7 @@ class _Node:
                 first = False
                 self.on_pid(self.index, int(line.split()[1]))
                 continue
-            if line.strip() and not is_out:
+            if line.strip() and not is_out and not line.startswith("[rank"):  # the agent's own, not a worker's
                 self.last_err = line.strip()
             with self.lock:
                 dst.write(f"[{self.host}] {line}" if line.endswith("\n") else f"[{self.host}] {line}\n")
@@ -129,24 +138,22 @@ def run_job(plan: Plan) -> int:
 
     main = threading.current_thread() is threading.main_thread()
     previous = {s: signal.signal(s, stop_all) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
-    nodes = [_Node(plan, i, lock, on_pid) for i in range(len(plan.nodes))]
+    exits: queue.Queue[int] = queue.Queue()  # node indices in the order their ssh sessions ended
+    nodes = [_Node(plan, i, lock, on_pid, exits) for i in range(len(plan.nodes))]
     first_bad: _Node | None = None
     try:
-        while any(n.proc.poll() is None for n in nodes) or any(r["rc"] is None for r in rec["nodes"]):
-            for n in nodes:
-                rc = n.proc.poll()
-                if rc is None or rec["nodes"][n.index]["rc"] is not None:
-                    continue
-                for t in n.readers:  # its last lines (the error) before its exit is acted on
-                    t.join(timeout=5)
-                with lock:
-                    rec["nodes"][n.index]["rc"] = rc
-                    write_record(run_dir, rec)
-                if rc != 0 and first_bad is None:
-                    first_bad = n
-                    if any(r["rc"] is None for r in rec["nodes"]):
-                        threading.Thread(target=kill_agents, args=(job, rec["nodes"]), daemon=True).start()
-            time.sleep(0.1)  # polling our own children's exit codes
+        while any(r["rc"] is None for r in rec["nodes"]):
+            try:
+                n = nodes[exits.get(timeout=0.5)]  # a timeout: signal handlers run in this thread meanwhile
+            except queue.Empty:
+                continue
+            with lock:
+                rec["nodes"][n.index]["rc"] = n.proc.returncode
+                write_record(run_dir, rec)
+            if n.proc.returncode != 0 and first_bad is None:
+                first_bad = n
+                if any(r["rc"] is None for r in rec["nodes"]):
+                    threading.Thread(target=kill_agents, args=(job, rec["nodes"]), daemon=True).start()
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
@@ -155,12 +162,13 @@ def run_job(plan: Plan) -> int:
     if not any(codes):
         state, reason, code = "DONE", f"every host exited 0 (world {plan.world})", 0
     elif cancelled:
-        state, reason, code = "CANCELLED", "the agents were sent SIGTERM (tandem cancel, or a signal to tandem submit)", 128 + (told[0] if told else 15)
+        state, code = "CANCELLED", 128 + (told[0] if told else 15)
+        reason = "the agents were sent SIGTERM (tandem cancel, or a signal to tandem submit)"
     else:
         state, code = "FAILED", 1
         reason = (f"host {first_bad.host} (node {first_bad.index}) exited with {codes[first_bad.index]} first"
-                  f"{'' if codes[first_bad.index] != 255 else ' (ssh itself: connection lost or refused)'}: "
-                  f"{first_bad.last_err or 'no message'}; the other hosts were stopped")
+                  f"{'' if codes[first_bad.index] != 255 else ' (its agent was killed, or ssh lost the connection)'}"
+                  f"{': ' + first_bad.last_err if first_bad.last_err else ''}; the other hosts were stopped")
     rec.update(state=state, reason=reason, ended=time.time())
     write_record(run_dir, rec)
     print(f"tandem submit: {state.lower()}: {reason}", file=sys.stderr if code else sys.stdout, flush=True)

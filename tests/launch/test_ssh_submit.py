@@ -110,7 +110,8 @@ def test_killing_one_hosts_agent_fails_the_other_cleanly(hosts, tmp_path):
             proc.kill()
     assert proc.returncode == 1, out[-2000:] + err[-2000:]
     assert took < watchdog_s, (took, err[-2000:])
-    assert f"tandem submit: failed: host {ADDR[1]} (node 1) exited with" in err, err[-2000:]
+    assert f"tandem submit: failed: host {ADDR[1]} (node 1) exited with 255 first (its agent was killed" in err, \
+        err[-2000:]
     state, line = ssh_status(run_dir)
     assert state == "FAILED" and f"host {ADDR[1]} (node 1)" in line, line
     assert read_ssh_record(run_dir)["nodes"][0]["rc"] not in (None, 0)
