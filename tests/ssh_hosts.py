@@ -133,7 +133,8 @@ class SshHosts:
         d = self.dir
         d.mkdir(parents=True, exist_ok=True)
         for key in ("host_key", "id_ed25519"):
-            subprocess.run([shutil.which("ssh-keygen", path=client_path()) or "ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / key)], check=True)
+            keygen = shutil.which("ssh-keygen", path=client_path()) or "ssh-keygen"
+            subprocess.run([keygen, "-q", "-t", "ed25519", "-N", "", "-f", str(d / key)], check=True)
         (d / "authorized_keys").write_text((d / "id_ed25519.pub").read_text())
         host_pub = " ".join((d / "host_key.pub").read_text().split()[:2])
         (d / "known_hosts").write_text(f"{','.join(self.hosts['addr'])} {host_pub}\n")

@@ -118,7 +118,8 @@ def place(job: SshJob) -> list[tuple[Host, int]]:
         n = job.nodes or len(job.hosts)
         if n > len(job.hosts):
             raise ConfigError(f"{n} nodes asked for, but the hostfile lists {len(job.hosts)} host(s)",
-                              field="--nodes", value=n, fix=f"use --nodes {len(job.hosts)} or add hosts to the hostfile")
+                              field="--nodes", value=n,
+                              fix=f"use --nodes {len(job.hosts)} or add hosts to the hostfile")
         nodes = [(h, job.nproc_per_node or h.slots) for h in job.hosts[:n]]
         short = next((h for h, k in nodes if k > h.slots), None)
         if short:

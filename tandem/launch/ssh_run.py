@@ -116,7 +116,8 @@ def run_job(plan: Plan) -> int:
     run_dir = job.run_dir if job.run_dir.is_absolute() else job.workdir / job.run_dir
     (_sub(run_dir) / CANCELLED).unlink(missing_ok=True)
     rec = {"engine": "ssh", "state": "RUNNING", "reason": "", "submit_host": socket.gethostname(),
-           "submit_pid": os.getpid(), "submit_started": _started(os.getpid()), "started": time.time(), "ended": None, "world": plan.world,
+           "submit_pid": os.getpid(), "submit_started": _started(os.getpid()), "started": time.time(),
+           "ended": None, "world": plan.world,
            "master": f"{plan.master_addr}:{job.master_port}", "command": job.command, "ssh_config": job.ssh_config,
            "env_keys": list(plan.env),
            "nodes": [{"host": h.name, "node_rank": i, "nproc": k, "pid": None, "rc": None}

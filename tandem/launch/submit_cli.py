@@ -134,7 +134,8 @@ def cancel_cmd(run_dir: Path = typer.Argument(..., help="The --run-dir of a `tan
         from tandem.launch.ssh_run import ssh_cancel
 
         told = ssh_cancel(run_dir)
-        make_console().print(f"cancelled: ssh job: SIGTERM to the agents on {', '.join(told) or 'no host (none running)'}",
+        where = ", ".join(told) or "no host (none was running)"
+        make_console().print(f"cancelled: ssh job: SIGTERM to the agents on {where}",
                              highlight=False, soft_wrap=True)
         return
     from tandem.launch.slurm import slurm_cancel

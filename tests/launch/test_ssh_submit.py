@@ -130,7 +130,8 @@ def _hostfile(tmp_path, text):
 def test_dry_run_prints_one_ssh_command_per_host(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("NCCL_DEBUG", "WARN")
     monkeypatch.setenv("NOT_PASSED", "x")
-    code, out, err = tandem_in_process(["submit", "--on", "ssh", "--hostfile", _hostfile(tmp_path, "a slots=2\nb slots=1\n"),
+    hostfile = _hostfile(tmp_path, "a slots=2\nb slots=1\n")
+    code, out, err = tandem_in_process(["submit", "--on", "ssh", "--hostfile", hostfile,
                                         "--env", "K=v w", "--run-dir", "/r", "--dry-run", "examples/hello_dist.py",
                                         "--n", "1"], capsys, monkeypatch)
     assert code in (0, None), err
@@ -143,18 +144,22 @@ def test_dry_run_prints_one_ssh_command_per_host(tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("text,args,path,expect", [
-    ("a slots=2\nb slot=4\n", [], None,
+    ("a slots=2\nb slot=4\n", ["examples/hello_dist.py"], None,
      "error: --hostfile {f} line 2: 'b slot=4' is not `HOST slots=N`. Fix: write it as `b slots=4`"),
-    ("# hosts\na slots=two\n", [], None, "error: --hostfile {f} line 2: slots must be a whole number"),
-    ("a slots=2\nb slots=1\n", ["--nproc-per-node", "2"], None,
+    ("# hosts\na slots=two\n", ["examples/hello_dist.py"], None,
+     "error: --hostfile {f} line 2: slots must be a whole number"),
+    ("a slots=2\nb slots=1\n", ["--nproc-per-node", "2", "examples/hello_dist.py"], None,
      "error: --nproc-per-node: 4 ranks asked for, more than the slots: b has 1 (hostfile line 2), 2 wanted"),
-    ("a slots=2\n", ["--nodes", "2"], None, "error: --nodes: 2 nodes asked for, but the hostfile lists 1 host(s)"),
-    ("a slots=2\n", [], "", "error: --on: ssh is not on PATH"),
+    ("a slots=2\n", ["--nodes", "2", "examples/hello_dist.py"], None,
+     "error: --nodes: 2 nodes asked for, but the hostfile lists 1 host(s)"),
+    ("a slots=2\n", ["examples/hello_dist.py"], "", "error: --on: ssh is not on PATH"),
+    ("a slots=2\nb slots=1\n", ["examples/digits_resnet.toml"], None,
+     "error: --hostfile: a job spec needs the same number of workers on every node"),
 ])
 def test_bad_input_is_one_line_before_anything_starts(tmp_path, capsys, monkeypatch, text, args, path, expect):
     f = _hostfile(tmp_path, text)
     code, out, err = tandem_in_process(["submit", "--on", "ssh", "--hostfile", f, "--run-dir", str(tmp_path / "r"),
-                                        *args, "examples/hello_dist.py"], capsys, monkeypatch,
+                                        *args], capsys, monkeypatch,
                                        path=None if path is None else str(tmp_path))
     assert code == 2 and err.startswith(expect.format(f=f)) and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "r").exists()
@@ -168,7 +173,8 @@ def test_unreachable_host_is_one_line(tmp_path, capsys, monkeypatch):
         port = s.getsockname()[1]
     cfg = tmp_path / "ssh_config"
     cfg.write_text(f"Host *\n  Port {port}\n  UserKnownHostsFile /dev/null\n")
-    code, out, err = tandem_in_process(["submit", "--on", "ssh", "--hostfile", _hostfile(tmp_path, "127.0.0.1 slots=1\n"),
+    hostfile = _hostfile(tmp_path, "127.0.0.1 slots=1\n")
+    code, out, err = tandem_in_process(["submit", "--on", "ssh", "--hostfile", hostfile,
                                         "--ssh-config", str(cfg), "--run-dir", str(tmp_path / "r"),
                                         "examples/hello_dist.py"], capsys, monkeypatch)
     assert code == 2 and err.startswith("error: --hostfile: host 127.0.0.1 (line 1) cannot be reached over ssh: "), err
