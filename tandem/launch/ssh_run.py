@@ -53,12 +53,15 @@ def _ssh_job(rec: dict) -> SshJob:
 
 
 def kill_agents(job: SshJob, nodes: list[dict], sig: str = "TERM", timeout: float = 30) -> list[str]:
-    """`ssh HOST kill -SIG PID` for every node whose agent runs; the hosts that were told."""
+    """`ssh HOST kill -SIG PID` for every node whose agent runs; the hosts that were told. Only a process
+    that is still our agent is signalled (pids are reused once it has ended)."""
     live = [n for n in nodes if n.get("pid") and n.get("rc") is None]
 
     def one(n: dict) -> str | None:
         try:
-            r = subprocess.run([*ssh_base(job), n["host"], f"kill -{sig} {int(n['pid'])}"], capture_output=True,
+            pid = int(n["pid"])
+            cmd = f"grep -q tandem.launch.ssh_remote /proc/{pid}/cmdline && kill -{sig} {pid}"
+            r = subprocess.run([*ssh_base(job), n["host"], cmd], capture_output=True,
                                stdin=subprocess.DEVNULL, timeout=timeout)
             return n["host"] if r.returncode == 0 else None
         except subprocess.TimeoutExpired:
