@@ -118,6 +118,30 @@ def test_killing_one_hosts_agent_fails_the_other_cleanly(hosts, tmp_path):
     wait_for(lambda: not job_processes(hosts, run_dir), timeout=30, what="no process of the job left on either host")
 
 
+@pytest.mark.slow
+def test_cancel_from_the_run_dir_stops_every_host(hosts, tmp_path):
+    from tandem.launch.ssh_run import ssh_status
+
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    proc, run_dir = submit(hosts, tmp_path, (1, 1), PROBE, str(ready))
+    try:
+        wait_for(lambda: len(list(ready.iterdir())) == 2, timeout=180, what="both ranks to all_reduce")
+        r = subprocess.run(["ip", "netns", "exec", hosts.hosts["ns"][0], sys.executable, "-m", "tandem", "cancel",
+                            str(run_dir)], cwd=ROOT, env={**os.environ, "PATH": client_path(), "COLUMNS": "200"},
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and r.stdout.startswith(f"cancelled: ssh job: SIGTERM to the agents on {ADDR[0]}, "
+                                                         f"{ADDR[1]}"), r.stdout + r.stderr
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert "tandem submit: cancelled: " in err and err.count("error: stopped by SIGTERM") == 2, err[-2000:]
+    assert ssh_status(run_dir)[0] == "CANCELLED"
+    wait_for(lambda: not job_processes(hosts, run_dir), timeout=30, what="no process of the job left on either host")
+
+
 # -- bad input: one line each, before anything starts (no hosts needed) -------------------------------------
 
 
