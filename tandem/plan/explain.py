@@ -283,12 +283,12 @@ def explain(p: Plan) -> list[str]:
 
 def _activation_sentence(p: Plan) -> str:
     """The per-layer activation arithmetic behind the memory line (Korthikanti et al. 2022, Table 2)."""
-    from tandem.plan.memory import gpt_layer_act_bytes, inflight_layers
+    from tandem.plan.memory import activation_parts
 
     m, s, t = p.model, p.strategy, p.training
     g = m.gpt
-    per = gpt_layer_act_bytes(m, s, t, s.micro_batch)
-    layers = inflight_layers(m, s, p.grad_accum)
+    parts = activation_parts(m, s, t, p.grad_accum)
+    per, layers = parts["per_layer"], parts["layers"]
     sq = g.seq // s.cp
     sbh = (f"s x b x h = {g.seq}/cp {s.cp} x" if s.cp > 1 else f"s x b x h = {g.seq} x") + f" {s.micro_batch} x {g.hidden}"
     if s.recompute == "full":
@@ -308,11 +308,16 @@ def _activation_sentence(p: Plan) -> str:
         form = f"{sbh} x ({lin:.4g}{mlp_note}" + (f" + 5as/h, 5as/h = {5 * g.heads * sq / g.hidden:.4g}"
                                                   if s.recompute == "none" else "") + f") bytes / tp {s.tp}"
     scale = t.bytes["act"] / 2
-    logits = 4 * sq * s.micro_batch * g.vocab / s.tp if s.pp == 1 else 0.0
+    logits, working = parts["logits"], parts["working"]
+    where = {"first": " on the first stage", "last": " on the last stage (1F1B: it holds one micro-batch)"
+             if s.schedule != "gpipe" else " on the last stage", "only": ""}[parts["stage"]]
     return (f"Activations: {form}{f' x {scale:g} ({t.precision})' if scale != 1 else ''} = {gib(per)} per layer "
-            f"x {layers:.4g} layers in flight{' on the first stage' if s.pp > 1 else ''}"
-            + (f" + fp32 logits 4 x s x b x V / tp = {gib(logits)}" if logits else "")
-            + f" = {gib(per * layers + logits)}.")
+            f"x {layers:.4g} layers in flight{where}"
+            + (f" + the recomputed layer's working set {gib(working)} (its no-recompute bytes, held during its "
+               f"backward)" if working else "")
+            + (f" + fp32 logits 4 x s x b x V / tp = 4 x {sq} x {s.micro_batch} x {g.vocab} / {s.tp} = {gib(logits)}"
+               if logits else "")
+            + f" = {gib(parts['total'])}.")
 
 
 def warnings(p: Plan) -> list[str]:

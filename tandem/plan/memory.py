@@ -90,6 +90,38 @@ def inflight_layers(m: ModelStats, s: Strategy, micro_batches: int) -> float:
     return inflight
 
 
+def activation_parts(m: ModelStats, s: Strategy, t: Training, micro_batches: int) -> dict[str, float]:
+    """Activation bytes of the stage that holds the most, in parts (explain.py prints them):
+
+    - ``stored``: the per-layer bytes (Korthikanti et al.) x the layers in flight on the first stage;
+    - ``working``: with full recompute, the layer being recomputed holds its whole forward working set
+      (the no-recompute per-layer bytes) while its backward runs;
+    - ``logits``: the loss's FP32 logits, 4 x s x b x V / tp (Korthikanti et al. eq. 3), on the last stage;
+    - with a pipeline the last stage (its layers x the micro-batches it holds: 1 under 1F1B, all under
+      GPipe, + the logits) wins when it holds more than the first.
+    """
+    g, b = m.gpt, s.micro_batch
+    per = gpt_layer_act_bytes(m, s, t, b)
+    working = 0.0
+    if s.recompute == "full":
+        from dataclasses import replace
+
+        working = gpt_layer_act_bytes(m, replace(s, recompute="none"), t, b)
+    logits = 4 * (g.seq // s.cp) * b * g.vocab / s.tp
+    first = per * inflight_layers(m, s, micro_batches) + working
+    out = {"per_layer": per, "layers": inflight_layers(m, s, micro_batches), "working": working, "logits": 0.0,
+           "stage": "first", "total": first}
+    if s.pp == 1:
+        out.update(logits=logits, total=first + logits, stage="only")
+        return out
+    last_layers = split(g, s.pp, s.stage_layers)[-1]
+    held = micro_batches if s.schedule == "gpipe" else 1
+    last = per * last_layers * held + working + logits
+    if last > first:
+        out.update(layers=last_layers * held, logits=logits, total=last, stage="last")
+    return out
+
+
 def memory(m: ModelStats, c: Cluster, t: Training, s: Strategy, micro_batches: int) -> Memory:
     notes: list[str] = []
     by = t.bytes
@@ -107,9 +139,7 @@ def memory(m: ModelStats, c: Cluster, t: Training, s: Strategy, micro_batches: i
     optim = psi * t.optimizer_bytes / (d if s.zero >= 1 else 1) + psi_e * t.optimizer_bytes / (de if s.zero >= 1 else 1)
     b = s.micro_batch
     if m.gpt is not None:
-        act = gpt_layer_act_bytes(m, s, t, b) * inflight_layers(m, s, micro_batches)
-        if s.pp == 1:  # logits for the loss, FP32, split by tp (Korthikanti et al. eq. 3's 4sbv/t)
-            act += 4 * m.gpt.seq // s.cp * b * m.gpt.vocab / s.tp
+        act = activation_parts(m, s, t, micro_batches)["total"]
     elif m.act_bytes_per_sample_fp32 is not None:
         act = m.act_bytes_per_sample_fp32 * b * by["act"] / 4
         if s.recompute != "none":
