@@ -176,7 +176,8 @@ def explain(p: Plan) -> list[str]:
     out: list[str] = []
     f = m.flops_per_sample
     fl = f"; {si(f, 'FLOP')} per training sample (3 x forward)" if f else "; FLOPs unknown (bare --params)"
-    out.append(f"Model {m.name}: {m.params / 1e6:.4g}M parameters ({m.source}){fl}.")
+    count = f"{m.params / 1e9:.4g}B" if m.params >= 1e9 else f"{m.params / 1e6:.4g}M"
+    out.append(f"Model {m.name}: {count} parameters ({m.source}){fl}.")
     if m.moe is not None:
         from tandem.plan import moe_cp as MC
 
@@ -313,8 +314,8 @@ def _activation_sentence(p: Plan) -> str:
              if s.schedule != "gpipe" else " on the last stage", "only": ""}[parts["stage"]]
     return (f"Activations: {form}{f' x {scale:g} ({t.precision})' if scale != 1 else ''} = {gib(per)} per layer "
             f"x {layers:.4g} layers in flight{where}"
-            + (f" + the recomputed layer's working set {gib(working)} (its no-recompute bytes, held during its "
-               f"backward)" if working else "")
+            + (f" + the recomputed layer's working set {gib(working)} (its bytes without the score matrix, "
+               f"held during its backward)" if working else "")
             + (f" + fp32 logits 4 x s x b x V / tp = 4 x {sq} x {s.micro_batch} x {g.vocab} / {s.tp} = {gib(logits)}"
                if logits else "")
             + f" = {gib(parts['total'])}.")

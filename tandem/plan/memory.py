@@ -94,8 +94,9 @@ def activation_parts(m: ModelStats, s: Strategy, t: Training, micro_batches: int
     """Activation bytes of the stage that holds the most, in parts (explain.py prints them):
 
     - ``stored``: the per-layer bytes (Korthikanti et al.) x the layers in flight on the first stage;
-    - ``working``: with full recompute, the layer being recomputed holds its whole forward working set
-      (the no-recompute per-layer bytes) while its backward runs;
+    - ``working``: with full recompute, the layer being recomputed holds its forward working set while its
+      backward runs: the per-layer bytes without the s x s score matrix (34 sbh/t for GPT-3; the recompute
+      runs a fused attention kernel, which never stores it);
     - ``logits``: the loss's FP32 logits, 4 x s x b x V / tp (Korthikanti et al. eq. 3), on the last stage;
     - with a pipeline the last stage (its layers x the micro-batches it holds: 1 under 1F1B, all under
       GPipe, + the logits) wins when it holds more than the first.
@@ -106,7 +107,7 @@ def activation_parts(m: ModelStats, s: Strategy, t: Training, micro_batches: int
     if s.recompute == "full":
         from dataclasses import replace
 
-        working = gpt_layer_act_bytes(m, replace(s, recompute="none"), t, b)
+        working = gpt_layer_act_bytes(m, replace(s, recompute="selective"), t, b)
     logits = 4 * (g.seq // s.cp) * b * g.vocab / s.tp
     first = per * inflight_layers(m, s, micro_batches) + working
     out = {"per_layer": per, "layers": inflight_layers(m, s, micro_batches), "working": working, "logits": 0.0,
