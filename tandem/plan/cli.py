@@ -61,6 +61,10 @@ def plan_cmd(
     overlap_param_gather: Optional[bool] = O(None, "--overlap-param-gather/--no-overlap-param-gather",
                                              help="ZeRO-1/2: gather updated parameters during the next forward "
                                                   "(Megatron's distributed optimizer); default: exposed."),
+    flash_attention: Optional[bool] = O(None, "--flash-attention/--no-flash-attention",
+                                        help="Fused attention (FlashAttention/cuDNN): no s x s scores stored, "
+                                             "so --recompute none keeps selective's memory (default: off, "
+                                             "Korthikanti et al.'s eager attention)."),
     compute_time: Optional[float] = O(None, "--compute-time", help="Measured compute seconds per step per GPU."),
     dp: Optional[int] = O(None, help="Data-parallel degree (default: GPUs / (tp x pp))."),
     tp: Optional[int] = O(None, help="Tensor-parallel degree."),

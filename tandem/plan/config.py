@@ -39,6 +39,8 @@ class Training:
     efficiency: float | None = None          # fraction of the reference FLOP/s sustained (None: default)
     overlap: float | None = None             # override: fraction of the overlap window that hides DP
                                              # communication (None: as the framework schedules it)
+    flash_attention: bool = False            # fused attention (FlashAttention, cuDNN/TE): no s x s score matrix
+                                             # stored, so no 5as/h term without recompute
     overlap_param_gather: bool = False       # ZeRO-1/2: gather updated params during the next forward
                                              # (Megatron --overlap-param-gather); else exposed
     compute_time_s: float | None = None      # measured compute time per step per GPU (replaces FLOPs/rate)

@@ -306,8 +306,11 @@ def _activation_sentence(p: Plan) -> str:
                         f"({e.top_k} x {e.capacity_factor:g} + {e.shared}) x (2 + {(6 if g.gated else 4) * e.expert_ffn / g.hidden:.4g})"
                         f" = {mlp:.4g}")
         lin = (7 + 4 * g.kv_heads / g.heads) + mlp + 4
+        scores = s.recompute == "none" and not t.flash_attention
         form = f"{sbh} x ({lin:.4g}{mlp_note}" + (f" + 5as/h, 5as/h = {5 * g.heads * sq / g.hidden:.4g}"
-                                                  if s.recompute == "none" else "") + f") bytes / tp {s.tp}"
+                                                  if scores else "") + f") bytes / tp {s.tp}" \
+            + (" (--flash-attention: no score matrix stored, no recompute)" if s.recompute == "none"
+               and t.flash_attention else "")
     scale = t.bytes["act"] / 2
     logits, working = parts["logits"], parts["working"]
     where = {"first": " on the first stage", "last": " on the last stage (1F1B: it holds one micro-batch)"

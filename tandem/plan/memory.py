@@ -71,7 +71,7 @@ def gpt_layer_act_bytes(m: ModelStats, s: Strategy, t: Training, b: int) -> floa
         mlp = mlp_act_coeff(m.moe)
     linear = (7 + 4 * g.kv_heads / g.heads) + mlp + 4
     per = sq * b * h * linear / tp
-    if s.recompute == "none":
+    if s.recompute == "none" and not t.flash_attention:   # fused attention kernels store no score matrix
         per += 5 * a * sq * sq * b / tp
     return per * scale
 

@@ -44,8 +44,9 @@ def candidates(m: ModelStats, c: Cluster, t: Training, zeros=(0, 1, 2, 3), recom
                schedules=("1f1b", "gpipe", "interleaved"), virtuals=(2, 4), hsdp=True):
     n = c.world
     is_gpt = m.gpt is not None
-    if recomputes is None:
-        recomputes = ("none", "selective", "full") if is_gpt else ("none",)
+    if recomputes is None:   # with fused attention selective saves nothing over none and costs FLOPs
+        recomputes = (("none", "full") if t.flash_attention else ("none", "selective", "full")) if is_gpt \
+            else ("none",)
     tps = [d for d in divisors(n) if is_gpt or d == 1]
     moe = getattr(m, "moe", None)
     for tp, cp in ((tp, cp) for tp in tps for cp in context_degrees(m, n // tp)):

@@ -109,3 +109,17 @@ def test_cli_cp_ep(tmp_path):
     bad = CliRunner().invoke(app, ["plan", "llama2-7b", "--cp", "3"])
     assert isinstance(bad.exception, ConfigError) and bad.exception.field == "cp"
     assert "tp 1 x pp 1 x cp 3 = 3 does not divide the 8 GPUs (8 % 3 = 2)" in str(bad.exception)
+
+
+def test_flash_attention_drops_the_score_matrix_without_recompute():
+    c = make_cluster(**H100x8)
+    m = preset("llama2-7b", seq=32768)
+    s = Strategy(dp=4, cp=2, micro_batch=1)
+    eager = evaluate(m, c, Training(global_batch=8), s)
+    fused = evaluate(m, c, Training(global_batch=8, flash_attention=True), s)
+    sel = evaluate(m, c, Training(global_batch=8), Strategy(dp=4, cp=2, micro_batch=1, recompute="selective"))
+    assert fused.memory.activations == pytest.approx(sel.memory.activations)
+    assert fused.memory.activations < eager.memory.activations / 3
+    assert fused.compute_s == eager.compute_s < sel.compute_s          # no recompute FLOPs
+    line = next(x for x in to_dict(fused)["explain"] if x.startswith("Activations:"))
+    assert "5as/h" not in line and "--flash-attention" in line
