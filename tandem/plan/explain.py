@@ -259,6 +259,8 @@ def explain(p: Plan) -> list[str]:
                f"bytes/param before sharding) + activations {gib(mem.activations)} + other "
                f"{gib(mem.other)} = {gib(mem.total)} of {gib(mem.capacity)}: "
                f"{'fits' if mem.fits else 'does NOT fit'}.")
+    if m.moe is not None:
+        out.append(_moe_states_sentence(p))
     if m.gpt is not None:
         out.append(_activation_sentence(p))
     if step > 0 and p.compute_model_s > 0 and s.world > 1:
@@ -280,6 +282,22 @@ def explain(p: Plan) -> list[str]:
                    f"{secs * s.world / 3600:,.0f} GPU-hours{cost}.")
     out.append("Left out: " + "; ".join(LEFT_OUT) + ".")
     return out
+
+
+def _moe_states_sentence(p: Plan) -> str:
+    """Where an MoE model's parameters sit: the non-expert ones as a dense model's, the experts over ep."""
+    from tandem.plan import stages as ST
+    from tandem.plan.memory import expert_shard_group, shard_group
+    from tandem.plan.moe_cp import stage_states
+
+    m, s, t, c = p.model, p.strategy, p.training, p.cluster
+    dense, expert = stage_states(m.moe, ST.split(m.gpt, s.pp, s.stage_layers), s.tp, s.ep)
+    d, de = shard_group(s, c), expert_shard_group(s, c)
+    k = t.bytes["param"] + t.bytes["grad"] + t.optimizer_bytes
+    return (f"Model states (MoE): {dense / 1e9:.4g}B non-expert parameters per GPU (/ tp {s.tp} on the stage "
+            f"holding the most; ZeRO-{s.zero} shards over dp x cp = {d}) + {expert / 1e9:.4g}B expert parameters "
+            f"per GPU (/ (ep {s.ep} x tp {s.tp}) on that stage; ZeRO-{s.zero} shards over dp x cp / ep = {de}), "
+            f"{k} bytes each before sharding.")
 
 
 def _activation_sentence(p: Plan) -> str:

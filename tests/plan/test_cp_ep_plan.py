@@ -123,3 +123,12 @@ def test_flash_attention_drops_the_score_matrix_without_recompute():
     assert fused.compute_s == eager.compute_s < sel.compute_s          # no recompute FLOPs
     line = next(x for x in to_dict(fused)["explain"] if x.startswith("Activations:"))
     assert "5as/h" not in line and "--flash-attention" in line
+
+
+def test_moe_stage_states_add_up_and_put_the_dense_layers_first():
+    d = M.DEEPSEEK_V3
+    dense, expert = M.stage_states(d, (61,), 1, 1)
+    assert dense + expert == pytest.approx(M.params(d)) and expert == M.expert_params(d)
+    # 61 layers on 2 stages (31, 30): the first holds the embedding and the 3 dense layers, so fewer experts
+    first = M.stage_states(d, (31, 0), 1, 8)
+    assert first[1] == pytest.approx((31 - 3) * d.experts * M.mlp_params(d.base, d.expert_ffn) / 8)
