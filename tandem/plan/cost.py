@@ -181,9 +181,11 @@ def validate(m: ModelStats, c: Cluster, t: Training, s: Strategy) -> None:
                      else why[:2] if why[:3] in ("cp ", "ep ")
                      else "micro-batch" if "micro-batch" in why
                      else "global-batch" if "global batch" in why else "tp" if "tp" in why else "pp")
-        raise ConfigError(why, field=fieldname,
-                          fix="choose degrees whose product is the GPU count and that divide batch, "
-                              "heads and layers (or use --search)")
+        fix = {"ep": "choose --ep dividing dp and the experts (an MoE model only), or use --search",
+               "cp": "choose --cp so that 2 x cp divides the sequence (a transformer only), or use --search"}.get(
+            fieldname, "choose degrees whose product is the GPU count and that divide batch, heads and layers "
+                       "(or use --search)")
+        raise ConfigError(why, field=fieldname, fix=fix)
 
 
 def default_efficiency(m: ModelStats, c: Cluster, t: Training) -> float:

@@ -190,9 +190,10 @@ def with_moe(moe, v: dict, name: str) -> ModelStats:
     if moe.top_k > moe.experts:
         raise ConfigError(f"top-k {moe.top_k} is more than the {moe.experts} experts", field="top-k",
                           value=moe.top_k, fix=f"give --top-k between 1 and {moe.experts}")
-    if not moe.capacity_factor >= 1:
-        raise ConfigError("must be at least 1 (slots per expert over the balanced share)", field="capacity-factor",
-                          value=moe.capacity_factor, fix="give --capacity-factor 1.0 (dropless: 1) or more")
+    if not moe.capacity_factor > 0:
+        raise ConfigError("must be positive (token slots per expert over its balanced share)",
+                          field="capacity-factor", value=moe.capacity_factor,
+                          fix="give --capacity-factor 1.0 (each expert padded to its balanced share) or more")
     return moe_stats(moe, name)
 
 
