@@ -22,7 +22,8 @@ O = typer.Option
 
 def plan_cmd(
     model: Optional[str] = typer.Argument(None, help="resnet18 | resnet50 | gpt3-175b | gpt-1t | llama2-7b | "
-                                          "llama2-70b | mixtral-8x7b | deepseek-v3 | gpt (with --layers ...) | config.json | pkg.mod:factory"),
+                                          "llama2-70b | mixtral-8x7b | deepseek-v3 | gpt (with --layers ...) | "
+                                          "config.json | pkg.mod:factory"),
     params: Optional[float] = O(None, help="Parameter count (alone: model states only; with a CNN preset: "
                                 "overrides its count)."),
     layers: Optional[int] = O(None, help="GPT: transformer layers."),
@@ -66,7 +67,7 @@ def plan_cmd(
                                              "so --recompute none keeps selective's memory (default: off, "
                                              "Korthikanti et al.'s eager attention)."),
     compute_time: Optional[float] = O(None, "--compute-time", help="Measured compute seconds per step per GPU."),
-    dp: Optional[int] = O(None, help="Data-parallel degree (default: GPUs / (tp x pp))."),
+    dp: Optional[int] = O(None, help="Data-parallel degree (default: GPUs / (tp x pp x cp))."),
     tp: Optional[int] = O(None, help="Tensor-parallel degree."),
     pp: Optional[int] = O(None, help="Pipeline-parallel degree."),
     cp: Optional[int] = O(None, help="Context-parallel degree: ring attention over cp GPUs per sequence "

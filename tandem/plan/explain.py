@@ -309,7 +309,8 @@ def _activation_sentence(p: Plan) -> str:
     parts = activation_parts(m, s, t, p.grad_accum)
     per, layers = parts["per_layer"], parts["layers"]
     sq = g.seq // s.cp
-    sbh = (f"s x b x h = {g.seq}/cp {s.cp} x" if s.cp > 1 else f"s x b x h = {g.seq} x") + f" {s.micro_batch} x {g.hidden}"
+    sbh = (f"s x b x h = {g.seq}/cp {s.cp} x" if s.cp > 1 else f"s x b x h = {g.seq} x") \
+        + f" {s.micro_batch} x {g.hidden}"
     if s.recompute == "full":
         form = f"2 x {sbh} / tp {s.tp} (full recompute keeps the layer input)"
     else:
@@ -320,8 +321,9 @@ def _activation_sentence(p: Plan) -> str:
 
             e = m.moe
             mlp = mlp_act_coeff(e)
-            mlp_note = (f", MoE MLP 3 + (top_k x capacity + shared) x (2 + {6 if g.gated else 4} x expert_ffn/h) = 3 + "
-                        f"({e.top_k} x {e.capacity_factor:g} + {e.shared}) x (2 + {(6 if g.gated else 4) * e.expert_ffn / g.hidden:.4g})"
+            k = 6 if g.gated else 4
+            mlp_note = (f", MoE MLP 3 + (top_k x capacity + shared) x (2 + {k} x expert_ffn/h) = 3 + "
+                        f"({e.top_k} x {e.capacity_factor:g} + {e.shared}) x (2 + {k * e.expert_ffn / g.hidden:.4g})"
                         f" = {mlp:.4g}")
         lin = (7 + 4 * g.kv_heads / g.heads) + mlp + 4
         scores = s.recompute == "none" and not t.flash_attention
