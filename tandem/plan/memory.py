@@ -51,7 +51,7 @@ def expert_shard_group(s: Strategy, c: Cluster) -> int:
     return max(1, shard_group(s, c) // s.ep)
 
 
-def gpt_layer_act_bytes(m: ModelStats, s: Strategy, t: Training, b: int) -> float:
+def gpt_layer_act_bytes(m: ModelStats, s: Strategy, t: Training, b: int, recompute: str | None = None) -> float:
     """Activation bytes of one transformer layer for one micro-batch of b sequences.
 
     Korthikanti et al. 2022, Table 2, with sequence parallelism (assumed whenever tp > 1):
@@ -62,7 +62,8 @@ def gpt_layer_act_bytes(m: ModelStats, s: Strategy, t: Training, b: int) -> floa
     g = m.gpt
     h, sq, a, tp = g.hidden, g.seq // s.cp, g.heads, s.tp   # cp: each GPU holds s/cp tokens
     scale = t.bytes["act"] / 2  # the formula counts 2-byte activations and 1-byte masks
-    if s.recompute == "full":
+    rc = recompute or s.recompute
+    if rc == "full":
         return 2 * sq * b * h / tp * scale
     mlp = 3 + (6 if g.gated else 4) * g.ffn / h
     if m.moe is not None:
@@ -71,7 +72,7 @@ def gpt_layer_act_bytes(m: ModelStats, s: Strategy, t: Training, b: int) -> floa
         mlp = mlp_act_coeff(m.moe)
     linear = (7 + 4 * g.kv_heads / g.heads) + mlp + 4
     per = sq * b * h * linear / tp
-    if s.recompute == "none" and not t.flash_attention:   # fused attention kernels store no score matrix
+    if rc == "none" and not t.flash_attention:   # fused attention kernels store no score matrix
         per += 5 * a * sq * sq * b / tp
     return per * scale
 
@@ -103,15 +104,11 @@ def activation_parts(m: ModelStats, s: Strategy, t: Training, micro_batches: int
     """
     g, b = m.gpt, s.micro_batch
     per = gpt_layer_act_bytes(m, s, t, b)
-    working = 0.0
-    if s.recompute == "full":
-        from dataclasses import replace
-
-        working = gpt_layer_act_bytes(m, replace(s, recompute="selective"), t, b)
+    working = gpt_layer_act_bytes(m, s, t, b, "selective") if s.recompute == "full" else 0.0
     logits = 4 * (g.seq // s.cp) * b * g.vocab / s.tp
-    first = per * inflight_layers(m, s, micro_batches) + working
-    out = {"per_layer": per, "layers": inflight_layers(m, s, micro_batches), "working": working, "logits": 0.0,
-           "stage": "first", "total": first}
+    layers = inflight_layers(m, s, micro_batches)
+    first = per * layers + working
+    out = {"per_layer": per, "layers": layers, "working": working, "logits": 0.0, "stage": "first", "total": first}
     if s.pp == 1:
         out.update(logits=logits, total=first + logits, stage="only")
         return out
