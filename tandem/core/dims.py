@@ -34,6 +34,8 @@ class ParallelDims:
     dp_shard: int
     tp: int
     strategy: str = "ddp"
+    cp: int = 1     # context parallel (planner only): ranks splitting each sequence, next to tp
+    ep: int = 1     # expert parallel (planner only): carved out of dp, experts split over ep ranks
 
     @property
     def dp(self) -> int:
@@ -51,18 +53,20 @@ class ParallelDims:
 
     @classmethod
     def from_degrees(cls, dp: int, tp: int = 1, pp: int = 1, zero: int = 0, hybrid: bool = False,
-                     ranks_per_node: int | None = None) -> "ParallelDims":
+                     ranks_per_node: int | None = None, cp: int = 1, ep: int = 1) -> "ParallelDims":
         """Degrees in the planner's terms (a ZeRO stage, hybrid or not) to dims; no spec checks.
 
-        hybrid: the ZeRO stage shards over the dp ranks of one node (``ranks_per_node // tp`` of
+        hybrid: the ZeRO stage shards over the dp ranks of one node (``ranks_per_node // (tp x cp)`` of
         them, or the largest divisor of dp below that, as a DeviceMesh needs) and replicates across.
+        world = pp x dp x cp x tp (Megatron-core's order, tp innermost, then cp); ep lies inside dp.
         """
         shard = dp
         if hybrid and zero >= 1:
-            room = max(1, (ranks_per_node or dp * tp) // tp)
+            room = max(1, (ranks_per_node or dp * tp * cp) // (tp * cp))
             shard = max(d for d in range(1, min(dp, room) + 1) if dp % d == 0)
         name = "hsdp" if hybrid and zero == 3 else STAGE_NAME[zero]
-        return cls(world=dp * tp * pp, pp=pp, dp_replicate=dp // shard, dp_shard=shard, tp=tp, strategy=name)
+        return cls(world=dp * tp * pp * cp, pp=pp, dp_replicate=dp // shard, dp_shard=shard, tp=tp, strategy=name,
+                   cp=cp, ep=ep)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -85,13 +89,19 @@ class ParallelDims:
         """(mesh, dp mesh): the DeviceMesh (collective: every rank calls it) and its flattened dp dimension."""
         from torch.distributed.device_mesh import init_device_mesh
 
+        _need(self.cp == 1 and self.ep == 1, f"context/expert parallelism (cp {self.cp}, ep {self.ep}) is modelled "
+              "by `tandem plan` only; the trainer does not run it", "parallel", (self.cp, self.ep),
+              "train with cp 1 and ep 1")
+
         mesh = init_device_mesh(device_type, self.shape, mesh_dim_names=self.names)
         return mesh, mesh["dp_replicate", "dp_shard"]._flatten("dp")
 
     def describe(self) -> str:
         dp = f"dp {self.dp}" + (f" (replicate {self.dp_replicate} x shard {self.dp_shard})"
                                 if self.dp_replicate > 1 else "")
-        return f"{self.strategy}: pp {self.pp} x {dp} x tp {self.tp} = {self.world} ranks"
+        cp = f" x cp {self.cp}" if self.cp > 1 else ""
+        ep = f" (ep {self.ep} inside dp)" if self.ep > 1 else ""
+        return f"{self.strategy}: pp {self.pp} x {dp}{ep}{cp} x tp {self.tp} = {self.world} ranks"
 
 
 def _need(cond: bool, message: str, field: str, value, fix: str) -> None:

@@ -22,7 +22,8 @@ O = typer.Option
 
 def plan_cmd(
     model: Optional[str] = typer.Argument(None, help="resnet18 | resnet50 | gpt3-175b | gpt-1t | llama2-7b | "
-                                          "llama2-70b | gpt (with --layers ...) | config.json | pkg.mod:factory"),
+                                          "llama2-70b | mixtral-8x7b | deepseek-v3 | gpt (with --layers ...) | "
+                                          "config.json | pkg.mod:factory"),
     params: Optional[float] = O(None, help="Parameter count (alone: model states only; with a CNN preset: "
                                 "overrides its count)."),
     layers: Optional[int] = O(None, help="GPT: transformer layers."),
@@ -33,6 +34,12 @@ def plan_cmd(
     seq: Optional[int] = O(None, help="Sequence length."),
     vocab: Optional[int] = O(None, help="GPT: vocabulary size."),
     gated: Optional[bool] = O(None, "--gated/--no-gated", help="GPT: SwiGLU MLP (three matrices)."),
+    experts: Optional[int] = O(None, help="MoE: routed experts per layer (with gpt --layers ...; or overrides "
+                               "a preset's)."),
+    top_k: Optional[int] = O(None, "--top-k", help="MoE: experts each token runs (default 1)."),
+    expert_ffn: Optional[int] = O(None, "--expert-ffn", help="MoE: an expert's MLP inner size (default --ffn)."),
+    capacity_factor: Optional[float] = O(None, "--capacity-factor",
+                                         help="MoE: token slots per expert over the balanced share (default 1)."),
     input_shape: Optional[str] = O(None, "--input-shape",
                                    help="Input of a pkg.mod:factory model (C,H,W, or tokens:SEQ)."),
     gpu: Optional[str] = O(None, help="GPU preset (a100-80gb, h100-sxm, ...; default a100-80gb)."),
@@ -55,10 +62,17 @@ def plan_cmd(
     overlap_param_gather: Optional[bool] = O(None, "--overlap-param-gather/--no-overlap-param-gather",
                                              help="ZeRO-1/2: gather updated parameters during the next forward "
                                                   "(Megatron's distributed optimizer); default: exposed."),
+    flash_attention: Optional[bool] = O(None, "--flash-attention/--no-flash-attention",
+                                        help="Fused attention (FlashAttention/cuDNN): no s x s scores stored, "
+                                             "so --recompute none keeps selective's memory (default: off, "
+                                             "Korthikanti et al.'s eager attention)."),
     compute_time: Optional[float] = O(None, "--compute-time", help="Measured compute seconds per step per GPU."),
-    dp: Optional[int] = O(None, help="Data-parallel degree (default: GPUs / (tp x pp))."),
+    dp: Optional[int] = O(None, help="Data-parallel degree (default: GPUs / (tp x pp x cp))."),
     tp: Optional[int] = O(None, help="Tensor-parallel degree."),
     pp: Optional[int] = O(None, help="Pipeline-parallel degree."),
+    cp: Optional[int] = O(None, help="Context-parallel degree: ring attention over cp GPUs per sequence "
+                          "(world = dp x tp x pp x cp)."),
+    ep: Optional[int] = O(None, help="Expert-parallel degree (MoE): experts split over ep of the dp ranks."),
     zero: Optional[int] = O(None, help="ZeRO stage 0-3 (3 = FSDP full shard)."),
     schedule: Optional[str] = O(None, help="Pipeline schedule: 1f1b | gpipe | interleaved."),
     virtual: Optional[int] = O(None, help="Interleaved: model chunks per stage (default 2)."),

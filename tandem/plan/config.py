@@ -39,6 +39,8 @@ class Training:
     efficiency: float | None = None          # fraction of the reference FLOP/s sustained (None: default)
     overlap: float | None = None             # override: fraction of the overlap window that hides DP
                                              # communication (None: as the framework schedules it)
+    flash_attention: bool = False            # fused attention (FlashAttention, cuDNN/TE): no s x s score matrix
+                                             # stored, so no 5as/h term without recompute
     overlap_param_gather: bool = False       # ZeRO-1/2: gather updated params during the next forward
                                              # (Megatron --overlap-param-gather); else exposed
     compute_time_s: float | None = None      # measured compute time per step per GPU (replaces FLOPs/rate)
@@ -104,15 +106,19 @@ class Strategy:
     def __init__(self, dims: ParallelDims | None = None, micro_batch: int = 0, schedule: str = "1f1b",
                  virtual: int = 1, recompute: str = "none", stage_layers: tuple[int, ...] | None = None, *,
                  dp: int = 1, tp: int = 1, pp: int = 1, zero: int = 0, hsdp: bool = False,
-                 ranks_per_node: int | None = None) -> None:
+                 ranks_per_node: int | None = None, cp: int = 1, ep: int = 1) -> None:
         if dims is None:
-            for k, v in (("dp", dp), ("tp", tp), ("pp", pp)):
+            for k, v in (("dp", dp), ("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep)):
                 if not isinstance(v, int) or v <= 0:
                     raise ConfigError("must be a positive integer", field=k, value=v, fix=f"give --{k} >= 1")
             if zero not in (0, 1, 2, 3):
                 raise ConfigError("must be 0, 1, 2 or 3", field="zero", value=zero,
                                   fix="0 = DDP, 1/2/3 = ZeRO stage (3 = FSDP full shard)")
-            dims = ParallelDims.from_degrees(dp, tp, pp, zero, hsdp, ranks_per_node)
+            if dp % ep:
+                raise ConfigError(f"ep {ep} must divide dp {dp} (expert parallelism is carved out of the "
+                                  f"data-parallel ranks: {dp} % {ep} = {dp % ep})", field="ep", value=ep,
+                                  fix=f"choose --ep among the divisors of dp {dp}")
+            dims = ParallelDims.from_degrees(dp, tp, pp, zero, hsdp, ranks_per_node, cp, ep)
         self.dims, self.micro_batch, self.stage_layers = dims, micro_batch, stage_layers
         if not isinstance(virtual, int) or virtual <= 0:
             raise ConfigError("must be a positive integer", field="virtual", value=virtual, fix="give --virtual >= 1")
@@ -139,19 +145,24 @@ class Strategy:
     pp = property(lambda self: self.dims.pp)
     zero = property(lambda self: self.dims.zero)
     hsdp = property(lambda self: self.dims.hybrid)
+    cp = property(lambda self: self.dims.cp)
+    ep = property(lambda self: self.dims.ep)
 
     def with_zero(self, zero: int, ranks_per_node: int | None = None) -> "Strategy":
         """The same strategy at another ZeRO stage."""
         d = self.dims
-        dims = ParallelDims.from_degrees(d.dp, d.tp, d.pp, zero, d.hybrid, ranks_per_node or d.dp_shard * d.tp)
+        dims = ParallelDims.from_degrees(d.dp, d.tp, d.pp, zero, d.hybrid, ranks_per_node or d.dp_shard * d.tp * d.cp,
+                                         d.cp, d.ep)
         return replace(self, dims=dims)
 
     @property
     def world(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.pp * self.cp
 
     def label(self) -> str:
-        s = f"dp{self.dp} tp{self.tp} pp{self.pp} z{self.zero}{'h' if self.hsdp else ''} mb{self.micro_batch}"
+        s = f"dp{self.dp} tp{self.tp} pp{self.pp}"
+        s += (f" cp{self.cp}" if self.cp > 1 else "") + (f" ep{self.ep}" if self.ep > 1 else "")
+        s += f" z{self.zero}{'h' if self.hsdp else ''} mb{self.micro_batch}"
         if self.pp > 1:
             s += f" {self.schedule}" + (f"x{self.virtual}" if self.schedule == "interleaved" else "")
         if self.recompute != "none":

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from tandem.core.errors import ConfigError
 from tandem.plan import comm as C
 from tandem.plan import gemm as G
+from tandem.plan import moe_cp as MC
 from tandem.plan import overlap as O
 from tandem.plan import stages as ST
 from tandem.plan.config import Strategy, Training
@@ -137,12 +138,18 @@ class Plan:
 def check(m: ModelStats, c: Cluster, t: Training, s: Strategy) -> str | None:
     """Why this strategy is invalid, or None. (The search skips; the CLI raises.)"""
     if s.world != c.world:
+        if s.cp > 1:
+            return (f"dp x tp x pp x cp = {s.dp}x{s.tp}x{s.pp}x{s.cp} = {s.world}, but the cluster has "
+                    f"{c.world} GPUs")
         return f"dp x tp x pp = {s.dp}x{s.tp}x{s.pp} = {s.world}, but the cluster has {c.world} GPUs"
     if t.global_batch % s.dp:
         return f"global batch {t.global_batch} is not divisible by dp {s.dp}"
     per_replica = t.global_batch // s.dp
     if s.micro_batch and per_replica % s.micro_batch:
         return f"micro-batch {s.micro_batch} does not divide the {per_replica} samples per data-parallel rank"
+    why = MC.check_cp_ep(m, s)
+    if why:
+        return why
     if m.gpt is None and (s.tp > 1 or s.pp > 1):
         return f"tp/pp need a transformer shape; {m.name} is a {m.kind} model (use dp and zero)"
     if m.gpt is not None:
@@ -171,11 +178,14 @@ def validate(m: ModelStats, c: Cluster, t: Training, s: Strategy) -> None:
     why = check(m, c, t, s)
     if why:
         fieldname = ("stage-layers" if why.startswith("stage-layers") else "dp" if "cluster has" in why
+                     else why[:2] if why[:3] in ("cp ", "ep ")
                      else "micro-batch" if "micro-batch" in why
                      else "global-batch" if "global batch" in why else "tp" if "tp" in why else "pp")
-        raise ConfigError(why, field=fieldname,
-                          fix="choose degrees whose product is the GPU count and that divide batch, "
-                              "heads and layers (or use --search)")
+        fix = {"ep": "choose --ep dividing dp and the experts (an MoE model only), or use --search",
+               "cp": "choose --cp so that 2 x cp divides the sequence (a transformer only), or use --search"}.get(
+            fieldname, "choose degrees whose product is the GPU count and that divide batch, heads and layers "
+                       "(or use --search)")
+        raise ConfigError(why, field=fieldname, fix=fix)
 
 
 def default_efficiency(m: ModelStats, c: Cluster, t: Training) -> float:
@@ -224,8 +234,8 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
         attn_fpg = ((3 + {"none": 0, "selective": 3, "full": 1}[s.recompute]) * g.seq * g.layers * g.attn_score_fwd_flops_per_token()
                     * t.global_batch / n)
         attn_rate = c.flops_ref("bf16") * eff if t.precision == "fp8" else rate
-        gemm = G.roofline(g, s.tp, s.micro_batch, 1 if t.precision == "fp8" else by["act"], rate,
-                          c.gpu.memory_Bps)
+        gemm = G.roofline(MC.cp_shape(g, s.cp) if s.cp > 1 else g, s.tp, s.micro_batch,
+                          1 if t.precision == "fp8" else by["act"], rate, c.gpu.memory_Bps)
         attn_s = attn_fpg / attn_rate
         attn_bf16 = attn_s if t.precision == "fp8" else 0.0
         compute = (hw_fpg - attn_fpg) / (rate * gemm) + attn_s
@@ -245,18 +255,22 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
 
     # ---- communication
     ops: list[CommOp] = []
-    dpg = C.layout(s.dp, s.tp, gpn)
+    dpg = C.layout(s.dp * s.cp, s.tp, gpn)   # cp ranks hold the same weights: gradients reduce over dp x cp
     if s.hsdp and s.zero >= 1:
         shard = shard_group(s, c)
         shard_g = C.layout(shard, s.tp, gpn)
-        repl_g = C.layout(s.dp // shard, s.tp * shard, gpn)
+        repl_g = C.layout(s.dp * s.cp // shard, s.tp * shard, gpn)
     else:
         shard_g, repl_g = dpg, C.Group(1, 1, 1)
-    if s.dp > 1:
+    if s.dp * s.cp > 1:
         ops += dp_ops(m, c, t, s, mb, compute, f_model, f_hw, dpg, shard_g, repl_g)
+    if m.gpt is not None and (s.cp > 1 or s.ep > 1):
+        stage_n = max(counts) if counts else m.gpt.layers
+        attn_rate = c.flops_ref("bf16") * eff if t.precision == "fp8" else rate
+        ops += [CommOp(**d) for d in MC.cp_ep_ops(m, c, s, by, mb, stage_n, attn_rate, s.recompute)]
     if m.gpt is not None and (s.tp > 1 or s.pp > 1):
         g = m.gpt
-        act = s.micro_batch * g.seq * g.hidden * by["act"]
+        act = s.micro_batch * g.seq // s.cp * g.hidden * by["act"]
         if s.tp > 1:
             tpg = C.layout(s.tp, 1, gpn)
             per_layer = 4 + (2 if s.recompute == "full" else 0)   # 2 fwd + 2 bwd (+2 recomputed fwd)
@@ -279,6 +293,8 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
 def stage_psi(m: ModelStats, s: Strategy) -> float:
     """Parameters per GPU on the stage holding the most: with a pipeline, the first (embedding) or the last
     (output layer, or the tied embedding's copy Megatron keeps there)."""
+    if m.moe is not None:   # the non-expert weights; expert gradients go over their own group (dp_ops)
+        return MC.stage_states(m.moe, ST.split(m.gpt, s.pp, s.stage_layers), s.tp, s.ep)[0]
     if m.gpt is None or s.pp == 1:
         return m.params / (s.tp * s.pp)
     return ST.max_stage_params(m.gpt, ST.split(m.gpt, s.pp, s.stage_layers)) / s.tp
@@ -289,7 +305,8 @@ def _fsdp_units(m: ModelStats, s: Strategy, psi: float) -> tuple[int, float]:
     unit per largest layer. Returns (units, root parameters per GPU before sharding)."""
     if m.gpt is not None:
         units = max(1, m.gpt.layers // s.pp)
-        return units, max(0.0, psi - units * m.gpt.layer_params() / s.tp)
+        lp = m.gpt.layer_params() if m.moe is None else MC.dense_layer_params(m.moe)
+        return units, max(0.0, psi - units * lp / s.tp)
     if m.largest_layer_params:
         return max(1, int(-(-psi // m.largest_layer_params))), 0.0
     return 1, 0.0
@@ -319,13 +336,12 @@ def dp_ops(m: ModelStats, c: Cluster, t: Training, s: Strategy, mb: int, compute
         return CommOp(name, kind, nbytes, calls, g, C.link_name(g, c), tm * calls, exposed, chunks, algo, rule,
                       window)
 
+    bucket = max(MEGATRON_BUCKET_PARAMS, MEGATRON_BUCKET_PER_DP * s.dp)
     if s.zero == 0:
         buckets = max(1, int(-(-gbytes // t.bucket_bytes)))
         ops.append(op("dp-grad", "all_reduce", gbytes, 1, dpg, buckets, "buckets", bwd,
                       lambda tm: O.pipelined(tm, buckets, bwd)))
-        return ops
-    bucket = max(MEGATRON_BUCKET_PARAMS, MEGATRON_BUCKET_PER_DP * s.dp)
-    if s.zero <= 2:
+    elif s.zero <= 2:
         buckets = max(1, int(-(-psi // bucket)))
         rs_calls = mb if s.zero == 2 else 1   # sharded grads cannot accumulate locally: every micro-batch
         ops.append(op("dp-grad", "reduce_scatter", gbytes, rs_calls, shard_g, buckets, "buckets", bwd,
@@ -360,4 +376,28 @@ def dp_ops(m: ModelStats, c: Cluster, t: Training, s: Strategy, mb: int, compute
         shard = shard_g.size
         ops.append(op("hsdp-replicas", "all_reduce", gbytes / shard, 1, repl_g, buckets, "buckets", bwd,
                       lambda tm: O.pipelined(tm, buckets, bwd)))
+    if m.moe is not None:
+        # expert weights: reduced (and ZeRO-sharded) over the dp x cp / ep ranks holding the same experts, on
+        # the stream the dense gradients use: they hide in what of backward the dense ones leave
+        psi_e = MC.stage_states(m.moe, ST.split(m.gpt, s.pp, s.stage_layers), s.tp, s.ep)[1]
+        eg = MC.expert_dp_group(s, c.gpus_per_node)
+        if eg.size > 1 and psi_e > 0:
+            left = max(0.0, bwd - sum(o.time_s / o.calls for o in ops if o.name == "dp-grad"))
+            eb = max(1, int(-(-(psi_e * by["grad"]) // t.bucket_bytes))) if s.zero == 0 \
+                else max(1, int(-(-psi_e // bucket)))
+            if s.zero == 0:
+                ops.append(op("ep-grad", "all_reduce", psi_e * by["grad"], 1, eg, eb, "buckets", left,
+                              lambda tm: O.pipelined(tm, eb, left)))
+            else:
+                ops.append(op("ep-grad", "reduce_scatter", psi_e * by["grad"], 1 if s.zero == 1 else mb, eg, eb,
+                              "buckets", left, lambda tm: O.pipelined(tm, eb, left)))
+                if s.zero == 3:   # gathered before forward and backward, prefetched behind compute
+                    ops.append(op("ep-params", "all_gather", psi_e * by["param"], 2 * mb, eg, eb, "prefetch",
+                                  fwd, lambda tm: O.pipelined(tm, eb, fwd)))
+                elif t.overlap_param_gather:
+                    ops.append(op("ep-params", "all_gather", psi_e * by["param"], 1, eg, eb, "prefetch", fwd,
+                                  lambda tm: O.pipelined(tm, eb, fwd)))
+                else:
+                    ops.append(op("ep-params", "all_gather", psi_e * by["param"], 1, eg, eb, "none", 0.0,
+                                  lambda tm: tm))
     return ops

@@ -43,7 +43,40 @@ LEFT_OUT = ("data loading and preprocessing", "stragglers and network congestion
             "optimizer-step time", "GEMM efficiency falling at small shapes")
 
 
+def _cp_ep_sentence(p: Plan, o) -> str:
+    """Ring attention's K/V passing and MoE token routing, with their arithmetic (moe_cp.py)."""
+    c, s, g = p.cluster, p.strategy, p.model.gpt
+    link = f"{o.link} ({'crosses nodes' if o.group.crosses_nodes else 'inside a node'})"
+    if o.name == "cp-ring":
+        sf, sb, bf, bb, passes = o.detail
+        chunk = g.seq // s.cp
+        layers = o.calls // max(1, (passes + 1) * (s.cp - 1) * p.grad_accum)
+        return (f"cp-ring: ring attention over cp {s.cp} GPUs on {link}: each holds s/cp = {g.seq}/{s.cp} = {chunk} "
+                f"tokens; per layer and micro-batch {s.cp - 1} steps pass K and V, 2 x b x s/cp x kv_dim = 2 x "
+                f"{s.micro_batch} x {chunk} x {g.kv_dim} x {p.training.bytes['act']} B = {si(o.bytes)} "
+                f"({ms(sf)} a step forward, {ms(sb)} backward with dK, dV), each behind one block's attention, "
+                f"4 x b x (s/cp)^2 x h FLOPs = {ms(bf)} forward, {ms(bb)} backward: exposed = steps x "
+                f"(max(0, {ms(sf)} - {ms(bf)}){' x 2 (full recompute)' if passes > 1 else ''} + max(0, {ms(sb)} - "
+                f"{ms(bb)})) over {s.cp - 1} steps x {layers} layers x {p.grad_accum} micro-batches = "
+                f"{ms(o.exposed_s)} of {ms(o.time_s)}")
+    per, calls = o.detail
+    moe = p.model.moe
+    tokens = s.micro_batch * g.seq / (s.cp * s.tp)
+    local = o.group.local
+    return (f"ep-all-to-all: MoE token routing over ep {s.ep} GPUs on {link} ({local} of them per node): "
+            f"{calls} all-to-alls per micro-batch ({'6' if s.recompute == 'full' else '4'} per MoE layer: dispatch "
+            f"and combine, forward and backward) of b x s/(cp x tp) x top_k x capacity x h = {s.micro_batch} x "
+            f"{tokens:.6g} x {moe.top_k} x {moe.capacity_factor:g} x {g.hidden} x {p.training.bytes['act']} B = "
+            f"{si(o.bytes)} per GPU, ({local}-1)/{s.ep} of it on {c.intra.name}, ({s.ep}-{local})/{s.ep} through "
+            f"the NICs at {si(c.node_bandwidth_Bps / c.gpus_per_node, 'B/s')} per GPU, + {s.ep - 1} message "
+            f"latencies = {ms(per)} per call, x {calls} x {p.grad_accum} micro-batches = {ms(o.time_s)} per step; "
+            f"nothing hides it "
+            f"(Megatron's default)")
+
+
 def _comm_sentence(p: Plan, o) -> str:
+    if o.name in ("cp-ring", "ep-all-to-all"):
+        return _cp_ep_sentence(p, o)
     c = p.cluster
     g = o.group
     per = o.time_s / max(1, o.calls)
@@ -111,6 +144,8 @@ def overlap_rule(p: Plan) -> str:
 
 
 def _exposed_sentence(o) -> str:
+    if o.name in ("cp-ring", "ep-all-to-all"):
+        return "the arithmetic is above."
     k, per = max(1, o.chunks), o.time_s / max(1, o.calls)
     ex = o.exposed_s / max(1, o.calls)
     if o.exposed_s >= o.time_s:
@@ -141,11 +176,24 @@ def explain(p: Plan) -> list[str]:
     out: list[str] = []
     f = m.flops_per_sample
     fl = f"; {si(f, 'FLOP')} per training sample (3 x forward)" if f else "; FLOPs unknown (bare --params)"
-    out.append(f"Model {m.name}: {m.params / 1e6:.4g}M parameters ({m.source}){fl}.")
-    out.append(f"Strategy {s.label()}: {s.world} GPUs = dp {s.dp} x tp {s.tp} x pp {s.pp} on "
+    count = f"{m.params / 1e9:.4g}B" if m.params >= 1e9 else f"{m.params / 1e6:.4g}M"
+    out.append(f"Model {m.name}: {count} parameters ({m.source}){fl}.")
+    if m.moe is not None:
+        from tandem.plan import moe_cp as MC
+
+        e = m.moe
+        out.append(f"MoE: {e.moe_layers} of {m.gpt.layers} layers route each token to top_k {e.top_k} of {e.experts} "
+                   f"experts (inner size {e.expert_ffn}{f', + {e.shared} shared' if e.shared else ''}, capacity "
+                   f"factor {e.capacity_factor:g}): {MC.params(e, active=True) / 1e9:.4g}B of "
+                   f"{m.params / 1e9:.4g}B parameters active per token; expert weights "
+                   f"{MC.expert_params(e) / 1e9:.4g}B split over ep {s.ep} x tp {s.tp} x pp {s.pp}, their gradients "
+                   f"reduced over dp x cp / ep = {s.dp} x {s.cp} / {s.ep} = {s.dp * s.cp // s.ep} GPUs.")
+    cp = f" x cp {s.cp}" if s.cp > 1 else ""
+    out.append(f"Strategy {s.label()}: {s.world} GPUs = dp {s.dp}{f' (ep {s.ep} inside it)' if s.ep > 1 else ''}"
+               f" x tp {s.tp} x pp {s.pp}{cp} on "
                f"{c.nodes} node(s) x {c.gpus_per_node} {c.gpu.name}; global batch {t.global_batch} = dp {s.dp} x "
                f"micro-batch {s.micro_batch} x {p.grad_accum} accumulation step(s).")
-    if s.dp > 1:
+    if s.dp > 1 and m.moe is None:
         psi = m.params / (s.tp * s.pp)
         out.append(f"Gradients per GPU: {psi / 1e6:.4g}M params x {by['grad']} B ({t.precision}) = "
                    f"{si(psi * by['grad'])} per step" + (" (FP16/BF16 halve the FP32 volume)."
@@ -211,6 +259,8 @@ def explain(p: Plan) -> list[str]:
                f"bytes/param before sharding) + activations {gib(mem.activations)} + other "
                f"{gib(mem.other)} = {gib(mem.total)} of {gib(mem.capacity)}: "
                f"{'fits' if mem.fits else 'does NOT fit'}.")
+    if m.moe is not None:
+        out.append(_moe_states_sentence(p))
     if m.gpt is not None:
         out.append(_activation_sentence(p))
     if step > 0 and p.compute_model_s > 0 and s.world > 1:
@@ -234,27 +284,64 @@ def explain(p: Plan) -> list[str]:
     return out
 
 
+def _moe_states_sentence(p: Plan) -> str:
+    """Where an MoE model's parameters sit: the non-expert ones as a dense model's, the experts over ep."""
+    from tandem.plan import stages as ST
+    from tandem.plan.memory import expert_shard_group, shard_group
+    from tandem.plan.moe_cp import stage_states
+
+    m, s, t, c = p.model, p.strategy, p.training, p.cluster
+    dense, expert = stage_states(m.moe, ST.split(m.gpt, s.pp, s.stage_layers), s.tp, s.ep)
+    d, de = shard_group(s, c), expert_shard_group(s, c)
+    k = t.bytes["param"] + t.bytes["grad"] + t.optimizer_bytes
+    return (f"Model states (MoE): {dense / 1e9:.4g}B non-expert parameters per GPU (/ tp {s.tp} on the stage "
+            f"holding the most; ZeRO-{s.zero} shards over dp x cp = {d}) + {expert / 1e9:.4g}B expert parameters "
+            f"per GPU (/ (ep {s.ep} x tp {s.tp}) on that stage; ZeRO-{s.zero} shards over dp x cp / ep = {de}), "
+            f"{k} bytes each before sharding.")
+
+
 def _activation_sentence(p: Plan) -> str:
     """The per-layer activation arithmetic behind the memory line (Korthikanti et al. 2022, Table 2)."""
-    from tandem.plan.memory import gpt_layer_act_bytes, inflight_layers
+    from tandem.plan.memory import activation_parts
 
     m, s, t = p.model, p.strategy, p.training
     g = m.gpt
-    per = gpt_layer_act_bytes(m, s, t, s.micro_batch)
-    layers = inflight_layers(m, s, p.grad_accum)
-    sbh = f"s x b x h = {g.seq} x {s.micro_batch} x {g.hidden}"
+    parts = activation_parts(m, s, t, p.grad_accum)
+    per, layers = parts["per_layer"], parts["layers"]
+    sq = g.seq // s.cp
+    sbh = (f"s x b x h = {g.seq}/cp {s.cp} x" if s.cp > 1 else f"s x b x h = {g.seq} x") \
+        + f" {s.micro_batch} x {g.hidden}"
     if s.recompute == "full":
         form = f"2 x {sbh} / tp {s.tp} (full recompute keeps the layer input)"
     else:
-        lin = (7 + 4 * g.kv_heads / g.heads) + 3 + (6 if g.gated else 4) * g.ffn / g.hidden + 4
-        form = f"{sbh} x ({lin:.4g}" + (f" + 5as/h, 5as/h = {5 * g.heads * g.seq / g.hidden:.4g}"
-                                        if s.recompute == "none" else "") + f") bytes / tp {s.tp}"
+        mlp = 3 + (6 if g.gated else 4) * g.ffn / g.hidden
+        mlp_note = ""
+        if m.moe is not None:
+            from tandem.plan.moe_cp import mlp_act_coeff
+
+            e = m.moe
+            mlp = mlp_act_coeff(e)
+            k = 6 if g.gated else 4
+            mlp_note = (f", MoE MLP 3 + (top_k x capacity + shared) x (2 + {k} x expert_ffn/h) = 3 + "
+                        f"({e.top_k} x {e.capacity_factor:g} + {e.shared}) x (2 + {k * e.expert_ffn / g.hidden:.4g})"
+                        f" = {mlp:.4g}")
+        lin = (7 + 4 * g.kv_heads / g.heads) + mlp + 4
+        scores = s.recompute == "none" and not t.flash_attention
+        form = f"{sbh} x ({lin:.4g}{mlp_note}" + (f" + 5as/h, 5as/h = {5 * g.heads * sq / g.hidden:.4g}"
+                                                  if scores else "") + f") bytes / tp {s.tp}" \
+            + (" (--flash-attention: no score matrix stored, no recompute)" if s.recompute == "none"
+               and t.flash_attention else "")
     scale = t.bytes["act"] / 2
-    logits = 4 * g.seq * s.micro_batch * g.vocab / s.tp if s.pp == 1 else 0.0
+    logits, working = parts["logits"], parts["working"]
+    where = {"first": " on the first stage", "last": " on the last stage (1F1B: it holds one micro-batch)"
+             if s.schedule != "gpipe" else " on the last stage", "only": ""}[parts["stage"]]
     return (f"Activations: {form}{f' x {scale:g} ({t.precision})' if scale != 1 else ''} = {gib(per)} per layer "
-            f"x {layers:.4g} layers in flight{' on the first stage' if s.pp > 1 else ''}"
-            + (f" + fp32 logits 4 x s x b x V / tp = {gib(logits)}" if logits else "")
-            + f" = {gib(per * layers + logits)}.")
+            f"x {layers:.4g} layers in flight{where}"
+            + (f" + the recomputed layer's working set {gib(working)} (its bytes without the score matrix, "
+               f"held during its backward)" if working else "")
+            + (f" + fp32 logits 4 x s x b x V / tp = 4 x {sq} x {s.micro_batch} x {g.vocab} / {s.tp} = {gib(logits)}"
+               if logits else "")
+            + f" = {gib(parts['total'])}.")
 
 
 def warnings(p: Plan) -> list[str]:

@@ -27,6 +27,10 @@ class PlanArgs:
     vocab: int | None = None
     gated: bool | None = None
     input_shape: str | None = None
+    experts: int | None = None
+    top_k: int | None = None
+    expert_ffn: int | None = None
+    capacity_factor: float | None = None
     gpu: str | None = None
     gpus_per_node: int | None = None
     nodes: int | None = None
@@ -44,11 +48,14 @@ class PlanArgs:
     efficiency: float | None = None
     overlap: float | None = None
     overlap_param_gather: bool | None = None
+    flash_attention: bool | None = None
     stage_layers: str | None = None
     compute_time: float | None = None
     dp: int | None = None
     tp: int | None = None
     pp: int | None = None
+    cp: int | None = None
+    ep: int | None = None
     zero: int | None = None
     schedule: str | None = None
     virtual: int | None = None
@@ -64,7 +71,7 @@ class PlanArgs:
 
 
 DEFAULTS = dict(gpu="a100-80gb", gpus_per_node=8, nodes=1, inter="ib-hdr", nics_per_node=1, global_batch=256,
-                precision="bf16", optimizer="adamw", recompute="none", overlap=None, tp=1, pp=1, zero=0,
+                precision="bf16", optimizer="adamw", recompute="none", overlap=None, tp=1, pp=1, cp=1, ep=1, zero=0,
                 schedule="1f1b", virtual=2, hsdp=False, input_shape="3,224,224")
 
 
@@ -145,6 +152,11 @@ def resolve_model(v: dict, spec: dict) -> ModelStats:
         shape = GPTShape(layers=v["layers"], hidden=v["hidden"], heads=v["heads"], seq=v.get("seq") or 2048,
                          vocab=v["vocab"], kv_heads=v.get("kv_heads") or 0, ffn=v.get("ffn") or 0,
                          gated=bool(v.get("gated")), tied=spec.get("_tied", True))
+        if v.get("experts") is not None:
+            from tandem.plan.moe_cp import MoEShape
+
+            return with_moe(MoEShape(shape, experts=v["experts"], top_k=v.get("top_k") or 1,
+                                     expert_ffn=v.get("expert_ffn") or shape.ffn), v, "moe")
         return gpt_stats(shape, source="job spec" if "_tied" in spec else "formula")
     if name is None:
         raise ConfigError("no model given", field="model",
@@ -152,9 +164,37 @@ def resolve_model(v: dict, spec: dict) -> ModelStats:
                               "gpt --layers ... | config.json | pkg.mod:factory), or give --config job.toml "
                               "or --params N")
     m = preset(name, v.get("seq"))
+    if m.moe is not None and any(v.get(k) is not None for k in MOE_KEYS):
+        return with_moe(m.moe, v, name)
     if v.get("params") is not None and name not in GPT_PRESETS:
         m.params = int(v["params"])  # a preset's compute with an explicit parameter count (e.g. 25.6e6)
     return m
+
+
+MOE_KEYS = ("experts", "top_k", "expert_ffn", "capacity_factor")
+
+
+def with_moe(moe, v: dict, name: str) -> ModelStats:
+    """An MoE shape with the --experts/--top-k/--expert-ffn/--capacity-factor given, checked."""
+    from dataclasses import replace
+
+    from tandem.plan.moe_cp import moe_stats
+
+    kw = {k: v[k] for k in MOE_KEYS if v.get(k) is not None}
+    moe = replace(moe, **kw)
+    for k in ("experts", "top_k", "expert_ffn"):
+        x = getattr(moe, k)
+        if not isinstance(x, int) or x <= 0:
+            raise ConfigError("must be a positive integer", field=k.replace("_", "-"), value=x,
+                              fix=f"give --{k.replace('_', '-')} >= 1")
+    if moe.top_k > moe.experts:
+        raise ConfigError(f"top-k {moe.top_k} is more than the {moe.experts} experts", field="top-k",
+                          value=moe.top_k, fix=f"give --top-k between 1 and {moe.experts}")
+    if not moe.capacity_factor > 0:
+        raise ConfigError("must be positive (token slots per expert over its balanced share)",
+                          field="capacity-factor", value=moe.capacity_factor,
+                          fix="give --capacity-factor 1.0 (each expert padded to its balanced share) or more")
+    return moe_stats(moe, name)
 
 
 def resolve_cluster(v: dict, spec: dict | None = None) -> Cluster:
@@ -200,13 +240,14 @@ def resolve(a: PlanArgs) -> tuple[ModelStats, Cluster, Training, dict]:
         samples = samples * v["epochs"]
     t = Training(global_batch=v["global_batch"], precision=v["precision"], optimizer=v["optimizer"],
                  efficiency=v.get("efficiency"), overlap=v["overlap"],
-                 overlap_param_gather=bool(v.get("overlap_param_gather")), compute_time_s=v.get("compute_time"),
+                 overlap_param_gather=bool(v.get("overlap_param_gather")),
+                 flash_attention=bool(v.get("flash_attention")), compute_time_s=v.get("compute_time"),
                  steps=v.get("steps"), tokens=v.get("tokens"), samples=samples, ref_batch=v.get("ref_batch") or 0,
                  warmup_steps=v.get("warmup_steps") or 0, threads_per_worker=v.get("threads_per_worker"))
     return m, c, t, v
 
 
-DEGREE_FLAGS = {"dp", "tp", "pp", "zero", "hsdp"}
+DEGREE_FLAGS = {"dp", "tp", "pp", "cp", "ep", "zero", "hsdp"}
 
 
 def strategy(v: dict, c: Cluster, t: Training) -> Strategy:
@@ -217,11 +258,18 @@ def strategy(v: dict, c: Cluster, t: Training) -> Strategy:
         # a job spec alone: its parallel section on this cluster, laid out as `tandem train` would
         # (ParallelDims: hsdp's dp_shard included); its checks are the trainer's
         return Strategy(from_spec(job, c.world, c.gpus_per_node, warn=False), **knobs)
-    tp, pp = v["tp"], v["pp"]
-    for k in ("tp", "pp"):
+    tp, pp, cp, ep = v["tp"], v["pp"], v["cp"], v["ep"]
+    for k in ("tp", "pp", "cp", "ep"):
         if not isinstance(v[k], int) or v[k] <= 0:
             raise ConfigError("must be a positive integer", field=k, value=v[k], fix=f"give --{k} >= 1")
     dp = v.get("dp")
+    if dp is None and cp > 1:
+        if c.world % (tp * pp * cp):
+            raise ConfigError(f"tp {tp} x pp {pp} x cp {cp} = {tp * pp * cp} does not divide the {c.world} GPUs "
+                              f"({c.world} % {tp * pp * cp} = {c.world % (tp * pp * cp)})", field="cp", value=cp,
+                              fix="choose --cp so that tp x pp x cp divides the GPU count, or change "
+                                  "--gpus-per-node/--nodes")
+        dp = c.world // (tp * pp * cp)
     if dp is None:
         if c.world % (tp * pp):
             # name the degree the user can change: tp alone already fails, or pp is what breaks it
@@ -232,7 +280,8 @@ def strategy(v: dict, c: Cluster, t: Training) -> Strategy:
                                              f"{'pp' if k == 'tp' else 'tp'} {other}), or change "
                                              "--gpus-per-node/--nodes")
         dp = c.world // (tp * pp)
-    return Strategy(dp=dp, tp=tp, pp=pp, zero=v["zero"], hsdp=v["hsdp"], ranks_per_node=c.gpus_per_node, **knobs)
+    return Strategy(dp=dp, tp=tp, pp=pp, zero=v["zero"], hsdp=v["hsdp"], ranks_per_node=c.gpus_per_node, cp=cp,
+                    ep=ep, **knobs)
 
 
 def parse_stage_layers(text: str | None) -> tuple[int, ...] | None:

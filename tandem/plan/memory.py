@@ -41,11 +41,17 @@ class Memory:
 
 def shard_group(s: Strategy, c: Cluster) -> int:
     """Ranks a ZeRO stage shards over: all of dp, or (HSDP) only the dp ranks on one node: the
-    dims' dp_shard (ParallelDims.from_degrees sized it for the cluster's nodes)."""
-    return s.dims.dp_shard
+    dims' dp_shard (ParallelDims.from_degrees sized it for the cluster's nodes), times cp: the cp ranks
+    hold the same weights, and Megatron's distributed optimizer shards over dp x cp."""
+    return s.dims.dp_shard * s.cp
 
 
-def gpt_layer_act_bytes(m: ModelStats, s: Strategy, t: Training, b: int) -> float:
+def expert_shard_group(s: Strategy, c: Cluster) -> int:
+    """Ranks the ZeRO stage shards expert states over: the expert-data-parallel ranks, dp x cp / ep."""
+    return max(1, shard_group(s, c) // s.ep)
+
+
+def gpt_layer_act_bytes(m: ModelStats, s: Strategy, t: Training, b: int, recompute: str | None = None) -> float:
     """Activation bytes of one transformer layer for one micro-batch of b sequences.
 
     Korthikanti et al. 2022, Table 2, with sequence parallelism (assumed whenever tp > 1):
@@ -54,14 +60,19 @@ def gpt_layer_act_bytes(m: ModelStats, s: Strategy, t: Training, b: int) -> floa
     5*a*s/h term (what FlashAttention also avoids); full recompute keeps only the layer input, 2*s*b*h/t.
     """
     g = m.gpt
-    h, sq, a, tp = g.hidden, g.seq, g.heads, s.tp
+    h, sq, a, tp = g.hidden, g.seq // s.cp, g.heads, s.tp   # cp: each GPU holds s/cp tokens
     scale = t.bytes["act"] / 2  # the formula counts 2-byte activations and 1-byte masks
-    if s.recompute == "full":
+    rc = recompute or s.recompute
+    if rc == "full":
         return 2 * sq * b * h / tp * scale
     mlp = 3 + (6 if g.gated else 4) * g.ffn / h
+    if m.moe is not None:
+        from tandem.plan.moe_cp import mlp_act_coeff
+
+        mlp = mlp_act_coeff(m.moe)
     linear = (7 + 4 * g.kv_heads / g.heads) + mlp + 4
     per = sq * b * h * linear / tp
-    if s.recompute == "none":
+    if rc == "none" and not t.flash_attention:   # fused attention kernels store no score matrix
         per += 5 * a * sq * sq * b / tp
     return per * scale
 
@@ -80,22 +91,53 @@ def inflight_layers(m: ModelStats, s: Strategy, micro_batches: int) -> float:
     return inflight
 
 
+def activation_parts(m: ModelStats, s: Strategy, t: Training, micro_batches: int) -> dict[str, float]:
+    """Activation bytes of the stage that holds the most, in parts (explain.py prints them):
+
+    - ``stored``: the per-layer bytes (Korthikanti et al.) x the layers in flight on the first stage;
+    - ``working``: with full recompute, the layer being recomputed holds its forward working set while its
+      backward runs: the per-layer bytes without the s x s score matrix (34 sbh/t for GPT-3; the recompute
+      runs a fused attention kernel, which never stores it);
+    - ``logits``: the loss's FP32 logits, 4 x s x b x V / tp (Korthikanti et al. eq. 3), on the last stage;
+    - with a pipeline the last stage (its layers x the micro-batches it holds: 1 under 1F1B, all under
+      GPipe, + the logits) wins when it holds more than the first.
+    """
+    g, b = m.gpt, s.micro_batch
+    per = gpt_layer_act_bytes(m, s, t, b)
+    working = gpt_layer_act_bytes(m, s, t, b, "selective") if s.recompute == "full" else 0.0
+    logits = 4 * (g.seq // s.cp) * b * g.vocab / s.tp
+    layers = inflight_layers(m, s, micro_batches)
+    first = per * layers + working
+    out = {"per_layer": per, "layers": layers, "working": working, "logits": 0.0, "stage": "first", "total": first}
+    if s.pp == 1:
+        out.update(logits=logits, total=first + logits, stage="only")
+        return out
+    last_layers = split(g, s.pp, s.stage_layers)[-1]
+    held = micro_batches if s.schedule == "gpipe" else 1
+    last = per * last_layers * held + working + logits
+    if last > first:
+        out.update(layers=last_layers * held, logits=logits, total=last, stage="last")
+    return out
+
+
 def memory(m: ModelStats, c: Cluster, t: Training, s: Strategy, micro_batches: int) -> Memory:
     notes: list[str] = []
     by = t.bytes
-    if m.gpt is not None and s.pp > 1:   # the stage that holds the most (embedding or output layer)
-        psi = max_stage_params(m.gpt, split(m.gpt, s.pp, s.stage_layers)) / s.tp
+    if m.moe is not None:   # experts split over ep x tp, sharded over the expert-data-parallel ranks
+        from tandem.plan.moe_cp import stage_states
+
+        psi, psi_e = stage_states(m.moe, split(m.gpt, s.pp, s.stage_layers), s.tp, s.ep)
+    elif m.gpt is not None and s.pp > 1:   # the stage that holds the most (embedding or output layer)
+        psi, psi_e = max_stage_params(m.gpt, split(m.gpt, s.pp, s.stage_layers)) / s.tp, 0.0
     else:
-        psi = m.params / (s.tp * s.pp)
-    d = shard_group(s, c)
-    params = psi * by["param"] / (d if s.zero >= 3 else 1)
-    grads = psi * by["grad"] / (d if s.zero >= 2 else 1)
-    optim = psi * t.optimizer_bytes / (d if s.zero >= 1 else 1)
+        psi, psi_e = m.params / (s.tp * s.pp), 0.0
+    d, de = shard_group(s, c), expert_shard_group(s, c)
+    params = psi * by["param"] / (d if s.zero >= 3 else 1) + psi_e * by["param"] / (de if s.zero >= 3 else 1)
+    grads = psi * by["grad"] / (d if s.zero >= 2 else 1) + psi_e * by["grad"] / (de if s.zero >= 2 else 1)
+    optim = psi * t.optimizer_bytes / (d if s.zero >= 1 else 1) + psi_e * t.optimizer_bytes / (de if s.zero >= 1 else 1)
     b = s.micro_batch
     if m.gpt is not None:
-        act = gpt_layer_act_bytes(m, s, t, b) * inflight_layers(m, s, micro_batches)
-        if s.pp == 1:  # logits for the loss, FP32, split by tp (Korthikanti et al. eq. 3's 4sbv/t)
-            act += 4 * m.gpt.seq * b * m.gpt.vocab / s.tp
+        act = activation_parts(m, s, t, micro_batches)["total"]
     elif m.act_bytes_per_sample_fp32 is not None:
         act = m.act_bytes_per_sample_fp32 * b * by["act"] / 4
         if s.recompute != "none":
@@ -105,8 +147,8 @@ def memory(m: ModelStats, c: Cluster, t: Training, s: Strategy, micro_batches: i
         act = 0.0
         notes.append("activations unknown for a bare --params model: left out of the total")
     other = CONTEXT_BYTES
-    if s.zero >= 3 and d > 1:
-        other += 2 * m.largest_layer_params / s.tp * by["param"]   # gathered layer + prefetched next
+    if s.zero >= 3 and d > 1:   # gathered layer + prefetched next (an MoE layer's experts: / ep)
+        other += 2 * m.largest_layer_params / (s.tp * (s.ep if m.moe is not None else 1)) * by["param"]
     elif s.dp > 1:
         other += 2 * t.bucket_bytes if by["grad"] == 4 else 2 * t.bucket_bytes / 2
     return Memory(params, grads, optim, act, other, c.gpu.memory_bytes, notes)

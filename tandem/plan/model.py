@@ -97,10 +97,18 @@ class ModelStats:
     gpt: GPTShape | None = None
     source: str = ""
     largest_layer_params: int = 0
+    # MoE (tandem.plan.moe_cp.MoEShape): ``gpt`` is then the dense shape with the same FLOPs per layer
+    # (the top_k + shared experts as one MLP), which FLOPs, stages and GEMMs follow; parameters,
+    # memory and expert communication follow ``moe``
+    moe: object = None
 
     @property
     def flops_per_sample(self) -> float | None:
         """Model FLOPs of one training sample (forward + backward = 3 x forward), no recompute."""
+        if self.moe is not None:
+            from tandem.plan.moe_cp import fwd_flops_per_token
+
+            return 3 * self.gpt.seq * fwd_flops_per_token(self.moe)
         if self.gpt is not None:
             g = self.gpt
             return 3 * g.seq * (g.layers * g.layer_fwd_flops_per_token() + g.logits_fwd_flops_per_token())
@@ -147,13 +155,17 @@ def preset(name: str, seq: int | None = None) -> ModelStats:
         # In a ResNet the fc layer (2048 x 1000) is small; the largest conv block is ~2.4M (resnet50).
         return ModelStats(key, "cnn", p["params"], p["fwd"], p["act"], source="preset (measured on meta)",
                           largest_layer_params=2_359_296)
+    from tandem.plan.moe_cp import MOE_PRESETS, moe_stats
+
+    if key in MOE_PRESETS:
+        return moe_stats(MOE_PRESETS[key], key, seq)
     if key in GPT_PRESETS:
         kw = dict(GPT_PRESETS[key])
         if seq:
             kw["seq"] = seq
         return gpt_stats(GPTShape(**kw), name=key, source="preset")
     raise ConfigError(f"unknown model '{name}'", field="model", value=name,
-                      fix=f"use one of {', '.join(list(CNN_PRESETS) + list(GPT_PRESETS))}, "
+                      fix=f"use one of {', '.join(list(CNN_PRESETS) + list(GPT_PRESETS) + list(MOE_PRESETS))}, "
                           "gpt (with --layers --hidden ...), --params N, an HF config.json, or pkg.mod:factory")
 
 

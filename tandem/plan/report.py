@@ -20,7 +20,10 @@ def to_dict(p: Plan, with_explain: bool = True) -> dict[str, Any]:
     return {
         "schema": SCHEMA,
         "model": {"name": m.name, "kind": m.kind, "params": m.params, "flops_per_sample": m.flops_per_sample,
-                  "seq": g.seq if g else None, "source": m.source},
+                  "seq": g.seq if g else None, "source": m.source,
+                  "moe": ({"experts": m.moe.experts, "top_k": m.moe.top_k, "expert_ffn": m.moe.expert_ffn,
+                           "shared": m.moe.shared, "capacity_factor": m.moe.capacity_factor}
+                          if m.moe is not None else None)},
         "cluster": {"gpu": c.gpu.name, "compute_from": (f"{c.host_model.device} workers, measured ({c.host_model.name})"
                                                          if p.host_factors else f"{c.gpu.name} preset"),
                     "gpus_per_node": c.gpus_per_node, "nodes": c.nodes, "intra": c.intra.name,
@@ -28,10 +31,11 @@ def to_dict(p: Plan, with_explain: bool = True) -> dict[str, Any]:
                     "node_bandwidth_Bps": c.node_bandwidth_Bps, "peak_flops": c.gpu.peak(t.precision),
                     "flops_ref": c.flops_ref(t.precision), "calibrated": bool(c.achieved_flops) or bool(c.notes),
                     "price_per_gpu_hour": c.price_per_gpu_hour},
-        "strategy": {"dp": s.dp, "tp": s.tp, "pp": s.pp, "zero": s.zero, "hsdp": s.hsdp,
+        "strategy": {"dp": s.dp, "tp": s.tp, "pp": s.pp, "cp": s.cp, "ep": s.ep, "zero": s.zero, "hsdp": s.hsdp,
                      "micro_batch": s.micro_batch, "global_batch": t.global_batch, "grad_accum": p.grad_accum,
                      "schedule": s.schedule, "virtual": s.virtual, "recompute": s.recompute,
-                     "precision": t.precision, "optimizer": t.optimizer},
+                     "precision": t.precision, "optimizer": t.optimizer,
+                     "flash_attention": t.flash_attention},
         "memory_per_gpu": {"params": mem.params, "grads": mem.grads, "optimizer": mem.optimizer,
                            "activations": mem.activations, "other": mem.other, "total": mem.total,
                            "capacity": mem.capacity, "fits": mem.fits},
@@ -72,7 +76,9 @@ def render(d: dict[str, Any], console, assumed: list[str] | None = None) -> None
     tab.add_column("quantity")
     tab.add_column("value", justify="right")
     rows = [
-        ("strategy", f"dp {st['dp']} tp {st['tp']} pp {st['pp']} zero {st['zero']} mb {st['micro_batch']} "
+        ("strategy", f"dp {st['dp']} tp {st['tp']} pp {st['pp']}"
+                     + (f" cp {st['cp']}" if st['cp'] > 1 else "") + (f" ep {st['ep']}" if st['ep'] > 1 else "")
+                     + f" zero {st['zero']} mb {st['micro_batch']} "
                      f"x{st['grad_accum']} acc, {st['precision']}, recompute {st['recompute']}"),
         ("memory / GPU", f"{gib(mem['total'])} of {gib(mem['capacity'])} "
                          f"({'fits' if mem['fits'] else '[red]does not fit[/]'})"),

@@ -1,4 +1,4 @@
-"""Strategy search: enumerate every valid (dp, tp, pp, zero, micro-batch, recompute, schedule),
+"""Strategy search: enumerate every valid (dp, tp, pp, cp, ep, zero, micro-batch, recompute, schedule),
 rank those that fit by step time (or by GPU-seconds per sample for --objective cost), and say
 why the winner wins and why the near misses lose."""
 
@@ -44,16 +44,19 @@ def candidates(m: ModelStats, c: Cluster, t: Training, zeros=(0, 1, 2, 3), recom
                schedules=("1f1b", "gpipe", "interleaved"), virtuals=(2, 4), hsdp=True):
     n = c.world
     is_gpt = m.gpt is not None
-    if recomputes is None:
-        recomputes = ("none", "selective", "full") if is_gpt else ("none",)
+    if recomputes is None:   # with fused attention selective saves nothing over none and costs FLOPs
+        recomputes = (("none", "full") if t.flash_attention else ("none", "selective", "full")) if is_gpt \
+            else ("none",)
     tps = [d for d in divisors(n) if is_gpt or d == 1]
-    for tp in tps:
+    moe = getattr(m, "moe", None)
+    for tp, cp in ((tp, cp) for tp in tps for cp in context_degrees(m, n // tp)):
         if is_gpt and (m.gpt.heads % tp or m.gpt.ffn % tp):
             continue
-        for pp in divisors(n // tp) if is_gpt else [1]:
+        for pp, ep in ((pp, ep) for pp in (divisors(n // (tp * cp)) if is_gpt else [1])
+                       for ep in expert_degrees(moe, n // (tp * cp * pp))):
             if is_gpt and m.gpt.layers % pp:
                 continue
-            dp = n // (tp * pp)
+            dp = n // (tp * pp * cp)
             if t.global_batch % dp:
                 continue
             per = t.global_batch // dp
@@ -70,7 +73,26 @@ def candidates(m: ModelStats, c: Cluster, t: Training, zeros=(0, 1, 2, 3), recom
                                 (sc, v) for sc in schedules for v in (virtuals if sc == "interleaved" else (1,))]
                             for sc, v in scheds:
                                 yield Strategy(dp=dp, tp=tp, pp=pp, zero=zero, micro_batch=mb, schedule=sc,
-                                               virtual=v, recompute=rc, hsdp=h, ranks_per_node=c.gpus_per_node)
+                                               virtual=v, recompute=rc, hsdp=h, ranks_per_node=c.gpus_per_node,
+                                               cp=cp, ep=ep)
+
+
+CP_MIN_SEQ = 16384   # below it a sequence's activations fit without splitting it (the search tries cp 1 only)
+
+
+def context_degrees(m: ModelStats, room: int) -> list[int]:
+    """cp degrees worth trying: only for long sequences (the model needs it), powers of two that cut the
+    sequence into 2 x cp equal chunks and divide the ranks left."""
+    if m.gpt is None or m.gpt.seq < CP_MIN_SEQ:
+        return [1]
+    return [c for c in (1, 2, 4, 8, 16, 32) if room % c == 0 and m.gpt.seq % (2 * c) == 0]
+
+
+def expert_degrees(moe, dp: int) -> list[int]:
+    """ep degrees for an MoE model: divisors of dp that divide the experts (1 for a dense model)."""
+    if moe is None:
+        return [1]
+    return [e for e in divisors(dp) if moe.experts % e == 0]
 
 
 def search(m: ModelStats, c: Cluster, t: Training, objective: str = "time", top: int = 5,

@@ -58,7 +58,8 @@ def test_1f1b_first_stage_holds_p_micro_batches_gpipe_m():
     t = Training(global_batch=64)
     one = memory(m, c, t, Strategy(dp=1, tp=8, pp=8, micro_batch=1, schedule="1f1b"), 64).activations
     gp = memory(m, c, t, Strategy(dp=1, tp=8, pp=8, micro_batch=1, schedule="gpipe"), 64).activations
-    assert gp / one == pytest.approx(64 / 8)
+    # GPipe's last stage holds as many layers' worth as its first, plus the loss's fp32 logits (4sbV/t)
+    assert gp == pytest.approx(one * 64 / 8 + 4 * 2048 * 51200 / 8)
 
 
 def test_zero3_shards_params_over_dp():
@@ -68,6 +69,17 @@ def test_zero3_shards_params_over_dp():
     m3 = memory(params_only(8e9), c, t, Strategy(dp=8, zero=3, micro_batch=1), 1)
     assert m3.params == pytest.approx(m0.params / 8)
     assert m3.grads == pytest.approx(m0.grads / 8) and m3.optimizer == pytest.approx(m0.optimizer / 8)
+
+
+def test_full_recompute_holds_the_recomputed_layers_working_set():
+    """Korthikanti et al.'s 2sbh/t per layer, plus the one layer being recomputed during its backward (34sbh/t:
+    a fused attention kernel stores no score matrix), plus the fp32 logits on the only stage."""
+    m = gpt175()
+    c = make_cluster("a100-80gb", 8, 1)
+    t = Training(global_batch=1)
+    got = memory(m, c, t, Strategy(dp=1, tp=8, micro_batch=1, recompute="full"), 1).activations
+    s, b, h, L, V = 2048, 1, 12288, 96, 51200
+    assert got == pytest.approx(2 * s * b * h / 8 * L + 34 * s * b * h / 8 + 4 * s * b * V / 8)
 
 
 def test_activation_arithmetic_is_printed_per_layer():

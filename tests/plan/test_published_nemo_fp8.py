@@ -1,0 +1,78 @@
+"""Throughput against a published table with FP8 and context-parallel rows: NVIDIA NeMo's performance summary,
+NeMo 24.07 container, DGX-H100 (8 x H100 SXM, 8 x 400 Gb/s InfiniBand per node), FP8, "Pretraining" table
+(NVIDIA/NeMo, docs/source/performance/performance_summary.md; the rows below with their Tokens / sec / GPU and
+Model TFLOP / sec / GPU as printed). The two LLAMA3 rows run context parallelism, cp 2 at sequence 8192.
+
+The planner gets each row's shape, GPUs, GBS, MBS, sequence and TP/PP/CP/VP (dp the rest, ZeRO-1 as NeMo's
+distributed optimizer with its parameter gather overlapped), FP8 on the linear layers only, and its default
+efficiency; nothing is fitted to this table. The table has no recompute column: these are taken with none
+(an assumption), with fused attention (NeMo runs Transformer Engine's): every row then fits in 80 GiB, as it
+must, having run; with Korthikanti et al.'s eager attention (the s x s scores stored) none would.
+Issue 14's tolerance: 10% median, 25% max. Measured when written: median 6.0%, max 16.1% (+16.1% LLAMA3-8B cp 2, -2.6% LLAMA3-70B cp 2). The model FLOPs per token the table implies (TFLOP/s over
+tokens/s) match the planner's count to 0.1% on every row.
+"""
+
+from statistics import median
+
+import pytest
+
+from tandem.plan.config import Strategy, Training
+from tandem.plan.cost import evaluate
+from tandem.plan.hardware import make_cluster
+from tandem.plan.model import GPTShape, gpt_stats
+
+LLAMA = dict(gated=True, bias=False, norm="rmsnorm", tied=False, learned_pos=False)
+SHAPES = {
+    "gpt3-175b": dict(layers=96, hidden=12288, heads=96, seq=2048, vocab=51200),
+    "llama2-7b": dict(layers=32, hidden=4096, heads=32, seq=4096, vocab=32000, ffn=11008, **LLAMA),
+    "llama2-13b": dict(layers=40, hidden=5120, heads=40, seq=4096, vocab=32000, ffn=13824, **LLAMA),
+    "llama2-70b": dict(layers=80, hidden=8192, heads=64, kv_heads=8, seq=4096, vocab=32000, ffn=28672, **LLAMA),
+    "llama3-8b": dict(layers=32, hidden=4096, heads=32, kv_heads=8, seq=8192, vocab=128256, ffn=14336, **LLAMA),
+    "llama3-70b": dict(layers=80, hidden=8192, heads=64, kv_heads=8, seq=8192, vocab=128256, ffn=28672, **LLAMA),
+}
+# model, GPUs, GBS, MBS, TP, PP, CP, VP, tokens/s/GPU, model TFLOP/s/GPU (as published)
+ROWS = [
+    ("gpt3-175b", 128, 256, 1, 4, 8, 1, 6, 726, 782),
+    ("gpt3-175b", 512, 2048, 2, 4, 8, 1, 6, 782, 842),
+    ("llama2-7b", 8, 128, 1, 1, 1, 1, 1, 16847, 776),
+    ("llama2-13b", 16, 128, 1, 1, 4, 1, 10, 8646, 754),
+    ("llama2-70b", 64, 128, 1, 4, 4, 1, 20, 1707, 759),
+    ("llama3-8b", 8, 128, 1, 1, 1, 2, 1, 12036, 697),
+    ("llama3-70b", 64, 128, 1, 4, 4, 2, 5, 1533, 738),
+]
+
+
+def _row(name, gpus, gbs, mbs, tp, pp, cp, vp, tokens, tflops):
+    m = gpt_stats(GPTShape(**SHAPES[name]), name)
+    c = make_cluster("h100-sxm", 8, gpus // 8, inter="ib-ndr", nics_per_node=8)
+    s = Strategy(dp=gpus // (tp * pp * cp), tp=tp, pp=pp, cp=cp, zero=1, micro_batch=mbs,
+                 schedule="interleaved" if vp > 1 else "1f1b", virtual=vp, ranks_per_node=8)
+    t = Training(global_batch=gbs, precision="fp8", optimizer="adam", overlap_param_gather=True, flash_attention=True)
+    p = evaluate(m, c, t, s)
+    return m, p, gbs * m.gpt.seq / p.step_s / gpus
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[f"{r[0]}-{r[1]}" for r in ROWS])
+def test_model_flops_per_token_match_the_table(row):
+    m, _, _ = _row(*row)
+    assert m.flops_per_sample / m.gpt.seq == pytest.approx(row[-1] / row[-2] * 1e12, rel=0.001)
+
+
+def test_tokens_per_gpu_within_the_issue_tolerance():
+    errs = {f"{r[0]}-{r[1]}": _row(*r)[2] / r[-2] - 1 for r in ROWS}
+    assert median(abs(e) for e in errs.values()) <= 0.10, errs
+    assert max(abs(e) for e in errs.values()) <= 0.25, errs
+
+
+def test_every_published_row_fits_with_fused_attention():
+    for r in ROWS:
+        _, p, _ = _row(*r)
+        assert p.memory.fits, (r, p.memory.total / 2**30)
+
+
+def test_context_parallel_rows_pass_kv_around_the_ring_hidden():
+    """At 4096 tokens a GPU the K/V sends hide behind the block's attention on NVLink (cp 2 inside a node)."""
+    for r in ROWS[-2:]:
+        _, p, _ = _row(*r)
+        ring = next(o for o in p.comm if o.name == "cp-ring")
+        assert ring.time_s > 0 and ring.exposed_s == 0.0 and ring.group.nodes == 1
