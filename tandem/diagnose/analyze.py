@@ -80,14 +80,18 @@ def _rank_summary(t: RankTrace, shares: list[StepShare], late_us: list, clock: C
 
 
 def _memory(meta: dict) -> dict | None:
-    """MemTracker's peak by category for the one tracked step (MiB), or its error."""
+    """The peak by category for the one tracked step (MiB; MemTracker's, or on GPUs the CUDA
+    snapshot's), or its error."""
     peak = meta.get("memory_peak_bytes")
     if not peak:
         return None
     if "error" in peak:
         return {"error": peak["error"]}
-    return {"step": meta.get("memory_step"), "peak_mib": {k: round(v / (1 << 20), 3) for k, v in peak.items()},
-            "capacity_bytes": meta.get("memory_capacity_bytes")}
+    out = {"step": meta.get("memory_step"), "peak_mib": {k: round(v / (1 << 20), 3) for k, v in peak.items()},
+           "capacity_bytes": meta.get("memory_capacity_bytes"), "source": meta.get("memory_source", "memtracker")}
+    if meta.get("memory_check"):
+        out["check"] = meta["memory_check"]
+    return out
 
 
 def section_scores(shares: dict[int, list[StepShare]]) -> dict:
