@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from statistics import median
 
-from tandem.diagnose import against_plan, efficiency, whatif
+from tandem.diagnose import against_plan, efficiency, steptime, whatif
 from tandem.diagnose.breakdown import CATEGORIES, StepShare, rank_shares
 from tandem.diagnose.clock import Clock, estimate, fr_lateness, lateness
 from tandem.diagnose.trace import PHASE_PREFIX, RankTrace
@@ -170,5 +170,10 @@ def analyze(traces: list[RankTrace], spec: dict | None = None, run_dir: Path | N
         report["what_if"] = whatif.table(report, spec)
     report["verdicts"] = (judge(report) + against_plan.memory_verdicts(report, spec)
                           + efficiency.verdicts(report, spec))
+    if spec:
+        proposed = [(" ".join(f"{k} {v:g}" for k, v in x["setting"].items()), x["setting"])
+                    for x in report["verdicts"] if x.get("setting")]
+        report["step_time"] = steptime.table(report, spec, traces, whatif.alternatives(spec) + proposed, calibration)
     whatif.annotate(report["verdicts"], spec, report)
+    steptime.annotate(report["verdicts"], report)
     return report

@@ -108,11 +108,12 @@ def render(rep: dict, console: Console) -> None:
             console.print(f"  gradients: {grads / (1 << 20):.2f} MiB a step live in DDP's buckets "
                           "(gradient_as_bucket_view), allocated before the tracked step: not in the columns above",
                           highlight=False)
-    from tandem.diagnose import against_plan, efficiency, incidents, whatif
+    from tandem.diagnose import against_plan, efficiency, incidents, steptime, whatif
 
     against_plan.render(rep, console)
     efficiency.render(rep, console)
     whatif.render(rep, console)
+    steptime.render(rep, console)
     if rep.get("metrics"):
         console.print(f"metrics.jsonl, same steps: step {rep['metrics']['step_ms']:.1f} ms, "
                       f"data {rep['metrics']['data_pct']:.1f}%", highlight=False)
