@@ -115,6 +115,12 @@ def _plan(spec: dict, changes: dict, calibration: str, compute_time: float | Non
         os.unlink(path)
 
 
+def _cal_alpha(path: str) -> float:
+    li = (json.loads(open(path).read()).get("links") or {})
+    li = li.get("intra_node") or li.get("inter_node") or {}
+    return float(li.get("latency_s") or 0.0)
+
+
 def _bucket_floor(rep: dict, spec: dict) -> float:
     """DDP puts whole parameters in a bucket, so it makes fewer buckets than bytes / cap when the cap
     is below a parameter's size: the run's mean bucket is then the smallest a bucket gets."""
@@ -157,11 +163,12 @@ def table(rep: dict, spec: dict | None, traces, settings: list[tuple[str, dict]]
     try:
         if cal_links:
             cal, source = calibration, f"links from the calibration {calibration}"
+            alpha = _cal_alpha(calibration)
         else:
             fd, tmp = tempfile.mkstemp(suffix=".json", prefix="tandem-diag-links-")
             with os.fdopen(fd, "w") as f:
                 json.dump(_calibration(rates, traces, world, _flops(rep, meas)), f)
-            cal = tmp
+            cal, alpha = tmp, rates["alpha_s"]
             bw = (f"{rates['busbw_Bps'] / 1e6:.3g} MB/s bus bandwidth" if rates["busbw_Bps"] else
                   "no bandwidth term (the spans do not grow with their bytes)")
             source = (f"links from this run's profile (no calibration): {rates['alpha_s'] * 1e3:.3g} ms a call, {bw} "
@@ -175,20 +182,21 @@ def table(rep: dict, spec: dict | None, traces, settings: list[tuple[str, dict]]
         fixed = meas["data_ms"] + meas["idle_ms"]
 
         def row(label: str, ch: dict) -> dict:
-            if ch.get("parallel.comm_hook") in ("bf16", "fp16"):
-                # DDP's hook sends bf16 gradients: the run's own step with bf16 on the wire
-                bf = dict(spec, precision=dict(spec.get("precision") or {}, dtype="bf16"))
-                p = _plan(bf, {}, cal, comp_s, wire_fp32=False, bucket_floor=floor)
-            else:
-                ratio = _plan(spec, ch, cal, None, wire_fp32=False).compute_s / base_ref.compute_s \
-                    if base_ref.compute_s > 0 else 1.0
-                p = _plan(spec, ch, cal, comp_s * ratio, bucket_floor=floor)
+            hook = ch.get("parallel.comm_hook") in ("bf16", "fp16")
+            ratio = 1.0 if hook or base_ref.compute_s <= 0 else \
+                _plan(spec, ch, cal, None, wire_fp32=False).compute_s / base_ref.compute_s
+            p = _plan(spec, {} if hook else ch, cal, comp_s * ratio, bucket_floor=floor)
+            comm, hidden = p.comm_s, p.comm_s - p.exposed_comm_s
+            if hook:  # DDP's hook sends bf16 gradients: each call's latency, half its bytes term
+                lat = sum(o.chunks * o.calls for o in p.comm if o.time_s > 0) * alpha
+                comm = lat + (comm - lat) / 2
+                hidden *= comm / p.comm_s if p.comm_s else 0.0
             # on CPU the planner hides nothing (gloo's threads share the cores); the run's own share
             # hidden (HTA's overlap) is kept. On GPUs the planner's overlap model stands.
-            exposed = p.comm_s * (1 - ov) if cpu else p.exposed_comm_s
+            exposed = comm * (1 - ov) if cpu else comm - hidden
             step = p.compute_s + p.bubble_s + exposed
             return {"setting": label, "changes": ch, "step_ms": round(step * 1e3 + fixed, 3),
-                    "compute_ms": round(p.compute_s * 1e3, 3), "comm_ms": round(p.comm_s * 1e3, 3),
+                    "compute_ms": round(p.compute_s * 1e3, 3), "comm_ms": round(comm * 1e3, 3),
                     "exposed_comm_ms": round(exposed * 1e3, 3)}
 
         now = row("now", {})
