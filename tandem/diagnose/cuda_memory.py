@@ -21,8 +21,10 @@ the same way): a block that held a known tensor when a capture was taken (the ad
 later allocation was made there before the capture) is that tensor's category (Parameter, Buffer,
 Gradient, Optstate); any other block allocated during the forward is an
 Activation, during the rest of the step a Temp; a block that was already allocated at the start and
-is not a known tensor is Other. Sizes are the allocator's block sizes (rounded up to 512 bytes), the
-bytes ``torch.cuda.max_memory_allocated`` counts, so the replayed peak equals it.
+is not a known tensor is Other. Sizes are the bytes each tensor asked for, as the trace records them;
+``torch.cuda.max_memory_allocated`` counts the allocator's blocks (rounded up to 512 bytes; a large
+block is not split when less than 1 MiB would remain), so the replayed peak is at most that, and
+close (both are kept, as "check").
 """
 
 from __future__ import annotations
@@ -119,11 +121,12 @@ def peak_by_category(snapshot: dict, info: dict) -> dict:
     dev = int(info.get("device", 0))
     traces = snapshot.get("device_traces") or []
     trace = [e for e in (traces[dev] if dev < len(traces) else []) if "action" in e]
-    alive_end = {int(b["address"]): int(b["size"]) for s in snapshot.get("segments", [])
+    # the trace's sizes are the bytes each tensor asked for (the allocator's blocks are rounded up):
+    # the blocks alive at the end are counted the same way
+    alive_end = {int(b["address"]): int(b.get("requested_size") or b["size"]) for s in snapshot.get("segments", [])
                  if int(s.get("device", dev)) == dev for b in s.get("blocks", []) if b.get("state") != "inactive"}
     start_live = _at_start(trace, alive_end)
     start_derived = sum(s for s, _, _ in start_live.values())
-    start = int(info.get("allocated_at_start", start_derived))
     marks = info.get("phases") or []
     _, peak_at, replay_peak = _replay(trace, start_live, marks)
     at_peak, _, _ = _replay(trace, start_live, marks, stop=peak_at)
@@ -133,15 +136,15 @@ def peak_by_category(snapshot: dict, info: dict) -> dict:
     captures = [(int(c["allocs"]), {int(a): cat for cat, addrs in c["tensors"].items() for a in addrs})
                 for c in info.get("captures") or []]
     out = dict.fromkeys(CATEGORIES, 0)
-    out["Other"] += max(0, start - start_derived)  # alive at the start, never in the trace (dropped entries)
     for a, (size, origin, k) in at_peak.items():
         cat = _known(a, k, ordinals.get(a, []), captures)
         if cat is None:
             cat = "Other" if origin == "start" else ("Activation" if origin in FORWARD else "Temp")
         out[cat] += size
     out["Total"] = sum(out[c] for c in CATEGORIES)
-    out["check"] = {"allocator_peak": info.get("allocator_peak"), "replay_peak": replay_peak + max(0, start - start_derived),
-                    "start_allocated": start, "start_derived": start_derived, "events": len(trace)}
+    out["check"] = {"allocator_peak": info.get("allocator_peak"), "replay_peak": replay_peak,
+                    "start_allocated": info.get("allocated_at_start"), "start_derived": start_derived,
+                    "events": len(trace)}
     return out
 
 

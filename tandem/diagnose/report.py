@@ -100,8 +100,8 @@ def render(rep: dict, console: Console) -> None:
         chk = [(r, m["check"]) for r, m in mem if m.get("check")]
         if chk:
             console.print("  snapshot replay: peak " + ", ".join(
-                f"rank {r} {c['replay_peak'] / (1 << 20):.2f} MiB (allocator's max_memory_allocated "
-                f"{(c.get('allocator_peak') or 0) / (1 << 20):.2f})" for r, c in chk)
+                f"rank {r} {c['replay_peak'] / (1 << 20):.2f} MiB requested (allocator's max_memory_allocated, "
+                f"its rounded-up blocks: {(c.get('allocator_peak') or 0) / (1 << 20):.2f})" for r, c in chk)
                 + "; the pickle opens in pytorch.org/memory_viz", highlight=False)
         grads = max(r["collectives"]["grad_bytes_per_step"] for r in rep["ranks"])
         if grads and all((m.get("peak_mib") or {}).get("Gradient", 1) == 0 for _, m in mem):
