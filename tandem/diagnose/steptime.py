@@ -171,9 +171,10 @@ def table(rep: dict, spec: dict | None, traces, settings: list[tuple[str, dict]]
             cal, alpha = tmp, rates["alpha_s"]
             bw = (f"{rates['busbw_Bps'] / 1e6:.3g} MB/s bus bandwidth" if rates["busbw_Bps"] else
                   "no bandwidth term (the spans do not grow with their bytes)")
-            source = (f"links from this run's profile (no calibration): {rates['alpha_s'] * 1e3:.3g} ms a call, {bw} "
-                      f"(span = alpha + bytes / busbw fitted to {rates['spans']} collectives of {rates['sizes']} sizes, "
-                      f"{rates['bytes'][0]:.3g}-{rates['bytes'][1]:.3g} ring bytes, each on the rank that waited least)")
+            source = (f"links from this run's profile (no calibration): {rates['alpha_s'] * 1e3:.3g} ms a call, "
+                      f"{bw} (span = alpha + bytes / busbw fitted to {rates['spans']} collectives of "
+                      f"{rates['sizes']} sizes, {rates['bytes'][0]:.3g}-{rates['bytes'][1]:.3g} ring bytes, each on "
+                      "the rank that waited least)")
         comp_s = meas["compute_ms"] / 1e3
         ov = median(r["median"].get("overlap_pct", 0.0) for r in rep["ranks"]) / 100
         floor = _bucket_floor(rep, spec)
@@ -223,8 +224,9 @@ def table(rep: dict, spec: dict | None, traces, settings: list[tuple[str, dict]]
 
 def _line(r: dict, now: dict) -> str:
     return ("step time (planner on this run's rates): "
-            f"{r['setting']} -> {r['step_ms']:.3g} ms a step, {r['vs_now']:.2f}x the model's {now['step_ms']:.3g} ms "
-            f"for the run as it is (exposed communication {r['exposed_comm_ms']:.3g} ms, now {now['exposed_comm_ms']:.3g})")
+            f"{r['setting']} -> {r['step_ms']:.3g} ms a step, {r['vs_now']:.2f}x the model's {now['step_ms']:.3g} "
+            f"ms for the run as it is (exposed communication {r['exposed_comm_ms']:.3g} ms, now "
+            f"{now['exposed_comm_ms']:.3g})")
 
 
 def annotate(verdicts: list[dict], rep: dict) -> None:

@@ -8,9 +8,9 @@
 
 The pickle is ``torch.cuda.memory._snapshot()`` as torch writes it (pytorch.org/memory_viz opens it);
 the JSON holds what the allocator cannot know: which addresses are parameters, buffers, gradients
-and optimizer state (when the optimizer phase begins, and at the step's end), and how many allocations the allocator had made when each
-phase began (its own counter, so the k-th ``alloc`` of the trace is placed in its phase without
-timestamps). tandem/diagnose/cuda_memory.py turns both into the peak by category.
+and optimizer state (when the optimizer phase begins, and at the step's end), and how many
+allocations the allocator had made when each phase began (its own counter, so the k-th ``alloc``
+of the trace is placed in its phase without timestamps). tandem/diagnose/cuda_memory.py turns both into the peak by category.
 """
 
 from __future__ import annotations

@@ -7,8 +7,6 @@ import json
 import pathlib
 import pickle
 
-import pytest
-
 from diagnose.synth import TraceBuilder, ddp_step
 from tandem.diagnose.cuda_memory import load_snapshot, peak_by_category, read
 from tandem.diagnose.trace import load_run

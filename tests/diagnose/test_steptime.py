@@ -37,7 +37,8 @@ def test_links_are_fitted_to_the_spans_of_the_rank_that_waited_least():
 
 def test_the_planner_step_per_setting_on_the_run_rates():
     spec = _spec()
-    med = {"step_ms": 100.0, "data_pct": 5.0, "compute_pct": 60.0, "comm_pct": 30.0, "idle_pct": 5.0, "overlap_pct": 0.0}
+    med = {"step_ms": 100.0, "data_pct": 5.0, "compute_pct": 60.0, "comm_pct": 30.0, "idle_pct": 5.0,
+           "overlap_pct": 0.0}
     rep = {"world": 2, "ranks": [{"rank": k, "median": dict(med),
                                   "collectives": {"grad_allreduce_per_step": 1, "grad_bytes_per_step": GRAD}}
                                  for k in (0, 1)]}
