@@ -69,3 +69,21 @@ def test_verdicts_get_their_step_time():
     assert vs[0]["evidence"] == ["step time (planner on this run's rates): parallel.bucket_cap_mb 0.0895 -> 76 ms "
                                  "a step, 1.02x the model's 74.2 ms for the run as it is (exposed communication "
                                  "5.75 ms, now 4.25)"]
+
+
+def test_a_calibration_given_is_the_link_source(tmp_path):
+    import json
+
+    cal = tmp_path / "calibration.json"
+    cal.write_text(json.dumps({"schema": "tandem.calibration/1", "backend": "gloo", "device": "cpu", "world_size": 2,
+                               "nnodes": 1, "nproc_per_node": 2, "hosts": ["vm"], "device_name": "cpu", "cores": 2,
+                               "links": {"intra_node": {"bandwidth_Bps": 1e9, "latency_s": 1e-3, "group_size": 2}},
+                               "compute": {"achieved_flops": {"fp32": 2e10}}}))
+    med = {"step_ms": 100.0, "data_pct": 0.0, "compute_pct": 70.0, "comm_pct": 30.0, "idle_pct": 0.0,
+           "overlap_pct": 0.0}
+    rep = {"world": 2, "ranks": [{"rank": k, "median": dict(med),
+                                  "collectives": {"grad_allreduce_per_step": 1, "grad_bytes_per_step": GRAD}}
+                                 for k in (0, 1)]}
+    st = steptime.table(rep, _spec(), _traces(), [], str(cal))
+    assert st["source"].endswith("as measured") and f"links from the calibration {cal}" in st["source"]
+    assert st["now"]["comm_ms"] == pytest.approx(1.0 + GRAD / 1e9 * 1e3, rel=1e-3)
