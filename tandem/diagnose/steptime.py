@@ -156,7 +156,10 @@ def table(rep: dict, spec: dict | None, traces, settings: list[tuple[str, dict]]
         return None
     meas = _measured(rep)
     rates = link_rates(traces, world)
-    cal_links = bool(calibration) and bool((json.loads(open(calibration).read()).get("links") or {}))
+    try:
+        cal_links = bool(calibration) and bool((json.loads(open(calibration).read()).get("links") or {}))
+    except (OSError, ValueError, AttributeError) as e:
+        return {"error": f"calibration {calibration}: {type(e).__name__}: {e}"[:300]}
     if not cal_links and rates is None:
         return {"error": "no small all-reduce and large collective in the window to measure the links from"}
     tmp = None
