@@ -205,9 +205,10 @@ class ProfileSpec:
     steps: int = f(3, "Steps in the window. Outside it the trainer's phase markers cost a flag test.")
     record_shapes: bool = f(True, "Record tensor shapes: gives each collective's size (DDP's bucket sizes).")
     clock_rounds: int = f(5, "Barriers at the window's start whose exit times align the ranks' clocks.")
-    memory: bool = f(True, "Run the step after the window under torch's MemTracker: peak memory by category "
-                           "(parameters, gradients, activations, optimizer state, temporaries). That step runs "
-                           "several times slower; it is not in the window.")
+    memory: bool = f(True, "Run the step after the window under torch's MemTracker (on CUDA: the allocator's "
+                           "history, a memory snapshot): peak memory by category (parameters, gradients, "
+                           "activations, optimizer state, temporaries). That step runs slower; it is not in the "
+                           "window.")
     nvtx: bool = f(True, "On CUDA, also mark the trainer's phases as NVTX ranges (Nsight Systems shows the same "
                          "names), for the whole run, not only the window.")
 

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from statistics import median
 
-from tandem.diagnose import against_plan, efficiency, whatif
+from tandem.diagnose import against_plan, efficiency, steptime, whatif
 from tandem.diagnose.breakdown import CATEGORIES, StepShare, rank_shares
 from tandem.diagnose.clock import Clock, estimate, fr_lateness, lateness
 from tandem.diagnose.trace import PHASE_PREFIX, RankTrace
@@ -80,14 +80,18 @@ def _rank_summary(t: RankTrace, shares: list[StepShare], late_us: list, clock: C
 
 
 def _memory(meta: dict) -> dict | None:
-    """MemTracker's peak by category for the one tracked step (MiB), or its error."""
+    """The peak by category for the one tracked step (MiB; MemTracker's, or on GPUs the CUDA
+    snapshot's), or its error."""
     peak = meta.get("memory_peak_bytes")
     if not peak:
         return None
     if "error" in peak:
         return {"error": peak["error"]}
-    return {"step": meta.get("memory_step"), "peak_mib": {k: round(v / (1 << 20), 3) for k, v in peak.items()},
-            "capacity_bytes": meta.get("memory_capacity_bytes")}
+    out = {"step": meta.get("memory_step"), "peak_mib": {k: round(v / (1 << 20), 3) for k, v in peak.items()},
+           "capacity_bytes": meta.get("memory_capacity_bytes"), "source": meta.get("memory_source", "memtracker")}
+    if meta.get("memory_check"):
+        out["check"] = meta["memory_check"]
+    return out
 
 
 def section_scores(shares: dict[int, list[StepShare]]) -> dict:
@@ -166,5 +170,10 @@ def analyze(traces: list[RankTrace], spec: dict | None = None, run_dir: Path | N
         report["what_if"] = whatif.table(report, spec)
     report["verdicts"] = (judge(report) + against_plan.memory_verdicts(report, spec)
                           + efficiency.verdicts(report, spec))
+    if spec:
+        proposed = [(" ".join(f"{k} {v:g}" for k, v in x["setting"].items()), x["setting"])
+                    for x in report["verdicts"] if x.get("setting")]
+        report["step_time"] = steptime.table(report, spec, traces, whatif.alternatives(spec) + proposed, calibration)
     whatif.annotate(report["verdicts"], spec, report)
+    steptime.annotate(report["verdicts"], report)
     return report

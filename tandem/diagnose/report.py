@@ -86,7 +86,8 @@ def render(rep: dict, console: Console) -> None:
     if mem:
         cats = [k for k in ("Parameter", "Buffer", "Gradient", "Activation", "Optstate", "Temp", "Other", "Total")
                 if any(k in (m.get("peak_mib") or {}) for _, m in mem)]
-        mt = Table(title=f"Peak memory by category, MiB (torch MemTracker, step {mem[0][1].get('step')})",
+        src = ("CUDA memory snapshot" if mem[0][1].get("source") == "cuda_snapshot" else "torch MemTracker")
+        mt = Table(title=f"Peak memory by category, MiB ({src}, step {mem[0][1].get('step')})",
                    title_justify="left")
         for col in ("rank", *cats):
             mt.add_column(col, justify="right")
@@ -96,16 +97,23 @@ def render(rep: dict, console: Console) -> None:
             else:
                 mt.add_row(str(r), *[f"{m['peak_mib'].get(c, 0):.2f}" for c in cats])
         console.print(mt)
+        chk = [(r, m["check"]) for r, m in mem if m.get("check")]
+        if chk:
+            console.print("  snapshot replay: peak " + ", ".join(
+                f"rank {r} {c['replay_peak'] / (1 << 20):.2f} MiB requested (allocator's max_memory_allocated, "
+                f"its rounded-up blocks: {(c.get('allocator_peak') or 0) / (1 << 20):.2f})" for r, c in chk)
+                + "; the pickle opens in pytorch.org/memory_viz", highlight=False)
         grads = max(r["collectives"]["grad_bytes_per_step"] for r in rep["ranks"])
         if grads and all((m.get("peak_mib") or {}).get("Gradient", 1) == 0 for _, m in mem):
             console.print(f"  gradients: {grads / (1 << 20):.2f} MiB a step live in DDP's buckets "
                           "(gradient_as_bucket_view), allocated before the tracked step: not in the columns above",
                           highlight=False)
-    from tandem.diagnose import against_plan, efficiency, incidents, whatif
+    from tandem.diagnose import against_plan, efficiency, incidents, steptime, whatif
 
     against_plan.render(rep, console)
     efficiency.render(rep, console)
     whatif.render(rep, console)
+    steptime.render(rep, console)
     if rep.get("metrics"):
         console.print(f"metrics.jsonl, same steps: step {rep['metrics']['step_ms']:.1f} ms, "
                       f"data {rep['metrics']['data_pct']:.1f}%", highlight=False)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tandem.core.errors import DataError
+from tandem.diagnose import cuda_memory
 from tandem.core import rundir
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
@@ -135,6 +136,10 @@ def load_run(run_dir: Path) -> list[RankTrace]:
         meta = json.loads(meta_p.read_text()) if meta_p.exists() else {}
         if (d / "flight_recorder.json").exists():
             meta["flight_recorder"] = json.loads((d / "flight_recorder.json").read_text())
+        snap = cuda_memory.read(d)  # on GPUs: the allocator's snapshot instead of MemTracker's peak
+        if snap is not None:
+            meta["memory_check"] = snap.pop("check", None)
+            meta["memory_peak_bytes"], meta["memory_source"] = snap, "cuda_snapshot"
         docs.append((rank, json.loads(gzip.decompress(trace_p.read_bytes())), meta))
     origin = float(docs[0][1].get("baseTimeNanoseconds", 0)) / 1000.0
     return [parse(doc, rank, meta, origin) for rank, doc, meta in docs]

@@ -90,6 +90,8 @@ def annotate(verdicts: list[dict], spec: dict | None, rep: dict) -> None:
     wi = rep.get("what_if") or {}
     by = {r["setting"]: r for r in wi.get("rows", [])}
     now = wi.get("now") or {}
+    measured = [r["collectives"].get("grad_allreduce_per_step") for r in rep.get("ranks", [])]
+    measured = [x for x in measured if x]
     for v in verdicts:
         if v.get("setting"):
             key, val = next(iter(v["setting"].items()))
@@ -98,7 +100,9 @@ def annotate(verdicts: list[dict], spec: dict | None, rep: dict) -> None:
                 v["evidence"].append(
                     f"what-if (planner, this spec): {key} {val:g} -> {alt['grad_calls_per_step']:g} gradient "
                     f"call(s) a step of ~{alt['grad_bytes_per_step'] / max(1, alt['grad_calls_per_step']) / MIB:.3g} "
-                    f"MiB (now {now['dp_calls']:g})")
+                    f"MiB (now {now['dp_calls']:g}" + (f" planned, {min(measured):g} measured: DDP puts whole "
+                                                      "parameters in a bucket)" if measured and
+                                                      min(measured) != now["dp_calls"] else ")"))
         elif v["kind"] == "bandwidth-bound":
             for label in ("parallel.comm_hook bf16", "parallel.strategy zero2"):
                 r = by.get(label)

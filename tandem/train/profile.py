@@ -16,6 +16,8 @@ What a window writes, per rank (read by ``tandem diagnose``, docs/diagnose.md):
                                            the main thread's CPU and run-queue time over the window,
                                            MemTracker's peak by category, the step after the window
     RUN_DIR/profile/rank-R/flight_recorder.json   torch's flight recorder entries of the window
+    RUN_DIR/profile/rank-R/memory_snapshot.pickle|json   on CUDA, the step after the window under the
+                                           allocator's history instead of MemTracker (tandem/train/cuda_memory.py)
 
 At the window's start every rank passes ``clock_rounds`` barriers, each inside a ``tandem.clock``
 range: all ranks leave a barrier at (almost) the same moment, so the ends of those ranges give
@@ -50,6 +52,7 @@ class StepProfiler:
         self._prof = None
         self._clock: list[int] = []
         self._steps: list[int] = []
+        self._cmem = None   # the CUDA memory step (tandem/train/cuda_memory.py), on GPUs
         if self.on:
             self.first, self.last = spec.start_step, spec.start_step + spec.steps - 1
 
@@ -60,13 +63,15 @@ class StepProfiler:
     def phase(self, name: str):
         if self.recording:
             return _Phase(PREFIX + name, self.nvtx)
+        if self._cmem is not None:  # the CUDA memory step: where each allocation was made
+            return self._cmem.phase(PREFIX + name, self.nvtx)
         if self.nvtx:
             return torch.cuda.nvtx.range(PREFIX + name)
         return _NULL
 
     def step(self, done: int) -> None:
         """Called at the top of each step; ``done + 1`` is the step about to run."""
-        if getattr(self, "_mt", None) is not None:
+        if getattr(self, "_mt", None) is not None or self._cmem is not None:
             self._memory_exit()
         if not self.on:
             return
@@ -94,18 +99,20 @@ class StepProfiler:
         if self._prof is not None:
             self._sched1 = _schedstat()
             self._finish()
-        if getattr(self, "_mt", None) is not None:
+        if getattr(self, "_mt", None) is not None or self._cmem is not None:
             self._memory_exit()
 
     def end_memory(self) -> None:
         """Before an evaluation: MemTracker follows one training step; a second pass through the
         module (eval's forward) would be an error in torch's tracker, and is not the step anyway."""
-        if getattr(self, "_mt", None) is not None:
+        if getattr(self, "_mt", None) is not None or self._cmem is not None:
             self._memory_exit()
 
     def _memory_enter(self, n: int) -> None:
         if not self.spec.memory or not hasattr(self, "_tracked"):
             return
+        if self.ctx.device.type == "cuda":  # the allocator's own history: every block, at the GPU's peak
+            return self._cuda_memory_enter(n)
         try:
             from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -116,7 +123,25 @@ class StepProfiler:
         except Exception as e:  # a strategy MemTracker cannot follow: say so, keep training
             self._write_meta(memory_peak_bytes={"error": f"{type(e).__name__}: {e}"})
 
+    def _cuda_memory_enter(self, n: int) -> None:
+        from tandem.train.cuda_memory import CudaMemoryStep
+
+        try:
+            c = CudaMemoryStep(self.ctx.device, self.dir, *self._tracked)
+            c.enter()
+            self._cmem, self._mt_step = c, n
+        except Exception as e:  # an allocator without history (another backend): say so, keep training
+            self._write_meta(memory_peak_bytes={"error": f"{type(e).__name__}: {e}"})
+
     def _memory_exit(self) -> None:
+        if self._cmem is not None:
+            c, self._cmem = self._cmem, None
+            try:
+                extra = c.exit()
+            except Exception as e:
+                extra = {"memory_peak_bytes": {"error": f"{type(e).__name__}: {e}"}}
+            self._write_meta(memory_step=self._mt_step, memory_capacity_bytes=_capacity(self.ctx.device), **extra)
+            return
         mt, self._mt = self._mt, None
         try:
             mt.__exit__(None, None, None)

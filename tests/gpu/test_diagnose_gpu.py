@@ -1,9 +1,12 @@
-"""GPU check of the profiler window and `tandem diagnose` (skipped without CUDA; not yet run on a GPU).
+"""GPU check of the profiler window and `tandem diagnose` (skipped without CUDA).
 
     pytest tests/gpu/test_diagnose_gpu.py -q
 
 On a CUDA machine: the window records CUDA activity (kernels) beside the CPU ops, the trainer's
-phases are in the trace, MemTracker measures the CUDA device, and diagnose reads the run.
+phases are in the trace, the step after the window runs under the CUDA allocator's history (a
+memory snapshot whose replay comes within 20% under the allocator's own peak: requested bytes
+against rounded-up blocks), and diagnose reads the run. The
+snapshot's categories against the plan are checked on the ~100M GPT in test_train_gpu.py.
 """
 
 import gzip
@@ -33,7 +36,16 @@ def test_a_cuda_window_has_kernels_phases_and_memory(tmp_path):
     assert {"tandem.forward", "tandem.backward", "tandem.optimizer", "ProfilerStep#3"} <= names
     meta = json.loads((run / "profile" / "rank-0" / "window.json").read_text())
     assert meta["device"].startswith("cuda") and meta["memory_peak_bytes"]["Total"] > 0, meta
+    assert meta["memory_source"] == "cuda_snapshot" and meta["memory_step"] == 6, meta
+    assert (run / "profile" / "rank-0" / "memory_snapshot.pickle").stat().st_size > 0
     d = run_tandem("diagnose", str(run), "--json")
     assert d.returncode == 0, d.stderr
     rep = json.loads(d.stdout)
     assert rep["world"] == nproc and rep["steps"] == [3, 4, 5]
+    mem = rep["ranks"][0]["memory"]
+    chk, peak = mem["check"], mem["peak_mib"]
+    # the replay counts requested bytes, the allocator its (rounded-up) blocks: at most that, and close
+    assert 0.8 * chk["allocator_peak"] <= chk["replay_peak"] <= chk["allocator_peak"], chk
+    assert 0 < chk["start_derived"] <= chk["start_allocated"], chk
+    assert abs(sum(v for k, v in peak.items() if k != "Total") - peak["Total"]) < 0.01, peak
+    assert peak["Parameter"] > 0 and peak["Activation"] > 0, peak

@@ -101,7 +101,8 @@ def test_the_gpt_learns_on_cuda(tmp_path, strategy, dtype):
 
 def test_cuda_peak_memory_against_the_plan(tmp_path):
     """One profiled step of a ~100M-parameter GPT (fp32 AdamW): the allocator's peak against the
-    plan's params + grads + optimizer + activations (its 'other' is the CUDA context, not allocated)."""
+    plan's params + grads + optimizer + activations (its 'other' is the CUDA context, not allocated),
+    and per category from the step's CUDA memory snapshot, as tandem diagnose reads it."""
     run = tmp_path / "run"
     spec = tmp_path / "job.toml"
     spec.write_text(GPT.format(layers=8, hidden=1024, heads=16, seq=128, samples=512, lr=0.0003, batch=8,
@@ -122,6 +123,16 @@ def test_cuda_peak_memory_against_the_plan(tmp_path):
            tracker=meta["memory_peak_bytes"])
     assert plan["model"]["params"] > 80e6
     assert 0.67 < measured / planned < 1.5, (measured, planned)
+    # the CUDA memory snapshot's categories against the plan for the same spec (tandem diagnose)
+    d = run_tandem("diagnose", str(run), "--json", timeout=300)
+    assert d.returncode == 0, d.stderr[-3000:]
+    vs = json.loads(d.stdout)["memory_vs_plan"]
+    ratio = vs["ranks"]["0"]["ratio"]
+    report(check="memory-snapshot", measured_mib=vs["ranks"]["0"]["measured_mib"], plan_mib=vs["plan"]["mib"],
+           ratio=ratio, notes=vs["notes"])
+    assert meta["memory_source"] == "cuda_snapshot", meta
+    assert 0.95 < ratio["params"] < 1.05 and 0.95 < ratio["optimizer"] < 1.05, ratio
+    assert 0 < ratio["grads"] < 1.1 and ratio["activations"] > 0, ratio
 
 
 def test_bench_train_calibrates_on_the_gpu(tmp_path):
