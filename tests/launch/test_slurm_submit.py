@@ -138,6 +138,9 @@ def preemption(cluster, tmp_path_factory):
     uninterrupted = subprocess.Popen([sys.executable, "-m", "tandem", "train", "--json", str(spec),
                                       "--launch.nproc_per_node", "2", "--launch.run_dir", str(d / "ref")], cwd=ROOT,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with open(d / "follow.out", "w") as out, open(d / "follow.err", "w") as err:  # from the queue to the end
+        follow = subprocess.Popen([sys.executable, "-m", "tandem", "logs", str(run), "--follow"], cwd=ROOT,
+                                  env={**cluster.env, "COLUMNS": "200"}, stdout=out, stderr=err)
     try:
         wait_for(lambda: (d / "started.0").exists() and any(r.get("kind") == "step" and r["step"] >= 5
                                                             for r in read_metrics(run)), 240,
@@ -148,8 +151,10 @@ def preemption(cluster, tmp_path_factory):
         preempt(cluster, d)
         sleep = wait_state(cluster, sleep_run, sleep_id, ["FAILED", "COMPLETED", "CANCELLED"])
         out, err = uninterrupted.communicate(timeout=300)
+        follow.wait(timeout=60)
     finally:
         uninterrupted.kill()
+        follow.kill()
     assert uninterrupted.returncode == 0, err[-3000:]
     return {"train": (run, train_id, train), "sleep": (sleep_run, sleep_id, sleep), "reference": json.loads(out)}
 
@@ -178,6 +183,12 @@ def test_train_preempted_at_step_5_resumes_with_no_step_redone_and_ends_bitwise(
     # each start's rank logs, node 1's too (it names them after node 0's attempt, read once node 0 wrote it)
     assert sorted(p.name for p in (run / "logs").glob("rank-*.log") if ".err." not in p.name) == \
         ["rank-0.attempt2.log", "rank-0.log", "rank-1.attempt2.log", "rank-1.log"]
+    # `tandem logs --follow`, started while the job was queued: both starts' lines, then it ended by itself
+    followed = (run.parent / "follow.out").read_text()
+    assert "[rank 0] step 5/24 " in followed and "[rank 0 attempt 2] resumed from " in followed, followed
+    assert (run.parent / "follow.err").read_text().splitlines() == [
+        f"slurm job {job_id}: sbatch output in {run}/submit/slurm-{job_id}.out",
+        f"tandem logs: the job has ended (slurm job {job_id} COMPLETED)"]
     logs = tandem(cluster, "logs", str(run))
     assert logs.returncode == 0 and f"[rank 0] resumed from {run}/checkpoints/step-{stop['step']:08d}" in logs.stdout
     assert logs.stderr.strip() == f"slurm job {job_id}: sbatch output in {run}/submit/slurm-{job_id}.out"
