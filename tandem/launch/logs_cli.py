@@ -178,7 +178,7 @@ def logs_cmd(
     attempt: int = typer.Option(0, "--attempt", help="This start of the run dir, 1 the first (default: the "
                                                      "current one)."),
 ) -> None:
-    """Print the job's rank logs, each line prefixed with [rank R]; --follow until the job ends.
+    """Print the job's rank logs, each line prefixed with its rank; --follow until the job ends.
 
     Example: tandem logs runs/hello --rank 0 --follow
     """
