@@ -62,6 +62,7 @@ def _register() -> None:
     app.command("submit", context_settings=PASSTHROUGH)(submit_cmd)
     app.command("status")(status_cmd)
     app.command("cancel")(cancel_cmd)
+    from tandem.launch.logs_cli import logs_cmd; app.command("logs")(logs_cmd)  # noqa: E702
 
 
 _register()

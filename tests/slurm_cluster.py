@@ -104,7 +104,14 @@ MinJobAge=600
 InactiveLimit=0
 MessageTimeout=10
 {nodes}
-PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP
+# Preemption by partition: a job in "high" takes the nodes of a running job in "low" (PriorityTier 1),
+# which gets SIGTERM and GraceTime seconds to save before it is requeued; "debug" (the default) is
+# never preempted.
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP PriorityTier=2
+PartitionName=low Nodes={names} MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=120
+PartitionName=high Nodes={names} MaxTime=INFINITE State=UP PriorityTier=2
 """
 
 
@@ -171,7 +178,7 @@ class SlurmCluster:
 
     def _idle_nodes(self) -> int:
         r = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], env=self.env, capture_output=True, text=True)
-        return sum(1 for ln in r.stdout.splitlines() if ln.split()[-1] == "idle")
+        return len({ln.split()[0] for ln in r.stdout.splitlines() if ln.split()[-1] == "idle"})  # once per partition
 
     def stop(self) -> None:
         """Kill every daemon, then every process that carries this cluster's SLURM_CONF in its environment.

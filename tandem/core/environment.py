@@ -11,7 +11,12 @@ exists, torchrun's variables (what `tandem launch` and torchrun export to every 
 scheduler that starts the workers itself (Slurm's srun: ``SLURM_PROCID``, ``SLURM_NTASKS``,
 ``SLURM_LOCALID``, ``SLURM_NODEID``; a Kubernetes job's indexed pods) gets a reader of its own:
 a function ``(env: Mapping[str, str]) -> ClusterEnv | None`` put in ``READERS`` before torchrun's,
-returning None when its variables are absent. No torch import here: the CLI imports this at
+returning None when its variables are absent.
+
+A scheduler that starts one agent per node instead describes the node, not the process:
+``from_kubeflow(env) -> NodeEnv | None`` reads Kubeflow Trainer's ``PET_*`` variables (what
+torchrun would read), and `tandem launch --cluster auto` takes nodes, node rank, master and
+workers per node from it (Slurm's equivalent: tandem/launch/slurm_env.py). No torch import here: the CLI imports this at
 start-up; ``resolve_device`` imports torch only to ask whether CUDA is there.
 """
 
@@ -67,6 +72,44 @@ def from_torchrun(env: Mapping[str, str]) -> ClusterEnv | None:
 
 
 READERS: tuple[Callable[[Mapping[str, str]], ClusterEnv | None], ...] = (from_torchrun,)
+
+
+@dataclass(frozen=True)
+class NodeEnv:
+    """One node's place in a job whose scheduler starts one agent (`tandem launch`) per node."""
+    nnodes: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    nproc_per_node: int | None    # None: the scheduler left it to the launcher ("auto", "gpu", unset)
+    source: str
+
+
+PET = ("PET_NNODES", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
+
+
+def from_kubeflow(env: Mapping[str, str]) -> NodeEnv | None:
+    """Kubeflow Trainer's torch runtime (and PyTorchJob's elastic mode) describe each pod to torchrun with
+    ``PET_*`` variables, torchrun's own options by name: PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR,
+    PET_MASTER_PORT, PET_NPROC_PER_NODE. None when PET_NNODES is absent; one set but not the others, or a
+    value that is not a number, is an error (the pod would otherwise wait for a rendezvous that never forms)."""
+    if "PET_NNODES" not in env:
+        return None
+    missing = [k for k in PET if not env.get(k)]
+    if missing:
+        raise ConfigError(f"{missing[0]} is not set while PET_NNODES is", field=missing[0], value=None,
+                          fix=f"set {', '.join(PET)} together (Kubeflow Trainer does), or unset PET_NNODES")
+    nums = {}
+    for k in ("PET_NNODES", "PET_NODE_RANK", "PET_MASTER_PORT"):
+        try:
+            nums[k] = int(env[k])
+        except ValueError:
+            raise ConfigError("not an integer", field=k, value=env[k],
+                              fix="give a plain number (an elastic MIN:MAX needs --rdzv-endpoint flags)") from None
+    nproc = env.get("PET_NPROC_PER_NODE", "")
+    return NodeEnv(nnodes=nums["PET_NNODES"], node_rank=nums["PET_NODE_RANK"], master_addr=env["PET_MASTER_ADDR"],
+                   master_port=nums["PET_MASTER_PORT"], nproc_per_node=int(nproc) if nproc.isdigit() else None,
+                   source="kubeflow")
 
 
 def cuda_available() -> bool:

@@ -91,6 +91,13 @@ def begin_attempt(run_dir: Path, argv: list[str] | None = None) -> dict:
     return rec
 
 
+# The run attempt of another node of a static multi-node job on a shared run dir (Slurm, a TrainJob's
+# pods): node 0's, read when the workers start (launch/logs.py). Node 0 records its start before its
+# agent hosts the rendezvous, and workers start only after the rendezvous; read at this node's own
+# start, a requeue (every node starting at once) could find the previous attempt and overwrite its logs.
+NODE0_ATTEMPT = 0
+
+
 def log_tag(rank: int | str, attempt: int, restart: int, agent_tag: str = "") -> str:
     """A rank's log/error-file stem: the first attempt keeps the plain names, a later start of
     the run dir gets ``.attemptN`` so that nothing of an earlier one is overwritten."""

@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 
 from tandem.core.console import make_console
+from tandem.core.environment import from_kubeflow
 from tandem.core.errors import ConfigError, WorkerFailure
 from tandem.core.spec import LaunchSpec
 from tandem.launch import failures as fl
@@ -29,8 +30,9 @@ def launch_cmd(
     quiet: bool = typer.Option(False, "--quiet", help="Per-rank files only, no console stream."),
     verbose: bool = typer.Option(False, "--verbose", help="Show torch's own logs (torchrun's agent, c10d's "
                                                           "C++ store retries)."),
-    cluster: str = typer.Option("auto", "--cluster", help="auto: inside an `srun` step (one task per node) take "
-                                                          "nodes, node rank and master from Slurm's env; none: never."),
+    cluster: str = typer.Option("auto", "--cluster", help="auto: inside an `srun` step (one task per node) or a "
+                                                          "Kubeflow pod (PET_* env) take nodes, node rank and "
+                                                          "master from the scheduler's env; none: never."),
 ) -> None:
     """Run SCRIPT on every worker through torchrun's elastic agent.
 
@@ -52,9 +54,12 @@ def launch_cmd(
 
 
 def from_cluster(launch: LaunchSpec, env=os.environ) -> LaunchSpec:
-    """Inside a Slurm step, fill nodes, node rank and master from Slurm's env (flags the user gave win)."""
+    """Inside a Slurm step or a Kubeflow pod (PET_*), fill nodes, node rank and master from the scheduler's
+    env (flags the user gave win)."""
     given = launch.nnodes != "1" or launch.node_rank or launch.rdzv_endpoint or launch.simulate_nodes
     job = None if given else slurm_env(env)
+    if job is None and not given:
+        return _from_kubeflow(launch, env)
     if job is None or job.nnodes == 1:  # one node: the private standalone store is the better rendezvous
         return launch
     rdzv = slurm_rendezvous(env)
@@ -64,3 +69,16 @@ def from_cluster(launch: LaunchSpec, env=os.environ) -> LaunchSpec:
     port = launch.master_port if launch.master_port != 29500 else rdzv.master_port
     return dataclasses.replace(launch, nnodes=str(rdzv.nnodes), node_rank=rdzv.node_rank, master_addr=addr,
                                master_port=port)
+
+
+def _from_kubeflow(launch: LaunchSpec, env) -> LaunchSpec:
+    node = from_kubeflow(env)
+    if node is None:
+        return launch
+    nproc = node.nproc_per_node if node.nproc_per_node and launch.nproc_per_node == 1 else launch.nproc_per_node
+    if node.nnodes == 1:  # one node: the private standalone store is the better rendezvous
+        return dataclasses.replace(launch, nproc_per_node=nproc)
+    addr = launch.master_addr if launch.master_addr != "127.0.0.1" else node.master_addr
+    port = launch.master_port if launch.master_port != 29500 else node.master_port
+    return dataclasses.replace(launch, nproc_per_node=nproc, nnodes=str(node.nnodes), node_rank=node.node_rank,
+                               master_addr=addr, master_port=port)

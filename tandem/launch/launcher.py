@@ -133,6 +133,10 @@ def run_agent(opts: LaunchSpec, argv: list[str], run_dir: Path, *, agent_index: 
         fl.write_node_failures(run_dir, agent_index, failures)
         raise WorkerFailure(fl.summarize(failures)) from None
     except SignalException as e:  # this agent was told to stop: torchrun has SIGTERMed its workers
+        if e.sigval != signal.SIGINT and threading.current_thread() is threading.main_thread():
+            # the workers have saved and exited; a second SIGTERM (srun --kill-on-bad-exit ends the other
+            # nodes' tasks after the first exits 143) must not turn this exit into a traceback and exit 1
+            signal.signal(e.sigval, signal.SIG_IGN)
         raise stopped(run_dir, e.sigval, time.time() - (time.monotonic() - t0)) from None
     except Exception as e:  # rendezvous/store errors: make them one readable line
         waited = time.monotonic() - t0
@@ -273,9 +277,8 @@ def launch(opts: LaunchSpec, argv: list[str], run_dir: Path, *, quiet: bool = Fa
         raise ConfigError("script not found", field="script", value=argv[0], fix="give the path of a Python file")
     if attempt is None and opts.node_rank and not opts.simulate_nodes:
         # another node of a static multi-node job (Slurm, a TrainJob's pods), often on a shared run
-        # dir: node 0 records the start, the other nodes log under its number
-        prior = rundir.attempts(run_dir)
-        attempt = prior[-1]["attempt"] if prior else 1
+        # dir: node 0 records the start, the other nodes log under its number (read once it exists)
+        attempt = rundir.NODE0_ATTEMPT
     if attempt is None:
         attempt = rundir.begin_attempt(run_dir)["attempt"]
     quiet_cpp_logs(verbose)  # before anything loads torch

@@ -55,6 +55,9 @@ class RankLogsSpecs(LogsSpecs):
         tee = to_map(self._tee, len(envs))
         attempt = max(self.starts, *(int(e.get("TORCHELASTIC_RESTART_COUNT", "0")) for e in envs.values()))
         self.starts += 1
+        if self.run_attempt == rundir.NODE0_ATTEMPT:  # node 0 has recorded its start by now (see there)
+            starts = rundir.attempts(self.run_dir)
+            self.run_attempt = starts[-1]["attempt"] if starts else 1
         for local_rank, env in envs.items():
             rank = env.get("RANK", str(local_rank))
             env[AGENT_STARTS_ENV] = str(attempt)

@@ -184,7 +184,7 @@ def _train_locked(spec: JobSpec, console: Console, run_dir: Path, path: Path | N
         tmp = run_dir / f".{rundir.SPEC}.{os.getpid()}"
         tmp.write_text(json.dumps(to_dict(spec), indent=1))
         tmp.replace(run_dir / rundir.SPEC)
-        attempt = begin_attempt(run_dir, path) if not other_node(spec) else max(1, len(rundir.attempts(run_dir)))
+        attempt = begin_attempt(run_dir, path) if not other_node(spec) else rundir.NODE0_ATTEMPT
     else:
         os.environ[contract.JOINING_ENV] = "1"  # this process's agent: log names of their own (launch/logs.py)
         attempt = max(1, len(rundir.attempts(run_dir)))

@@ -102,3 +102,54 @@ def test_trainjob_pod_command_forms_one_job_from_pet_env(tmp_path):
     assert sorted(ln.split("]:", 1)[-1].split()[1] for ln in lines) == ["0/2", "1/2"], outs
     assert all("sum 1 (expect 1)" in ln for ln in lines), outs
     assert sorted(p.name for p in (tmp_path / "run" / "logs").glob("rank-?.log")) == ["rank-0.log", "rank-1.log"]
+
+
+PET_ENV = {"PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_MASTER_ADDR": "train-node-0-0.train",
+           "PET_MASTER_PORT": "29400", "PET_NPROC_PER_NODE": "4"}
+
+
+def test_launch_takes_kubeflow_pet_env_unless_flags_say_otherwise():
+    from tandem.core.spec import LaunchSpec
+    from tandem.launch.cli import from_cluster
+
+    got = from_cluster(LaunchSpec(), PET_ENV)
+    assert (got.nproc_per_node, got.nnodes, got.node_rank, got.master_addr, got.master_port) == \
+        (4, "2", 1, "train-node-0-0.train", 29400)
+    assert from_cluster(LaunchSpec(nproc_per_node=2), {**PET_ENV, "PET_NPROC_PER_NODE": "auto"}).nproc_per_node == 2
+    mine = LaunchSpec(nnodes="3", node_rank=2, master_addr="h", master_port=1234)
+    assert from_cluster(mine, PET_ENV) == mine
+    one = from_cluster(LaunchSpec(), {**PET_ENV, "PET_NNODES": "1", "PET_NODE_RANK": "0"})
+    assert one == LaunchSpec(nproc_per_node=4)  # one pod: keep the standalone store on a free port
+
+
+def test_a_partial_pet_env_is_one_line(tmp_path, capsys, monkeypatch):
+    for k in ("PET_NNODES", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"):
+        monkeypatch.setenv(k, PET_ENV[k])
+    monkeypatch.delenv("PET_MASTER_ADDR")
+    code, _, err = tandem_in_process(["launch", "--run-dir", str(tmp_path / "r"), "examples/hello_dist.py"], capsys,
+                                     monkeypatch)
+    assert code == 2 and err.strip() == ("error: PET_MASTER_ADDR: PET_MASTER_ADDR is not set while PET_NNODES is. "
+                                         "Fix: set PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT "
+                                         "together (Kubeflow Trainer does), or unset PET_NNODES"), err
+    monkeypatch.setenv("PET_MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("PET_NNODES", "1:2")
+    code, _, err = tandem_in_process(["launch", "--run-dir", str(tmp_path / "r"), "examples/hello_dist.py"], capsys,
+                                     monkeypatch)
+    assert code == 2 and err.startswith("error: PET_NNODES: not an integer (got '1:2')."), err
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+def test_plain_launch_under_pet_env_forms_one_rendezvous_of_two_nodes(tmp_path):
+    """`tandem launch SCRIPT`, no placement flags, in two "pods" on this machine with the PET_* env Kubeflow
+    Trainer's torch runtime sets (node ranks 0 and 1): one job of 2 nodes x PET_NPROC_PER_NODE workers."""
+    env = {**os.environ, "PET_NNODES": "2", "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(free_port()),
+           "PET_NPROC_PER_NODE": "1", "COLUMNS": "200"}
+    procs = [subprocess.Popen([sys.executable, "-m", "tandem", "launch", "--run-dir", str(tmp_path / f"pod{k}"),
+                               "examples/hello_dist.py"], env={**env, "PET_NODE_RANK": str(k)}, cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for k in (0, 1)]
+    outs = [p.communicate(timeout=180)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    lines = [ln.split("]:", 1)[-1] for out in outs for ln in out.splitlines() if "all_reduce sum" in ln]
+    assert sorted(lines) == ["rank 0/2 node 0 local_rank 0 all_reduce sum 1 (expect 1)",
+                             "rank 1/2 node 1 local_rank 0 all_reduce sum 1 (expect 1)"], outs

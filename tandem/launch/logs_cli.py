@@ -1,0 +1,232 @@
+"""`tandem logs RUN_DIR [--follow] [--rank R] [--attempt N]`: the job's rank logs, one stream.
+
+Reads only the run dir (the names are in tandem/core/rundir.py and launch/logs.py):
+
+    logs/rank-R[.join-H-P][.attemptN][.restartK][.err].log
+
+Every line is printed with its rank, ``[rank R]`` (``[rank R restart K]`` for a later start of
+the workers within the attempt, ``stderr`` for the error stream). By default the current
+attempt: the newest start of the run dir (attempts.jsonl, or the newest attempt in the file
+names). ``--follow`` keeps reading while the job lives and stops when it has ended, known from
+the run dir and, for a `tandem submit --on slurm` job, from the controller:
+
+    1. Slurm (submit/job.json): the job's state in `scontrol show job` (ended: a final state,
+       or forgotten by the controller);
+    2. RUN_DIR/.lock: a live `tandem train` holds it;
+    3. attempts.jsonl: the newest start's process (pid and host) still runs;
+    4. result.json: the run finished (the only sign left when the job ran on another host).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import typer
+
+from tandem.core import rundir
+from tandem.core.errors import ConfigError
+
+POLL_S = 0.25  # how often --follow looks for new lines and for the job's end
+NAME = re.compile(r"^rank-(?P<rank>\d+)(?P<join>\.join-.+?-\d+)?(?:\.attempt(?P<attempt>\d+))?"
+                  r"(?:\.restart(?P<restart>\d+))?(?P<err>\.err)?\.log$")
+
+
+@dataclass(frozen=True)
+class RankLog:
+    path: Path
+    rank: int
+    attempt: int
+    restart: int
+    err: bool
+    join: str
+
+    @property
+    def order(self) -> tuple:
+        return (self.attempt, self.restart, self.rank, self.join, self.err)
+
+    def prefix(self, first_attempt: int) -> str:
+        parts = [f"rank {self.rank}"]
+        if self.attempt != first_attempt:  # --follow went on into a requeued start
+            parts.append(f"attempt {self.attempt}")
+        if self.restart:
+            parts.append(f"restart {self.restart}")
+        if self.err:
+            parts.append("stderr")
+        return "[" + " ".join(parts) + "]"
+
+
+def scan(run_dir: Path) -> list[RankLog]:
+    """Every rank log in the run dir, oldest start first."""
+    out = []
+    for p in (Path(run_dir) / rundir.LOGS).glob("rank-*.log"):
+        m = NAME.match(p.name)
+        if m:
+            out.append(RankLog(p, int(m["rank"]), int(m["attempt"] or 1), int(m["restart"] or 0), bool(m["err"]),
+                               m["join"] or ""))
+    return sorted(out, key=lambda f: f.order)
+
+
+def current_attempt(run_dir: Path, files: list[RankLog]) -> int:
+    starts = rundir.attempts(run_dir)
+    return max([1, *(f.attempt for f in files), *([starts[-1]["attempt"]] if starts else [])])
+
+
+def slurm_record(run_dir: Path) -> dict | None:
+    from tandem.launch.slurm import read_record
+
+    try:
+        rec = read_record(run_dir)
+    except ConfigError:
+        return None
+    return rec if rec.get("engine") == "slurm" else None
+
+
+def job_end(run_dir: Path, slurm: dict | None) -> str | None:
+    """Why the job is over, or None while it may still write logs."""
+    from tandem.core.runlock import alive
+
+    if slurm is not None and shutil.which("scontrol"):
+        from tandem.launch.slurm import TERMINAL, job_fields
+
+        f = job_fields(slurm["job_id"])
+        if f is None:
+            return f"slurm job {slurm['job_id']} is no longer known to the controller"
+        state = f.get("JobState", "?")
+        # a preempted job that will be requeued is not over
+        if state in TERMINAL and not (state == "PREEMPTED"
+                                      and int(f.get("Restarts", "0")) < int(slurm.get("max_requeues", 0))):
+            return f"slurm job {slurm['job_id']} {state}"
+        return None
+    lock = _read_json(Path(run_dir) / rundir.LOCK)
+    if lock is not None and alive(lock) is not False:
+        return None
+    starts = rundir.attempts(run_dir)
+    if starts and starts[-1].get("host") == socket.gethostname() and _runs(starts[-1]):
+        return None
+    if starts and starts[-1].get("host") != socket.gethostname() and not (Path(run_dir) / rundir.RESULT).is_file():
+        return None  # started on another host and not finished: only result.json would tell
+    return "finished" if (Path(run_dir) / rundir.RESULT).is_file() else "its process has exited"
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _runs(start: dict) -> bool:
+    """Whether the process that recorded ``start`` (attempts.jsonl) still runs: its pid, started no later than
+    the record (a pid reused by a later process started after it)."""
+    from tandem.core.runlock import process_start
+
+    ticks = process_start(int(start.get("pid", -1)))
+    if ticks is None:
+        return False
+    if not ticks.isdigit():  # "self" / "unknown": no /proc to tell its age
+        return True
+    try:
+        btime = next(int(ln.split()[1]) for ln in Path("/proc/stat").read_text().splitlines()
+                     if ln.startswith("btime "))
+        began = btime + int(ticks) / os.sysconf("SC_CLK_TCK")
+    except (OSError, StopIteration, ValueError):
+        return True
+    return began <= float(start.get("time", 0)) + 2  # btime has 1 s resolution
+
+
+class Tail:
+    """Complete lines appended to a set of files since the last read, each with its prefix."""
+
+    def __init__(self, first_attempt: int) -> None:
+        self.first = first_attempt
+        self.pos: dict[Path, int] = {}
+        self.partial: dict[Path, bytes] = {}
+
+    def read(self, files: list[RankLog], final: bool = False) -> list[str]:
+        out = []
+        for f in files:
+            try:
+                with open(f.path, "rb") as fh:
+                    fh.seek(self.pos.get(f.path, 0))
+                    data = fh.read()
+            except OSError:
+                continue
+            self.pos[f.path] = self.pos.get(f.path, 0) + len(data)
+            buf = self.partial.pop(f.path, b"") + data
+            *lines, rest = buf.split(b"\n")
+            if rest and final:  # the job is over: its last line will not be completed
+                lines.append(rest)
+            elif rest:
+                self.partial[f.path] = rest
+            pre = f.prefix(self.first)
+            out += [f"{pre} {ln.decode(errors='replace').rstrip(chr(13))}" for ln in lines]
+        return out
+
+
+def logs_cmd(
+    run_dir: Path = typer.Argument(..., help="The run dir of a `tandem launch`, `tandem train` or `tandem submit`."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines until the job ends."),
+    rank: int = typer.Option(-1, "--rank", help="Only this global rank (default: every rank)."),
+    attempt: int = typer.Option(0, "--attempt", help="This start of the run dir, 1 the first (default: the "
+                                                     "current one)."),
+) -> None:
+    """Print the job's rank logs, each line prefixed with its rank; --follow until the job ends.
+
+    Example: tandem logs runs/hello --rank 0 --follow
+    """
+    if not run_dir.is_dir():
+        raise ConfigError("no such run dir", field="run_dir", value=str(run_dir),
+                          fix="give the --run-dir of a `tandem launch`, `tandem train` or `tandem submit`")
+    slurm = slurm_record(run_dir)
+    if slurm is not None:
+        print(f"slurm job {slurm['job_id']}: sbatch output in {run_dir / 'submit'}/slurm-{slurm['job_id']}.out",
+              file=sys.stderr, flush=True)
+    files = scan(run_dir)
+    current = current_attempt(run_dir, files)
+    chosen = attempt or current
+    if attempt and not 1 <= attempt <= current:
+        raise ConfigError(f"the run dir has attempts 1 to {current}", field="--attempt", value=attempt,
+                          fix=f"use 1 to {current}, or leave it out for the current one")
+    ended = job_end(run_dir, slurm) if follow else "not followed"
+    mine = [f for f in files if f.attempt == chosen]
+    if not mine and ended is not None:  # nothing to print and nothing more will come
+        if not files:
+            raise ConfigError("no rank logs in the run dir", field="run_dir", value=str(run_dir),
+                              fix=f"give the run dir of a job that has started (logs are in {rundir.LOGS}/rank-R.log)")
+        have = sorted({f.attempt for f in files})
+        raise ConfigError(f"attempt {chosen} has no rank logs", field="--attempt", value=chosen,
+                          fix=f"use --attempt {' or '.join(map(str, have))}")
+    ranks = sorted({f.rank for f in mine})
+    if rank >= 0 and mine and rank not in ranks:
+        raise ConfigError(f"no such rank in attempt {chosen}", field="--rank", value=rank,
+                          fix=f"use one of {', '.join(map(str, ranks))}")
+
+    def wanted(fs: list[RankLog]) -> list[RankLog]:
+        keep = (lambda f: f.attempt >= chosen) if follow and not attempt else (lambda f: f.attempt == chosen)
+        return [f for f in fs if keep(f) and (rank < 0 or f.rank == rank)]
+
+    tail = Tail(chosen)
+    if not follow:
+        _emit(tail.read(wanted(mine), final=True))
+        return
+    while True:
+        ended = job_end(run_dir, slurm)  # before reading: whatever was written before the end gets read
+        _emit(tail.read(wanted(scan(run_dir)), final=ended is not None))
+        if ended is not None:
+            print(f"tandem logs: the job has ended ({ended})", file=sys.stderr, flush=True)
+            return
+        time.sleep(POLL_S)
+
+
+def _emit(lines: list[str]) -> None:
+    if lines:
+        sys.stdout.write("\n".join(lines) + "\n")
+        sys.stdout.flush()
