@@ -157,7 +157,7 @@ class _redirect:
         os.close(self.saved)
 
 
-def write_record(run_dir: Path, **fields) -> dict:
+def write_record(run_dir: Path, /, **fields) -> dict:
     path = run_dir / "submit" / "job.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     rec = {**(json.loads(path.read_text()) if path.is_file() else {}), **fields}
