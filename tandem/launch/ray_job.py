@@ -25,6 +25,7 @@ import datetime as dt
 import importlib.util
 import json
 import os
+import re
 import runpy
 import socket
 import sys
@@ -219,11 +220,15 @@ def fit(job: RayJob, attempt: int, on_poll=None) -> dict:
 
 
 def _one_line(e: BaseException) -> str:
-    text = str(e).strip()
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    # Ray's message ends with the worker's exception line; the start says which worker
-    last = next((ln for ln in reversed(lines) if "Error" in ln or "Exception" in ln), lines[-1] if lines else "")
-    return f"{type(e).__name__}: {last}"[:400]
+    """Ray's failure in one line: the first failed rank and its exception line (a Python error in tandem's
+    worker ends Ray's text as "Type: message"; a worker that died names how, in its first sentence)."""
+    fails = getattr(e, "worker_failures", None) or {}
+    rank, err = min(fails.items(), key=lambda kv: kv[0]) if fails else (None, getattr(e, "controller_failure", e))
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    exc = next((ln for ln in reversed(lines) if re.match(r"^[\w.]+(Error|Exception|Interrupt|Exit)\b[^:]*:", ln)),
+               None)
+    text = exc or f"{type(err).__name__}: {(lines[-1] if lines else '').split('. Some common causes')[0]}"
+    return (f"rank {rank}: " if rank is not None else "") + text[:300]
 
 
 def ray_status(run_dir: Path) -> tuple[str, str]:

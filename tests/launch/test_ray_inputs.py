@@ -48,3 +48,27 @@ def test_ray_train_worker_env_is_read():
         "ray", 3, 4, 1, 2, 1, True)
     # torchrun inside a Ray task keeps torchrun's reading (GROUP_RANK is torchrun's node)
     assert ClusterEnv.detect({**ray, "GROUP_RANK": "0"}).source == "torchrun"
+
+
+def test_status_of_a_ray_job_from_the_run_dir(tmp_path, capsys, monkeypatch):
+    """What the driver leaves in RUN_DIR/submit/job.json, read back: a failure's reason, and a driver that
+    is gone while its record still says RUNNING."""
+    import json
+    import subprocess
+    import sys
+
+    from tandem.launch.ray_job import write_record
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    write_record(tmp_path, engine="ray", state="FAILED", run_id="abc", workers=2, address="local", device="cpu",
+                 backend="gloo", max_failures=1, reason="rank 1: RuntimeError: told to fail")
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"kind": "start", "total_steps": 10, "start_step": 0}) + "\n"
+                                            + json.dumps({"kind": "step", "step": 4}) + "\n"
+                                            + json.dumps({"kind": "restart", "resumed_step": 3}) + "\n")
+    code, out, err = tandem_in_process(["status", str(tmp_path)], capsys, monkeypatch)
+    assert code == 1 and out == ("ray job abc: FAILED; 2 worker(s) on local (cpu/gloo); step 4/10; restarted 1 "
+                                 "time(s) (limit --max-failures 1); rank 1: RuntimeError: told to fail\n"), out
+    write_record(tmp_path, state="RUNNING", driver_pid=int(gone), driver_host=socket.gethostname())
+    code, out, err = tandem_in_process(["status", str(tmp_path)], capsys, monkeypatch)
+    assert code == 1 and "FAILED;" in out and f"the driver (pid {gone}) is gone" in out, out

@@ -18,6 +18,7 @@ import tempfile
 import pytest
 
 from elastic.fault_helpers import assert_bitwise_equal, final_state, processes_with, records
+from tandem.launch.ray_job import ray_status
 from tandem_testing import ROOT, TINY, run_tandem, wait_for
 
 pytestmark = pytest.mark.slow
@@ -117,6 +118,8 @@ def test_node_lost_resumes_from_tandem_checkpoint(cluster, spec, runs, tmp_path)
     try:
         wait_for(lambda: any(r["step"] >= 6 for r in records(run, "ckpt")), 300, "checkpoint 6 in metrics.jsonl",
                  interval=0.2)
+        state, line = ray_status(run)
+        assert state == "RUNNING" and "restarted 0 time(s) (limit --max-failures 1)" in line, line
         cluster.remove_node(cluster.list_all_nodes()[-1])
         cluster.add_node(**cluster.node_args)  # the replacement: two workers need two nodes of 1 CPU
         out, err = p.communicate(timeout=400)
