@@ -77,9 +77,14 @@ def runs(cluster, spec, tmp_path_factory):
                             str(d / "ref")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                            env={**os.environ, "COLUMNS": "200"})
     ray = submit(cluster, spec, d / "ray")
-    out, err = ray.communicate(timeout=400)
+    try:
+        out, err = ray.communicate(timeout=600)
+        rout, rerr = ref.communicate(timeout=600)
+    finally:
+        for p in (ray, ref):
+            if p.poll() is None:
+                p.kill()
     assert ray.returncode == 0, err[-3000:] + out[-2000:]
-    rout, rerr = ref.communicate(timeout=400)
     assert ref.returncode == 0, rerr[-3000:]
     return {"ref": d / "ref", "ray": d / "ray", "out": out, "result": json.loads(rout)}
 
@@ -122,7 +127,7 @@ def test_node_lost_resumes_from_tandem_checkpoint(cluster, spec, runs, tmp_path)
         assert state == "RUNNING" and "restarted 0 time(s) (limit --max-failures 1)" in line, line
         cluster.remove_node(cluster.list_all_nodes()[-1])
         cluster.add_node(**cluster.node_args)  # the replacement: two workers need two nodes of 1 CPU
-        out, err = p.communicate(timeout=400)
+        out, err = p.communicate(timeout=600)
     finally:
         if p.poll() is None:
             p.kill()
