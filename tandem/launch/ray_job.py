@@ -208,9 +208,12 @@ def fit(job: RayJob, attempt: int, on_poll=None) -> dict:
     except Exception as e:  # ray.train.TrainingFailedError and its kin: the last worker error, as Ray saw it
         reason = _one_line(e)
         write_record(job.run_dir, state="FAILED", ended=_now(), reason=reason)
-        raise WorkerFailure(f"Ray Train gave up after {job.max_failures} restart(s): {reason}", field="--on",
-                            value="ray", fix=f"read {job.run_dir / rundir.LOGS}/rank-*.err.log; raise "
-                                             "--max-failures to ride out more failures") from None
+        raise WorkerFailure(f"Ray Train gave up after {job.max_failures} restart(s): {reason}",
+                            fix=f"read {job.run_dir / rundir.LOGS}/rank-*.err.log; raise --max-failures to ride "
+                                "out more failures") from None
+    except BaseException:  # Ctrl-C: Ray Train's own handler aborts the workers; say so in the record
+        write_record(job.run_dir, state="CANCELLED", ended=_now(), reason="the driver was interrupted")
+        raise
     finally:
         done.set()
     result = json.loads((job.run_dir / rundir.RESULT).read_text())
@@ -249,7 +252,7 @@ def ray_status(run_dir: Path) -> tuple[str, str]:
     if start is not None:
         parts.append(f"step {step if step is not None else start.get('start_step', 0)}/{start.get('total_steps')}")
     parts.append(f"restarted {restarts} time(s) (limit --max-failures {rec.get('max_failures')})")
-    if state == "FAILED":
+    if state in ("FAILED", "CANCELLED"):
         parts.append(rec.get("reason") or "see the rank logs")
     return state, "; ".join(parts)
 

@@ -127,7 +127,7 @@ def status_cmd(run_dir: Path = typer.Argument(..., help="The --run-dir of a `tan
 
         state, line = ray_status(run_dir)
         make_console().print(line, highlight=False, soft_wrap=True)
-        sys.exit(1 if state == "FAILED" else 0)
+        sys.exit(1 if state in ("FAILED", "CANCELLED") else 0)
     if rec.get("engine") != "slurm":
         raise ConfigError(f"status of {rec.get('engine')} jobs is not implemented", field="run_dir",
                           value=str(run_dir), fix="ask the engine (kubectl get jobset / kubectl logs)")
