@@ -52,9 +52,11 @@ def submit_cmd(
     max_failures: int = typer.Option(0, "--max-failures", help="ray: restarts of the worker group after a "
                                                                "failure (each resumes from the run dir's latest)."),
 ) -> None:
-    """Hand a job to the cluster you already run: an sbatch script (Slurm) or a manifest (Kubernetes).
+    """Hand a job to the cluster you already run: an sbatch script (Slurm), a manifest (Kubernetes), or
+    Ray Train's workers (Ray: this process is the driver, in the foreground).
 
     Example: tandem submit --on slurm --nodes 2 --nproc-per-node 2 examples/hello_dist.py
+    Example: tandem submit --on ray --address HEAD:6379 --workers 4 --max-failures 2 job.toml
     """
     console = make_console()
     if on not in ENGINES:
