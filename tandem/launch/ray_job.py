@@ -110,7 +110,8 @@ def connect(address: str):
 
 def _device(job: RayJob, resources: dict) -> tuple[bool, str, str]:
     want = job.spec.launch.device
-    gpu = job.use_gpu if job.use_gpu is not None else (want == "cuda" or (want == "auto" and resources.get("GPU", 0) > 0))
+    gpu = job.use_gpu if job.use_gpu is not None else \
+        (want == "cuda" or (want == "auto" and resources.get("GPU", 0) > 0))
     backend = job.spec.launch.backend if job.spec.launch.backend not in ("", "auto") else ("nccl" if gpu else "gloo")
     return gpu, "cuda" if gpu else "cpu", backend
 

@@ -110,7 +110,8 @@ def _submit_ray(target: str, overrides: list[str], run_dir: Path, workers: int, 
     redone = sum(x.get("steps_redone", 0) for x in restarts)
     last = next((m for m in reversed(rundir.read_metrics(run_dir)) if m.get("kind") == "step"), {})
     acc = f"{r['accuracy']:.4f}" if r.get("accuracy") is not None else "not measured"
-    console.print(f"[green]done[/]: {r['step']} steps on {r['world']} Ray workers, last loss {last.get('loss', 0):.4f}, "
+    console.print(f"[green]done[/]: {r['step']} steps on {r['world']} Ray workers, last loss "
+                  f"{last.get('loss', 0):.4f}, "
                   f"held-out accuracy {acc}, {len(restarts)} restart(s) ({redone} step(s) redone)\n"
                   f"  checkpoint: {r.get('checkpoint')}\n  logs: {run_dir.resolve() / 'logs'}/rank-*.log",
                   highlight=False, soft_wrap=True)
