@@ -227,7 +227,10 @@ def _one_line(e: BaseException) -> str:
     """Ray's failure in one line: the first failed rank and its exception line (a Python error in tandem's
     worker ends Ray's text as "Type: message"; a worker that died names how, in its first sentence)."""
     fails = getattr(e, "worker_failures", None) or {}
-    rank, err = min(fails.items(), key=lambda kv: kv[0]) if fails else (None, getattr(e, "controller_failure", e))
+    # the ranks that only lost a peer (gloo's "Connection closed by peer") come after the one that failed
+    echo = ("closed by peer", "remote worker crash", "Connection reset")
+    rank, err = min(fails.items(), key=lambda kv: (any(m in str(kv[1]) for m in echo), kv[0])) if fails else \
+        (None, getattr(e, "controller_failure", e))
     lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
     exc = next((ln for ln in reversed(lines) if re.match(r"^[\w.]+(Error|Exception|Interrupt|Exit)\b[^:]*:", ln)),
                None)

@@ -129,13 +129,13 @@ def status_cmd(run_dir: Path = typer.Argument(..., help="The --run-dir of a `tan
         from tandem.launch.ray_job import ray_status
 
         state, line = ray_status(run_dir)
-        make_console().print(line, highlight=False, soft_wrap=True)
+        make_console().print(line, highlight=False, soft_wrap=True, markup=False)  # reasons hold [file:line]
         sys.exit(1 if state in ("FAILED", "CANCELLED") else 0)
     if rec.get("engine") != "slurm":
         raise ConfigError(f"status of {rec.get('engine')} jobs is not implemented", field="run_dir",
                           value=str(run_dir), fix="ask the engine (kubectl get jobset / kubectl logs)")
     state, line = slurm_status(run_dir)
-    make_console().print(line, highlight=False, soft_wrap=True)
+    make_console().print(line, highlight=False, soft_wrap=True, markup=False)
     if state in ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"):
         sys.exit(1)  # a job that ended badly: scripts can test `tandem status` like the job itself
 

@@ -72,3 +72,16 @@ def test_status_of_a_ray_job_from_the_run_dir(tmp_path, capsys, monkeypatch):
     write_record(tmp_path, state="RUNNING", driver_pid=int(gone), driver_host=socket.gethostname())
     code, out, err = tandem_in_process(["status", str(tmp_path)], capsys, monkeypatch)
     assert code == 1 and "FAILED;" in out and f"the driver (pid {gone}) is gone" in out, out
+
+
+def test_the_failure_line_names_the_rank_that_failed_not_its_peers():
+    import pytest
+
+    exceptions = pytest.importorskip("ray.train.v2.api.exceptions")
+    from tandem.launch.ray_job import _one_line
+
+    peer = RuntimeError("Traceback ...\nRuntimeError: [/gloo/pair.cc:553] Connection closed by peer [127.0.0.1]:9894. "
+                        "This is typically caused by a remote worker crashing.")
+    died = RuntimeError("Traceback ...\n  File \"trainer.py\"\nValueError: loss is nan at step 4")
+    e = exceptions.WorkerGroupError("snippets", {0: peer, 1: died})
+    assert _one_line(e) == "rank 1: ValueError: loss is nan at step 4"
