@@ -10,6 +10,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from tandem.core.errors import TandemError
 
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         app(args=argv, prog_name="tandem", standalone_mode=False)
     except TandemError as e:
-        err.print(f"[bold red]error[/]: {e}", highlight=False, soft_wrap=True)
+        err.print(f"[bold red]error[/]: {escape(str(e))}", highlight=False, soft_wrap=True)  # keeps tandem[ray], n[1-2]
         sys.exit(e.exit_code)
     except typer.Exit as e:
         sys.exit(e.exit_code)

@@ -6,9 +6,9 @@ Two questions every worker (and the launcher) asks, answered here only:
     device, backend = resolve_device()   # "cuda"/"nccl" where GPUs exist, "cpu"/"gloo" otherwise
 
 ``ClusterEnv.detect(env)`` asks each reader in ``READERS`` in turn; the first that recognises
-the environment wins, and a process that none recognises is a world of one. Today one reader
-exists, torchrun's variables (what `tandem launch` and torchrun export to every worker). A
-scheduler that starts the workers itself (Slurm's srun: ``SLURM_PROCID``, ``SLURM_NTASKS``,
+the environment wins, and a process that none recognises is a world of one. Two readers exist:
+Ray Train's workers (``from_ray``) and torchrun's variables (what `tandem launch` and torchrun
+export to every worker). A scheduler that starts the workers itself (Slurm's srun: ``SLURM_PROCID``, ``SLURM_NTASKS``,
 ``SLURM_LOCALID``, ``SLURM_NODEID``; a Kubernetes job's indexed pods) gets a reader of its own:
 a function ``(env: Mapping[str, str]) -> ClusterEnv | None`` put in ``READERS`` before torchrun's,
 returning None when its variables are absent.
@@ -23,7 +23,7 @@ start-up; ``resolve_device`` imports torch only to ask whether CUDA is there.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Mapping
 
 from tandem.core.errors import ConfigError
@@ -42,7 +42,7 @@ class ClusterEnv:
     node: int = 0                 # this node's rank among the nodes (torchrun's GROUP_RANK)
     master_addr: str = ""         # the rendezvous store's host ("" when no launcher set one up)
     master_port: int = 0
-    source: str = "single"        # who described it: single | torchrun (| slurm, k8s as readers come)
+    source: str = "single"        # who described it: single | torchrun | ray (| slurm, k8s as readers come)
 
     @property
     def distributed(self) -> bool:
@@ -71,7 +71,16 @@ def from_torchrun(env: Mapping[str, str]) -> ClusterEnv | None:
                       master_port=int(env.get("MASTER_PORT", 0)), source="torchrun")
 
 
-READERS: tuple[Callable[[Mapping[str, str]], ClusterEnv | None], ...] = (from_torchrun,)
+def from_ray(env: Mapping[str, str]) -> ClusterEnv | None:
+    """A Ray Train worker (`tandem submit --on ray`): Ray forms the process group and exports torchrun's
+    names, except that the node is NODE_RANK (no GROUP_RANK); a Ray worker process has RAY_RAYLET_PID.
+    Ray ranks nodes by IP address, so nodes that share one (a test cluster on one machine) count as one."""
+    if "RANK" not in env or "NODE_RANK" not in env or "GROUP_RANK" in env or "RAY_RAYLET_PID" not in env:
+        return None
+    return replace(from_torchrun(env), node=int(env["NODE_RANK"]), source="ray")
+
+
+READERS: tuple[Callable[[Mapping[str, str]], ClusterEnv | None], ...] = (from_ray, from_torchrun)
 
 
 @dataclass(frozen=True)

@@ -98,6 +98,19 @@ def begin_attempt(run_dir: Path, argv: list[str] | None = None) -> dict:
 NODE0_ATTEMPT = 0
 
 
+def start_attempt(run_dir: Path, resume: Path | None = None) -> int:
+    """A new start of the run dir by the job's driver (`tandem train`, `tandem submit --on ray`): recorded
+    in ATTEMPTS and marked in METRICS by an ``attempt`` record, after which the workers append theirs.
+    The previous RESULT is the ``end`` record of its attempt, in METRICS: removed, so that it is never
+    read as this attempt's."""
+    rec = begin_attempt(run_dir)
+    with open(Path(run_dir) / METRICS, "a") as f:
+        f.write(json.dumps({"kind": "attempt", **{k: v for k, v in rec.items() if k != "argv"},
+                            "resume": str(resume) if resume else None}) + "\n")
+    (Path(run_dir) / RESULT).unlink(missing_ok=True)
+    return rec["attempt"]
+
+
 def log_tag(rank: int | str, attempt: int, restart: int, agent_tag: str = "") -> str:
     """A rank's log/error-file stem: the first attempt keeps the plain names, a later start of
     the run dir gets ``.attemptN`` so that nothing of an earlier one is overwritten."""

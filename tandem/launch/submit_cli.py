@@ -1,7 +1,8 @@
-"""`tandem submit --on slurm|k8s|ssh`, `tandem status RUN_DIR`, `tandem cancel RUN_DIR`.
+"""`tandem submit --on slurm|k8s|ssh|ray`, `tandem status RUN_DIR`, `tandem cancel RUN_DIR`.
 
 tandem writes the job for the engine the user already runs and hands it over; the engine
-places, signals and restarts it. What was submitted is recorded in RUN_DIR/submit/.
+places, signals and restarts it. What was submitted is recorded in RUN_DIR/submit/. Ray is the
+exception in form: this process is Ray's driver and stays in the foreground (ray_job.py).
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ from pathlib import Path
 
 import typer
 
+from tandem.core import rundir
 from tandem.core.console import make_console
 from tandem.core.errors import ConfigError
 
-ENGINES = ("slurm", "k8s", "ssh")
+ENGINES = ("slurm", "k8s", "ssh", "ray")
 SPEC_SUFFIXES = (".toml", ".yaml", ".yml")
 
 
@@ -22,7 +24,7 @@ def submit_cmd(
     ctx: typer.Context,
     target: str = typer.Argument(..., help="A Python script (run by `tandem launch` on every node) or a job spec "
                                            "(.toml/.yaml, run by `tandem train`); what follows goes to it."),
-    on: str = typer.Option(..., "--on", help="slurm | k8s | ssh."),
+    on: str = typer.Option(..., "--on", help="slurm | k8s | ssh | ray."),
     nodes: int = typer.Option(1, "--nodes", help="Nodes (machines)."),
     nproc_per_node: int = typer.Option(1, "--nproc-per-node", help="Workers per node."),
     run_dir: Path = typer.Option(Path("runs/submit"), "--run-dir", help="Logs, checkpoints and submit/ go here "
@@ -51,16 +53,23 @@ def submit_cmd(
     watchdog_s: float = typer.Option(0, "--watchdog-s", help="ssh: each agent's hang watchdog (tandem launch)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the script / manifest / ssh commands; submit "
                                                           "nothing."),
+    address: str = typer.Option("", "--address", help="ray: the cluster's GCS address HOST:PORT (`ray start "
+                                                      "--head` prints it); none: a local Ray for this job."),
+    workers: int = typer.Option(0, "--workers", help="ray: training workers (0: --nodes x --nproc-per-node)."),
+    max_failures: int = typer.Option(0, "--max-failures", help="ray: restarts of the worker group after a "
+                                                               "failure (each resumes from the run dir's latest)."),
 ) -> None:
-    """Hand a job to the cluster you already run: an sbatch script (Slurm) or a manifest (Kubernetes).
+    """Hand a job to the cluster you already run: an sbatch script (Slurm), a manifest (Kubernetes), or
+    Ray Train's workers (Ray: this process is the driver, in the foreground).
 
     Example: tandem submit --on slurm --nodes 2 --nproc-per-node 2 examples/hello_dist.py
     Example: tandem submit --on ssh --hostfile hosts.txt examples/hello_dist.py
+    Example: tandem submit --on ray --address HEAD:6379 --workers 4 --max-failures 2 job.toml
     """
     console = make_console()
     if on not in ENGINES:
         raise ConfigError(f"{on!r} is not one of {', '.join(ENGINES)}", field="--on", value=on,
-                          fix="use --on slurm, --on k8s or --on ssh")
+                          fix="use --on slurm, --on k8s, --on ssh or --on ray")
     command = [target, *ctx.args]
     train = target.endswith(SPEC_SUFFIXES)
     if on == "ssh":
@@ -71,6 +80,10 @@ def submit_cmd(
                             nodes=nodes if given["nodes"] else 0,
                             nproc_per_node=nproc_per_node if given["nproc_per_node"] else 0,
                             ssh_config=ssh_config, master_port=master_port, watchdog_s=watchdog_s, dry_run=dry_run))
+    if on == "ray":
+        _submit_ray(target, list(ctx.args), run_dir, workers or nodes * nproc_per_node, max_failures, address,
+                    console)
+        return
     if on == "slurm":
         from tandem.launch.slurm import SlurmJob, submit
 
@@ -100,6 +113,26 @@ def submit_cmd(
                   highlight=False, soft_wrap=True)
 
 
+def _submit_ray(target: str, overrides: list[str], run_dir: Path, workers: int, max_failures: int, address: str,
+                console) -> None:
+    if not target.endswith(SPEC_SUFFIXES):
+        raise ConfigError("Ray runs a job spec (the trainer is Ray Train's training function)", field="--on",
+                          value=target, fix="give a .toml/.yaml job spec, or use --on slurm|k8s for a script")
+    from tandem.launch.ray_job import submit_ray
+
+    r = submit_ray(target, overrides, run_dir, workers=workers, max_failures=max_failures, address=address,
+                   console=console)
+    restarts = r.get("restarts") or []
+    redone = sum(x.get("steps_redone", 0) for x in restarts)
+    last = next((m for m in reversed(rundir.read_metrics(run_dir)) if m.get("kind") == "step"), {})
+    acc = f"{r['accuracy']:.4f}" if r.get("accuracy") is not None else "not measured"
+    console.print(f"[green]done[/]: {r['step']} steps on {r['world']} Ray workers, last loss "
+                  f"{last.get('loss', 0):.4f}, "
+                  f"held-out accuracy {acc}, {len(restarts)} restart(s) ({redone} step(s) redone)\n"
+                  f"  checkpoint: {r.get('checkpoint')}\n  logs: {run_dir.resolve() / 'logs'}/rank-*.log",
+                  highlight=False, soft_wrap=True)
+
+
 def status_cmd(run_dir: Path = typer.Argument(..., help="The --run-dir of a `tandem submit`.")) -> None:
     """Where a submitted job is: queued, running, requeued N times, done, or failed and why.
 
@@ -112,13 +145,19 @@ def status_cmd(run_dir: Path = typer.Argument(..., help="The --run-dir of a `tan
         from tandem.launch.ssh_run import ssh_status
 
         state, line = ssh_status(run_dir)
-        make_console().print(line, highlight=False, soft_wrap=True)
+        make_console().print(line, highlight=False, soft_wrap=True, markup=False)
         sys.exit(1 if state in ("FAILED", "CANCELLED", "LOST") else 0)
+    if rec.get("engine") == "ray":
+        from tandem.launch.ray_job import ray_status
+
+        state, line = ray_status(run_dir)
+        make_console().print(line, highlight=False, soft_wrap=True, markup=False)  # reasons hold [file:line]
+        sys.exit(1 if state in ("FAILED", "CANCELLED") else 0)
     if rec.get("engine") != "slurm":
         raise ConfigError(f"status of {rec.get('engine')} jobs is not implemented", field="run_dir",
                           value=str(run_dir), fix="ask the engine (kubectl get jobset / kubectl logs)")
     state, line = slurm_status(run_dir)
-    make_console().print(line, highlight=False, soft_wrap=True)
+    make_console().print(line, highlight=False, soft_wrap=True, markup=False)
     if state in ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"):
         sys.exit(1)  # a job that ended badly: scripts can test `tandem status` like the job itself
 
@@ -140,5 +179,9 @@ def cancel_cmd(run_dir: Path = typer.Argument(..., help="The --run-dir of a `tan
         return
     from tandem.launch.slurm import slurm_cancel
 
+    engine = read_record(run_dir).get("engine")
+    if engine != "slurm":
+        raise ConfigError(f"cancel of {engine} jobs is not implemented", field="run_dir", value=str(run_dir),
+                          fix="ray: Ctrl-C the `tandem submit` driver (Ray stops the workers); k8s: kubectl delete")
     job_id = slurm_cancel(run_dir)
     make_console().print(f"cancelled: slurm job {job_id}", highlight=False)

@@ -101,12 +101,7 @@ def begin_attempt(run_dir: Path, resume: Path | None) -> int:
     rank logs of attempt N > 1 are named ``rank-R.attemptN.log``). The previous result.json is
     the ``end`` record of its attempt, in metrics.jsonl: removed, so that it is never read as
     this attempt's."""
-    rec = rundir.begin_attempt(run_dir)
-    with open(run_dir / rundir.METRICS, "a") as f:
-        f.write(json.dumps({"kind": "attempt", **{k: v for k, v in rec.items() if k != "argv"},
-                            "resume": str(resume) if resume else None}) + "\n")
-    (run_dir / rundir.RESULT).unlink(missing_ok=True)
-    return rec["attempt"]
+    return rundir.start_attempt(run_dir, resume)
 
 
 class _Watch:

@@ -38,7 +38,7 @@ USAGE = [
     (["plan", "--gpuz", "3"], "Error: No such option: --gpuz"),
     (["plan"], "error: model: no model given."),
     (["submit", "examples/hello_dist.py"], "Error: Missing option '--on'."),
-    (["submit", "--on", "pbs", "examples/hello_dist.py"], "error: --on: 'pbs' is not one of slurm, k8s."),
+    (["submit", "--on", "pbs", "examples/hello_dist.py"], "error: --on: 'pbs' is not one of slurm, k8s, ssh, ray."),
     (["status"], "Error: Missing argument 'run_dir'."),
     (["cancel", "no/such/run"], "error: run_dir: no submitted job here (got 'no/such/run')."),
 ]

@@ -154,7 +154,7 @@ def test_dry_run_prints_the_script_and_writes_nothing(tmp_path, capsys, monkeypa
 @pytest.mark.parametrize("extra,msg", [
     (["--time", "soon"], "error: --time: not a Slurm time (got 'soon'). Fix: use minutes"),
     (["--nodes", "0"], "error: --nodes: must be at least 1 (got 0)."),
-    (["--on", "pbs"], "error: --on: 'pbs' is not one of slurm, k8s. Fix: use --on slurm or --on k8s"),
+    (["--on", "pbs"], "error: --on: 'pbs' is not one of slurm, k8s, ssh, ray. Fix: use --on slurm, --on k8s, --on ssh or --on ray"),
     (["--max-requeues", "-1"], "error: --max-requeues: must not be negative (got -1)."),
 ])
 def test_submit_bad_input_is_one_line_before_anything(extra, msg, tmp_path, capsys, monkeypatch):
