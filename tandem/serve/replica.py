@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.tp > 1:  # rank 0 of a tensor-parallel replica: start the other ranks, then load rank 0's slices
         from tandem.serve import tp
 
-        group = tp.Group.start(args.export, args.tp, args.threads)
+        group = tp.Group.start(args.export, args.tp, args.threads, max(1, args.slots))
         model = tandem.export.load(args.export, device="cpu", tp_rank=0)
     else:
         model = tandem.export.load(args.export, device="cpu")
