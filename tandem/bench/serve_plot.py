@@ -50,11 +50,12 @@ def plot_latency(res: dict, path: Path) -> Path:
             ax.axvline(kill["at_s"] + kill["back_after_s"], color="green", linestyle=":",
                        label=f"replica back (+{kill['back_after_s']:.1f} s)")
     lat = res["latency_ms"]
-    ax.set_title(f"{res['route']} at {res['rate']:g} req/s, open loop: p50 {lat['p50']:.0f} ms, p99 {lat['p99']:.0f} ms, "
-                 f"{res['failed']} failed of {res['sent']}", fontsize=10)
+    ax.set_title(f"{res['route']} at {res['rate']:g} req/s, open loop: p50 {lat['p50']:.0f} ms, "
+                 f"p99 {lat['p99']:.0f} ms, {res['failed']} failed of {res['sent']}", fontsize=10)
     ax.set_xlabel("intended send time (s from start)")
     ax.set_ylabel("latency from intended send (ms)")
-    ax.set_yscale("log" if top > 50 * max(1.0, lat["p50"] if lat["p50"] == lat["p50"] else 1.0) else "linear")
+    p50 = lat["p50"] if lat["p50"] == lat["p50"] else 1.0   # NaN when nothing succeeded
+    ax.set_yscale("log" if top > 50 * max(1.0, p50) else "linear")   # a stall's ramp would flatten the rest
     ax.set_xlim(0, res["duration_s"])
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left")

@@ -72,13 +72,17 @@ class Decoder:
             h = h + c.row(mlp.w2, F.gelu(mlp.w1(blk.ln2(h))))
         return c.head(m, m.norm(h))
 
-    def prefill(self, slot: int, prompt: list[int]) -> torch.Tensor:
-        """The prompt into ``slot``; the logits at its last position."""
-        p = len(prompt)
+    def prefill(self, slots: list[int], prompts: list[list[int]]) -> torch.Tensor:
+        """The prompts into their slots, in one forward (right-padded: causal attention keeps the
+        padding out of each prompt, and what it writes past a prompt's end is overwritten by that
+        slot's next steps before anything reads it); the logits at each prompt's last position."""
+        n, p = len(prompts), max(len(q) for q in prompts)
+        tokens = torch.zeros(n, p, dtype=torch.long)
+        for i, q in enumerate(prompts):
+            tokens[i, :len(q)] = torch.tensor(q)
         with torch.no_grad():
-            logits = self.forward(torch.tensor([prompt]), torch.arange(p).unsqueeze(0), torch.tensor([slot]),
-                                  slice(0, p))
-        return logits[0, -1].float()
+            logits = self.forward(tokens, torch.arange(p).expand(n, p), torch.tensor(slots), slice(0, p))
+        return logits[torch.arange(n), torch.tensor([len(q) for q in prompts]) - 1].float()
 
     def decode(self, slots: list[int], tokens: list[int], pos: list[int]) -> torch.Tensor:
         """One step: ``tokens[i]`` at position ``pos[i]`` of slot ``slots[i]``; logits (n, vocab)."""
@@ -110,8 +114,9 @@ class Seq:
 
 
 class Scheduler:
-    """Live sequences over a decoder's slots. ``add`` and ``step`` return the requests they finished,
-    as (id, tokens); a request waits (in order) while every slot is taken."""
+    """Live sequences over a decoder's slots. ``add`` queues a request; ``step`` admits the queued
+    ones into free slots (in order; the rest wait for a slot) and decodes; both return the requests
+    they finished, as (id, tokens)."""
 
     def __init__(self, decoder, pick):
         self.dec, self.pick = decoder, pick            # pick(logits, req, generator) -> token
@@ -128,15 +133,22 @@ class Scheduler:
         s = Seq(rid, req, torch.Generator().manual_seed(int(req.get("seed", 0))))
         if s.done:
             return [(rid, [])]
-        self.waiting.append(s)
-        return self._admit()
+        self.waiting.append(s)   # prefilled with the others that arrive before the next step()
+        return []
 
     def _admit(self) -> list[tuple[object, list[int]]]:
-        done = []
+        """Waiting requests into free slots, prefilled together; each gets its first token."""
+        joining = []
         while self.waiting and self.free:
             s = self.waiting.popleft()
             s.slot = self.free.pop()
-            s.out.append(self.pick(self.dec.prefill(s.slot, s.req["prompt"]), s.req, s.gen))
+            joining.append(s)
+        if not joining:
+            return []
+        logits = self.dec.prefill([s.slot for s in joining], [s.req["prompt"] for s in joining])
+        done = []
+        for row, s in enumerate(joining):
+            s.out.append(self.pick(logits[row], s.req, s.gen))
             if s.done:
                 self.free.append(s.slot)
                 done.append((s.rid, s.out))
@@ -145,21 +157,22 @@ class Scheduler:
         return done
 
     def step(self) -> list[tuple[object, list[int]]]:
-        """One decode step over every live sequence; then waiting ones take the freed slots."""
-        if not self.live:
-            return self._admit()
+        """Waiting requests join (one prefill for all of them, their first token), then one decode
+        step over every sequence that was already live; finished ones leave and free their slots."""
         seqs = list(self.live.values())
+        done = self._admit()
+        if not seqs:
+            return done
         logits = self.dec.decode([s.slot for s in seqs], [s.out[-1] for s in seqs],
                                  [len(s.req["prompt"]) + len(s.out) - 1 for s in seqs])
         self.steps += 1
-        done = []
         for row, s in enumerate(seqs):
             s.out.append(self.pick(logits[row], s.req, s.gen))
             if s.done:
                 del self.live[s.slot]
                 self.free.append(s.slot)
                 done.append((s.rid, s.out))
-        return done + self._admit()
+        return done
 
     def drop_all(self) -> list:
         """Forget every sequence (after a failed step); their ids."""

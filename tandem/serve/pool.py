@@ -349,7 +349,8 @@ class Pool:
     def _write_pids(self) -> None:
         doc = {"front_pid": os.getpid(), "export": str(self.o.export),
                "replicas": [{"slot": i, "pid": r.pid if r else None, "ready": r is not None,
-                             "restarts": self.restarts[i], "tp_pids": r.tp_pids if r else []} for i, r in enumerate(self.live[:self.active])]}
+                             "restarts": self.restarts[i], "tp_pids": r.tp_pids if r else []}  # tp ranks 1..N-1
+                            for i, r in enumerate(self.live[:self.active])]}
         path = self.o.run_dir / "replicas.json"
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(doc, indent=1) + "\n")

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -71,9 +70,9 @@ class TPComm:
 class TPDecoder(Decoder):
     """Rank 0's decoder: each call is broadcast to the group before it runs here."""
 
-    def prefill(self, slot, prompt):
-        _bcast({"op": "prefill", "slot": slot, "prompt": prompt})
-        return super().prefill(slot, prompt)
+    def prefill(self, slots, prompts):
+        _bcast({"op": "prefill", "slots": slots, "prompts": prompts})
+        return super().prefill(slots, prompts)
 
     def decode(self, slots, tokens, pos):
         _bcast({"op": "decode", "slots": slots, "tokens": tokens, "pos": pos})
@@ -107,12 +106,15 @@ class Group:
 
     @classmethod
     def start(cls, export: str, tp: int, threads: int, slots: int) -> "Group":
-        with socket.socket() as s:   # a free port for the group's store
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(tp)}
-        procs = [subprocess.Popen([sys.executable, "-m", "tandem.serve.tp", export, "--threads", str(threads),
-                                   "--slots", str(slots)], env={**env, "RANK": str(r)},
+        from tandem.launch import orphans
+        from tandem.launch.launcher import free_port
+
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(tp)}
+        # through tandem.launch.orphans, as torchrun's agent starts training workers: each rank dies
+        # with rank 0 (PR_SET_PDEATHSIG), whatever rank 0 died of
+        procs = [subprocess.Popen([sys.executable, *orphans.wrap(["-m", "tandem.serve.tp", export, "--threads",
+                                                                  str(threads), "--slots", str(slots)])],
+                                  env={**env, "RANK": str(r)},
                                   stdin=subprocess.DEVNULL, stdout=sys.stderr, stderr=sys.stderr)
                  for r in range(1, tp)]
         group = cls(procs)
@@ -148,17 +150,6 @@ class Group:
             dist.destroy_process_group()
 
 
-def _die_with_parent() -> None:
-    """Linux: SIGKILL this process when rank 0 (its parent) dies, however it dies."""
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass   # elsewhere: the next collective fails instead
-
-
 def worker(argv: list[str] | None = None) -> None:
     """Ranks 1..N-1: load this rank's slices, then run whatever rank 0 broadcasts, until "stop"."""
     import argparse
@@ -166,7 +157,6 @@ def worker(argv: list[str] | None = None) -> None:
     import tandem.export
     from tandem.export.loader import read_config
 
-    _die_with_parent()
     ap = argparse.ArgumentParser()
     ap.add_argument("export")
     ap.add_argument("--threads", type=int, default=1)
@@ -180,7 +170,7 @@ def worker(argv: list[str] | None = None) -> None:
     dec = Decoder(model, args.slots, TPComm(model, cfg, rank, world))
     while (msg := _bcast(None))["op"] != "stop":
         if msg["op"] == "prefill":
-            dec.prefill(msg["slot"], msg["prompt"])
+            dec.prefill(msg["slots"], msg["prompts"])
         elif msg["op"] == "decode":
             dec.decode(msg["slots"], msg["tokens"], msg["pos"])
         else:

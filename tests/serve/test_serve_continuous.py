@@ -25,10 +25,11 @@ def test_a_short_request_joins_the_running_batch_and_leaves_first(gpt_export):
     short = {"prompt": [5, 1, 2], "max_new_tokens": 2, "temperature": 0.0}
     events = []
     assert s.add("long", long_) == []
-    for _ in range(3):
+    for _ in range(3):                          # prefill (token 1), then 2 decode steps
         events += s.step()
-    assert s.add("short", short) == []          # joined while "long" is live, at its 4th token
-    assert len(s.live) == 2
+    assert s.add("short", short) == [] and list(s.waiting)[0].rid == "short"
+    events += s.step()                          # "short" joins (prefill) while "long" decodes its 4th token
+    assert sorted(q.rid for q in s.live.values()) == ["long", "short"] and s.steps == 3
     while s.busy:
         events += [(rid, toks, s.steps) for rid, toks in s.step()]
     order = [e[0] for e in events]
