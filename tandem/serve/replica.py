@@ -158,6 +158,7 @@ def main(argv: list[str] | None = None) -> None:
             try:
                 done = sched.step()
             except Exception as e:  # a failed step fails the sequences in it; the replica stays up
+                _fatal_under_tp(runner, e)
                 done = []
                 for rid in sched.drop_all():
                     _send(out, {"id": rid, "error": f"{type(e).__name__}: {str(e)[:300]}"})
@@ -220,7 +221,17 @@ def _handle(out, runner: Runner, sched, torch, msg: dict, raw: bytes) -> None:
         else:
             _send(out, {"outputs": runner.generate(torch, msg["requests"])})
     except Exception as e:  # a bad request answers an error; the replica stays up
+        _fatal_under_tp(runner, e)
         _send(out, {**rid, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+
+
+def _fatal_under_tp(runner: Runner, e: Exception) -> None:
+    """On a tp replica a failure is a rank gone (a collective failed) or ranks out of step: either way
+    the group is unusable, so exit and let the pool restart the replica and retry the requests,
+    instead of answering them with an error."""
+    if runner.group is not None:
+        print(f"tp replica: {type(e).__name__}: {str(e)[:300]}; exiting", file=sys.stderr, flush=True)
+        os._exit(1)
 
 
 def _read_frames(inp, frames: queue.Queue) -> None:

@@ -82,7 +82,7 @@ async def serve_continuous(pool, rep: Replica) -> None:
                 else:
                     msg = {"op": "join", "id": k, "request": w.payload}
                 rep.proc.stdin.write(json.dumps(msg).encode() + b"\n" + raw)
-            pool.m.batch_size.labels("generate").observe(sum(w.size for w in inflight.values()))
+            pool.m.batch_size.labels(batch[0].kind).observe(sum(w.size for w in inflight.values()))
             try:
                 await rep.proc.stdin.drain()
             except (ConnectionError, OSError):

@@ -62,4 +62,6 @@ def test_tp2_replica_equals_one_process_and_survives_a_rank_kill(tp_export, tmp_
         new = json.loads((srv.run_dir / "replicas.json").read_text())["replicas"][0]
         assert new["pid"] != doc["pid"] and new["tp_pids"] != doc["tp_pids"]
         assert srv.metrics()[("tandem_serve_replica_restarts_total", "")] == 1
-    assert "exited with -9: the replica goes down with it" in (srv.run_dir / "replica-0.log").read_text()
+    log = (srv.run_dir / "replica-0.log").read_text()
+    # rank 0 goes down either way: its watcher saw rank 1 exit, or a collective with rank 1 failed first
+    assert "exited with -9: the replica goes down with it" in log or "; exiting" in log, log[-2000:]
