@@ -109,6 +109,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree: this process is rank 0")
     args = ap.parse_args(argv)
     out = _protocol_stream()
+    ranks = None
+    if args.tp > 1:  # the other tp ranks start first, in parallel with this process's imports
+        from tandem.serve.tp_spawn import spawn
+
+        ranks = spawn(args.export, args.tp, args.threads, max(1, args.slots))
     import torch
 
     import tandem.export
@@ -123,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.tp > 1:  # rank 0 of a tensor-parallel replica: start the other ranks, then load rank 0's slices
         from tandem.serve import tp
 
-        group = tp.Group.start(args.export, args.tp, args.threads, max(1, args.slots))
+        group = tp.Group.start(*ranks)
         model = tandem.export.load(args.export, device="cpu", tp_rank=0)
     else:
         model = tandem.export.load(args.export, device="cpu")

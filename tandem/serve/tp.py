@@ -105,23 +105,13 @@ class Group:
         self.pids = [p.pid for p in procs]
 
     @classmethod
-    def start(cls, export: str, tp: int, threads: int, slots: int) -> "Group":
-        from tandem.launch import orphans
-        from tandem.launch.launcher import free_port
-
-        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(tp)}
-        # through tandem.launch.orphans, as torchrun's agent starts training workers: each rank dies
-        # with rank 0 (PR_SET_PDEATHSIG), whatever rank 0 died of
-        procs = [subprocess.Popen([sys.executable, *orphans.wrap(["-m", "tandem.serve.tp", export, "--threads",
-                                                                  str(threads), "--slots", str(slots)])],
-                                  env={**env, "RANK": str(r)},
-                                  stdin=subprocess.DEVNULL, stdout=sys.stderr, stderr=sys.stderr)
-                 for r in range(1, tp)]
+    def start(cls, procs: list[subprocess.Popen], env: dict) -> "Group":
+        """Rank 0 joins the group whose other ranks ``spawn`` started."""
         group = cls(procs)
         for p in procs:
             threading.Thread(target=group._watch, args=(p,), daemon=True).start()
         os.environ.update({**env, "RANK": "0"})
-        dist.init_process_group("gloo", init_method="env://", rank=0, world_size=tp, timeout=TIMEOUT)
+        dist.init_process_group("gloo", init_method="env://", rank=0, world_size=len(procs) + 1, timeout=TIMEOUT)
         return group
 
     def _watch(self, proc: subprocess.Popen) -> None:
