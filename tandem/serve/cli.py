@@ -198,7 +198,8 @@ async def _serve(opts, info, host: str, port: int, drain_s: float, max_body: int
         auth = f"; {len(keys)} API key(s) required" if keys is not None else ""
         sc = opts.scale
         scaling = f" of {sc.min_replicas}:{sc.max_replicas}" if sc else ""
-        print(f"ready: {url} ({opts.replicas}{scaling} replica(s), pids {pids}; max batch {opts.max_batch}, "
+        tp = f" of {opts.tp} tp ranks" if opts.tp > 1 else ""
+        print(f"ready: {url} ({opts.replicas}{scaling} replica(s){tp}, pids {pids}; max batch {opts.max_batch}, "
               f"queue {opts.max_queue}{auth}); Ctrl-C or SIGTERM to stop", flush=True)
         await served
     finally:
