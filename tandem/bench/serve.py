@@ -102,7 +102,10 @@ class _Client:
 
 
 async def run_load(url: str, rate: float, duration: float, kill_at: float | None = None,
-                   max_new_tokens: int = 8, seed: int = 0, timeout_s: float = 60.0, api_key: str | None = None) -> dict:
+                   max_new_tokens: int = 8, seed: int = 0, timeout_s: float = 60.0, api_key: str | None = None,
+                   mixed: bool = False) -> dict:
+    """``mixed`` (gpt): every 4th request generates ``max_new_tokens``, the others 2 tokens: short
+    requests arriving while long ones decode, where continuous batching differs from static."""
     import httpx
 
     url = url.rstrip("/")
@@ -111,6 +114,9 @@ async def run_load(url: str, rate: float, duration: float, kill_at: float | None
     async with httpx.AsyncClient(timeout=timeout_s, headers=auth) as client:
         info = (await client.get(f"{url}/v1/info")).json()
         route, body = body_for(info, max_new_tokens, seed)
+        bodies = [body]
+        if mixed and route == "/v1/generate":
+            bodies += [body_for(info, 2, seed + k)[1] for k in (1, 2, 3)]
         n = max(1, int(rate * duration))
         loop = asyncio.get_running_loop()
         fast = _Client(parts.host, parts.port or 80, auth)
@@ -120,11 +126,11 @@ async def run_load(url: str, rate: float, duration: float, kill_at: float | None
         async def one(i: int) -> None:
             due = t0 + i / rate
             await asyncio.sleep(max(0.0, due - loop.time()))
-            code = await fast.post(route, body, timeout_s)
+            code = await fast.post(route, bodies[i % len(bodies)], timeout_s)
             results.append((due - t0, loop.time() - due, code))
 
-        kill = asyncio.create_task(_kill_replica(client, url, info, t0 + kill_at, loop)) if kill_at is not None \
-            else None
+        kill = asyncio.create_task(_kill_replica(client, url, info, t0 + kill_at, loop, t0)) \
+            if kill_at is not None else None
         await asyncio.gather(*(one(i) for i in range(n)))
         span = loop.time() - t0
         fast.close()
@@ -142,16 +148,19 @@ async def run_load(url: str, rate: float, duration: float, kill_at: float | None
             "latency_ms": {k: 1000 * percentile(ok, q) for k, q in (("p50", 50), ("p90", 90), ("p99", 99))}
             | {"max": 1000 * ok[-1] if ok else float("nan")}, "kill": killed,
             # a growing queue shows as latency rising through the run (first vs last quarter by due time)
-            "p50_first_quarter_ms": 1000 * percentile(first, 50), "p50_last_quarter_ms": 1000 * percentile(last, 50)}
+            "p50_first_quarter_ms": 1000 * percentile(first, 50), "p50_last_quarter_ms": 1000 * percentile(last, 50),
+            # every request: (intended send time from the start in s, latency in s, code), for --plot
+            "samples": [[round(d, 6), round(lat, 6), c] for d, lat, c in by_due]}
 
 
-async def _kill_replica(client, url: str, info: dict, when: float, loop) -> dict:
+async def _kill_replica(client, url: str, info: dict, when: float, loop, t0: float = 0.0) -> dict:
     """SIGKILL replica 0 (its pid from the server's run dir) at ``when``; time until all are ready again."""
     await asyncio.sleep(max(0.0, when - loop.time()))
     doc = json.loads((Path(info["run_dir"]) / "replicas.json").read_text())
     pid = next(r["pid"] for r in doc["replicas"] if r["pid"])
     os.kill(pid, signal.SIGKILL)
     t_kill = loop.time()
+    at = t_kill - t0
     deadline = t_kill + 60
     while loop.time() < deadline:  # poll /readyz until every replica serves again
         await asyncio.sleep(0.1)
@@ -164,8 +173,8 @@ async def _kill_replica(client, url: str, info: dict, when: float, loop) -> dict
         reps = json.loads((Path(info["run_dir"]) / "replicas.json").read_text())["replicas"]
         if r.get("ready_replicas") == r.get("replicas") and all(x["ready"] and x["pid"] for x in reps) \
                 and pid not in [x["pid"] for x in reps]:
-            return {"pid": pid, "back_after_s": loop.time() - t_kill}
-    return {"pid": pid, "back_after_s": None}
+            return {"pid": pid, "back_after_s": loop.time() - t_kill, "at_s": at}
+    return {"pid": pid, "back_after_s": None, "at_s": at}
 
 
 def print_report(res: dict, say=print) -> None:
@@ -207,6 +216,11 @@ def serve_cmd(
                                                         "capacity ratio at the same p99 bound."),
     p99_ms: float = typer_opt(1000.0, "--p99-ms", "--vs-batch-1: the p99 a sustained rate stays within."),
     start_rate: float = typer_opt(5.0, "--start-rate", "--vs-batch-1: the first rate (then x1.5 a step)."),
+    vs_static: bool = typer_opt(False, "--vs-static", "Like --vs-batch-1, but continuous against static batching "
+                                                      "(same --max-batch 32) under a mixed load: every 4th "
+                                                      "request --max-new-tokens long, the others 2 tokens."),
+    plot: Optional[Path] = typer_opt(None, "--plot", "Write a PNG of latency over intended send time, errors "
+                                                     "and the replica kill marked (needs the `plot` extra)."),
 ) -> None:
     """Open-loop constant-rate load: throughput, p50/p90/p99/max from each request's due time, codes.
 
@@ -220,8 +234,13 @@ def serve_cmd(
     if kill_replica_at is not None and not 0 <= kill_replica_at < duration:
         raise ConfigError(f"must be within the run (0..{duration:g} s)", field="--kill-replica-at",
                           value=kill_replica_at, fix="give a time inside --duration")
-    if vs_batch_1:
-        return _vs_batch_1(Path(url), duration, p99_ms, start_rate, max_new_tokens, json_out)
+    if plot is not None:
+        from tandem.bench.serve_plot import check_path, require_matplotlib
+
+        check_path(plot)
+        require_matplotlib(plot)
+    if vs_batch_1 or vs_static:
+        return _vs_batch_1(Path(url), duration, p99_ms, start_rate, max_new_tokens, json_out, vs_static)
     import httpx
 
     try:
@@ -234,23 +253,29 @@ def serve_cmd(
         raise ConfigError(f"no server answers ({e})", field="URL", value=url,
                           fix="start one with `tandem serve EXPORT_DIR` and give its URL") from None
     print_report(res)
+    if plot is not None:
+        from tandem.bench.serve_plot import plot_latency
+
+        plot_latency(res, plot)
+        print(f"  plot: {plot}")
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(res, indent=1) + "\n")
 
 
 def _vs_batch_1(export: Path, duration: float, p99_ms: float, start_rate: float, max_new_tokens: int,
-                json_out: Path | None) -> None:
+                json_out: Path | None, vs_static: bool = False) -> None:
     from tandem.bench import serve_batching as sb
     from tandem.core.errors import ConfigError
 
     if not (export / "config.json").is_file():
         raise ConfigError("--vs-batch-1 takes an export folder (no config.json here)", field="URL",
                           value=str(export), fix="give a folder written by `tandem export`")
-    print(f"dynamic batching vs --max-batch 1 on {export}: open loop, {duration:g} s per rate, both servers "
-          f"on this machine, alternating", flush=True)
+    what = "continuous vs static batching (mixed lengths)" if vs_static else "dynamic batching vs --max-batch 1"
+    print(f"{what} on {export}: open loop, {duration:g} s per rate, both servers on this machine, alternating",
+          flush=True)
     res = sb.compare(export, duration=duration, p99_ms=p99_ms, start_rate=start_rate, max_new_tokens=max_new_tokens,
-                     say=lambda m: print(m, flush=True))
+                     say=lambda m: print(m, flush=True), sides=sb.STATIC if vs_static else None, mixed=vs_static)
     sb.print_summary(res)
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)

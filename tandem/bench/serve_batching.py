@@ -8,7 +8,9 @@ before a server's search stops (a load spike from elsewhere hits one side at a t
 *sustains* a rate when every request was answered 200, its p99 from the intended send time is within
 ``--p99-ms`` and its latency did not climb through the run (a queue building up; see ``sustained``).
 Its capacity is the highest rate it sustained; the headline is capacity(batched) / capacity(batch 1),
-the throughput ratio at the same p99 bound.
+the throughput ratio at the same p99 bound. ``--vs-static`` runs the same search on two servers with the
+same --max-batch, continuous against static batching, under a mixed load (every 4th request long, the
+others 2 tokens), where a static batch holds its short requests until its long one finishes.
 """
 
 from __future__ import annotations
@@ -26,12 +28,17 @@ from pathlib import Path
 from tandem.bench.serve import run_load
 
 
-def _start(export: Path, run_dir: Path, max_batch: int, batch_wait_ms: float) -> tuple[subprocess.Popen, str]:
+BATCH1 = {"batched": ("max-batch {mb}", ()), "batch1": ("max-batch 1", ("--max-batch", "1"))}
+STATIC = {"batched": ("continuous", ()), "batch1": ("static", ("--batching", "static"))}
+
+
+def _start(export: Path, run_dir: Path, max_batch: int, batch_wait_ms: float,
+           extra: tuple = ()) -> tuple[subprocess.Popen, str]:
     run_dir.mkdir(parents=True, exist_ok=True)
     log = open(run_dir / "front.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "tandem", "serve", str(export), "--port", "0", "--run-dir",
                              str(run_dir), "--max-batch", str(max_batch), "--batch-wait-ms", str(batch_wait_ms),
-                             "--max-queue", "4096"], stdout=log, stderr=subprocess.STDOUT)
+                             "--max-queue", "4096", *extra], stdout=log, stderr=subprocess.STDOUT)
     info, end = run_dir / "server.json", time.monotonic() + 300
     while time.monotonic() < end and proc.poll() is None:
         if info.is_file() and "ready:" in (run_dir / "front.log").read_text():
@@ -62,15 +69,16 @@ def sustained(res: dict, p99_ms: float) -> bool:
 
 def compare(export: Path, max_batch: int = 32, batch_wait_ms: float = 5.0, start_rate: float = 5.0,
             step: float = 1.5, max_steps: int = 12, duration: float = 3.0, p99_ms: float = 1000.0,
-            max_new_tokens: int = 8, say=print) -> dict:
-    sides = {"batched": max_batch, "batch1": 1}
+            max_new_tokens: int = 8, say=print, sides: dict | None = None, mixed: bool = False) -> dict:
+    """``sides``: BATCH1 (the default) or STATIC, the two servers' labels and extra flags."""
+    sides = {k: (label.format(mb=max_batch), extra) for k, (label, extra) in (sides or BATCH1).items()}
     rows: list[dict] = []
     best = {k: 0.0 for k in sides}
     with tempfile.TemporaryDirectory(prefix="tandem-bench-serve-") as tmp:
         procs = {}
         try:
-            for k, mb in sides.items():
-                procs[k] = _start(export, Path(tmp) / k, mb, batch_wait_ms)
+            for k, (_, extra) in sides.items():
+                procs[k] = _start(export, Path(tmp) / k, max_batch, batch_wait_ms, extra)
             going, rate = set(sides), start_rate
             for _ in range(max_steps):
                 if not going:
@@ -79,7 +87,7 @@ def compare(export: Path, max_batch: int = 32, batch_wait_ms: float = 5.0, start
                 for k in [k for k in sides if k in going]:
                     for _attempt in range(2):  # a failed rate is measured again once: one load spike from
                         res = asyncio.run(run_load(procs[k][1], rate, duration,  # elsewhere must not end it
-                                                   max_new_tokens=max_new_tokens,
+                                                   max_new_tokens=max_new_tokens, mixed=mixed,
                                                    timeout_s=max(60.0, 4 * duration)))
                         ok = sustained(res, p99_ms)
                         if ok:
@@ -97,7 +105,8 @@ def compare(export: Path, max_batch: int = 32, batch_wait_ms: float = 5.0, start
             for p, _ in procs.values():
                 _stop(p)
     ratio = best["batched"] / best["batch1"] if best["batch1"] > 0 else float("nan")
-    return {"export": str(export), "max_batch": max_batch, "batch_wait_ms": batch_wait_ms, "p99_ms": p99_ms,
+    return {"export": str(export), "sides": {k: v[0] for k, v in sides.items()}, "mixed": mixed,
+            "max_batch": max_batch, "batch_wait_ms": batch_wait_ms, "p99_ms": p99_ms,
             "duration_s": duration, "steps": rows, "capacity_rps": best, "ratio": ratio,
             "still_sustaining": sorted(going),   # their capacity is at least the last rate (max_steps)
             "cpus": os.cpu_count()}
@@ -105,9 +114,9 @@ def compare(export: Path, max_batch: int = 32, batch_wait_ms: float = 5.0, start
 
 def _row_text(row: dict, sides: dict) -> str:
     cells = []
-    for k, mb in sides.items():
+    for k, (label, _) in sides.items():
         c = row.get(k)
-        cells.append(f"max-batch {mb:<3d} " + ("(stopped)".ljust(34) if c is None else
+        cells.append(f"{label:<13s} " + ("(stopped)".ljust(34) if c is None else
                      f"{c['throughput_rps']:7.1f} req/s  p99 {c['p99_ms']:8.1f} ms  "
                      f"{'ok ' if c['sustained'] else 'NO '}"))
     return f"{row['rate']:7.1f} req/s offered: " + "  |  ".join(cells)
@@ -117,7 +126,7 @@ def print_summary(res: dict, say=print) -> None:
     cap = res["capacity_rps"]
     more = {k: " (or more: still sustained at the last step)" if k in res["still_sustaining"] else ""
             for k in cap}
+    a, b = res["sides"]["batched"], res["sides"]["batch1"]
     say(f"capacity (every request 200, p99 <= {res['p99_ms']:g} ms, latency not climbing): "
-        f"max-batch {res['max_batch']} {cap['batched']:.1f} req/s{more['batched']}, "
-        f"max-batch 1 {cap['batch1']:.1f} req/s{more['batch1']}")
-    say(f"ratio: {res['ratio']:.2f}x the throughput of --max-batch 1 at the same p99 bound")
+        f"{a} {cap['batched']:.1f} req/s{more['batched']}, {b} {cap['batch1']:.1f} req/s{more['batch1']}")
+    say(f"ratio: {res['ratio']:.2f}x the throughput of {b} at the same p99 bound ({a})")

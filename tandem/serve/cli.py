@@ -44,6 +44,10 @@ def serve_cmd(
                                                              "overloaded this long."),
     scale_down_s: float = typer.Option(30.0, "--scale-down-s", help="MIN:MAX: remove one when the queue stays "
                                                                  "empty and a replica idle this long."),
+    batching: str = typer.Option("continuous", "--batching", help="GPT exports: continuous (a request joins the "
+                                 "running batch at the next decode step) or static (whole batches)."),
+    tp: int = typer.Option(1, "--tp", help="Processes per replica, one torch.distributed group, each "
+                                           "holding its tp-R-of-N shards (export with --tp N)."),
     api_key_file: Optional[Path] = typer.Option(None, "--api-key-file", help="Require one of these keys (one per "
                                                  "line) as `Authorization: Bearer KEY` on every route but "
                                                  "/livez and /readyz; else 401."),
@@ -73,6 +77,10 @@ def serve_cmd(
                     ("--timeout-ms", timeout_ms)):
         if v < 0:
             raise ConfigError("must not be negative", field=name, value=v, fix=f"give {name} 0 or more")
+    if batching not in ("continuous", "static"):
+        raise ConfigError("must be continuous or static", field="--batching", value=batching,
+                          fix="give --batching continuous or --batching static")
+    _check_tp(export, tp)
     if not 0 <= port <= 65535:
         raise ConfigError("not a TCP port", field="--port", value=port, fix="give 0..65535")
     keys = None
@@ -88,9 +96,10 @@ def serve_cmd(
     opts = PoolOptions(export=export.resolve(), replicas=lo_rep, scale=scale, max_batch=max_batch,
                        batch_wait_ms=batch_wait_ms,
                        max_queue=max_queue, run_dir=run_dir.resolve(), hang_s=hang_s,
+                       continuous=batching == "continuous", tp=tp,
                        # one core left to the front: torch's spinning threads on an oversubscribed CPU
                        # made a replica ~10x slower here (2 cores: p99 6.8 s against 0.2 s at 60 req/s)
-                       threads=threads or max(1, ((os.cpu_count() or 1) - 1) // hi_rep))
+                       threads=threads or max(1, ((os.cpu_count() or 1) - 1) // (hi_rep * tp)))
     if not _loopback(host) and keys is None:
         print(f"warning: binding {host} exposes the server beyond this machine and it has no authentication; "
               f"give --api-key-file, or put it behind a proxy that checks clients", flush=True)
@@ -99,6 +108,17 @@ def serve_cmd(
     except ImportError:
         run = asyncio.run
     run(_serve(opts, info, host, port, drain_s, max_body, timeout_ms, keys))
+
+
+def _check_tp(export: Path, tp: int) -> None:
+    if tp == 1:
+        return
+    have = json.loads((export / "config.json").read_text()).get("tp", 1)
+    if tp < 1 or have != tp:
+        raise ConfigError(f"the export holds tp-R-of-{have} shards" if have > 1 else
+                          "the export has no tensor-parallel shards", field="--tp", value=tp,
+                          fix=f"give --tp {have}" if have > 1 else
+                          f"export again with `tandem export RUN --tp {tp}`, or serve without --tp")
 
 
 def _loopback(host: str) -> bool:
@@ -178,7 +198,8 @@ async def _serve(opts, info, host: str, port: int, drain_s: float, max_body: int
         auth = f"; {len(keys)} API key(s) required" if keys is not None else ""
         sc = opts.scale
         scaling = f" of {sc.min_replicas}:{sc.max_replicas}" if sc else ""
-        print(f"ready: {url} ({opts.replicas}{scaling} replica(s), pids {pids}; max batch {opts.max_batch}, "
+        tp = f" of {opts.tp} tp ranks" if opts.tp > 1 else ""
+        print(f"ready: {url} ({opts.replicas}{scaling} replica(s){tp}, pids {pids}; max batch {opts.max_batch}, "
               f"queue {opts.max_queue}{auth}); Ctrl-C or SIGTERM to stop", flush=True)
         await served
     finally:

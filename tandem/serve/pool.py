@@ -65,11 +65,14 @@ class PoolOptions:
     hang_s: float = 60.0
     load_timeout_s: float = 300.0
     scale: ScalePolicy | None = None   # --replicas MIN:MAX (replicas is MIN then)
+    continuous: bool = True   # GPT exports: iteration-level batching (stream.py); False: whole batches
+    tp: int = 1               # processes per replica (tensor-parallel ranks of one model)
 
 
 class Replica:
     def __init__(self, slot: int, proc: asyncio.subprocess.Process, log: Path):
         self.slot, self.proc, self.log, self.pid = slot, proc, log, proc.pid
+        self.continuous, self.tp_pids = False, []
 
     def kill(self) -> None:
         if self.proc.returncode is None:
@@ -167,6 +170,7 @@ class Pool:
         with open(log, "ab") as errf:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "tandem.serve.replica", str(self.o.export), "--threads", str(self.o.threads),
+                "--slots", str(self.o.max_batch if self.o.continuous else 0), "--tp", str(self.o.tp),
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=errf, limit=STREAM_LIMIT)
         rep = self.procs[slot] = Replica(slot, proc, log)
         try:
@@ -178,6 +182,7 @@ class Pool:
             await _ensure_dead(rep)
             tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
             raise ReplicaError(f"replica {slot} failed to load and warm up (exit {proc.returncode}): {tail[0]}")
+        rep.continuous, rep.tp_pids = bool(hello.get("continuous")), hello.get("tp_pids", [])
         return rep
 
     async def _slot(self, slot: int) -> None:
@@ -204,7 +209,12 @@ class Pool:
             self._first_ready[slot].set()
             watch = asyncio.create_task(self._watch(rep))
             try:
-                await self._serve(rep)
+                if rep.continuous:
+                    from tandem.serve.stream import serve_continuous
+
+                    await serve_continuous(self, rep)
+                else:
+                    await self._serve(rep)
             finally:
                 self.live[slot] = None
                 self.m.replicas_ready.set(self.ready_count)
@@ -339,7 +349,8 @@ class Pool:
     def _write_pids(self) -> None:
         doc = {"front_pid": os.getpid(), "export": str(self.o.export),
                "replicas": [{"slot": i, "pid": r.pid if r else None, "ready": r is not None,
-                             "restarts": self.restarts[i]} for i, r in enumerate(self.live[:self.active])]}
+                             "restarts": self.restarts[i], "tp_pids": r.tp_pids if r else []}  # tp ranks 1..N-1
+                            for i, r in enumerate(self.live[:self.active])]}
         path = self.o.run_dir / "replicas.json"
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(doc, indent=1) + "\n")

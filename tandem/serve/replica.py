@@ -10,6 +10,13 @@ Protocol (frames: one JSON header line, then the header's "nbytes" raw bytes; no
                                                        "top_k", "seed"}, ...]}
     replica -> front   {"shape", "dtype": "float32", "nbytes"} + raw outputs (predict)
                        {"outputs": [[tok, ...], ...]} (generate) | {"error": "..."}   one frame per batch
+Continuous batching (a GPT with a KV cache, --slots S; continuous.py): requests carry an "id" and are
+answered one by one, in the order they finish, not the order sent:
+    front -> replica   {"op": "join", "id": K, "request": {...}}     joins the running batch at the next step
+                       {"op": "predict", "id": K, "shape", "dtype", "nbytes"} + bytes   run between steps
+    replica -> front   {"id": K, "outputs": [tok, ...]} | {"id": K, "shape", ...} + bytes | {"id": K, "error"}
+A reader thread parses frames while the main thread decodes, so a request sent mid-generation joins
+at the next step instead of waiting for the batch to drain.
 Arrays travel as bytes: a batch of 32 8x8 examples cost ~50 ms of JSON encoding and parsing per round
 trip on the loaded 2-core VM, more than the model's forward.
 The protocol stream is the process's original stdout; anything else printing to stdout (a library's
@@ -21,7 +28,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import sys
+import threading
 import time
 
 import numpy as np
@@ -96,8 +105,15 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("export")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--slots", type=int, default=0, help="continuous batching with this many KV-cache slots")
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree: this process is rank 0")
     args = ap.parse_args(argv)
     out = _protocol_stream()
+    ranks = None
+    if args.tp > 1:  # the other tp ranks start first, in parallel with this process's imports
+        from tandem.serve.tp_spawn import spawn
+
+        ranks = spawn(args.export, args.tp, args.threads, max(1, args.slots))
     import torch
 
     import tandem.export
@@ -108,30 +124,129 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(max(1, args.threads))
     t0 = time.perf_counter()
     cfg = read_config(args.export)
-    model = tandem.export.load(args.export, device="cpu")
-    desc = cfg["example_input"]
-    warm = fmt.make_input(desc)
-    with torch.no_grad():
-        y = model(warm)
+    group = None
+    if args.tp > 1:  # rank 0 of a tensor-parallel replica: start the other ranks, then load rank 0's slices
+        from tandem.serve import tp
+
+        group = tp.Group.start(*ranks)
+        model = tandem.export.load(args.export, device="cpu", tp_rank=0)
+    else:
+        model = tandem.export.load(args.export, device="cpu")
+    runner = Runner(model, cfg, max(1, args.slots), group)
+    warm = fmt.make_input(cfg["example_input"])
+    y = runner.forward(torch, warm)
     if not torch.isfinite(y.float()).all():
         raise SystemExit("warm-up forward gave non-finite outputs")
-    cached = kvcache.supports(model)  # tandem's GPT: decode with a KV cache
-    _send(out, {"ready": True, "pid": os.getpid(), "warmup_s": time.perf_counter() - t0, "kv_cache": cached})
-    inp = sys.stdin.buffer
-    while line := inp.readline():
-        msg = json.loads(line)
-        raw = inp.read(msg.get("nbytes", 0))
-        try:
-            if msg["op"] == "predict":
-                x = np.frombuffer(raw, dtype=DTYPES[msg["dtype"]]).reshape(msg["shape"])
-                y = predict(model, torch, torch.from_numpy(x.copy()))
-                _send(out, {"shape": list(y.shape), "dtype": "float32"}, y.numpy().astype("<f4").tobytes())
-            elif cached:
-                _send(out, {"outputs": generate_cached(model, torch, msg["requests"])})
-            else:
-                _send(out, {"outputs": generate(model, torch, msg["requests"])})
-        except Exception as e:  # a bad batch answers an error; the replica stays up
-            _send(out, {"error": f"{type(e).__name__}: {str(e)[:300]}"})
+    cached = group is not None or kvcache.supports(model)  # tandem's GPT: decode with a KV cache
+    _send(out, {"ready": True, "pid": os.getpid(), "warmup_s": time.perf_counter() - t0, "kv_cache": cached,
+                "continuous": cached and args.slots > 0, "tp": args.tp,
+                "tp_pids": group.pids if group else []})
+    frames: queue.Queue = queue.Queue()
+    threading.Thread(target=_read_frames, args=(sys.stdin.buffer, frames), daemon=True).start()
+    sched = runner.scheduler(torch) if cached else None
+    while True:
+        try:  # idle: block for the next frame; decoding: take whatever arrived, then step
+            item = frames.get(block=not (sched and sched.busy))
+        except queue.Empty:
+            item = ()
+        items = [item] if item != () else []
+        while True:
+            try:
+                items.append(frames.get_nowait())
+            except queue.Empty:
+                break
+        if None in items:  # stdin closed: the front is stopping this replica
+            break
+        for msg, raw in items:
+            _handle(out, runner, sched, torch, msg, raw)
+        if sched and sched.busy:
+            try:
+                done = sched.step()
+            except Exception as e:  # a failed step fails the sequences in it; the replica stays up
+                _fatal_under_tp(runner, e)
+                done = []
+                for rid in sched.drop_all():
+                    _send(out, {"id": rid, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+            for rid, toks in done:
+                _send(out, {"id": rid, "outputs": toks})
+    if group:
+        group.close()
+
+
+class Runner:
+    """The model on this process (or, with a tp group, its rank-0 slices driving every rank)."""
+
+    def __init__(self, model, cfg: dict, slots: int, group=None):
+        self.model, self.cfg, self.slots, self.group = model, cfg, slots, group
+        self.decoder = None
+        if group is not None:
+            self.decoder = group.decoder(model, cfg, slots)
+        else:
+            from tandem.serve import kvcache
+
+            if kvcache.supports(model):
+                from tandem.serve.continuous import Decoder
+
+                self.decoder = Decoder(model, slots)
+
+    def forward(self, torch, x):
+        if self.group is not None:
+            return self.decoder.logits(x)
+        with torch.no_grad():
+            return self.model(x)
+
+    def predict(self, torch, x):
+        if self.group is not None:
+            return self.decoder.logits(x).float().contiguous()
+        return predict(self.model, torch, x)
+
+    def scheduler(self, torch):
+        from tandem.serve.continuous import Scheduler
+
+        return Scheduler(self.decoder, lambda logits, req, gen: _pick(torch, logits, req, gen))
+
+    def generate(self, torch, reqs: list[dict]) -> list[list[int]]:
+        if self.group is not None:
+            return self.scheduler(torch).run(reqs)
+        if self.decoder is not None:
+            return generate_cached(self.model, torch, reqs)
+        return generate(self.model, torch, reqs)
+
+
+def _handle(out, runner: Runner, sched, torch, msg: dict, raw: bytes) -> None:
+    rid = {"id": msg["id"]} if "id" in msg else {}
+    try:
+        if msg["op"] == "predict":
+            x = np.frombuffer(raw, dtype=DTYPES[msg["dtype"]]).reshape(msg["shape"])
+            y = runner.predict(torch, torch.from_numpy(x.copy()))
+            _send(out, {**rid, "shape": list(y.shape), "dtype": "float32"}, y.numpy().astype("<f4").tobytes())
+        elif msg["op"] == "join":
+            for k, toks in sched.add(msg["id"], msg["request"]):
+                _send(out, {"id": k, "outputs": toks})
+        else:
+            _send(out, {"outputs": runner.generate(torch, msg["requests"])})
+    except Exception as e:  # a bad request answers an error; the replica stays up
+        _fatal_under_tp(runner, e)
+        _send(out, {**rid, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+
+
+def _fatal_under_tp(runner: Runner, e: Exception) -> None:
+    """On a tp replica a failure is a rank gone (a collective failed) or ranks out of step: either way
+    the group is unusable, so exit and let the pool restart the replica and retry the requests,
+    instead of answering them with an error."""
+    if runner.group is not None:
+        print(f"tp replica: {type(e).__name__}: {str(e)[:300]}; exiting", file=sys.stderr, flush=True)
+        os._exit(1)
+
+
+def _read_frames(inp, frames: queue.Queue) -> None:
+    """Frames from the front, as (header, raw bytes); None at end of input."""
+    try:
+        while line := inp.readline():
+            msg = json.loads(line)
+            frames.put((msg, inp.read(msg.get("nbytes", 0))))
+    finally:
+        frames.put(None)
 
 
 def _send(out, header: dict, raw: bytes = b"") -> None:

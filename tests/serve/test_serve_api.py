@@ -222,11 +222,14 @@ def test_bench_serve_cli_reports_what_the_server_counted(servers, tmp_path):
 
     srv = servers("resnet", 2)
     before = srv.metrics().get(("/v1/predict", "200"), 0)
-    r = run_tandem("bench", "serve", srv.url, "--rate", "20", "--duration", "1.5", "--json", str(tmp_path / "b.json"))
+    r = run_tandem("bench", "serve", srv.url, "--rate", "20", "--duration", "1.5", "--json", str(tmp_path / "b.json"),
+                   "--plot", str(tmp_path / "latency.png"))
     assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / "latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     res = json.loads((tmp_path / "b.json").read_text())
     assert res["sent"] == 30 and res["codes"] == {"200": 30} and res["route"] == "/v1/predict"
     assert "30 sent, 30 ok, 0 failed" in r.stdout and "p99" in r.stdout
     assert srv.metrics()[("/v1/predict", "200")] - before == 30
+    assert [s[2] for s in res["samples"]] == ["200"] * 30 and res["samples"][-1][0] == pytest.approx(29 / 20)
     bad = run_tandem("bench", "serve", srv.url, "--rate", "0")
     assert bad.returncode == 2 and "error: --rate: must be positive" in bad.stderr

@@ -20,6 +20,7 @@ from tandem_testing import run_tandem
     (["--batch-wait-ms", "-1"], "error: --batch-wait-ms: must not be negative (got -1.0)"),
     (["--hang-s", "0"], "error: --hang-s: must be at least 0.1 (got 0.0)"),
     (["--port", "70000"], "error: --port: not a TCP port (got 70000)"),
+    (["--tp", "2"], "error: --tp: the export has no tensor-parallel shards (got 2)"),
 ])
 def test_bad_options_are_one_line_and_exit_2(gpt_export, args, line):
     r = run_tandem("serve", str(gpt_export), *args, timeout=60)
@@ -59,3 +60,17 @@ def test_a_rate_is_sustained_only_with_no_failure_within_the_p99_bound():
     assert not sustained(res(failed=1, p99=10.0), 1000)
     assert not sustained(res(p99=1001.0), 1000)
     assert not sustained(res(first=40.0, last=400.0), 1000)  # a queue building up within the bound
+
+
+def test_plot_without_matplotlib_is_one_clear_error(monkeypatch, tmp_path):
+    import sys
+
+    from tandem.bench.serve_plot import check_path, require_matplotlib
+    from tandem.core.errors import ConfigError
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)   # as if the `plot` extra were not installed
+    with pytest.raises(ConfigError, match="matplotlib is not installed") as e:
+        require_matplotlib(tmp_path / "l.png")
+    assert "tandem[plot]" in str(e.value.fix)
+    with pytest.raises(ConfigError, match="expected a .png path"):
+        check_path(tmp_path / "l.svg")

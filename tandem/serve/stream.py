@@ -1,0 +1,158 @@
+"""The pool's side of continuous batching: keep a replica's running batch full.
+
+A sender takes requests from the shared queue whenever the replica has a free slot (no waiting for a
+batch to fill: the replica adds a request at its next decode step) and sends each as its own frame; a
+reader matches the replica's replies to requests by id, in whatever order they finish. Each finished
+request frees a slot at once. A replica that dies, or that has requests and sends nothing back for the
+hang timeout, is killed; every request it held goes back to the head of the queue (inference is
+idempotent) and the pool restarts it (pool.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+
+import numpy as np
+
+from tandem.serve.pool import DeadlineExceeded, Replica, Work, _read_frame
+
+
+async def serve_continuous(pool, rep: Replica) -> None:
+    """Feed ``rep`` until it dies, the pool closes, or its slot is retired (then after its last reply)."""
+    inflight: dict[int, Work] = {}
+    ids = itertools.count()
+    state = {"dead": False, "progress": time.monotonic()}
+
+    async def wake() -> None:
+        async with pool.cond:
+            pool.cond.notify_all()
+
+    async def reader() -> None:
+        try:
+            while True:
+                reply = await _read_frame(rep.proc.stdout)
+                state["progress"] = time.monotonic()
+                w = inflight.pop(reply.get("id"), None)
+                if w is not None:
+                    _answer(pool, w, reply)
+                _holding(pool, rep, bool(inflight))
+                await wake()
+        except (ConnectionError, asyncio.IncompleteReadError, ValueError, OSError) as e:
+            state["dead"] = True
+            if inflight:
+                pool.say(f"serve: replica {rep.slot} (pid {rep.pid}) lost {len(inflight)} request(s) "
+                         f"({type(e).__name__}); retrying them on another replica")
+                pool.m.retries.inc()
+            await pool._requeue(list(inflight.values()))
+            inflight.clear()
+            _holding(pool, rep, False)
+            await wake()
+
+    async def watchdog() -> None:
+        """A replica that holds requests and answers none within the hang timeout is hung: kill it."""
+        while True:
+            await asyncio.sleep(min(1.0, pool.o.hang_s / 4))
+            if inflight and time.monotonic() - state["progress"] > pool.o.hang_s:
+                pool.say(f"serve: replica {rep.slot} (pid {rep.pid}) answered nothing in {pool.o.hang_s:g} s; "
+                         f"killing it")
+                rep.kill()
+                return
+
+    tasks = [asyncio.create_task(reader()), asyncio.create_task(watchdog())]
+    try:
+        while True:
+            batch = await _take(pool, rep, inflight, state)
+            if batch is None:
+                break
+            if not batch:
+                continue
+            if not inflight:
+                state["progress"] = time.monotonic()   # the hang clock starts with the first request held
+            for w in batch:
+                k = next(ids)
+                inflight[k] = w
+                raw = b""
+                if w.kind == "predict":
+                    x = np.ascontiguousarray(w.payload)
+                    raw = x.tobytes()
+                    msg = {"op": "predict", "id": k, "shape": list(x.shape), "dtype": x.dtype.name, "nbytes": len(raw)}
+                else:
+                    msg = {"op": "join", "id": k, "request": w.payload}
+                rep.proc.stdin.write(json.dumps(msg).encode() + b"\n" + raw)
+            pool.m.batch_size.labels(batch[0].kind).observe(sum(w.size for w in inflight.values()))
+            try:
+                await rep.proc.stdin.drain()
+            except (ConnectionError, OSError):
+                pass   # the reader sees the replica go and requeues what it held
+        while inflight and not state["dead"] and not pool.closing:   # retired: let the last ones finish
+            async with pool.cond:
+                await pool.cond.wait()
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if inflight:
+            await pool._requeue(list(inflight.values()))
+        _holding(pool, rep, False)
+
+
+async def _take(pool, rep: Replica, inflight: dict, state: dict) -> list[Work] | None:
+    """Requests for the replica's free slots, at once (the oldest first); None when it should stop."""
+    async with pool.cond:
+        while True:
+            if state["dead"] or rep.proc.returncode is not None or pool.closing or pool._retired(rep.slot):
+                return None
+            room = pool.o.max_batch - sum(w.size for w in inflight.values())
+            if pool.queue and room > 0:
+                if inflight:
+                    break
+                # an idle replica starts its batch like a static one: the oldest request waits at most
+                # --batch-wait-ms for others to fill it; later ones join the running batch at once
+                left = pool.queue[0].t_enq + pool.o.batch_wait_ms / 1000 - time.monotonic()
+                if left <= 0 or sum(w.size for w in pool.queue) >= room:
+                    break
+                try:
+                    await asyncio.wait_for(pool.cond.wait(), left)
+                except asyncio.TimeoutError:
+                    pass
+                continue
+            await pool.cond.wait()
+        batch, now = [], time.monotonic()
+        while pool.queue and pool.queue[0].size <= room:
+            w = pool.queue.popleft()
+            if w.future.done():
+                continue
+            if w.expired(now):  # past its deadline: dropped before the model sees it
+                w.future.set_exception(DeadlineExceeded(f"timeout_ms {w.timeout_ms} passed before a replica "
+                                                        f"took the request"))
+                continue
+            batch.append(w)
+            room -= w.size
+        pool.m.queue_depth.set(len(pool.queue))
+        _holding(pool, rep, bool(inflight or batch))
+        return batch
+
+
+def _holding(pool, rep: Replica, now: bool) -> None:
+    """pool.busy counts replicas holding work (the autoscaler's "busy"); a replica counts once."""
+    was = getattr(rep, "holding", False)
+    if now != was:
+        pool.busy += 1 if now else -1
+        rep.holding = now
+
+
+def _answer(pool, w: Work, reply: dict) -> None:
+    from tandem.serve.pool import ReplicaError
+
+    if w.future.done():
+        return
+    if "error" in reply:
+        w.future.set_exception(ReplicaError(reply["error"]))
+    elif w.kind == "predict":
+        w.future.set_result(np.frombuffer(reply["raw"], dtype="<f4").reshape(reply["shape"]))
+    else:
+        pool.m.tokens.inc(len(reply["outputs"]))
+        w.future.set_result(reply["outputs"])
