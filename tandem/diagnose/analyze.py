@@ -160,13 +160,15 @@ def analyze(traces: list[RankTrace], spec: dict | None = None, run_dir: Path | N
                   for t in traces],
         "sections": section_scores(shares),
         "metrics": _metrics_window(run_dir, common),
+        "device": {"device": traces[0].meta.get("device") if traces else None,
+                   "name": traces[0].meta.get("device_name") if traces else None},
         "spec": {k: (spec or {}).get(s, {}).get(k) for s, k in
                  (("parallel", "strategy"), ("parallel", "bucket_cap_mb"), ("data", "num_workers"),
                   ("schedule", "micro_batch"), ("parallel", "comm_hook"))} if spec else {},
     }
     if spec:
         report["memory_vs_plan"] = against_plan.compare(report, spec)
-        report["efficiency"] = efficiency.measure(report, spec, calibration)
+        report["efficiency"] = efficiency.measure(report, spec, calibration, report["device"])
         report["what_if"] = whatif.table(report, spec)
     report["verdicts"] = (judge(report) + against_plan.memory_verdicts(report, spec)
                           + efficiency.verdicts(report, spec))

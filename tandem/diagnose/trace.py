@@ -140,6 +140,10 @@ def load_run(run_dir: Path) -> list[RankTrace]:
         if snap is not None:
             meta["memory_check"] = snap.pop("check", None)
             meta["memory_peak_bytes"], meta["memory_source"] = snap, "cuda_snapshot"
-        docs.append((rank, json.loads(gzip.decompress(trace_p.read_bytes())), meta))
+        doc = json.loads(gzip.decompress(trace_p.read_bytes()))
+        props = doc.get("deviceProperties") or []  # torch's trace names the GPUs it saw
+        if not meta.get("device_name") and str(meta.get("device", "")).startswith("cuda") and props:
+            meta["device_name"] = props[0].get("name")
+        docs.append((rank, doc, meta))
     origin = float(docs[0][1].get("baseTimeNanoseconds", 0)) / 1000.0
     return [parse(doc, rank, meta, origin) for rank, doc, meta in docs]
