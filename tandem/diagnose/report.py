@@ -66,6 +66,10 @@ def render(rep: dict, console: Console) -> None:
                   f"{m['comm_pct']:.1f}", f"{m['idle_pct']:.1f}", f"{m['overlap_pct']:.0f}",
                   f"{col['grad_allreduce_per_step']:g}", f"{r['lateness_ms']['per_step']:.2f}")
     console.print(t)
+    if any(r["median"].get("shares_from") == "gpu_kernels" for r in rep["ranks"]):
+        console.print("  shares from the GPU timeline (HTA's reading): compute = kernels on any stream, exposed "
+                      "comm = nccl kernels with no compute kernel running, overlap = compute kernels during "
+                      "nccl kernels / nccl kernel time; the section scores stay the main thread's", highlight=False)
     sec = rep["sections"]
     if sec.get("scores") and rep["world"] > 1:
         names = sorted(next(iter(sec["scores"].values())))
