@@ -55,6 +55,7 @@ class RankTrace:
     raw: list[dict] = field(default_factory=list)       # the trace's events, for the merged trace
     meta: dict = field(default_factory=dict)            # window.json
     base_us: float = 0.0                                # this file's baseTimeNanoseconds / 1000
+    header: dict = field(default_factory=dict)          # the file's other top-level keys (distributedInfo, ...)
 
     def shift(self, by: float) -> "RankTrace":
         """The same trace with every time moved by ``by`` us (synthetic tests; clock alignment)."""
@@ -103,7 +104,8 @@ def parse(doc: dict, rank: int, meta: dict | None = None, origin_us: float | Non
     if main is None:  # the process's main thread holds ProfilerStep#N
         main = next((e.get("pid") for e in xs if _STEP.match(e.get("name", ""))), None)
     steps: dict[int, tuple[float, float]] = {}
-    t = RankTrace(rank, steps, raw=events, meta=meta or {}, base_us=base)
+    t = RankTrace(rank, steps, raw=events, meta=meta or {}, base_us=base,
+                  header={k: v for k, v in doc.items() if k != "traceEvents"})
     for e in xs:
         name, ts = e.get("name", ""), float(e["ts"]) + shift
         sp = Span(name, ts, ts + float(e["dur"]), e.get("tid"))
