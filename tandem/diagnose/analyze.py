@@ -7,6 +7,7 @@ lists its fields). Rendering lives in report.py, the advice in verdicts.py.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from statistics import median
 
@@ -66,7 +67,8 @@ def _rank_summary(t: RankTrace, shares: list[StepShare], late_us: list, clock: C
         "steps": [s.to_dict() for s in shares],
         "median": {"step_ms": round(_med(s.step_us for s in shares) / 1e3, 3),
                    **{f"{c}_pct": round(_med(s.pct(c) for s in shares), 2) for c in CATEGORIES},
-                   "overlap_pct": round(_med(s.overlap_pct for s in shares), 2)},
+                   "overlap_pct": round(_med(s.overlap_pct for s in shares), 2),
+                   "shares_from": shares[0].source if shares else "cpu"},
         "collectives": {"per_step": _med(len(s.collectives) for s in shares),
                         "grad_allreduce_per_step": _med(per_step),
                         "grad_bucket_bytes_median": int(_med(sizes)),
@@ -141,8 +143,7 @@ def _metrics_window(run_dir: Path | None, steps: list[int]) -> dict:
 def analyze(traces: list[RankTrace], spec: dict | None = None, run_dir: Path | None = None,
             calibration: str | None = None) -> dict:
     common = sorted(set.intersection(*(set(t.steps) for t in traces))) if traces else []
-    traces = [RankTrace(t.rank, {k: v for k, v in t.steps.items() if k in common}, t.ops, t.c10d, t.phases,
-                        t.comms, t.raw, t.meta, t.base_us) for t in traces]
+    traces = [replace(t, steps={k: v for k, v in t.steps.items() if k in common}) for t in traces]
     clock = estimate(traces)
     late = lateness(traces, clock)
     fr = fr_lateness(traces, clock)
@@ -160,13 +161,15 @@ def analyze(traces: list[RankTrace], spec: dict | None = None, run_dir: Path | N
                   for t in traces],
         "sections": section_scores(shares),
         "metrics": _metrics_window(run_dir, common),
+        "device": {"device": traces[0].meta.get("device") if traces else None,
+                   "name": traces[0].meta.get("device_name") if traces else None},
         "spec": {k: (spec or {}).get(s, {}).get(k) for s, k in
                  (("parallel", "strategy"), ("parallel", "bucket_cap_mb"), ("data", "num_workers"),
                   ("schedule", "micro_batch"), ("parallel", "comm_hook"))} if spec else {},
     }
     if spec:
         report["memory_vs_plan"] = against_plan.compare(report, spec)
-        report["efficiency"] = efficiency.measure(report, spec, calibration)
+        report["efficiency"] = efficiency.measure(report, spec, calibration, report["device"])
         report["what_if"] = whatif.table(report, spec)
     report["verdicts"] = (judge(report) + against_plan.memory_verdicts(report, spec)
                           + efficiency.verdicts(report, spec))

@@ -11,7 +11,19 @@ category, first match wins:
     idle      anything else (outside the phases, nothing open)
 
 so the four add up to the step time exactly. Overlap is HTA's: the part of the communication
-time during which the main thread computed, over the communication time. Each instant also
+time during which the main thread computed, over the communication time.
+
+When the trace holds the GPU's timeline (CUDA kernels), the shares are the GPU's, as HTA reads
+them, over the same step window (tandem's trainer reads the loss and gradient norm every step, so
+a step's kernels end inside it):
+
+    compute   a compute kernel runs on any stream (or a device-side memcpy / memset)
+    comm      an ``nccl*`` kernel (or a gloo collective) runs and no compute kernel does: exposed
+    data      a host-to-device copy runs, or the main thread is inside ``tandem.data``, GPU idle
+    idle      the GPU does nothing else: launch overhead, Python, waits
+
+and overlap is HTA's on kernels: the time compute kernels run during nccl kernels, over the nccl
+kernels' time. The sections stay the main thread's (the phases are CPU ranges). Each instant also
 belongs to the innermost ``tandem.<phase>`` range around it; a section's time is its data,
 compute and idle time, its exposed communication left out (waiting makes fast ranks look slow).
 """
@@ -62,6 +74,7 @@ class StepShare:
     overlap_us: float
     sections_us: dict[str, float] = field(default_factory=dict)   # phase -> us, exposed comm left out
     collectives: list[Span] = field(default_factory=list)         # the collective spans that start in it
+    source: str = "cpu"                                           # cpu | gpu_kernels: where the shares come from
 
     def pct(self, cat: str) -> float:
         return 100.0 * self.us[cat] / self.step_us if self.step_us else 0.0
@@ -76,7 +89,7 @@ class StepShare:
                 **{f"{c}_ms": round(self.us[c] / 1e3, 3) for c in CATEGORIES},
                 "comm_total_ms": round(self.comm_us / 1e3, 3), "overlap_pct": round(self.overlap_pct, 2),
                 "sections_ms": {k: round(v / 1e3, 3) for k, v in sorted(self.sections_us.items())},
-                "collectives": len(self.collectives)}
+                "collectives": len(self.collectives), "shares_from": self.source}
 
 
 def _clip(spans, a: float, b: float) -> list[tuple[float, float]]:
@@ -122,7 +135,36 @@ def step_share(t: RankTrace, step: int) -> StepShare:
             sec = _innermost(phases, mid)
             sections[sec] = sections.get(sec, 0.0) + dt
     colls = [c for c in t.comms if a <= c.start < b]
+    if t.has_gpu:
+        us, comm_us, overlap = _gpu_shares(t, a, b, clock, data)
+        return StepShare(step, sum(us.values()), us, comm_us, overlap, sections, colls, "gpu_kernels")
     return StepShare(step, sum(us.values()), us, comm_us, overlap, sections, colls)
+
+
+def _htod(s: Span) -> bool:
+    return s.name.startswith("Memcpy HtoD")
+
+
+def _gpu_shares(t: RankTrace, a: float, b: float, clock: _Cover, data: _Cover):
+    """The step's instants by what the GPU does (module docstring); -> (us, comm_us, overlap_us)."""
+    kern = _Cover(_clip(t.kernels, a, b))
+    busy = _Cover(_clip(t.kernels + [m for m in t.gpu_mem if not _htod(m)], a, b))
+    h2d = _Cover(_clip([m for m in t.gpu_mem if _htod(m)], a, b))
+    comm = _Cover(_clip(t.gpu_comm + [c for c in t.comms if c.name.startswith("gloo:")], a, b))
+    cuts = sorted({a, b, *(x for c in (clock, data, kern, busy, h2d, comm) for x in c.bounds() if a < x < b)})
+    us = dict.fromkeys(CATEGORIES, 0.0)
+    comm_us = overlap = 0.0
+    for lo, hi in zip(cuts, cuts[1:]):
+        mid, dt = (lo + hi) / 2, hi - lo
+        if mid in clock:
+            continue
+        if mid in comm:
+            comm_us += dt
+            overlap += dt if mid in kern else 0.0
+        cat = ("compute" if mid in busy else "comm" if mid in comm else "data" if mid in h2d or mid in data
+               else "idle")
+        us[cat] += dt
+    return us, comm_us, overlap
 
 
 def _innermost(phases: list[Span], t: float) -> str:

@@ -1,4 +1,5 @@
-"""Outputs of `tandem diagnose`: the terminal report (rich) and the merged Chrome/Perfetto trace."""
+"""Outputs of `tandem diagnose`: the terminal report (rich), the merged Chrome/Perfetto trace, and the
+per-rank traces on one clock that Holistic Trace Analysis reads."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ def merged_trace(traces: list[RankTrace], offsets_us: dict[int, float], out: Pat
     """One process per rank (pid = rank), every time on rank 0's clock; returns the bytes written."""
     events = []
     for t in traces:
-        shift = (t.base_us - traces[0].base_us) - offsets_us.get(t.rank, 0.0)
+        shift = _shift(t, traces[0], offsets_us)
         events.append({"ph": "M", "name": "process_name", "pid": t.rank, "tid": 0, "args": {"name": f"rank {t.rank}"}})
         events.append({"ph": "M", "name": "process_sort_index", "pid": t.rank, "tid": 0,
                        "args": {"sort_index": t.rank}})
@@ -35,12 +36,45 @@ def merged_trace(traces: list[RankTrace], offsets_us: dict[int, float], out: Pat
     doc = {"traceEvents": events, "displayTimeUnit": "ms",
            "baseTimeNanoseconds": int(traces[0].base_us * 1000) if traces else 0,
            "otherData": {"producer": "tandem diagnose", "clock_offsets_us": {str(k): v for k, v in offsets_us.items()}}}
+    return _write(doc, out)
+
+
+def _shift(t: RankTrace, t0: RankTrace, offsets_us: dict[int, float]) -> float:
+    return (t.base_us - t0.base_us) - offsets_us.get(t.rank, 0.0)
+
+
+def _write(doc: dict, out: Path, separators=(",", ":")) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
-    data = json.dumps(doc, separators=(",", ":")).encode()  # one write: a gzip stream of small writes is slow
+    data = json.dumps(doc, separators=separators).encode()  # one write: a gzip stream of small writes is slow
     tmp.write_bytes(gzip.compress(data, compresslevel=3) if out.name.endswith(".gz") else data)
     tmp.replace(out)
     return out.stat().st_size
+
+
+def hta_traces(traces: list[RankTrace], offsets_us: dict[int, float], out_dir: Path) -> int:
+    """One file per rank, as Holistic Trace Analysis reads a job (``TraceAnalysis(trace_dir=out_dir)``):
+    each rank's own trace (every event and top-level key torch wrote, flows included: their ids are
+    per file) moved onto rank 0's clock and time base, with ``distributedInfo`` naming its rank (HTA
+    maps files to ranks by it and refuses a file without one). Returns the bytes written."""
+    total = 0
+    for t in traces:
+        shift = _shift(t, traces[0], offsets_us)
+        events = []
+        for e in t.raw:
+            if "ts" in e and e.get("ph") != "M":
+                e = dict(e, ts=round(float(e["ts"]) + shift, 3))
+            events.append(e)
+        info = dict(t.header.get("distributedInfo") or {})
+        info.update(rank=t.rank, world_size=len(traces))
+        info.setdefault("backend", t.meta.get("backend"))
+        # HTA (0.5.0) finds a file's rank with the regex '"rank":\s+(\d+)', first match in the file:
+        # distributedInfo goes first, written with a space after each colon, as torch writes it
+        doc = {"distributedInfo": info, **{k: v for k, v in t.header.items() if k != "distributedInfo"},
+               "baseTimeNanoseconds": int(traces[0].base_us * 1000), "traceEvents": events}
+        doc.setdefault("schemaVersion", 1)
+        total += _write(doc, Path(out_dir) / f"rank-{t.rank}.json.gz", separators=(",", ": "))
+    return total
 
 
 def render(rep: dict, console: Console) -> None:
@@ -66,6 +100,10 @@ def render(rep: dict, console: Console) -> None:
                   f"{m['comm_pct']:.1f}", f"{m['idle_pct']:.1f}", f"{m['overlap_pct']:.0f}",
                   f"{col['grad_allreduce_per_step']:g}", f"{r['lateness_ms']['per_step']:.2f}")
     console.print(t)
+    if any(r["median"].get("shares_from") == "gpu_kernels" for r in rep["ranks"]):
+        console.print("  shares from the GPU timeline (HTA's reading): compute = kernels on any stream, exposed "
+                      "comm = nccl kernels with no compute kernel running, overlap = compute kernels during "
+                      "nccl kernels / nccl kernel time; the section scores stay the main thread's", highlight=False)
     sec = rep["sections"]
     if sec.get("scores") and rep["world"] > 1:
         names = sorted(next(iter(sec["scores"].values())))

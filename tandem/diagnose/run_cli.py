@@ -18,6 +18,9 @@ def diagnose_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print diagnose.json instead of the report."),
     trace: Optional[Path] = typer.Option(None, "--trace", help="Also write the ranks' traces merged on one "
                                          "clock, one process per rank (Chrome/Perfetto; .gz compresses)."),
+    hta_dir: Optional[Path] = typer.Option(None, "--hta", help="Also write each rank's trace on the aligned "
+                                           "clock into this folder, with its rank: what Holistic Trace "
+                                           "Analysis reads (TraceAnalysis(trace_dir=...); GPU runs)."),
     html_out: Optional[Path] = typer.Option(None, "--html", help="Also write a self-contained HTML page: one "
                                             "step's timeline per rank, shares, memory, verdicts."),
     compare: Optional[Path] = typer.Option(None, "--compare", help="A second profiled run (after a change): "
@@ -56,6 +59,11 @@ def diagnose_cmd(
     if trace is not None:
         size = merged_trace(traces, {int(k): v for k, v in rep["clock"]["offsets_us"].items()}, trace)
         rep["merged_trace"] = {"path": str(trace), "bytes": size}
+    if hta_dir is not None:
+        from tandem.diagnose.report import hta_traces
+
+        size = hta_traces(traces, {int(k): v for k, v in rep["clock"]["offsets_us"].items()}, hta_dir)
+        rep["hta_traces"] = {"dir": str(hta_dir), "bytes": size, "gpu": any(t.has_gpu for t in traces)}
     if html_out is not None:
         from tandem.diagnose import html
 
@@ -69,6 +77,12 @@ def diagnose_cmd(
     if trace is not None:
         console.print(f"merged trace: {trace} ({rep['merged_trace']['bytes'] / 1e6:.2f} MB); open it in "
                       "ui.perfetto.dev or chrome://tracing", highlight=False)
+    if hta_dir is not None:
+        h = rep["hta_traces"]
+        console.print(f"HTA traces: {hta_dir}/rank-*.json.gz ({h['bytes'] / 1e6:.2f} MB); "
+                      + ("TraceAnalysis(trace_dir=...) reads them" if h["gpu"] else
+                         "no GPU kernels in them: HTA's analyses keep only GPU kernels, so they will be empty"),
+                      highlight=False)
     if html_out is not None:
         console.print(f"html report: {html_out}", highlight=False)
     console.print(f"written: {out}", highlight=False)

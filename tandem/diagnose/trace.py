@@ -11,7 +11,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tandem.core.errors import DataError
@@ -19,6 +19,10 @@ from tandem.diagnose import cuda_memory
 from tandem.core import rundir
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
+# the GPU timeline in torch's (Kineto's) Chrome trace: pid = the device, tid = the stream, args carry
+# "device", "stream" and the "correlation" of the launching cudaLaunchKernel; "cuda_sync" and
+# "gpu_user_annotation" events on the same timeline are waits and labels, not work
+_GPU_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
 PHASE_PREFIX = "tandem."
 _DTYPE_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "long int": 8, "int": 4,
                 "unsigned char": 1, "signed char": 1, "bool": 1, "short int": 2}
@@ -45,16 +49,24 @@ class RankTrace:
     c10d: list[Span] = field(default_factory=list)      # main-thread c10d::* ops (issue, and wait for sync ones)
     phases: list[Span] = field(default_factory=list)    # tandem.* ranges on the main thread
     comms: list[Span] = field(default_factory=list)     # gloo:* / nccl:* collective spans, any thread
+    kernels: list[Span] = field(default_factory=list)   # GPU compute kernels (cat "kernel"), any stream
+    gpu_comm: list[Span] = field(default_factory=list)  # nccl* kernels on the GPU timeline
+    gpu_mem: list[Span] = field(default_factory=list)   # GPU memcpy / memset ("Memcpy HtoD ...": a batch in)
     raw: list[dict] = field(default_factory=list)       # the trace's events, for the merged trace
     meta: dict = field(default_factory=dict)            # window.json
     base_us: float = 0.0                                # this file's baseTimeNanoseconds / 1000
+    header: dict = field(default_factory=dict)          # the file's other top-level keys (distributedInfo, ...)
 
     def shift(self, by: float) -> "RankTrace":
         """The same trace with every time moved by ``by`` us (synthetic tests; clock alignment)."""
-        mv = lambda s: Span(s.name, s.start + by, s.end + by, s.tid, s.nbytes)  # noqa: E731
-        return RankTrace(self.rank, {k: (a + by, b + by) for k, (a, b) in self.steps.items()},
-                         [mv(s) for s in self.ops], [mv(s) for s in self.c10d], [mv(s) for s in self.phases],
-                         [mv(s) for s in self.comms], self.raw, self.meta, self.base_us)
+        mv = lambda xs: [Span(s.name, s.start + by, s.end + by, s.tid, s.nbytes) for s in xs]  # noqa: E731
+        return replace(self, steps={k: (a + by, b + by) for k, (a, b) in self.steps.items()},
+                       ops=mv(self.ops), c10d=mv(self.c10d), phases=mv(self.phases), comms=mv(self.comms),
+                       kernels=mv(self.kernels), gpu_comm=mv(self.gpu_comm), gpu_mem=mv(self.gpu_mem))
+
+    @property
+    def has_gpu(self) -> bool:
+        return bool(self.kernels or self.gpu_comm)
 
 
 def _prod(dims: list) -> int:
@@ -92,11 +104,20 @@ def parse(doc: dict, rank: int, meta: dict | None = None, origin_us: float | Non
     if main is None:  # the process's main thread holds ProfilerStep#N
         main = next((e.get("pid") for e in xs if _STEP.match(e.get("name", ""))), None)
     steps: dict[int, tuple[float, float]] = {}
-    t = RankTrace(rank, steps, raw=events, meta=meta or {}, base_us=base)
+    t = RankTrace(rank, steps, raw=events, meta=meta or {}, base_us=base,
+                  header={k: v for k, v in doc.items() if k != "traceEvents"})
     for e in xs:
         name, ts = e.get("name", ""), float(e["ts"]) + shift
         sp = Span(name, ts, ts + float(e["dur"]), e.get("tid"))
         on_main = e.get("tid") == main
+        cat = e.get("cat")
+        if cat in _GPU_WORK:
+            if cat == "kernel" and name.startswith("nccl"):
+                t.gpu_comm.append(sp)
+            else:
+                (t.kernels if cat == "kernel" else t.gpu_mem).append(sp)
+            if not is_comm(name):
+                continue
         m = _STEP.match(name)
         if m and on_main:
             steps[int(m.group(1))] = (sp.start, sp.end)
@@ -112,7 +133,7 @@ def parse(doc: dict, rank: int, meta: dict | None = None, origin_us: float | Non
             t.c10d.append(sp)
         elif e.get("cat") == "cpu_op":
             t.ops.append(sp)
-    for lst in (t.ops, t.c10d, t.phases, t.comms):
+    for lst in (t.ops, t.c10d, t.phases, t.comms, t.kernels, t.gpu_comm, t.gpu_mem):
         lst.sort(key=lambda s: (s.start, -s.end))
     return t
 
@@ -140,6 +161,10 @@ def load_run(run_dir: Path) -> list[RankTrace]:
         if snap is not None:
             meta["memory_check"] = snap.pop("check", None)
             meta["memory_peak_bytes"], meta["memory_source"] = snap, "cuda_snapshot"
-        docs.append((rank, json.loads(gzip.decompress(trace_p.read_bytes())), meta))
+        doc = json.loads(gzip.decompress(trace_p.read_bytes()))
+        props = doc.get("deviceProperties") or []  # torch's trace names the GPUs it saw
+        if not meta.get("device_name") and str(meta.get("device", "")).startswith("cuda") and props:
+            meta["device_name"] = props[0].get("name")
+        docs.append((rank, doc, meta))
     origin = float(docs[0][1].get("baseTimeNanoseconds", 0)) / 1000.0
     return [parse(doc, rank, meta, origin) for rank, doc, meta in docs]

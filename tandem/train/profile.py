@@ -196,6 +196,8 @@ class StepProfiler:
         sched = {k: s1[k] - s0[k] for k in s0} if s0 and s1 else None
         self._meta = {"schema": 1, "rank": self.ctx.rank, "world": self.ctx.world, "pid": os.getpid(),
                       "host": socket.gethostname(), "device": str(self.ctx.device), "backend": self.ctx.backend,
+                      "device_name": (torch.cuda.get_device_name(self.ctx.device)
+                                      if self.ctx.device.type == "cuda" else None),
                       "steps": self._steps, "clock_ns": self._clock, "trace": "trace.json.gz",
                       "main_thread_sched_ns": sched, "memory_peak_bytes": None, "memory_step": None}
         self._write_meta()

@@ -62,3 +62,15 @@ def ddp_step(tb: TraceBuilder, n: int, t0: float, *, fwd: float = 3000, data: fl
     t += 520
     tb.step(n, t0, t)
     return t
+
+
+def gpu_event(tb: TraceBuilder, name: str, a: float, b: float, stream: int, corr: int, cat: str = "kernel",
+              device: int = 0) -> TraceBuilder:
+    """An event on the GPU timeline as torch (Kineto) exports it: pid = the device, tid = the stream,
+    args with device/stream/correlation, and its cudaLaunchKernel on the main thread (cat cuda_runtime)."""
+    tb.events.append({"ph": "X", "cat": cat, "name": name, "pid": device, "tid": stream, "ts": a + tb.shift,
+                      "dur": b - a, "args": {"queued": 0, "device": device, "context": 1, "stream": stream,
+                                             "correlation": corr, "registers per thread": 32}})
+    tb.events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": tb.pid, "tid": tb.pid,
+                      "ts": a + tb.shift - 20, "dur": 5, "args": {"cbid": 211, "correlation": corr}})
+    return tb

@@ -140,3 +140,40 @@ def test_low_efficiency_against_the_calibrated_rate(tmp_path, achieved, finding)
     if finding:
         assert vs[0]["kind"] == "low-efficiency" and vs[0]["ranks"] == [0, 1]
         assert "threads_per_worker" in vs[0]["change"] and "GFLOP/s" in vs[0]["evidence"][0]
+
+
+def _eff_report(busy_ms: float) -> dict:
+    return {"ranks": [{"rank": k, "median": {"idle_pct": 30.0},
+                       "steps": [{"data_ms": 0.0, "compute_ms": busy_ms}] * 3} for k in (0, 1)]}
+
+
+def test_low_efficiency_without_a_calibration_uses_the_gpu_datasheet():
+    """No calibration: an H200 (the name torch reports) is the planner's h200 preset, bf16 peak 989.4
+    TFLOP/s x its GPT efficiency 0.5; the test GPT's 32 samples in 1 ms is far below that, and the
+    evidence names the datasheet. On CPU there is no preset: the rate is reported, the reason given,
+    and no verdict made."""
+    from tandem.diagnose import efficiency
+
+    spec = _spec(**{"precision.dtype": "bf16"})
+    fps = efficiency.expected(spec, None)["flops_per_sample"]
+    h200 = {"device": "cuda:0", "name": "NVIDIA H200"}
+    rep = _eff_report(1.0)
+    rep["efficiency"] = e = efficiency.measure(rep, spec, None, h200)
+    assert e["basis"] == "datasheet" and e["gpu"] == "h200" and e["peak_flops"] == pytest.approx(989.4e12)
+    assert e["expected_flops"] == pytest.approx(989.4e12 * 0.5, rel=1e-6)
+    assert e["ranks"]["0"]["ratio"] == pytest.approx(fps * 32 / 1e-3 / (989.4e12 * 0.5), rel=1e-3)
+    vs = efficiency.verdicts(rep, spec)
+    assert [v["kind"] for v in vs] == ["low-efficiency"] and vs[0]["ranks"] == [0, 1]
+    ev = " ".join(vs[0]["evidence"])
+    assert "h200 datasheet bf16 peak 989.4 TFLOP/s" in ev and "no calibration" in ev and "idle 30.0%" in ev
+    assert "threads_per_worker" not in vs[0]["change"] and "micro_batch" in vs[0]["change"]
+    # the same rank at 0.6x the expectation: no finding
+    fast = _eff_report(fps * 32 / (0.6 * e["expected_flops"]) * 1e3)
+    fast["efficiency"] = efficiency.measure(fast, spec, None, h200)
+    assert efficiency.verdicts(fast, spec) == []
+    for dev, why in (({"device": "cpu", "name": None}, "on CPU there is no datasheet peak"),
+                     ({"device": "cuda:0", "name": "Some Future GPU"}, "no planner preset matches")):
+        rep = _eff_report(1.0)
+        rep["efficiency"] = e = efficiency.measure(rep, spec, None, dev)
+        assert "expected_flops" not in e and why in e["no_expectation"] and e["ranks"]["0"]["flops"] > 0
+        assert efficiency.verdicts(rep, spec) == []

@@ -23,7 +23,8 @@ def _train(tmp, model: str, env: dict) -> tuple:
     p = run_tandem("train", str(spec), "--profile.enabled", "true", "--profile.start_step", str(WINDOW["start"]),
                    "--profile.steps", str(WINDOW["steps"]), "--checkpoint.at_end", "false", env=env)
     assert p.returncode == 0, p.stderr[-3000:]
-    d = run_tandem("diagnose", str(run), "--json", "--trace", str(tmp / "merged.json.gz"), env=env)
+    d = run_tandem("diagnose", str(run), "--json", "--trace", str(tmp / "merged.json.gz"), "--hta", str(tmp / "hta"),
+                   env=env)
     assert d.returncode == 0, d.stderr[-3000:]
     return run, json.loads(d.stdout)
 
@@ -65,7 +66,12 @@ def test_every_rank_writes_its_window(faulty):
         assert {"ProfilerStep#3", "ProfilerStep#10", "tandem.data", "tandem.forward", "tandem.backward",
                 "tandem.optimizer", "tandem.sync", "tandem.clock", "gloo:all_reduce"} <= names
     assert rep["steps"] == list(range(3, 11)) and rep["world"] == 2
+    # --hta: a file per rank that names its rank first (as HTA finds it); a CPU run has no datasheet expectation
+    hta = {json.load(gzip.open(p, "rt"))["distributedInfo"]["rank"]
+           for p in (run.parent / "hta").glob("rank-*.json.gz")}
+    assert hta == {0, 1} and rep["hta_traces"]["gpu"] is False
     for r in rep["ranks"]:  # exclusive shares: they add up to the step
+        assert r["median"]["shares_from"] == "cpu"
         for s in r["steps"]:
             assert sum(s[f"{c}_pct"] for c in ("data", "compute", "comm", "idle")) == pytest.approx(100, abs=0.01)
 
@@ -120,3 +126,7 @@ def test_balanced_run_names_no_one(balanced):
     assert vs and "error" not in vs and all(x["ratio"]["params"] == pytest.approx(1.0, abs=0.1)
                                             for x in vs["ranks"].values()), vs
     assert rep["merged_trace"]["bytes"] < 20e6
+    # no calibration on CPU: the rate is measured, no datasheet expectation is invented, and the reason is given
+    eff = rep["efficiency"]
+    assert eff["ranks"]["0"]["flops"] > 0 and "expected_flops" not in eff, eff
+    assert "on CPU there is no datasheet peak" in eff["no_expectation"], eff

@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import re
 
 import pytest
 
@@ -195,3 +196,78 @@ def test_compare_shows_two_runs_side_by_side(tmp_path):
     row = next(line for line in p.stdout.splitlines() if "data %" in line)
     assert "+" in row  # the data share went up
     assert "data-bound on every rank" in p.stdout and "no findings" in p.stdout
+
+
+def test_gpu_kernels_give_the_shares_when_the_trace_has_them():
+    """A CUDA step: the shares come from the GPU timeline (kernels on two compute streams, an nccl
+    kernel on its own stream, a host-to-device copy, a memset), not from the main thread; a
+    cuda_sync event is a wait, not work. Overlap is HTA's: compute kernels during nccl kernels."""
+    from diagnose.synth import gpu_event
+
+    tb = TraceBuilder(0)
+    tb.events.append({"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "args": {"name": "GPU 0"}})
+    tb.step(3, 0, 10000).phase("clock", 0, 50)
+    tb.phase("data", 100, 1100).op(150, 1000, "aten::stack")
+    tb.phase("forward", 1150, 4200).op(1150, 4100, "aten::linear")     # the CPU is busy launching throughout
+    tb.phase("backward", 4200, 8300).op(4200, 8200, "autograd::engine")
+    tb.phase("optimizer", 8300, 9600).op(8300, 9500, "Optimizer.step")
+    gpu_event(tb, "Memcpy HtoD (Pageable -> Device)", 1150, 1250, 7, 1, "gpu_memcpy")
+    gpu_event(tb, "ampere_sgemm_128x64_nn", 1300, 3000, 7, 2)
+    gpu_event(tb, "void at::native::elementwise_kernel<128, 4>", 2500, 4000, 8, 3)   # overlaps on stream 8
+    gpu_event(tb, "ampere_sgemm_64x64_tn", 4300, 7000, 7, 4)
+    gpu_event(tb, "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 6000, 8000, 20, 5)
+    gpu_event(tb, "void at::native::multi_tensor_apply_kernel", 8400, 9000, 7, 6)
+    gpu_event(tb, "Memset (Device)", 9000, 9100, 7, 7, "gpu_memset")
+    gpu_event(tb, "Stream Sync", 9100, 9500, 7, 8, "cuda_sync")
+    t = _parse(tb)
+    assert len(t.kernels) == 4 and len(t.gpu_comm) == 1 and len(t.gpu_mem) == 2
+    s = step_share(t, 3)
+    assert s.source == "gpu_kernels"
+    want = {"data": 1000 + 100, "compute": 2700 + 2700 + 600 + 100, "comm": 1000, "idle": 9950 - 1100 - 6100 - 1000}
+    for k, v in want.items():
+        assert s.us[k] == pytest.approx(v, abs=1.0), k
+    assert sum(s.pct(c) for c in want) == pytest.approx(100.0, abs=1e-9)
+    assert s.comm_us == pytest.approx(2000, abs=1.0) and s.overlap_pct == pytest.approx(50.0, abs=0.01)
+    assert s.sections_us["forward"] == pytest.approx(3050, abs=1.0)   # sections: the main thread's ranges
+    rep = analyze([t])
+    assert rep["ranks"][0]["median"]["shares_from"] == "gpu_kernels"
+    assert rep["ranks"][0]["median"]["compute_pct"] == pytest.approx(100 * 6100 / 9950, abs=0.01)
+
+
+def _gpu_rank(rank: int, shift_us: float = 0.0) -> TraceBuilder:
+    """Two steps of a CUDA rank: kernels, an nccl all-reduce kernel whose end every rank shares."""
+    from diagnose.synth import gpu_event
+
+    tb = TraceBuilder(rank, shift_us)
+    for k, t0 in enumerate((0.0, 10000.0)):
+        tb.step(3 + k, t0, t0 + 9000).phase("forward", t0 + 100, t0 + 4000).op(t0 + 100, t0 + 3900)
+        gpu_event(tb, "ampere_sgemm_128x64_nn", t0 + 200, t0 + 5000, 7, 10 * k + 1)
+        gpu_event(tb, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", t0 + 4000 + 300 * rank, t0 + 7000, 20, 10 * k + 2)
+    return tb
+
+
+def test_hta_traces_carry_each_rank_on_one_clock(tmp_path):
+    """--hta DIR: one file per rank with what HTA's loader requires (distributedInfo.rank, an int,
+    unique; traceEvents), every rank's events moved onto rank 0's clock; HTA itself reads them when
+    installed (it is not a tandem dependency)."""
+    from tandem.diagnose.report import hta_traces
+
+    traces = [parse(tb.doc(), tb.rank, tb.meta()) for tb in (_gpu_rank(0), _gpu_rank(1, 250_000.0))]
+    n = hta_traces(traces, {0: 0.0, 1: 250_000.0}, tmp_path / "hta")
+    files = sorted((tmp_path / "hta").iterdir())
+    assert [f.name for f in files] == ["rank-0.json.gz", "rank-1.json.gz"] and n == sum(f.stat().st_size for f in files)
+    docs = [json.loads(gzip.decompress(f.read_bytes())) for f in files]
+    assert [d["distributedInfo"]["rank"] for d in docs] == [0, 1]
+    # HTA 0.5.0 reads the rank as the file's first match of this regex, not by parsing the JSON
+    assert [int(re.search(rb'"rank":\s+(\d+)', gzip.decompress(f.read_bytes())).group(1)) for f in files] == [0, 1]
+    assert all(d["distributedInfo"]["world_size"] == 2 and d["traceEvents"] for d in docs)
+    assert docs[0]["baseTimeNanoseconds"] == docs[1]["baseTimeNanoseconds"]
+    nccl = [[e for e in d["traceEvents"] if e["name"].startswith("nccl")] for d in docs]
+    assert [e["ts"] + e["dur"] for e in nccl[1]] == [e["ts"] + e["dur"] for e in nccl[0]]   # one clock
+    assert all({"ph", "ts", "dur", "pid", "tid", "name", "cat", "args"} <= set(e) for d in docs
+               for e in d["traceEvents"] if e["ph"] == "X")
+    hta = pytest.importorskip("hta.trace_analysis")
+    ta = hta.TraceAnalysis(trace_dir=str(tmp_path / "hta"))
+    assert sorted(ta.t.traces) == [0, 1]
+    tb = ta.get_temporal_breakdown(visualize=False)
+    assert list(tb["rank"]) == [0, 1] and (tb["compute_time(us)"] > 0).all(), tb

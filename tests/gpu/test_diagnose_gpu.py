@@ -5,7 +5,8 @@
 On a CUDA machine: the window records CUDA activity (kernels) beside the CPU ops, the trainer's
 phases are in the trace, the step after the window runs under the CUDA allocator's history (a
 memory snapshot whose replay comes within 20% under the allocator's own peak: requested bytes
-against rounded-up blocks), and diagnose reads the run. The
+against rounded-up blocks), and diagnose reads the run: its shares come from the GPU's kernels and
+add up to 100%, its efficiency expectation from the GPU's datasheet preset (no calibration). The
 snapshot's categories against the plan are checked on the ~100M GPT in test_train_gpu.py.
 """
 
@@ -42,6 +43,15 @@ def test_a_cuda_window_has_kernels_phases_and_memory(tmp_path):
     assert d.returncode == 0, d.stderr
     rep = json.loads(d.stdout)
     assert rep["world"] == nproc and rep["steps"] == [3, 4, 5]
+    for r in rep["ranks"]:  # the shares from the GPU timeline (kernels), exclusive: they add up to the step
+        for st in r["steps"]:
+            assert st["shares_from"] == "gpu_kernels", st
+            assert sum(st[f"{c}_pct"] for c in ("data", "compute", "comm", "idle")) == pytest.approx(100, abs=0.01)
+            assert 0 < st["compute_pct"] <= 100, st
+    # no calibration: the low-efficiency expectation is the GPU's datasheet preset (or the reason there is none)
+    eff = rep["efficiency"]
+    assert eff.get("basis") == "datasheet" or "no planner preset" in eff.get("no_expectation", ""), eff
+    assert rep["device"]["name"], rep["device"]
     mem = rep["ranks"][0]["memory"]
     chk, peak = mem["check"], mem["peak_mib"]
     # the replay counts requested bytes, the allocator its (rounded-up) blocks: at most that, and close
