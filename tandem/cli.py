@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 
 import typer
+import rich.markup
 from rich.console import Console
 
 from tandem.core.errors import TandemError
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         app(args=argv, prog_name="tandem", standalone_mode=False)
     except TandemError as e:
-        err.print(f"[bold red]error[/]: {e}", highlight=False, soft_wrap=True)
+        err.print("[bold red]error[/]: " + rich.markup.escape(str(e)), highlight=False, soft_wrap=True)
         sys.exit(e.exit_code)
     except typer.Exit as e:
         sys.exit(e.exit_code)

@@ -173,8 +173,9 @@ async def _serve(opts, info, host: str, port: int, drain_s: float, max_body: int
     server = Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5,
                                    lifespan="off"))
     opts.run_dir.mkdir(parents=True, exist_ok=True)
-    (opts.run_dir / "server.json").write_text(json.dumps({"url": url, "pid": os.getpid(),
-                                                          "export": str(opts.export)}) + "\n")
+    tmp = opts.run_dir / "server.json.tmp"   # whole or absent: a reader polls for it
+    tmp.write_text(json.dumps({"url": url, "pid": os.getpid(), "export": str(opts.export)}) + "\n")
+    os.replace(tmp, opts.run_dir / "server.json")
     served = asyncio.create_task(server.serve(sockets=[sock]))
     print(f"serve: {info.name} ({info.kind}) from {opts.export} on {url}; loading {opts.replicas} replica(s)",
           flush=True)

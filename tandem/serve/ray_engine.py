@@ -164,7 +164,12 @@ class RayPool:
             os.environ["RAY_TMPDIR"] = self._own_tmp
             ray.init(address="local", num_cpus=max(os.cpu_count() or 1, self.o.replicas), include_dashboard=False,
                      logging_level="WARNING", log_to_driver=False)
-        serve.start(proxy_location="Disabled")   # HTTP is the tandem front's, not Ray's proxy
+        for attempt in range(5):   # HTTP is the tandem front's, not Ray's proxy
+            try:
+                serve.start(proxy_location="Disabled")
+                break
+            except ray.exceptions.ActorAlreadyExistsError:   # another front started Serve at the same moment
+                time.sleep(1 + attempt)
         nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
         per_node = math.ceil(self.o.replicas / max(1, nodes))   # spread: at most this many on one node
         self.say(f"serve: Ray cluster of {nodes} node(s); deploying {self.o.replicas} replica(s), at most "
