@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +20,7 @@ import torch
 
 import tandem.export
 from serve.serve_helpers import ROOT, Server, greedy, wait_for
-from tandem_testing import run_tandem
+from tandem_testing import tandem_in_process
 
 
 def _need_ray() -> None:
@@ -158,17 +159,14 @@ def test_killing_the_second_nodes_replica_under_load_loses_no_request(server, cl
     assert {r["node"] for r in _replicas(server)} == {cluster[1], second}
 
 
-def test_missing_ray_names_the_extra(tmp_path, gpt_export):
-    fake = tmp_path / "ray"
-    fake.mkdir()
-    (fake / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'ray'\", name='ray')\n")
-    r = run_tandem("serve", str(gpt_export), "--engine", "ray",
-                   env={"PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])})
-    assert r.returncode == 2, r.stderr[-1500:]
-    assert "error: --engine: Ray Serve is not installed" in r.stderr and "tandem[ray]" in r.stderr
+def test_missing_ray_names_the_extra(gpt_export, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)   # `import ray` raises ModuleNotFoundError
+    monkeypatch.delitem(sys.modules, "tandem.serve.ray_engine", raising=False)
+    code, _, err = tandem_in_process(["serve", str(gpt_export), "--engine", "ray"], capsys, monkeypatch)
+    assert code == 2 and "error: --engine: Ray Serve is not installed" in err and "tandem[ray]" in err, err
 
 
-def test_bad_address_is_refused_before_anything_starts(gpt_export, tmp_path):
+def test_bad_address_is_refused_before_anything_starts(gpt_export, tmp_path, capsys, monkeypatch):
     _need_ray()
     import socket
 
@@ -176,8 +174,9 @@ def test_bad_address_is_refused_before_anything_starts(gpt_export, tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     for addr, msg in ((f"127.0.0.1:{port}", "no Ray head answers there"), ("ray://x:1", "not a Ray head address")):
-        r = run_tandem("serve", str(gpt_export), "--engine", "ray", "--address", addr, "--run-dir", str(tmp_path))
-        assert r.returncode == 2 and f"error: --address: {msg}" in r.stderr, r.stderr[-1500:]
+        code, _, err = tandem_in_process(["serve", str(gpt_export), "--engine", "ray", "--address", addr,
+                                          "--run-dir", str(tmp_path)], capsys, monkeypatch)
+        assert code == 2 and f"error: --address: {msg}" in err, err
     assert not list(tmp_path.iterdir())   # nothing written
-    r = run_tandem("serve", str(gpt_export), "--address", f"127.0.0.1:{port}")
-    assert r.returncode == 2 and "error: --address: is for --engine ray" in r.stderr
+    code, _, err = tandem_in_process(["serve", str(gpt_export), "--address", f"127.0.0.1:{port}"], capsys, monkeypatch)
+    assert code == 2 and "error: --address: is for --engine ray" in err, err
