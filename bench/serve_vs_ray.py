@@ -169,11 +169,14 @@ def main() -> None:
                 async def both():
                     return await asyncio.gather(run_load(url, kill_rate, 8.0, info=info, timeout_s=60),
                                                 kill_ray_replica_at(3.05))
-                res, _pid = asyncio.run(both())
+                res, pid = asyncio.run(both())
+                res["kill"] = {"pid": pid}
             kills[k] = {"sent": res["sent"], "failed": res["failed"], "codes": res["codes"],
-                        "p99_ms": res["latency_ms"]["p99"]}
+                        "p99_ms": res["latency_ms"]["p99"], "killed": res["kill"]}
             print(f"kill one replica 3 s into 8 s at {kill_rate:.1f} req/s: {k}: {res['failed']} of {res['sent']} "
-                  f"failed (codes {res['codes']})", flush=True)
+                  f"failed (codes {res['codes']}); killed {res['kill']}", flush=True)
+            if k == "tandem" and res["failed"]:   # what the front saw
+                print((Path(tmp) / "tandem" / "front.log").read_text()[-1500:], flush=True)
         c = cap["capacity_rps"]
         ratio = c["tandem"] / c["ray"] if c["ray"] else float("nan")
         more = {k: " (or more)" if k in cap["still_sustaining"] else "" for k in c}
