@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import sys
 
-import typer
 import rich.markup
+import typer
 from rich.console import Console
 
 from tandem.core.errors import TandemError
