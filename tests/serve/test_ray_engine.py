@@ -69,6 +69,8 @@ def server(cluster, gpt_export, tmp_path_factory):
                "--replicas", "2", "--batch-wait-ms", "3000", ready_timeout=300)
     with s:
         yield s
+    # SIGTERM: drained, the app deleted, Ray left cleanly (Ray's own SIGTERM handler once aborted it here)
+    assert s.proc.returncode == 0 and "serve: stopped" in s.output(), s.output()
 
 
 def _replicas(srv) -> list[dict]:
