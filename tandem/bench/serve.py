@@ -85,7 +85,7 @@ class _Client:
         status = await r.readline()
         if not status:
             raise ConnectionResetError("closed before answering")
-        code, length, keep = status.split()[1].decode(), 0, True
+        code, length, keep, chunked = status.split()[1].decode(), 0, True, False
         while (line := await r.readline()) not in (b"\r\n", b""):
             k, _, v = line.decode("latin-1").partition(":")
             k = k.strip().lower()
@@ -93,7 +93,15 @@ class _Client:
                 length = int(v)
             elif k == "connection" and v.strip().lower() == "close":
                 keep = False
-        await r.readexactly(length)
+            elif k == "transfer-encoding" and "chunked" in v.lower():   # Ray Serve's proxy answers so
+                chunked = True
+        if not chunked:
+            await r.readexactly(length)
+            return code, keep
+        while (size := int((await r.readline()).split(b";")[0], 16)) > 0:
+            await r.readexactly(size + 2)   # the chunk and its CRLF
+        while (await r.readline()) not in (b"\r\n", b""):   # trailers, then the blank line
+            pass
         return code, keep
 
     def close(self) -> None:
@@ -103,16 +111,18 @@ class _Client:
 
 async def run_load(url: str, rate: float, duration: float, kill_at: float | None = None,
                    max_new_tokens: int = 8, seed: int = 0, timeout_s: float = 60.0, api_key: str | None = None,
-                   mixed: bool = False) -> dict:
+                   mixed: bool = False, info: dict | None = None) -> dict:
     """``mixed`` (gpt): every 4th request generates ``max_new_tokens``, the others 2 tokens: short
-    requests arriving while long ones decode, where continuous batching differs from static."""
+    requests arriving while long ones decode, where continuous batching differs from static.
+    ``info``: the server's /v1/info, given for a server that has none (bench/serve_vs_ray.py's plain Ray
+    Serve app gets the same requests as tandem's server of the same export)."""
     import httpx
 
     url = url.rstrip("/")
     auth = {"authorization": f"Bearer {api_key}"} if api_key else {}
     parts = httpx.URL(url)
     async with httpx.AsyncClient(timeout=timeout_s, headers=auth) as client:
-        info = (await client.get(f"{url}/v1/info")).json()
+        info = info or (await client.get(f"{url}/v1/info")).json()
         route, body = body_for(info, max_new_tokens, seed)
         bodies = [body]
         if mixed and route == "/v1/generate":

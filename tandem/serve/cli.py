@@ -51,6 +51,10 @@ def serve_cmd(
     api_key_file: Optional[Path] = typer.Option(None, "--api-key-file", help="Require one of these keys (one per "
                                                  "line) as `Authorization: Bearer KEY` on every route but "
                                                  "/livez and /readyz; else 401."),
+    engine: str = typer.Option("local", "--engine", help="local: replica processes on this machine; ray: a Ray "
+                                                       "Serve deployment on a Ray cluster (the `ray` extra)."),
+    address: Optional[str] = typer.Option(None, "--address", help="--engine ray: a Ray head's HOST:PORT (else a "
+                                                               "local Ray instance is started for this server)."),
 ) -> None:
     """Serve an export over HTTP: /v1/predict, /v1/generate, /livez, /readyz, /metrics.
 
@@ -59,6 +63,19 @@ def serve_cmd(
     from tandem.serve.pool import PoolOptions
     from tandem.serve.schemas import ModelInfo
 
+    make_pool = None
+    if engine == "ray":
+        from tandem.serve.cli_ray import ray_pool_factory
+
+        if tp != 1:  # a Ray replica is one actor; spanning actors with one process group is not built
+            raise ConfigError("tensor-parallel replicas are the local engine's", field="--tp", value=tp,
+                              fix="serve with --engine local --tp N, or --engine ray without --tp")
+
+        make_pool = ray_pool_factory(address, replicas)
+    elif engine != "local" or address is not None:
+        raise ConfigError("is for --engine ray" if engine == "local" else "not an engine",
+                          field="--address" if engine == "local" else "--engine",
+                          value=address if engine == "local" else engine, fix="give --engine local or --engine ray")
     if not (export / "config.json").is_file():
         raise ConfigError("not an export folder (no config.json)", field="EXPORT_DIR", value=str(export),
                           fix="give a folder written by `tandem export`")
@@ -107,7 +124,7 @@ def serve_cmd(
         from uvloop import run
     except ImportError:
         run = asyncio.run
-    run(_serve(opts, info, host, port, drain_s, max_body, timeout_ms, keys))
+    run(_serve(opts, info, host, port, drain_s, max_body, timeout_ms, keys, make_pool))
 
 
 def _check_tp(export: Path, tp: int) -> None:
@@ -145,7 +162,8 @@ def _bind(host: str, port: int) -> socket.socket:
     return s
 
 
-async def _serve(opts, info, host: str, port: int, drain_s: float, max_body: int, timeout_ms: int, keys) -> None:
+async def _serve(opts, info, host: str, port: int, drain_s: float, max_body: int, timeout_ms: int, keys,
+                 make_pool=None) -> None:
     import uvicorn
 
     from tandem.serve.app import FrontState, build_app, drain
@@ -153,7 +171,7 @@ async def _serve(opts, info, host: str, port: int, drain_s: float, max_body: int
     from tandem.serve.pool import Pool, ReplicaError
 
     metrics, state = Metrics(), FrontState()
-    pool = Pool(opts, metrics, say=lambda m: print(m, flush=True))
+    pool = (make_pool or Pool)(opts, metrics, say=lambda m: print(m, flush=True))
     sock = _bind(host, port)
     bound = sock.getsockname()[1]
     url = f"http://{host if ':' not in host else f'[{host}]'}:{bound}"
@@ -179,8 +197,9 @@ async def _serve(opts, info, host: str, port: int, drain_s: float, max_body: int
     server = Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5,
                                    lifespan="off"))
     opts.run_dir.mkdir(parents=True, exist_ok=True)
-    (opts.run_dir / "server.json").write_text(json.dumps({"url": url, "pid": os.getpid(),
-                                                          "export": str(opts.export)}) + "\n")
+    tmp = opts.run_dir / "server.json.tmp"   # whole or absent: a reader polls for it
+    tmp.write_text(json.dumps({"url": url, "pid": os.getpid(), "export": str(opts.export)}) + "\n")
+    os.replace(tmp, opts.run_dir / "server.json")
     served = asyncio.create_task(server.serve(sockets=[sock]))
     print(f"serve: {info.name} ({info.kind}) from {opts.export} on {url}; loading {opts.replicas} replica(s)",
           flush=True)

@@ -1,0 +1,296 @@
+"""`tandem serve EXPORT --engine ray`: the same front, with its replicas as a Ray Serve deployment.
+
+    tandem serve process: the front of app.py (routes, schemas, codes, metrics, drain)
+        --DeploymentHandle-->  Ray Serve deployment "model" of `Runner`, N replicas spread over the nodes
+
+The front is the local engine's (app.build_app over RayPool instead of pool.Pool), so routes, bodies,
+bad-input codes, 429/504/503 and /metrics are the same; only what stands behind ``submit`` differs.
+Each replica loads the export with ``tandem.export.load``, runs the warm-up forward before Ray Serve
+counts it RUNNING, and answers with replica.py's ``predict`` / ``generate`` under Ray's ``@serve.batch``.
+A request whose replica dies (Ray's handle raises RayActorError) is sent again (inference is
+idempotent) and Ray Serve starts a replacement replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import shutil
+import socket
+import tempfile
+import time
+
+import numpy as np
+
+# Ray's driver installs absl's failure-signal handler on SIGTERM too: it prints a stack and arms an alarm
+# that aborts the process seconds later, in the middle of the drain and the teardown. Read at `import ray`.
+os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
+from ray import serve  # noqa: E402
+
+from tandem.core.errors import ConfigError
+from tandem.serve.metrics import Metrics
+from tandem.serve.pool import DeadlineExceeded, PoolOptions, QueueFull, ReplicaError
+
+DEPLOYMENT = "model"
+DTYPES = {"float32": np.dtype("<f4"), "int64": np.dtype("<i8")}
+
+
+def check_address(address: str | None) -> None:
+    """A host:port a Ray head's GCS listens on, checked with one TCP connect (ray.init would retry
+    for a minute before failing)."""
+    if address is None:
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or address.startswith("ray://"):
+        raise ConfigError("not a Ray head address HOST:PORT", field="--address", value=address,
+                          fix="give the address `ray start --head` printed (e.g. 10.0.0.5:6379), or leave "
+                              "--address out to start a local Ray instance")
+    try:
+        socket.create_connection((host, int(port)), timeout=3).close()
+    except OSError as e:
+        raise ConfigError(f"no Ray head answers there ({e.strerror or e})", field="--address", value=address,
+                          fix="start one with `ray start --head --port PORT` (and `ray start --address` on the "
+                              "other machines), or leave --address out") from None
+
+
+class Runner:
+    """One Ray Serve replica: the export loaded once, warmed up in the constructor (Ray Serve counts a
+    replica RUNNING only after it returns), then replica.py's forward/generate on Ray's batches."""
+
+    def __init__(self, export: str, threads: int, max_batch: int, batch_wait_s: float):
+        import ray
+        import torch
+
+        import tandem.export
+        from tandem.export import format as fmt
+        from tandem.export.loader import read_config
+        from tandem.serve import kvcache
+
+        torch.set_num_threads(max(1, threads))
+        self.torch = torch
+        self.model = tandem.export.load(export, device="cpu")
+        with torch.no_grad():
+            y = self.model(fmt.make_input(read_config(export)["example_input"]))
+        if not torch.isfinite(y.float()).all():
+            raise RuntimeError("warm-up forward gave non-finite outputs")
+        self.cached = kvcache.supports(self.model)
+        self.where = {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id()}
+        for m in (self.predict, self.generate):
+            m.set_max_batch_size(max_batch)
+            m.set_batch_wait_timeout_s(batch_wait_s)
+
+    def info(self) -> dict:
+        return self.where
+
+    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)
+    async def predict(self, items: list[dict]) -> list[dict]:
+        from tandem.serve import replica
+
+        now, out = time.time(), [None] * len(items)
+        live = [i for i, it in enumerate(items) if not 0 < it["deadline"] < now]
+        if live:
+            xs = [np.frombuffer(items[i]["raw"], dtype=DTYPES[items[i]["dtype"]]).reshape(items[i]["shape"])
+                  for i in live]
+            y = replica.predict(self.model, self.torch, self.torch.from_numpy(np.concatenate(xs))).numpy()
+            at = 0
+            for i, x in zip(live, xs):
+                part = np.ascontiguousarray(y[at:at + len(x)], dtype="<f4")
+                # the batch's size rides on its first answer only: /metrics counts batches, not requests
+                out[i] = {"raw": part.tobytes(), "shape": list(part.shape), "batch": len(live) if i == live[0] else 0}
+                at += len(x)
+        return [o if o is not None else {"expired": True} for o in out]
+
+    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)
+    async def generate(self, items: list[dict]) -> list[dict]:
+        from tandem.serve import replica
+
+        now, out = time.time(), [{"expired": True}] * len(items)
+        live = [i for i, it in enumerate(items) if not 0 < it["deadline"] < now]
+        if live:
+            run = replica.generate_cached if self.cached else replica.generate
+            toks = run(self.model, self.torch, [items[i]["request"] for i in live])
+            for i, t in zip(live, toks):
+                out[i] = {"tokens": t, "batch": len(live) if i == live[0] else 0}
+        return out
+
+
+class _Where:
+    def __init__(self, pid: int):
+        self.pid = pid
+
+
+class RayPool:
+    """What app.py's handlers need of a pool (submit, o, active, ready_count), on a Ray Serve app.
+
+    The queue bound is on requests sent to Ray and not yet answered (Ray's own queues hold them);
+    each is sent again after a RayActorError until --hang-s has passed since it arrived."""
+
+    def __init__(self, opts: PoolOptions, metrics: Metrics, say=print, address: str | None = None):
+        self.o, self.m, self.say, self.address = opts, metrics, say, address
+        self.active, self.ready_count, self.live = opts.replicas, 0, []
+        self.app = f"tandem-{_model_name(opts)}-{os.getpid()}"
+        self.inflight = 0
+        self.dead: set[str] = set()
+        self.handle = None
+        self._own_tmp: str | None = None
+        self._watcher: asyncio.Task | None = None
+        self._closed = False
+
+    # ---- lifecycle ----
+    async def start(self) -> None:
+        try:
+            await asyncio.wait_for(asyncio.to_thread(self._deploy), self.o.load_timeout_s)
+        except asyncio.TimeoutError:
+            raise ReplicaError(f"{self.o.replicas} replica(s) not running after {self.o.load_timeout_s:g} s "
+                               f"(does the cluster have {self.o.replicas} free CPUs?)") from None
+        except ReplicaError:
+            raise
+        except Exception as e:   # the deployment failed (a replica's constructor raised)
+            raise ReplicaError(f"Ray Serve could not deploy the export: {type(e).__name__}: "
+                               f"{str(e).strip().splitlines()[-1][:300] if str(e).strip() else ''}") from None
+        await asyncio.to_thread(self._refresh)
+        self._watcher = asyncio.create_task(self._watch())
+
+    def _deploy(self) -> None:
+        import ray
+
+        if self.address:
+            ray.init(address=self.address, logging_level="WARNING", log_to_driver=False)
+        else:
+            # a Ray instance of our own: its own temp dir, so neither its address file nor its sockets
+            # meet another Ray instance on this machine (plain ray.init() would join one found there)
+            self._own_tmp = tempfile.mkdtemp(prefix="tandem-ray-")
+            os.environ["RAY_TMPDIR"] = self._own_tmp
+            ray.init(address="local", num_cpus=max(os.cpu_count() or 1, self.o.replicas), include_dashboard=False,
+                     logging_level="WARNING", log_to_driver=False)
+        for attempt in range(5):   # HTTP is the tandem front's, not Ray's proxy
+            try:
+                serve.start(proxy_location="Disabled")
+                break
+            except ray.exceptions.ActorAlreadyExistsError:   # another front started Serve at the same moment
+                time.sleep(1 + attempt)
+        nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
+        per_node = math.ceil(self.o.replicas / max(1, nodes))   # spread: at most this many on one node
+        self.say(f"serve: Ray cluster of {nodes} node(s); deploying {self.o.replicas} replica(s), at most "
+                 f"{per_node} per node, as Ray Serve app {self.app}")
+        dep = serve.deployment(Runner).options(
+            name=DEPLOYMENT, num_replicas=self.o.replicas, max_replicas_per_node=per_node,
+            max_ongoing_requests=max(8, 2 * self.o.max_batch), health_check_period_s=2,
+            health_check_timeout_s=max(10.0, self.o.hang_s), ray_actor_options={"num_cpus": 1})
+        self.handle = serve.run(dep.bind(str(self.o.export), self.o.threads, self.o.max_batch,
+                                         self.o.batch_wait_ms / 1000), name=self.app, route_prefix=None)
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._watcher:   # not cancelled: a serve.status() call still running in its thread beside
+            await self._watcher   # serve.delete() aborted the process
+        self._teardown()   # in the main thread: ray.shutdown() from another thread aborted the process
+
+    def _teardown(self) -> None:
+        import ray
+
+        if not ray.is_initialized():
+            return
+        try:
+            serve.delete(self.app)
+            if not self.address:
+                serve.shutdown()
+        finally:
+            ray.shutdown()
+            if self._own_tmp:
+                shutil.rmtree(self._own_tmp, ignore_errors=True)
+
+    async def _watch(self) -> None:
+        while True:
+            for _ in range(10):
+                await asyncio.sleep(0.1)
+                if self._closed:
+                    return
+            try:
+                await asyncio.to_thread(self._refresh)
+            except Exception as e:  # the controller busy or restarting: keep the last view
+                self.say(f"serve: Ray Serve status unavailable ({type(e).__name__})")
+
+    def _refresh(self) -> None:
+        """Replicas RUNNING (for /readyz) and their pids and nodes (RUN_DIR/replicas.json)."""
+        import json
+
+        from ray._private import state
+
+        app = serve.status().applications.get(self.app)
+        running = app.deployments[DEPLOYMENT].replica_states.get("RUNNING", 0) if app else 0
+        prefix = f"SERVE_REPLICA::{self.app}#{DEPLOYMENT}#"
+        reps = [{"slot": i, "pid": a.get("Pid"), "node": a["Address"]["NodeID"], "ready": True,
+                 "replica": a["Name"][len(prefix):]}
+                for i, a in enumerate(sorted((a for a in state.actors().values()
+                                              if a.get("Name", "").startswith(prefix) and a["State"] == "ALIVE"),
+                                             key=lambda a: a["Name"]))]
+        self.ready_count = min(running, len(reps)) if reps else running
+        self.live = [_Where(r["pid"]) for r in reps]
+        self.m.replicas_ready.set(self.ready_count)
+        self.m.replicas_target.set(self.active)
+        self.o.run_dir.mkdir(parents=True, exist_ok=True)
+        doc = {"front_pid": os.getpid(), "export": str(self.o.export), "engine": "ray", "app": self.app,
+               "replicas": reps[:self.active] if len(reps) >= self.active else
+               reps + [{"slot": i, "pid": None, "ready": False} for i in range(len(reps), self.active)]}
+        path = self.o.run_dir / "replicas.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc, indent=1) + "\n")
+        os.replace(tmp, path)
+
+    # ---- requests ----
+    async def submit(self, kind: str, payload, size: int, timeout_ms: int = 0):
+        from ray.exceptions import RayActorError, RayTaskError
+
+        if self.inflight >= self.o.max_queue:
+            raise QueueFull()
+        t0 = time.monotonic()
+        deadline = time.time() + timeout_ms / 1000 if timeout_ms else 0.0
+        if kind == "predict":
+            x = np.ascontiguousarray(payload)
+            item = {"raw": x.tobytes(), "shape": list(x.shape), "dtype": x.dtype.name, "deadline": deadline}
+        else:
+            item = {"request": payload, "deadline": deadline}
+        self.inflight += 1
+        self.m.queue_depth.set(self.inflight)
+        try:
+            delay = 0.05
+            while True:
+                try:
+                    out = await asyncio.wait_for(getattr(self.handle, kind).remote(item), self.o.hang_s)
+                    break
+                except (RayActorError, asyncio.TimeoutError) as e:
+                    # the replica died (or hung) with the request: Ray Serve replaces it; send it again
+                    aid = getattr(e, "actor_id", None) or type(e).__name__
+                    if aid not in self.dead and isinstance(e, RayActorError):
+                        self.dead.add(aid)
+                        self.m.restarts.inc()
+                    self.m.retries.inc()
+                    if time.monotonic() - t0 > self.o.hang_s:
+                        raise ReplicaError(f"replicas kept failing for {self.o.hang_s:g} s "
+                                           f"({type(e).__name__})") from None
+                    await asyncio.sleep(delay)
+                    delay = min(2 * delay, 1.0)
+                except RayTaskError as e:
+                    raise ReplicaError(str(e).strip().splitlines()[-1][:300]) from None
+        finally:
+            self.inflight -= 1
+            self.m.queue_depth.set(self.inflight)
+        if out.get("expired"):
+            raise DeadlineExceeded(f"timeout_ms {timeout_ms} passed before a replica took the request")
+        if out["batch"]:
+            self.m.batch_size.labels(kind).observe(out["batch"])
+        if kind == "predict":
+            return np.frombuffer(out["raw"], dtype="<f4").reshape(out["shape"])
+        self.m.tokens.inc(len(out["tokens"]))
+        return out["tokens"]
+
+
+def _model_name(opts: PoolOptions) -> str:
+    import json
+
+    try:
+        return json.loads((opts.export / "config.json").read_text())["model"]["name"].replace(":", "-")
+    except (OSError, ValueError, KeyError):
+        return "export"
