@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from tandem.plan import comm as C
+from tandem.plan import efficiency as E
 from tandem.plan import nccl_algos as NA
 from tandem.plan.cost import Plan
 from tandem.plan.host import default_threads
@@ -217,6 +218,8 @@ def explain(p: Plan) -> list[str]:
                    f"{p.efficiency:.2f} efficiency"
                    + (f", except attention (QK^T, AV: {ms(p.attn_bf16_s / p.stage_imbalance)}) at the bf16 rate "
                       f"(Transformer Engine runs only the linear layers in FP8)" if p.attn_bf16_s else "")
+                   + (f"; attention (QK^T, AV: {ms(p.attn_s / p.stage_imbalance)}) at {p.attn_ratio:.3g} of that "
+                      f"rate ({E.arch_of(c.gpu.name).attention_source})" if p.attn_ratio != 1.0 else "")
                    + (f", the linear layers at {p.gemm_roofline:.3g} of it (their GEMMs at micro-batch "
                       f"{s.micro_batch} x {m.gpt.seq} tokens are memory-bound: roofline over "
                       f"{si(c.gpu.memory_Bps, 'B/s')})" if p.gemm_roofline < 0.9995 and m.gpt else "")

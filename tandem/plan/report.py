@@ -150,4 +150,7 @@ def assumptions(p: Plan, given: set[str], mb_auto: bool) -> list[str]:
         ref = "calibrated" if t.precision in c.achieved_flops else "datasheet peak"
         out.append(f"efficiency {p.efficiency:.2f} of {ref} {t.precision} FLOP/s "
                    f"({how('efficiency', 'default for a ' + KINDS.get(p.model.kind, p.model.kind))})")
+    if p.attn_ratio != 1.0:
+        out.append(f"attention at {p.attn_ratio:.3g} of the linear layers' rate (published FlashAttention "
+                   "utilization; --efficiency sets one rate for all)")
     return out
