@@ -53,3 +53,15 @@ def test_small_all_reduce_latency_as_published(nbytes, published_us):
     t, algo = collective("all_reduce", nbytes, 1, layout(8, 1, 8), c)
     assert algo == "ring/LL"
     assert t * 1e6 == pytest.approx(published_us, rel=0.20)
+
+
+def test_json_has_both_rates():
+    from tandem.plan.config import Strategy, Training
+    from tandem.plan.cost import evaluate
+    from tandem.plan.model import preset
+    from tandem.plan.report import to_dict
+
+    c = make_cluster("h100-sxm", 8, 2, inter="ib-ndr", nics_per_node=8)
+    d = to_dict(evaluate(preset("llama2-7b"), c, Training(global_batch=16), Strategy(dp=16, micro_batch=1)))["cluster"]
+    assert d["intra_bandwidth_Bps"] == 450e9 and d["intra_busbw_Bps"] == 370e9
+    assert d["node_bandwidth_Bps"] == 400e9 and d["node_busbw_Bps"] == 384e9
