@@ -199,14 +199,6 @@ def default_efficiency(m: ModelStats, c: Cluster, t: Training) -> float:
     return e
 
 
-def attention_rate(c: Cluster, t: Training, rate: float, eff: float) -> float:
-    """FLOP/s of attention's QK^T and AV: the bf16 rate under FP8 (Transformer Engine runs only the linear
-    layers in FP8), times the architecture's attention-kernel speed over the linear layers' (efficiency.py)
-    unless --efficiency says the one rate for all."""
-    base = c.flops_ref("bf16") * eff if t.precision == "fp8" else rate
-    return base if t.efficiency is not None else base * E.attention(c.gpu.name)
-
-
 def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | None = None) -> Plan:
     """The plan for one valid strategy (call ``check``/``validate`` first); ``mem`` if already known."""
     by = t.bytes
@@ -243,7 +235,7 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
         g = m.gpt
         attn_fpg = ((3 + {"none": 0, "selective": 3, "full": 1}[s.recompute]) * g.seq * g.layers * g.attn_score_fwd_flops_per_token()
                     * t.global_batch / n)
-        attn_rate = attention_rate(c, t, rate, eff)
+        attn_rate = E.attention_rate(c, t, rate, eff)
         gemm = G.roofline(MC.cp_shape(g, s.cp) if s.cp > 1 else g, s.tp, s.micro_batch,
                           1 if t.precision == "fp8" else by["act"], rate, c.gpu.memory_Bps)
         attn_s = attn_fpg / attn_rate
@@ -276,7 +268,7 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
         ops += dp_ops(m, c, t, s, mb, compute, f_model, f_hw, dpg, shard_g, repl_g)
     if m.gpt is not None and (s.cp > 1 or s.ep > 1):
         stage_n = max(counts) if counts else m.gpt.layers
-        attn_rate = attention_rate(c, t, rate, eff) if factors is None else rate
+        attn_rate = E.attention_rate(c, t, rate, eff) if factors is None else rate
         ops += [CommOp(**d) for d in MC.cp_ep_ops(m, c, s, by, mb, stage_n, attn_rate, s.recompute)]
     if m.gpt is not None and (s.tp > 1 or s.pp > 1):
         g = m.gpt

@@ -71,3 +71,11 @@ def linear(gpu_name: str, kind: str) -> float | None:
 def attention(gpu_name: str) -> float:
     a = arch_of(gpu_name)
     return a.attention if a is not None else 1.0
+
+
+def attention_rate(c, t, rate: float, eff: float) -> float:
+    """FLOP/s of attention's QK^T and AV on cluster ``c`` for training ``t``: the bf16 rate under FP8
+    (Transformer Engine runs only the linear layers in FP8), times the architecture's attention-kernel speed
+    over the linear layers' unless --efficiency says the one rate for all."""
+    base = c.flops_ref("bf16") * eff if t.precision == "fp8" else rate
+    return base if t.efficiency is not None else base * attention(c.gpu.name)
