@@ -5,7 +5,8 @@ A group of ``n`` ranks is laid out with ``local`` members on each of ``nodes`` n
 - One node: ring all-reduce moves 2(n-1)/n x S bytes through each GPU's link
   (all-gather and reduce-scatter (n-1)/n x S); time = factor x S / B_intra +
   steps x alpha. The factor is nccl-tests' "bus bandwidth" factor, so a measured
-  busbw plugs straight in.
+  busbw plugs straight in; B is each link preset's achievable busbw as nccl-tests
+  publishes it (``Link.rate_Bps``), the line rate where no figure is published.
 - Several nodes (hierarchical, as NCCL's tree/CollNet or a 2D ring): reduce-scatter
   inside the node, all-reduce of each GPU's 1/local shard across nodes, all-gather
   inside the node. Every GPU of a node talks to the network at the same time, so each
@@ -60,7 +61,7 @@ def link_name(g: Group, c: Cluster) -> str:
 
 
 def _per_gpu_net(c: Cluster) -> float:
-    return c.node_bandwidth_Bps / c.gpus_per_node
+    return c.node_rate_Bps / c.gpus_per_node
 
 
 def ring_time(factor: float, nbytes: float, g: Group, c: Cluster, calls: int = 1) -> float:
@@ -69,11 +70,11 @@ def ring_time(factor: float, nbytes: float, g: Group, c: Cluster, calls: int = 1
         return 0.0
     if g.nodes == 1:
         n = g.size
-        return factor * (n - 1) / n * nbytes / c.intra.bandwidth_Bps + calls * factor * (n - 1) * c.intra.latency_s
+        return factor * (n - 1) / n * nbytes / c.intra.rate_Bps + calls * factor * (n - 1) * c.intra.latency_s
     t = 0.0
     l, nn = g.local, g.nodes
     if l > 1:  # reduce-scatter (and all-gather) inside the node
-        t += factor * (l - 1) / l * nbytes / c.intra.bandwidth_Bps + calls * factor * (l - 1) * c.intra.latency_s
+        t += factor * (l - 1) / l * nbytes / c.intra.rate_Bps + calls * factor * (l - 1) * c.intra.latency_s
     t += factor * (nn - 1) / nn * (nbytes / l) / _per_gpu_net(c) + calls * factor * (nn - 1) * c.inter.latency_s
     return t
 
@@ -100,7 +101,7 @@ def tree_all_reduce(nbytes: float, g: Group, c: Cluster) -> float:
     l, nn = g.local, g.nodes
     t = 2 * nbytes / l / (TREE_BW * _per_gpu_net(c))
     if l > 1:
-        t += 2 * (l - 1) / l * nbytes / c.intra.bandwidth_Bps
+        t += 2 * (l - 1) / l * nbytes / c.intra.rate_Bps
     return t + 2 * ((l - 1) * c.intra.latency_s + math.ceil(math.log2(nn)) * c.inter.latency_s)
 
 
@@ -135,13 +136,19 @@ def collective(kind: str, nbytes: float, chunks: int, g: Group, c: Cluster) -> t
 def p2p(nbytes: float, crosses_nodes: bool, c: Cluster) -> float:
     if crosses_nodes:
         return nbytes / _per_gpu_net(c) + c.inter.latency_s
-    return nbytes / c.intra.bandwidth_Bps + c.intra.latency_s
+    return nbytes / c.intra.rate_Bps + c.intra.latency_s
+
+
+def _rate(link, per: str, nics: int = 1) -> str:
+    """'370 GB/s per GPU (nccl-tests busbw; datasheet 450)', or the datasheet rate alone."""
+    r = f"{link.rate_Bps * nics / 1e9:.4g} GB/s per {per}"
+    return f"{r} (nccl-tests busbw; datasheet {link.bandwidth_Bps * nics / 1e9:.4g})" if link.busbw_Bps else r
 
 
 def describe(g: Group, c: Cluster) -> str:
     if g.nodes == 1:
-        return f"ring over {g.size} GPUs on {c.intra.name} ({c.intra.bandwidth_Bps / 1e9:.3g} GB/s per GPU)"
-    net = f"{c.inter.name} ({c.node_bandwidth_Bps / 1e9:.4g} GB/s per node)"
+        return f"ring over {g.size} GPUs on {c.intra.name} ({_rate(c.intra, 'GPU')})"
+    net = f"{c.inter.name} ({_rate(c.inter, 'node', c.nics_per_node)})"
     if g.local == 1:
         return f"ring across {g.nodes} nodes on {net}"
     return (f"hierarchical: {g.local} GPUs per node on {c.intra.name}, then {g.nodes} nodes on {net}")

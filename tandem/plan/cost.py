@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from tandem.core.errors import ConfigError
 from tandem.plan import comm as C
+from tandem.plan import efficiency as E
 from tandem.plan import gemm as G
 from tandem.plan import moe_cp as MC
 from tandem.plan import overlap as O
@@ -24,9 +25,8 @@ from tandem.plan.model import ModelStats
 # gpt: Megatron-LM reaches 44-52% of A100 peak at scale (Narayanan et al. 2021, Table 1).
 # cnn: the seed's own ResNet-50 step (256 images in 220 ms on one A100) is 18% of TF32 peak.
 DEFAULT_EFFICIENCY = {"gpt": 0.5, "cnn": 0.18, "net": 0.4, "params": 0.5}
-# Per GPU where a publication says otherwise. v100: Megatron-LM's single-V100 baseline sustains 39 TFLOP/s,
-# "30% of peak" (Shoeybi et al. 2019, §1 and §5.1), well under the A100's 44-52%.
-GPU_EFFICIENCY = {("v100-32gb", "gpt"): 0.30, ("v100-32gb", "params"): 0.30}
+# Per architecture where a publication says otherwise (tandem/plan/efficiency.py, each with its source; v100:
+# Megatron-LM's single-V100 baseline sustains "30% of peak", Shoeybi et al. 2019).
 GEMM_FRACTION = 0.8  # a calibration's achieved FLOP/s is a large GEMM at ~80% of peak
 # Megatron-LM's distributed data parallel: gradient buckets of max(40M, 1M x dp) parameters
 # (megatron/core/distributed, bucket_size default), used here for ZeRO-1/2.
@@ -74,6 +74,8 @@ class Plan:
     stage_imbalance: float = 1.0         # slowest stage's FLOPs over the mean stage's
     attn_bf16_s: float = 0.0             # fp8: attention's seconds at the BF16 rate (included in compute_s)
     gemm_roofline: float = 1.0           # share of the rate the linear layers' GEMM shapes keep (roofline)
+    attn_s: float = 0.0                  # attention's (QK^T, AV) seconds, included in compute_s
+    attn_ratio: float = 1.0              # attention kernels' rate over the linear layers' (efficiency.py)
 
     @property
     def comm_s(self) -> float:
@@ -191,7 +193,7 @@ def validate(m: ModelStats, c: Cluster, t: Training, s: Strategy) -> None:
 def default_efficiency(m: ModelStats, c: Cluster, t: Training) -> float:
     if t.efficiency is not None:
         return t.efficiency
-    e = GPU_EFFICIENCY.get((c.gpu.name, m.kind), DEFAULT_EFFICIENCY[m.kind])
+    e = E.linear(c.gpu.name, m.kind) or DEFAULT_EFFICIENCY[m.kind]
     if t.precision in c.achieved_flops:
         e = min(1.0, e / GEMM_FRACTION)
     return e
@@ -225,7 +227,7 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
     hw_fpg = f_hw * t.global_batch / n
     measured = t.compute_time_s is not None
     compute = t.compute_time_s if measured else (hw_fpg / rate if rate else 0.0)
-    attn_bf16, gemm = 0.0, 1.0
+    attn_bf16, gemm, attn_s = 0.0, 1.0, 0.0
     if m.gpt is not None and not measured and factors is None and rate:
         # Linear layers at the roofline of their GEMM shapes; attention (QK^T, AV: the 4*s*h term, and its
         # recompute) apart: with FP8, Transformer Engine runs only the linear layers' GEMMs in FP8 and
@@ -233,7 +235,7 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
         g = m.gpt
         attn_fpg = ((3 + {"none": 0, "selective": 3, "full": 1}[s.recompute]) * g.seq * g.layers * g.attn_score_fwd_flops_per_token()
                     * t.global_batch / n)
-        attn_rate = c.flops_ref("bf16") * eff if t.precision == "fp8" else rate
+        attn_rate = E.attention_rate(c, t, rate, eff)
         gemm = G.roofline(MC.cp_shape(g, s.cp) if s.cp > 1 else g, s.tp, s.micro_batch,
                           1 if t.precision == "fp8" else by["act"], rate, c.gpu.memory_Bps)
         attn_s = attn_fpg / attn_rate
@@ -266,7 +268,7 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
         ops += dp_ops(m, c, t, s, mb, compute, f_model, f_hw, dpg, shard_g, repl_g)
     if m.gpt is not None and (s.cp > 1 or s.ep > 1):
         stage_n = max(counts) if counts else m.gpt.layers
-        attn_rate = c.flops_ref("bf16") * eff if t.precision == "fp8" else rate
+        attn_rate = E.attention_rate(c, t, rate, eff) if factors is None else rate
         ops += [CommOp(**d) for d in MC.cp_ep_ops(m, c, s, by, mb, stage_n, attn_rate, s.recompute)]
     if m.gpt is not None and (s.tp > 1 or s.pp > 1):
         g = m.gpt
@@ -287,7 +289,8 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
     mem = mem or memory(m, c, t, s, mb)
     return Plan(m, c, t, s, mb, mem, ops, eff, rate, hw_fpg, model_fpg, compute, bubble, measured,
                 host_factors=factors, stage_layers=counts, stage_imbalance=imbalance,
-                attn_bf16_s=attn_bf16 * imbalance, gemm_roofline=gemm)
+                attn_bf16_s=attn_bf16 * imbalance, gemm_roofline=gemm, attn_s=attn_s * imbalance,
+                attn_ratio=1.0 if t.efficiency is not None or not attn_s else E.attention(c.gpu.name))
 
 
 def stage_psi(m: ModelStats, s: Strategy) -> float:

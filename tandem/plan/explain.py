@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from tandem.plan import comm as C
+from tandem.plan import efficiency as E
 from tandem.plan import nccl_algos as NA
 from tandem.plan.cost import Plan
 from tandem.plan.host import default_threads
@@ -68,7 +69,7 @@ def _cp_ep_sentence(p: Plan, o) -> str:
             f"and combine, forward and backward) of b x s/(cp x tp) x top_k x capacity x h = {s.micro_batch} x "
             f"{tokens:.6g} x {moe.top_k} x {moe.capacity_factor:g} x {g.hidden} x {p.training.bytes['act']} B = "
             f"{si(o.bytes)} per GPU, ({local}-1)/{s.ep} of it on {c.intra.name}, ({s.ep}-{local})/{s.ep} through "
-            f"the NICs at {si(c.node_bandwidth_Bps / c.gpus_per_node, 'B/s')} per GPU, + {s.ep - 1} message "
+            f"the NICs at {si(c.node_rate_Bps / c.gpus_per_node, 'B/s')} per GPU, + {s.ep - 1} message "
             f"latencies = {ms(per)} per call, x {calls} x {p.grad_accum} micro-batches = {ms(o.time_s)} per step; "
             f"nothing hides it "
             f"(Megatron's default)")
@@ -87,7 +88,7 @@ def _comm_sentence(p: Plan, o) -> str:
     how = (f" with NCCL's {proto} protocol ({proto_note(proto)})" if proto else "")
     if o.collective == "all_reduce" and algo == "nvls":
         return (f"{head}: NVLink SHARP (nvls: the switch reduces; each GPU sends {si(o.bytes / o.chunks)} once and "
-                f"reads the sum once) {si(o.bytes / o.chunks)} / ({NA.NVLS_SHARE} x "
+                f"reads the sum once) {si(o.bytes / o.chunks)} / ({NA.NVLS_SHARE:.3g} x "
                 f"{si(c.intra.bandwidth_Bps, 'B/s')}) + {NA.NVLS_US:g} us = {ms(per / max(1, o.chunks))} per call, "
                 f"{ms(per)} per step")
     if algo == "pat":
@@ -102,14 +103,14 @@ def _comm_sentence(p: Plan, o) -> str:
         base = NA.BASE_US[("tree", p_)]
         return (f"{head}: NCCL-style tree{how} (its latency grows with log2 of the nodes; the ring's 2x({nn}-1) "
                 f"steps per call cost more at {si(o.bytes / o.chunks)} per call): 2 x {si(o.bytes / o.chunks)}"
-                f"{f' / {l}' if l > 1 else ''} / ({C.TREE_BW}{share} x {si(c.node_bandwidth_Bps / c.gpus_per_node, 'B/s')}"
+                f"{f' / {l}' if l > 1 else ''} / ({C.TREE_BW}{share} x {si(c.node_rate_Bps / c.gpus_per_node, 'B/s')}"
                 f" per GPU){' + inside the node' if l > 1 else ''} + {base:g} us + 2x({l - 1} x {a_in * 1e6:.3g} us + "
                 f"{math.ceil(math.log2(nn))} x {a_out * 1e6:.3g} us) latency, = {ms(per)} per step")
     if proto:
         head += how
     if o.collective == "all_reduce" and g.nodes > 1:
         nn, l, gpn = g.nodes, g.local, c.gpus_per_node
-        net = c.node_bandwidth_Bps
+        net = c.node_rate_Bps
         inter = 2 * (nn - 1) / nn * o.bytes / l / (net / gpn)
         rate = (f"{si(o.bytes)} / {si(net, 'B/s')}" if l == gpn else
                 f"{si(o.bytes)} / {l} / ({si(net, 'B/s')} / {gpn} GPUs sharing the NICs)")
@@ -117,7 +118,7 @@ def _comm_sentence(p: Plan, o) -> str:
                 f"plus {ms(max(0.0, per - inter))} {'inside nodes and ' if l > 1 else ''}latency = {ms(per)} per call")
     if o.collective == "all_reduce":
         n = g.size
-        return (f"{head}: 2x({n}-1)/{n} x {si(o.bytes)} / {si(c.intra.bandwidth_Bps, 'B/s')} + latency "
+        return (f"{head}: 2x({n}-1)/{n} x {si(o.bytes)} / {si(c.intra.rate_Bps, 'B/s')} + latency "
                 f"= {ms(per)} per call")
     return f"{head}: ring, {ms(per)} per call"
 
@@ -217,6 +218,8 @@ def explain(p: Plan) -> list[str]:
                    f"{p.efficiency:.2f} efficiency"
                    + (f", except attention (QK^T, AV: {ms(p.attn_bf16_s / p.stage_imbalance)}) at the bf16 rate "
                       f"(Transformer Engine runs only the linear layers in FP8)" if p.attn_bf16_s else "")
+                   + (f"; attention (QK^T, AV: {ms(p.attn_s / p.stage_imbalance)}) at {p.attn_ratio:.3g} of that "
+                      f"rate ({E.arch_of(c.gpu.name).attention_source})" if p.attn_ratio != 1.0 else "")
                    + (f", the linear layers at {p.gemm_roofline:.3g} of it (their GEMMs at micro-batch "
                       f"{s.micro_batch} x {m.gpt.seq} tokens are memory-bound: roofline over "
                       f"{si(c.gpu.memory_Bps, 'B/s')})" if p.gemm_roofline < 0.9995 and m.gpt else "")

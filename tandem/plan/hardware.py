@@ -1,7 +1,8 @@
 """GPU, link and cluster presets, and the YAML cluster file.
 
 Numbers are datasheet values (dense, no sparsity); sources are listed per entry
-and in docs/plan.md. Bandwidths are bytes/s in ONE direction: what one GPU (intra)
+and in docs/plan.md. Links also carry the achievable bus bandwidth nccl-tests reports, with
+its source, which the collective model uses. Bandwidths are bytes/s in ONE direction: what one GPU (intra)
 or one NIC (inter) can push while it also receives. A calibration file
 (``tandem bench``) replaces them with measured values.
 """
@@ -42,6 +43,16 @@ class Link:
     latency_s: float       # per ring step (alpha); rough, replace with a calibration
     kind: str              # "intra" | "inter"
     source: str = ""
+    # Achievable bus bandwidth, per GPU (intra) or per NIC (inter): what nccl-tests reports as busbw for large
+    # messages on this link, the rate collectives are modelled at; 0: no published figure, the line rate.
+    busbw_Bps: float = 0.0
+    busbw_source: str = ""
+
+    @property
+    def rate_Bps(self) -> float:
+        """What a collective moves per second through this link: nccl-tests' busbw where published, else the
+        datasheet rate."""
+        return self.busbw_Bps or self.bandwidth_Bps
 
 
 def _g(name, mem, fp32, tf32, bf16, fp16, fp8, intra, src, bw=0.0):
@@ -85,27 +96,49 @@ ALIASES = {"a100": "a100-80gb", "h100": "h100-sxm", "v100": "v100-32gb", "4090":
            "b200-sxm": "b200", "gb200-nvl72": "gb200", "p100-sxm2": "p100", "mi300": "mi300x",
            "a100-80gb-sxm": "a100-80gb", "a100-40gb-sxm": "a100-40gb", "h200-sxm": "h200"}
 
-_L = Link
+def _L(name, bw, lat, kind, src, busbw=0.0, busbw_src=""):
+    return Link(name, bw, lat, kind, src, busbw, busbw_src)
+
+
+# Achievable rates (nccl-tests busbw, large messages; docs/plan.md "Link rates" lists them). NVLink loses
+# ~20% to NCCL's protocol (S. Jeaugey, NVIDIA, nccl-tests issue #212: "450GB/s is the line rate. With the
+# protocol overhead (~20%) NCCL can get an effective NVLink bandwidth of 370GB/s"); RDMA NICs keep ~96%.
+NVLINK_SHARE = 0.8     # for NVLink generations without a published busbw: the ~20% protocol overhead above
+RDMA_SHARE = 0.96      # for RDMA NICs without one: HDR 24/25 and NDR 48/50 (below)
+_NV = "NCCL's ~20% NVLink protocol overhead (nccl-tests #212) applied to the line rate; no published busbw"
+_RDMA = "0.96 of the line rate, as HDR and NDR measure (NVIDIA/nccl #812, nccl-tests #267); no published busbw"
 LINKS: dict[str, Link] = {l.name: l for l in [
-    _L("nvlink1", 80 * GB, 3e-6, "intra", "P100 SXM2: 4 links x 20 GB/s per direction (160 GB/s total)"),
-    _L("nvlink2", 150 * GB, 3e-6, "intra", "V100 SXM2: 6 links x 25 GB/s per direction"),
-    _L("nvlink3", 300 * GB, 3e-6, "intra", "A100: 12 links x 25 GB/s per direction (600 GB/s total)"),
-    _L("nvlink4", 450 * GB, 3e-6, "intra", "H100/H200: 18 links x 25 GB/s per direction (900 GB/s total)"),
-    _L("nvlink5", 900 * GB, 3e-6, "intra", "B200/GB200: 18 links x 50 GB/s per direction (1.8 TB/s total)"),
+    _L("nvlink1", 80 * GB, 3e-6, "intra", "P100 SXM2: 4 links x 20 GB/s per direction (160 GB/s total)",
+       NVLINK_SHARE * 80 * GB, _NV),
+    _L("nvlink2", 150 * GB, 3e-6, "intra", "V100 SXM2: 6 links x 25 GB/s per direction",
+       NVLINK_SHARE * 150 * GB, _NV),
+    _L("nvlink3", 300 * GB, 3e-6, "intra", "A100: 12 links x 25 GB/s per direction (600 GB/s total)",
+       232 * GB, "nccl-tests all_reduce_perf, 8 x A100 SXM in one node: 232.5 GB/s busbw (nccl-tests #175)"),
+    _L("nvlink4", 450 * GB, 3e-6, "intra", "H100/H200: 18 links x 25 GB/s per direction (900 GB/s total)",
+       370 * GB, "NCCL's effective NVLink 4 bandwidth, 370 GB/s busbw with the ring (S. Jeaugey, NVIDIA, "
+       "nccl-tests #212)"),
+    _L("nvlink5", 900 * GB, 3e-6, "intra", "B200/GB200: 18 links x 50 GB/s per direction (1.8 TB/s total)",
+       NVLINK_SHARE * 900 * GB, _NV),
     _L("xgmi", 448 * GB, 3e-6, "intra", "MI300X Infinity Fabric: 7 links x 64 GB/s per direction (896 GB/s "
        "aggregate), one to each peer of the 8-GPU platform"),
     _L("pcie3", 15.75 * GB, 5e-6, "intra", "PCIe 3.0 x16, per direction"),
     _L("pcie4", 31.5 * GB, 5e-6, "intra", "PCIe 4.0 x16, per direction"),
     _L("pcie5", 63 * GB, 5e-6, "intra", "PCIe 5.0 x16, per direction"),
-    _L("ib-edr", 100e9 / 8, 5e-6, "inter", "InfiniBand EDR 100 Gb/s"),
-    _L("ib-hdr", 200e9 / 8, 5e-6, "inter", "InfiniBand HDR 200 Gb/s"),
-    _L("ib-ndr", 400e9 / 8, 5e-6, "inter", "InfiniBand NDR 400 Gb/s"),
-    _L("ib-xdr", 800e9 / 8, 5e-6, "inter", "InfiniBand XDR 800 Gb/s"),
+    _L("ib-edr", 100e9 / 8, 5e-6, "inter", "InfiniBand EDR 100 Gb/s",
+       12.2 * GB, "12.2 GB/s busbw for a 100 Gb/s card, 'as good as you can get' (S. Jeaugey, nccl-tests #29)"),
+    _L("ib-hdr", 200e9 / 8, 5e-6, "inter", "InfiniBand HDR 200 Gb/s",
+       24 * GB, "DGX A100, 8 x HDR: 192 GB/s all-reduce busbw, 24 GB/s a NIC (NVIDIA, NVIDIA/nccl #812)"),
+    _L("ib-ndr", 400e9 / 8, 5e-6, "inter", "InfiniBand NDR 400 Gb/s",
+       48 * GB, "CX-7 at NDR 400 Gb/s: up to 48-49 GB/s a NIC (NVIDIA, nccl-tests #267)"),
+    _L("ib-xdr", 800e9 / 8, 5e-6, "inter", "InfiniBand XDR 800 Gb/s", RDMA_SHARE * 100 * GB, _RDMA),
     _L("opa-100", 100e9 / 8, 5e-6, "inter", "Intel Omni-Path 100 Gb/s (OPA 100 series)"),
+    # roce-25 and the TCP presets keep the line rate: no nccl-tests figure found; the seed's worked case
+    # (its 33 ms at RoCE 25G, 82 ms at 10 GbE) reckons with the line rate too
     _L("roce-25", 25e9 / 8, 8e-6, "inter", "RoCE v2 25 Gb/s"),
-    _L("roce-100", 100e9 / 8, 8e-6, "inter", "RoCE v2 100 Gb/s"),
-    _L("roce-200", 200e9 / 8, 8e-6, "inter", "RoCE v2 200 Gb/s"),
-    _L("roce-400", 400e9 / 8, 8e-6, "inter", "RoCE v2 400 Gb/s"),
+    _L("roce-100", 100e9 / 8, 8e-6, "inter", "RoCE v2 100 Gb/s", RDMA_SHARE * 12.5 * GB, _RDMA),
+    _L("roce-200", 200e9 / 8, 8e-6, "inter", "RoCE v2 200 Gb/s", RDMA_SHARE * 25 * GB, _RDMA),
+    _L("roce-400", 400e9 / 8, 8e-6, "inter", "RoCE v2 400 Gb/s",
+       48 * GB, "CX-7 at 400 Gb/s on a RoCE cluster: up to 48-49 GB/s a NIC (NVIDIA, nccl-tests #267)"),
     _L("eth-10", 10e9 / 8, 30e-6, "inter", "10 GbE, TCP sockets"),
     _L("eth-25", 25e9 / 8, 30e-6, "inter", "25 GbE, TCP sockets"),
     _L("eth-50", 50e9 / 8, 30e-6, "inter", "50 GbE, TCP sockets"),
@@ -163,6 +196,11 @@ class Cluster:
     def node_bandwidth_Bps(self) -> float:
         """All NICs of one node together, one direction."""
         return self.inter.bandwidth_Bps * self.nics_per_node
+
+    @property
+    def node_rate_Bps(self) -> float:
+        """All NICs of one node together at their achievable rate (nccl-tests busbw), one direction."""
+        return self.inter.rate_Bps * self.nics_per_node
 
     def flops_ref(self, precision: str) -> float:
         """The FLOP/s that `efficiency` multiplies: measured if calibrated, else datasheet peak."""

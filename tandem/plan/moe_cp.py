@@ -128,9 +128,9 @@ def all_to_all(nbytes: float, ep: int, gpus_per_node: int, c: Cluster, stride: i
     local = max(1, min(ep, gpus_per_node // stride))
     out_intra = nbytes * (local - 1) / ep
     out_inter = nbytes * (ep - local) / ep
-    t = out_intra / c.intra.bandwidth_Bps
+    t = out_intra / c.intra.rate_Bps
     if out_inter:
-        t += out_inter / (c.node_bandwidth_Bps / c.gpus_per_node)
+        t += out_inter / (c.node_rate_Bps / c.gpus_per_node)
     alpha = c.inter.latency_s if ep > local else c.intra.latency_s
     return t + (ep - 1) * alpha
 
@@ -155,8 +155,8 @@ def cp_comm(g: GPTShape, micro_batch: int, cp: int, act_bytes: int, block_rate: 
         return {"bytes_per_step": 0.0, "steps": 0, "time_s": 0.0, "exposed_s": 0.0}
     chunk = g.seq / cp
     kv = 2 * micro_batch * chunk * g.kv_dim * act_bytes          # K and V of one chunk
-    link = (c.node_bandwidth_Bps / c.gpus_per_node, c.inter.latency_s) if crosses_nodes else \
-        (c.intra.bandwidth_Bps, c.intra.latency_s)
+    link = (c.node_rate_Bps / c.gpus_per_node, c.inter.latency_s) if crosses_nodes else \
+        (c.intra.rate_Bps, c.intra.latency_s)
     send_f = kv / link[0] + link[1]
     send_b = 2 * kv / link[0] + link[1]                           # K, V and dK, dV
     block_f = 4 * micro_batch * chunk * chunk * g.hidden / block_rate

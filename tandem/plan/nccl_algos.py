@@ -22,13 +22,15 @@ Algorithms:
     tree    all-reduce across nodes: double binary tree, log2(nodes) network hops, 0.92 of the rate
     nvls    all-reduce inside one node whose NVSwitch reduces in the switch (NVLink SHARP: NVLink 4/5,
             H100/H200/B200 HGX, GB200 NVL72), > 2 GPUs: each GPU sends its S once and reads the result
-            once, S / (rate x NVLS_SHARE) instead of 2(n-1)/n x S / rate; Simple only, 25 us a call
+            once, S / (line rate x NVLS_SHARE) instead of 2(n-1)/n x S / rate; Simple only, 25 us a call
             (tuning.cc's NVLS hwLat on NVLink)
     pat     all-gather / reduce-scatter with one GPU per node (NCCL 2.23+ "PAT", parallel aggregated
             trees): the ring's bytes, log2(n) network hops instead of n-1; Simple only
 
-NVLS_SHARE is an assumption (no datasheet gives it): 0.7 of the link's rate, which puts NVLS at ~1.25x
-the ring's bus bandwidth on 8 GPUs for large messages, as NVIDIA reports for H100 NVLink SHARP; a
+NVLS_SHARE: NVIDIA's published NVLink SHARP figure for 8 H100s, a peak busbw of ~480 GB/s, algbw ~275 GB/s
+(S. Jeaugey, nccl-tests issue #212): 275 / 450 = 0.61 of the NVLink 4 line rate, applied to the line rate of
+NVLink 5 too. Ring, tree and PAT move their bytes at each link preset's achievable rate (nccl-tests busbw,
+hardware.Link.rate_Bps; the line rate where none is published). A
 `tandem bench comm` calibration replaces all of this with the measured alpha and bus bandwidth (the
 planner keeps the ring then: the measurement already holds the library's choice).
 """
@@ -49,7 +51,7 @@ HOP_SHARE = {("ring", "nvlink"): {"LL": .6 / 3.4, "LL128": 1.9 / 3.4}, ("ring", 
              ("ring", "net"): {"LL": 2.7 / 14, "LL128": 4 / 14}, ("tree", "nvlink"): {"LL": .6 / 4, "LL128": 1.25 / 4},
              ("tree", "pci"): {"LL": 1 / 4, "LL128": 1.9 / 4}, ("tree", "net"): {"LL": 5 / 14, "LL128": 8.5 / 14}}
 NVLS_US = 25.0
-NVLS_SHARE = 0.7
+NVLS_SHARE = 275 / 450   # algbw over the NVLink 4 line rate (nccl-tests #212)
 NVLS_LINKS = ("nvlink4", "nvlink5")
 TREE_SHARE = 0.92
 
@@ -86,13 +88,13 @@ def ring(factor: float, nbytes: float, g, c, proto: str) -> float:
     t = BASE_US[("ring", proto)] * 1e-6
     if g.nodes == 1:
         n = g.size
-        return t + factor * (n - 1) / n * nbytes / (c.intra.bandwidth_Bps * share) + \
+        return t + factor * (n - 1) / n * nbytes / (c.intra.rate_Bps * share) + \
             factor * (n - 1) * _hop(c.intra.latency_s, "ring", _hw(c.intra.name), proto)
     l, nn = g.local, g.nodes
     if l > 1:
-        t += factor * (l - 1) / l * nbytes / (c.intra.bandwidth_Bps * share) + \
+        t += factor * (l - 1) / l * nbytes / (c.intra.rate_Bps * share) + \
             factor * (l - 1) * _hop(c.intra.latency_s, "ring", _hw(c.intra.name), proto)
-    net = c.node_bandwidth_Bps / c.gpus_per_node * share
+    net = c.node_rate_Bps / c.gpus_per_node * share
     return t + factor * (nn - 1) / nn * (nbytes / l) / net + factor * (nn - 1) * _hop(c.inter.latency_s, "ring",
                                                                                        "net", proto)
 
@@ -101,9 +103,9 @@ def tree(nbytes: float, g, c, proto: str) -> float:
     """Double binary tree across nodes, a chain inside each (as comm.tree_all_reduce)."""
     share = PROTO_SHARE[proto]
     l, nn = g.local, g.nodes
-    t = BASE_US[("tree", proto)] * 1e-6 + 2 * nbytes / l / (TREE_SHARE * share * c.node_bandwidth_Bps / c.gpus_per_node)
+    t = BASE_US[("tree", proto)] * 1e-6 + 2 * nbytes / l / (TREE_SHARE * share * c.node_rate_Bps / c.gpus_per_node)
     if l > 1:
-        t += 2 * (l - 1) / l * nbytes / (c.intra.bandwidth_Bps * share)
+        t += 2 * (l - 1) / l * nbytes / (c.intra.rate_Bps * share)
     return t + 2 * ((l - 1) * _hop(c.intra.latency_s, "tree", _hw(c.intra.name), proto)
                     + math.ceil(math.log2(nn)) * _hop(c.inter.latency_s, "tree", "net", proto))
 
@@ -114,7 +116,7 @@ def nvls(nbytes: float, c) -> float:
 
 def pat(nbytes: float, g, c) -> float:
     nn = g.nodes
-    return (BASE_US[("pat", "Simple")] * 1e-6 + (nn - 1) / nn * nbytes / (c.node_bandwidth_Bps / c.gpus_per_node)
+    return (BASE_US[("pat", "Simple")] * 1e-6 + (nn - 1) / nn * nbytes / (c.node_rate_Bps / c.gpus_per_node)
             + math.ceil(math.log2(nn)) * c.inter.latency_s)
 
 
@@ -138,7 +140,7 @@ class _Net:
     intra: object
     inter: object
     gpus_per_node: int
-    node_bandwidth_Bps: float
+    node_rate_Bps: float
 
 
 @lru_cache(maxsize=1 << 16)
@@ -147,4 +149,4 @@ def _choose(kind: str, nbytes: float, g, net: _Net) -> Choice:
 
 
 def choose(kind: str, nbytes: float, g, c) -> Choice:
-    return _choose(kind, nbytes, g, _Net(c.intra, c.inter, c.gpus_per_node, c.node_bandwidth_Bps))
+    return _choose(kind, nbytes, g, _Net(c.intra, c.inter, c.gpus_per_node, c.node_rate_Bps))

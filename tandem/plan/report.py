@@ -28,7 +28,8 @@ def to_dict(p: Plan, with_explain: bool = True) -> dict[str, Any]:
                                                          if p.host_factors else f"{c.gpu.name} preset"),
                     "gpus_per_node": c.gpus_per_node, "nodes": c.nodes, "intra": c.intra.name,
                     "inter": c.inter.name, "intra_bandwidth_Bps": c.intra.bandwidth_Bps,
-                    "node_bandwidth_Bps": c.node_bandwidth_Bps, "peak_flops": c.gpu.peak(t.precision),
+                    "node_bandwidth_Bps": c.node_bandwidth_Bps, "intra_busbw_Bps": c.intra.rate_Bps,
+                    "node_busbw_Bps": c.node_rate_Bps, "peak_flops": c.gpu.peak(t.precision),
                     "flops_ref": c.flops_ref(t.precision), "calibrated": bool(c.achieved_flops) or bool(c.notes),
                     "price_per_gpu_hour": c.price_per_gpu_hour},
         "strategy": {"dp": s.dp, "tp": s.tp, "pp": s.pp, "cp": s.cp, "ep": s.ep, "zero": s.zero, "hsdp": s.hsdp,
@@ -150,4 +151,7 @@ def assumptions(p: Plan, given: set[str], mb_auto: bool) -> list[str]:
         ref = "calibrated" if t.precision in c.achieved_flops else "datasheet peak"
         out.append(f"efficiency {p.efficiency:.2f} of {ref} {t.precision} FLOP/s "
                    f"({how('efficiency', 'default for a ' + KINDS.get(p.model.kind, p.model.kind))})")
+    if p.attn_ratio != 1.0:
+        out.append(f"attention at {p.attn_ratio:.3g} of the linear layers' rate (published FlashAttention "
+                   "utilization; --efficiency sets one rate for all)")
     return out

@@ -72,7 +72,7 @@ def test_default_compute_estimate_matches_the_seeds_220_ms(plan_of, seed_cluster
 def test_arithmetic_is_explained(plan_of, seed_cluster):
     text = "\n".join(explain(plan_of(seed_model(), seed_cluster(), **SEED_TRAIN)))
     assert "102.4 MB" in text and "3.125 GB/s" in text and "2x(2-1)/2" in text
-    assert "13.1% of the step" in text
+    assert "13.2% of the step" in text   # the seed: "about 13%" (NVLink 3 at its achievable 232 GB/s inside)
     assert "Left out" in text and "data loading" in text
 
 

@@ -31,7 +31,7 @@ def test_slowest_stage_sets_the_pace():
     # sum 126.608; with m = 32: 32 x 8 + 118.608 = 374.608 units, each compute_mean / (32 x 126.608/16)
     m = gpt_stats(LLAMA3_405B)
     c = make_cluster("h100-sxm", 8, 16, inter="ib-ndr", nics_per_node=8)
-    t = Training(global_batch=32)
+    t = Training(global_batch=32, efficiency=0.5)   # one rate for linear layers and attention: layer units
     s = Strategy(dp=1, tp=8, pp=16, micro_batch=1)
     validate(m, c, t, s)
     p = evaluate(m, c, t, s)
