@@ -32,9 +32,10 @@ from tandem.plan.cost import evaluate
 from tandem.plan.hardware import make_cluster
 from tandem.plan.model import GPTShape, gpt_stats
 
-# MPT yamls (llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml): n_layers, d_model, n_heads
+# MPT yamls (llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml; 760m and 30b read at commit 39393a21):
+# n_layers, d_model, n_heads
 MPT = {"125m": (12, 768, 12), "350m": (24, 1024, 16), "760m": (24, 1536, 12), "1b": (24, 2048, 16),
-       "3b": (32, 2560, 20), "7b": (32, 4096, 32), "13b": (40, 5120, 40), "30b": (48, 7168, 64),
+       "3b": (32, 2560, 20), "7b": (32, 4096, 32), "13b": (40, 5120, 40), "30b": (48, 7168, 56),
        "70b": (80, 8192, 64)}
 # model, SeqLen, # GPUs, MicroBatchSize, GlobalBatchSize, Activation Checkpointing, T/s/GPU, NumParams
 A100_80GB = [
