@@ -1,0 +1,66 @@
+"""Throughput against a fifth publication, FSDP and HSDP on 128 A100s: IBM's fms-fsdp (foundation-model-stack/
+fms-fsdp, README.md at commit 0d319983, the table "Training Throughput (128 GPUs)"; the same runs as the PyTorch
+blog "Maximizing training throughput using PyTorch FSDP", IBM and Meta, 2024-03-13). Llama 2 7B/13B/70B and the
+34B shape (Code Llama 34B: 48 layers, hidden 8192, 64 heads, 8 KV heads, ffn 22016), sequence 4096, bf16,
+SDPA flash attention, token/gpu/sec as the expected number.
+
+The planner gets each row's shape, 128 A100-80GB (16 nodes of 8), the sharding strategy (HSDP as --zero 3
+--hsdp: shard inside a node, replicate across; FSDP as --zero 3 over all 128), the per-GPU batch as the
+micro-batch, activation checkpointing True as full recompute (the README's selective_checkpointing default of 1
+checkpoints every block), AdamW and its default efficiency: nothing fitted. The interconnect is not stated:
+8 x HDR 200 assumed; 4 x 100 Gb/s gives the same numbers to 1%, 2 x 100 Gb/s moves only 13B (-13% instead of +5%).
+
+KNOWN MISS (issue 14 asks 10% median, 25% max; measured on main when written): median 20.5%, max 31.1%.
+7B -10.4%, 13B +4.5% pass; 34B -31.1% and 70B -30.7% (the two full-recompute rows) are predicted SLOW, as
+in llm-foundry's and torchtitan's A100 tables: the published runs reach ~0.5 MFU with full recompute (~0.7 of
+peak in hardware FLOPs) while the planner charges model + recompute FLOPs at its one default 50% of peak.
+Term at fault: compute efficiency on A100 with recompute (issue items 3 and 5), not FSDP's communication
+(the exposed all-gather/reduce-scatter is under 2% of these steps).
+"""
+
+from statistics import median
+
+from tandem.plan.config import Strategy, Training
+from tandem.plan.cost import evaluate, validate
+from tandem.plan.hardware import make_cluster
+from tandem.plan.model import GPTShape, gpt_stats
+
+LLAMA2 = dict(gated=True, bias=False, norm="rmsnorm", tied=False, learned_pos=False, vocab=32000, seq=4096)
+SHAPES = {
+    "7b": dict(layers=32, hidden=4096, heads=32, ffn=11008, **LLAMA2),
+    "13b": dict(layers=40, hidden=5120, heads=40, ffn=13824, **LLAMA2),
+    "34b": dict(layers=48, hidden=8192, heads=64, kv_heads=8, ffn=22016, **LLAMA2),
+    "70b": dict(layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672, **LLAMA2),
+}
+# Model Size, Sharding Strategy HSDP?, Activation Checkpointing, Batch Size (per GPU), token/gpu/sec
+ROWS = [("7b", True, False, 2, 3760), ("13b", True, False, 1, 1700), ("34b", False, True, 8, 772),
+        ("70b", False, True, 6, 380)]
+KNOWN_MISS = (0.22, 0.34)   # (median, max) pinned: see KNOWN MISS above
+
+
+def errors() -> dict[str, float]:
+    out = {}
+    for name, hsdp, ckpt, batch, tps in ROWS:
+        m = gpt_stats(GPTShape(**SHAPES[name]), f"llama2-{name}")
+        c = make_cluster("a100-80gb", 8, 16, inter="ib-hdr", nics_per_node=8)
+        t = Training(global_batch=batch * 128, precision="bf16", optimizer="adamw", flash_attention=True)
+        s = Strategy(dp=128, zero=3, hsdp=hsdp, micro_batch=batch, recompute="full" if ckpt else "none",
+                     ranks_per_node=8)
+        validate(m, c, t, s)
+        p = evaluate(m, c, t, s)
+        assert p.memory.fits, (name, p.memory.total / 2**30)   # they ran
+        exposed = sum(o.exposed_s for o in p.comm)
+        assert exposed < 0.02 * p.step_s, (name, exposed, p.step_s)   # the miss is not communication
+        out[name] = batch * 4096 / p.step_s / tps - 1
+    return out
+
+
+def test_tokens_per_gpu_known_miss():
+    errs = {k: abs(e) for k, e in errors().items()}
+    assert median(errs.values()) <= KNOWN_MISS[0], errs
+    assert max(errs.values()) <= KNOWN_MISS[1], errs
+
+
+def test_rows_without_recompute_within_the_issue_tolerance():
+    e = errors()
+    assert abs(e["7b"]) <= 0.25 and abs(e["13b"]) <= 0.25, e

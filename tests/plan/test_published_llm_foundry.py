@@ -1,0 +1,102 @@
+"""Throughput against a third publication, FSDP (ZeRO-3) only: MosaicML llm-foundry's MPT training benchmarks
+(mosaicml/llm-foundry, scripts/train/benchmarking/README.md, commit 061f2c7c: tables "A100 80GB with 1600 Gbps
+node-node interconnect (RoCE)", "H100 80GB BF16" and "H100 80GB FP8"; each row below is one printed row, its
+Throughput (T/s/GPU) column as the expected number). 8 to 64 GPUs, 125M to 70B parameters.
+
+The planner gets each row's MPT shape (d_model, n_layers, n_heads of the yamls; vocab 50368, learned positions,
+biases, tied embeddings: its parameter count then equals the table's NumParams column exactly), sequence, GPUs,
+micro-batch and global batch, FULL_SHARD as --zero 3 on every GPU, activation checkpointing True as full
+recompute, Flash attention (MPT's), AdamW, bf16 or fp8, and its default efficiency: nothing fitted.
+Network: 8 NICs a node; A100 as the table says (1600 Gb/s RoCE: 8 x roce-200), H100 unstated (8 x NDR 400 assumed).
+
+KNOWN MISSES (issue 14 asks 10% median, 25% max; measured on main when written):
+- A100 80GB: median 19.4%, max 34.5%, every row but the 125M one predicted SLOW. MPT reaches 55-64% MFU
+  and 70-77% HFU on A100; the planner's one default efficiency (0.5 of peak) caps both at 50%, and with full
+  recompute the recomputed forward is charged at that same rate (rows with checkpointing miss most: -27..-35%).
+  Modelling term at fault: compute efficiency (issue item 3), not the FSDP communication.
+- H100 BF16: median 18.9%, max 43.5%: small models (760M-13B) predicted FAST (+18..+44%): at d_model
+  1536-5120 H100 kernels do not reach the large-GEMM rate the default assumes. Term: per-shape efficiency.
+- H100 FP8: median 63%, max 162%, all FAST: the planner's FP8 rate is twice BF16 on the linears, while these
+  rows (Transformer Engine, amp_fp8, models of 350M-3B) ran at 15-30% of the FP8 peak, slower than the BF16
+  rows' MFU. Term: FP8 efficiency at small shapes (casts and amax bookkeeping per GEMM are not modelled).
+The bounds below pin today's errors so that a change that makes them worse fails; tighten them as the
+efficiency model improves (the issue's tolerance is the goal).
+"""
+
+from statistics import median
+
+import pytest
+
+from tandem.plan.config import Strategy, Training
+from tandem.plan.cost import evaluate
+from tandem.plan.hardware import make_cluster
+from tandem.plan.model import GPTShape, gpt_stats
+
+# MPT yamls (llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml; 760m and 30b read at commit 39393a21):
+# n_layers, d_model, n_heads
+MPT = {"125m": (12, 768, 12), "350m": (24, 1024, 16), "760m": (24, 1536, 12), "1b": (24, 2048, 16),
+       "3b": (32, 2560, 20), "7b": (32, 4096, 32), "13b": (40, 5120, 40), "30b": (48, 7168, 56),
+       "70b": (80, 8192, 64)}
+# model, SeqLen, # GPUs, MicroBatchSize, GlobalBatchSize, Activation Checkpointing, T/s/GPU, NumParams
+A100_80GB = [
+    ("70b", 2048, 64, 8, 2048, True, 410, 64862437376), ("30b", 2048, 8, 3, 504, True, 916, 29975214080),
+    ("30b", 4096, 8, 1, 168, True, 814, 29989894144), ("13b", 2048, 8, 2, 48, False, 2262, 12853954560),
+    ("13b", 4096, 8, 10, 240, True, 2060, 12864440320), ("7b", 2048, 8, 6, 96, False, 4641, 6658859008),
+    ("7b", 8192, 8, 8, 128, True, 3206, 6684024832), ("3b", 2048, 8, 10, 160, False, 10811, 2651837440),
+    ("3b", 8192, 8, 3, 144, False, 7695, 2667566080), ("1b", 2048, 8, 14, 448, False, 20513, 1315950592),
+    ("760m", 2048, 8, 24, 384, False, 32434, 760470528), ("350m", 2048, 8, 32, 512, False, 58782, 355985408),
+    ("125m", 2048, 8, 32, 512, False, 141737, 125311488),
+]
+H100_BF16 = [
+    ("70b", 2048, 64, 8, 2048, True, 1039, 64862437376), ("30b", 2048, 32, 14, 1344, True, 2308, 29975214080),
+    ("30b", 2048, 8, 3, 504, True, 2002, 29975214080), ("13b", 2048, 64, 2, 128, False, 4800, 12853954560),
+    ("13b", 2048, 8, 2, 16, False, 4792, 12853954560), ("7b", 2048, 8, 6, 48, False, 10643, 6658859008),
+    ("7b", 4096, 8, 16, 256, True, 8611, 6667247616), ("3b", 2048, 64, 6, 1152, False, 22525, 2651837440),
+    ("3b", 4096, 8, 5, 240, False, 20964, 2657080320), ("1b", 2048, 64, 20, 1280, False, 44402, 1315950592),
+    ("1b", 2048, 8, 14, 112, False, 45455, 1315950592), ("760m", 2048, 8, 24, 384, False, 63147, 760470528),
+]
+H100_FP8 = [
+    ("3b", 8192, 8, 3, 144, False, 19146, 2667566080), ("3b", 2048, 8, 10, 480, False, 30586, 2651837440),
+    ("3b", 512, 8, 40, 1920, False, 36527, 2647905280), ("1b", 8192, 8, 2, 64, False, 32010, 1328533504),
+    ("1b", 512, 8, 56, 1792, False, 70315, 1312804864), ("350m", 512, 8, 56, 1792, False, 154420, 354412544),
+]
+TABLES = {"a100-80gb": (A100_80GB, "a100-80gb", "roce-200", "bf16"),
+          "h100-bf16": (H100_BF16, "h100-sxm", "ib-ndr", "bf16"),
+          "h100-fp8": (H100_FP8, "h100-sxm", "ib-ndr", "fp8")}
+# (median, max) relative error pinned for each table: see KNOWN MISSES above
+KNOWN_MISS = {"a100-80gb": (0.22, 0.38), "h100-bf16": (0.22, 0.48), "h100-fp8": (0.70, 1.75)}
+
+
+def _model(name, seq):
+    layers, hidden, heads = MPT[name]
+    return gpt_stats(GPTShape(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=50368), f"mpt-{name}")
+
+
+def _tokens_per_gpu(row, gpu, inter, precision):
+    name, seq, gpus, mbs, gbs, ckpt, _, _ = row
+    m = _model(name, seq)
+    c = make_cluster(gpu, 8, gpus // 8, inter=inter, nics_per_node=8)
+    t = Training(global_batch=gbs, precision=precision, optimizer="adamw", flash_attention=True)
+    s = Strategy(dp=gpus, zero=3, micro_batch=mbs, recompute="full" if ckpt else "none", ranks_per_node=8)
+    p = evaluate(m, c, t, s)
+    assert p.memory.fits, (row, p.memory.total / 2**30)   # every row ran, so it must fit
+    return gbs * seq / p.step_s / gpus
+
+
+def errors(table: str) -> dict[str, float]:
+    rows, gpu, inter, precision = TABLES[table]
+    return {f"{r[0]}-s{r[1]}-g{r[2]}": _tokens_per_gpu(r, gpu, inter, precision) / r[6] - 1 for r in rows}
+
+
+def test_parameter_counts_equal_the_tables_numparams():
+    for rows, *_ in TABLES.values():
+        for r in rows:
+            assert _model(r[0], r[1]).params == r[7], r
+
+
+@pytest.mark.parametrize("table", list(TABLES))
+def test_tokens_per_gpu_known_miss(table):
+    errs = {k: abs(e) for k, e in errors(table).items()}
+    med_bound, max_bound = KNOWN_MISS[table]
+    assert median(errs.values()) <= med_bound, errs
+    assert max(errs.values()) <= max_bound, errs

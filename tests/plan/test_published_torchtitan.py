@@ -1,0 +1,117 @@
+"""Throughput against a fourth publication, PyTorch-native FSDP2 with TP, PP, CP and Float8: torchtitan's
+performance report (pytorch/torchtitan, docs/performance.md; the same tables as Liang et al., "TorchTitan",
+arXiv:2410.06511). Two versions of the file, each row's TPS/GPU (WPS) as the expected number:
+- commit eaea6f6a, Tables 1-6: Llama 3.1 8B / 70B / 405B on 8 to 512 H100s (Grand Teton: 8 GPUs a host on
+  NVLink, 400 Gb/s RDMA per GPU, 96 GB HBM2e, 500 W power limit), FSDP, FSDP + TP, FSDP + TP + PP, CP, Float8
+  (on nn.Linear only), selective or full activation checkpointing, sequence 8192 unless the row says.
+- commit 04133643, "Llama 3 / Llama 2 performance numbers": 64 A100-80GB, FSDP2 only (interconnect unstated:
+  8 x HDR 200 assumed), Llama 3 8B/70B (the 3.1 shapes) at sequence 8192, Llama 2 at 4096.
+
+The planner gets each row's shape, degrees (FSDP as --zero 3 over dp; TP/PP/CP as given), local batch (one
+micro-batch per FSDP rank where there is no pipeline; micro-batch 1 with one, torchtitan's default), recompute
+(selective / full / none), bf16 or fp8, Flash attention (SDPA), AdamW and its default efficiency: nothing
+fitted. torch.compile rows are used only where the row is also Float8 (the table has no Float8 row without
+compile); the planner has no compile term.
+Not checked: Table 5's interleaved row: 126 layers on pp 8 x virtual 2 are refused (uneven interleaved stages
+are not modelled); the memory column (see KNOWN MISSES).
+
+KNOWN MISSES (issue 14 asks 10% median, 25% max; measured on main when written):
+- H100 (12 rows): median 26.1%, max 55.8%, every row predicted FAST. The report's GPUs are power
+  capped at 500 W with HBM2e (it says its 8B runs reach 33-39% MFU against the SXM peak); the planner knows
+  only the 700 W h100-sxm preset and its default efficiency. The long-context CP rows (131k, 262k tokens, +52%,
+  +56%) also show attention at long sequence running far below the large-GEMM rate. Terms at fault: compute
+  efficiency (per-GPU power/clock, attention apart from linears: issue item 3).
+- A100 (6 rows): median 21.3%, max 26.6%, every row predicted SLOW: published MFU 51-61% against the default
+  efficiency of 50% of peak, and full recompute's extra forward charged at that same rate (-25..-27%).
+  Term: compute efficiency / recompute rate (issue items 3 and 5).
+- Memory: the 8B selective-AC rows come out 97.7 GiB (8 GPUs) and 83.7 GiB (128) against 82.4 and 67.0 GiB
+  published, and Llama 2 70B selective at local batch 1 109.5 GiB where it ran in 80 GB: torchtitan's
+  "selective op" checkpointing keeps less than the planner's selective (which drops only the attention
+  scores). Term: selective recompute's memory (issue item 5). Not asserted here.
+"""
+
+from statistics import median
+
+import pytest
+
+from tandem.plan.config import Strategy, Training
+from tandem.plan.cost import evaluate, validate
+from tandem.plan.hardware import make_cluster
+from tandem.plan.model import GPTShape, gpt_stats
+
+LLAMA = dict(gated=True, bias=False, norm="rmsnorm", tied=False, learned_pos=False)
+L3 = dict(vocab=128256, kv_heads=8, **LLAMA)
+SHAPES = {
+    "llama3.1-8b": dict(layers=32, hidden=4096, heads=32, ffn=14336, **L3),
+    "llama3.1-70b": dict(layers=80, hidden=8192, heads=64, ffn=28672, **L3),
+    "llama3.1-405b": dict(layers=126, hidden=16384, heads=128, ffn=53248, **L3),
+    "llama2-13b": dict(layers=40, hidden=5120, heads=40, ffn=13824, vocab=32000, **LLAMA),
+    "llama2-70b": dict(layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672, vocab=32000, **LLAMA),
+}
+# commit eaea6f6a: table, model, seq, GPUs, fsdp (dp), tp, pp, cp, local batch, recompute, precision, TPS/GPU
+H100 = [
+    ("T1 FSDP", "llama3.1-8b", 8192, 8, 8, 1, 1, 1, 2, "selective", "bf16", 5762),
+    ("T1 FSDP+compile+Float8", "llama3.1-8b", 8192, 8, 8, 1, 1, 1, 2, "selective", "fp8", 8532),
+    ("T2 FSDP 8 CP 1", "llama3.1-8b", 32768, 8, 8, 1, 1, 1, 1, "full", "fp8", 3890),
+    ("T2 FSDP 4 CP 2", "llama3.1-8b", 65536, 8, 4, 1, 1, 2, 1, "full", "fp8", 2540),
+    ("T2 FSDP 2 CP 4", "llama3.1-8b", 131072, 8, 2, 1, 1, 4, 1, "full", "fp8", 1071),
+    ("T2 FSDP 1 CP 8", "llama3.1-8b", 262144, 8, 1, 1, 1, 8, 1, "full", "fp8", 548),
+    ("T3 FSDP", "llama3.1-8b", 8192, 128, 128, 1, 1, 1, 2, "selective", "bf16", 5605),
+    ("T3 FSDP+compile+Float8", "llama3.1-8b", 8192, 128, 128, 1, 1, 1, 2, "selective", "fp8", 8380),
+    ("T4 2D", "llama3.1-70b", 8192, 256, 32, 8, 1, 1, 16, "full", "fp8", 829),
+    ("T5 1F1B", "llama3.1-405b", 8192, 512, 8, 8, 8, 1, 32, "full", "fp8", 100),
+    ("T6 FSDP 8 CP 1", "llama3.1-405b", 32768, 512, 8, 8, 8, 1, 8, "full", "fp8", 76),
+    ("T6 FSDP 4 CP 2", "llama3.1-405b", 65536, 512, 4, 8, 8, 2, 8, "full", "fp8", 47),
+]
+# commit 04133643: model, local batch, activation checkpointing, WPS (64 A100-80GB, FSDP 64)
+A100 = [
+    ("llama3.1-8b", 1, "selective", 2904), ("llama3.1-70b", 1, "full", 331), ("llama2-13b", 2, "none", 2162),
+    ("llama2-13b", 2, "selective", 1914), ("llama2-70b", 1, "selective", 355), ("llama2-70b", 2, "full", 353),
+]
+KNOWN_MISS = {"h100": (0.28, 0.60), "a100": (0.25, 0.30)}   # (median, max) pinned: see KNOWN MISSES
+
+
+def _plan(name, seq, gpu, gpus, inter, dp, tp, pp, cp, local, recompute, precision):
+    m = gpt_stats(GPTShape(seq=seq, **SHAPES[name]), name)
+    c = make_cluster(gpu, 8, gpus // 8, inter=inter, nics_per_node=8)
+    t = Training(global_batch=local * dp, precision=precision, optimizer="adamw", flash_attention=True)
+    s = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, zero=3, micro_batch=1 if pp > 1 else local, recompute=recompute,
+                 ranks_per_node=8)
+    validate(m, c, t, s)
+    return evaluate(m, c, t, s)
+
+
+def h100_errors() -> dict[str, float]:
+    out = {}
+    for label, name, seq, gpus, dp, tp, pp, cp, local, rc, prec, tps in H100:
+        p = _plan(name, seq, "h100-sxm", gpus, "ib-ndr", dp, tp, pp, cp, local, rc, prec)
+        out[f"{label} {name}"] = local * dp * seq / p.step_s / gpus / tps - 1
+    return out
+
+
+def a100_errors() -> dict[str, float]:
+    out = {}
+    for name, local, rc, wps in A100:
+        seq = 8192 if name.startswith("llama3") else 4096
+        p = _plan(name, seq, "a100-80gb", 64, "ib-hdr", 64, 1, 1, 1, local, rc, "bf16")
+        out[f"{name} {rc}"] = local * seq / p.step_s / wps - 1
+    return out
+
+
+@pytest.mark.parametrize("table", ["h100", "a100"])
+def test_tokens_per_gpu_known_miss(table):
+    errs = {k: abs(e) for k, e in (h100_errors() if table == "h100" else a100_errors()).items()}
+    med_bound, max_bound = KNOWN_MISS[table]
+    assert median(errs.values()) <= med_bound, errs
+    assert max(errs.values()) <= max_bound, errs
+
+
+def test_float8_speedup_over_bf16_is_predicted_within_the_tolerance():
+    """The ratio Float8 / BF16 at the same layout (Tables 1 and 3: 8532/5762 = 1.48, 8380/5605 = 1.50; the
+    Float8 rows also have torch.compile) cancels the power cap and the base efficiency: what remains is the
+    FP8-on-linears-only term (issue item 4)."""
+    e = h100_errors()
+    for t in ("T1", "T3"):
+        bf16 = next(v for k, v in e.items() if k.startswith(f"{t} FSDP llama"))
+        fp8 = next(v for k, v in e.items() if k.startswith(f"{t} FSDP+compile+Float8"))
+        assert abs((1 + fp8) / (1 + bf16) - 1) <= 0.10, (t, bf16, fp8)
