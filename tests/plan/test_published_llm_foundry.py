@@ -64,7 +64,7 @@ TABLES = {"a100-80gb": (A100_80GB, "a100-80gb", "roce-200", "bf16"),
           "h100-bf16": (H100_BF16, "h100-sxm", "ib-ndr", "bf16"),
           "h100-fp8": (H100_FP8, "h100-sxm", "ib-ndr", "fp8")}
 # (median, max) relative error pinned for each table: see KNOWN MISSES above
-KNOWN_MISS = {"a100-80gb": (0.22, 0.38), "h100-bf16": (0.22, 0.48), "h100-fp8": (0.70, 1.75)}
+KNOWN_MISS = {"a100-80gb": (0.25, 0.39), "h100-bf16": (0.22, 0.48), "h100-fp8": (0.70, 1.75)}
 
 
 def _model(name, seq):

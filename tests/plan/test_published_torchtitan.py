@@ -68,7 +68,7 @@ A100 = [
     ("llama3.1-8b", 1, "selective", 2904), ("llama3.1-70b", 1, "full", 331), ("llama2-13b", 2, "none", 2162),
     ("llama2-13b", 2, "selective", 1914), ("llama2-70b", 1, "selective", 355), ("llama2-70b", 2, "full", 353),
 ]
-KNOWN_MISS = {"h100": (0.28, 0.60), "a100": (0.25, 0.30)}   # (median, max) pinned: see KNOWN MISSES
+KNOWN_MISS = {"h100": (0.28, 0.60), "a100": (0.27, 0.35)}   # (median, max) pinned: see KNOWN MISSES
 
 
 def _plan(name, seq, gpu, gpus, inter, dp, tp, pp, cp, local, recompute, precision):
