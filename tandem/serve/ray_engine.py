@@ -26,7 +26,16 @@ import numpy as np
 # Ray's driver installs absl's failure-signal handler on SIGTERM too: it prints a stack and arms an alarm
 # that aborts the process seconds later, in the middle of the drain and the teardown. Read at `import ray`.
 os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
-from ray import serve  # noqa: E402
+try:
+    from ray import serve  # noqa: E402
+except ImportError:  # the `ray` extra is not installed: cli_ray says so in one line before this module is used
+    serve = None
+
+
+def _batch(fn):
+    """Ray Serve's @serve.batch (the module stays importable without Ray, as every tandem module is)."""
+    return serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)(fn) if serve is not None else fn
+
 
 from tandem.core.errors import ConfigError
 from tandem.serve.metrics import Metrics
@@ -83,7 +92,7 @@ class Runner:
     def info(self) -> dict:
         return self.where
 
-    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)
+    @_batch
     async def predict(self, items: list[dict]) -> list[dict]:
         from tandem.serve import replica
 
@@ -101,7 +110,7 @@ class Runner:
                 at += len(x)
         return [o if o is not None else {"expired": True} for o in out]
 
-    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)
+    @_batch
     async def generate(self, items: list[dict]) -> list[dict]:
         from tandem.serve import replica
 
