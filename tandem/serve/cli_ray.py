@@ -8,11 +8,14 @@ from tandem.core.errors import ConfigError
 
 def ray_pool_factory(address: str | None, replicas: str):
     """A ``make_pool(opts, metrics, say)`` for cli._serve, or ConfigError (exit 2)."""
-    try:
-        from tandem.serve import ray_engine  # noqa: F401 (sets Ray's environment before it is imported)
-    except ImportError as e:
-        if e.name is None or e.name.split(".")[0] != "ray":
-            raise
+    from tandem.serve import ray_engine  # sets Ray's environment before Ray is imported
+
+    if ray_engine.serve is None:
+        try:
+            import ray.serve  # noqa: F401 (only for the reason it fails)
+            e = "ray.serve did not import"
+        except ImportError as err:
+            e = err
         raise ConfigError(f"Ray Serve is not installed ({e})", field="--engine", value="ray",
                           fix="pip install 'tandem[ray]' (the `ray` extra: ray[serve,train]), or use --engine "
                               "local") from None

@@ -164,7 +164,14 @@ def test_killing_the_second_nodes_replica_under_load_loses_no_request(server, cl
 def test_missing_ray_names_the_extra(gpt_export, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)   # `import ray` raises ModuleNotFoundError
     monkeypatch.delitem(sys.modules, "tandem.serve.ray_engine", raising=False)
-    code, _, err = tandem_in_process(["serve", str(gpt_export), "--engine", "ray"], capsys, monkeypatch)
+    try:
+        code, _, err = tandem_in_process(["serve", str(gpt_export), "--engine", "ray"], capsys, monkeypatch)
+    finally:   # the module imported here has no Ray: the next test imports it afresh
+        import tandem.serve
+
+        sys.modules.pop("tandem.serve.ray_engine", None)
+        if hasattr(tandem.serve, "ray_engine"):
+            delattr(tandem.serve, "ray_engine")
     assert code == 2 and "error: --engine: Ray Serve is not installed" in err and "tandem[ray]" in err, err
 
 
