@@ -75,7 +75,7 @@ def serve_cmd(
             raise ConfigError("tensor-parallel replicas are the local engine's", field="--tp", value=tp,
                               fix="serve with --engine local --tp N, or --engine ray without --tp")
 
-        make_pool = ray_pool_factory(address, replicas)
+        make_pool = ray_pool_factory(address, replicas, scale_up_p99_ms)
     elif engine != "local" or address is not None:
         raise ConfigError("is for --engine ray" if engine == "local" else "not an engine",
                           field="--address" if engine == "local" else "--engine",
