@@ -3,12 +3,12 @@
     python bench/serve_overload.py EXPORT_DIR [--max-queue 32] [--max-batch 32] [--duration 6]
                                               [--p99-ms 1000] [--start-rate 20] [--json FILE]
 
-One `tandem serve EXPORT_DIR` (1 replica, --max-batch, a bounded --max-queue) on loopback, driven by
-`tandem bench serve`'s open-loop generator (latency from each request's intended send time):
-  1. unloaded: --unloaded-rate req/s for --duration s; its p99 is the baseline
-  2. capacity: tandem/bench/serve_batching.py's search (x1.5 steps; sustained = every request 200,
-     p99 within --p99-ms, latency not climbing)
-  3. overload: 2x that capacity for --duration s, open loop
+`tandem serve EXPORT_DIR` (1 replica, --max-batch) on loopback, driven by `tandem bench serve`'s
+open-loop generator (latency from each request's intended send time):
+  1. capacity: tandem/bench/serve_batching.py's search (x1.5 steps; sustained = every request 200,
+     p99 within --p99-ms, latency not climbing) on a server whose queue never fills (--max-queue 4096)
+  2. then a server with the bounded --max-queue: unloaded, --unloaded-rate req/s for --duration s (its
+     p99 is the baseline), then 2x that capacity for --duration s, open loop
 Printed: how many of the overload's requests were answered 429, how many of those carried Retry-After,
 how fast a 429 came back, the count of 5xx (the claim is 0) and of other failures, and admitted p99 /
 unloaded p99 as a ratio (the target is at most 2). The admitted latency is bounded by the queue: a
@@ -34,18 +34,24 @@ from tandem.bench.serve_batching import _start, _stop, search_capacity  # noqa: 
 
 def overload(export: Path, max_queue: int = 32, max_batch: int = 32, duration: float = 6.0, p99_ms: float = 1000.0,
              start_rate: float = 20.0, unloaded_rate: float = 5.0, max_new_tokens: int = 8, say=print) -> dict:
+    load = dict(max_new_tokens=max_new_tokens, timeout_s=max(60.0, 4 * duration))
     with tempfile.TemporaryDirectory(prefix="tandem-bench-overload-") as tmp:
-        proc, url = _start(export, Path(tmp) / "srv", max_batch, 5.0, ("--max-queue", str(max_queue)))
+        # capacity with a queue that never fills (_start's --max-queue 4096): what the replica can do,
+        # not where a small queue's bursts start to refuse
+        proc, url = _start(export, Path(tmp) / "capacity", max_batch, 5.0)
         try:
-            load = dict(max_new_tokens=max_new_tokens, timeout_s=max(60.0, 4 * duration))
-            base = asyncio.run(run_load(url, unloaded_rate, duration, **load))
-            say(f"unloaded: {unloaded_rate:g} req/s for {duration:g} s: p99 {base['latency_ms']['p99']:.1f} ms, "
-                f"codes {base['codes']}")
             say(f"capacity search (p99 <= {p99_ms:g} ms, every request 200, latency not climbing):")
             cap, steps = search_capacity(url, start_rate, duration=duration, p99_ms=p99_ms,
                                          max_new_tokens=max_new_tokens, say=say)
-            if cap <= 0:
-                raise RuntimeError(f"no rate from {start_rate:g} req/s up was sustained; give a lower --start-rate")
+        finally:
+            _stop(proc)
+        if cap <= 0:
+            raise RuntimeError(f"no rate from {start_rate:g} req/s up was sustained; give a lower --start-rate")
+        proc, url = _start(export, Path(tmp) / "bounded", max_batch, 5.0, ("--max-queue", str(max_queue)))
+        try:
+            base = asyncio.run(run_load(url, unloaded_rate, duration, **load))
+            say(f"unloaded (--max-queue {max_queue}): {unloaded_rate:g} req/s for {duration:g} s: p99 "
+                f"{base['latency_ms']['p99']:.1f} ms, codes {base['codes']}")
             over = asyncio.run(run_load(url, 2 * cap, duration, **load))
         finally:
             _stop(proc)
