@@ -17,6 +17,7 @@ RUN_DIR/autoscale.jsonl, and counted in /metrics.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 from tandem.core.errors import ConfigError
@@ -89,3 +90,12 @@ class Scaler:
             return Decision("down", n, n - 1, f"queue empty and {live - busy} of {live} replica(s) idle for "
                                               f"{p.down_s:g} s", "idle")
         return None
+
+
+def recent_p99_ms(recent: deque, since: float) -> float | None:
+    """p99 in ms of ``recent`` (answered at, seconds taken) entries answered at ``since`` or later; None if
+    none were. Entries a minute older than ``since`` are dropped (older than any window)."""
+    while recent and recent[0][0] < since - 60:
+        recent.popleft()
+    lat = sorted(x for t, x in recent if t >= since)
+    return 1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else None

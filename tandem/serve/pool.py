@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tandem.serve.autoscale import Scaler, ScalePolicy
+from tandem.serve.autoscale import Scaler, ScalePolicy, recent_p99_ms
 from tandem.serve.metrics import Metrics
 
 STREAM_LIMIT = 64 << 20   # one reply line may hold a whole batch's outputs
@@ -115,13 +115,6 @@ class Pool:
         self.recent.append((now, now - w.t_enq))
         return res
 
-    def recent_p99_ms(self, since: float) -> float | None:
-        """p99 of the requests answered since ``since`` (time.monotonic); None if none were."""
-        while self.recent and self.recent[0][0] < since - 60:   # older than any window: drop
-            self.recent.popleft()
-        lat = sorted(x for t, x in self.recent if t >= since)
-        return 1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else None
-
     @property
     def ready_count(self) -> int:
         return sum(r is not None for r in self.live)
@@ -152,7 +145,7 @@ class Pool:
             now = time.monotonic()
             if (live, len(self.loading)) != shape:   # the p99 counts only requests the present pool answered
                 shape, since = (live, len(self.loading)), now
-            p99 = self.recent_p99_ms(max(since, now - sc.p99_window_s))
+            p99 = recent_p99_ms(self.recent, max(since, now - sc.p99_window_s))
             self.m.recent_p99.set(p99 / 1000 if p99 is not None else 0.0)
             d = scaler.observe(loop.time(), len(self.queue), self.busy, live, len(self.loading), p99)
             if d is None:

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from serve.serve_helpers import Server, wait_for
-from tandem.serve.autoscale import ScalePolicy, Scaler, parse_replicas
+from tandem.serve.autoscale import ScalePolicy, Scaler, parse_replicas, recent_p99_ms
 
 
 def test_parse_replicas():
@@ -61,6 +61,16 @@ def test_policy_scales_up_on_a_sustained_high_p99_with_a_shallow_queue():
     q = Scaler(ScalePolicy(1, 2, up_queue=4, up_s=1.0, up_p99_ms=200))
     assert q.observe(0.0, depth=9, busy=1, live=1, loading=0, p99_ms=10) is None
     assert q.observe(1.0, depth=9, busy=1, live=1, loading=0, p99_ms=10).signal == "queue"
+
+
+def test_recent_p99_counts_only_answers_in_the_window():
+    from collections import deque
+
+    recent = deque([(0.0, 9.0)] + [(100.0 + i, 0.001 * (i + 1)) for i in range(200)])
+    # 200 answers of 1..200 ms: the one at index int(0.99 * 200), 199 ms (the 9 s one is out of the window)
+    assert recent_p99_ms(recent, 100.0) == pytest.approx(199.0)
+    assert recent[0][0] == 100.0                               # and, a minute older, dropped
+    assert recent_p99_ms(recent, 299.0) == pytest.approx(200.0) and recent_p99_ms(recent, 400.0) is None
 
 
 def test_policy_ignores_p99_when_off():
