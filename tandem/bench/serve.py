@@ -59,6 +59,7 @@ class _Client:
         self.host, self.port = host, port
         self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
         self.extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        self.retry_after: dict[str, int] = {}   # responses that carried a Retry-After header, by code
 
     async def post(self, path: str, body: bytes, timeout_s: float) -> str:
         """The status code as a string, or the exception's name."""
@@ -69,11 +70,13 @@ class _Client:
             r, w = conn
             w.write(f"POST {path} HTTP/1.1\r\nhost: {self.host}\r\ncontent-type: application/json\r\n"
                     f"content-length: {len(body)}\r\n{self.extra}\r\n".encode() + body)
-            code, keep = await asyncio.wait_for(self._reply(r), timeout_s)
+            code, keep, retry = await asyncio.wait_for(self._reply(r), timeout_s)
         except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError) as e:
             if conn is not None:
                 conn[1].close()
             return type(e).__name__
+        if retry:
+            self.retry_after[code] = self.retry_after.get(code, 0) + 1
         if keep:
             self.idle.append(conn)
         else:
@@ -81,11 +84,11 @@ class _Client:
         return code
 
     @staticmethod
-    async def _reply(r: asyncio.StreamReader) -> tuple[str, bool]:
+    async def _reply(r: asyncio.StreamReader) -> tuple[str, bool, bool]:
         status = await r.readline()
         if not status:
             raise ConnectionResetError("closed before answering")
-        code, length, keep, chunked = status.split()[1].decode(), 0, True, False
+        code, length, keep, chunked, retry = status.split()[1].decode(), 0, True, False, False
         while (line := await r.readline()) not in (b"\r\n", b""):
             k, _, v = line.decode("latin-1").partition(":")
             k = k.strip().lower()
@@ -95,14 +98,16 @@ class _Client:
                 keep = False
             elif k == "transfer-encoding" and "chunked" in v.lower():   # Ray Serve's proxy answers so
                 chunked = True
+            elif k == "retry-after":
+                retry = True
         if not chunked:
             await r.readexactly(length)
-            return code, keep
+            return code, keep, retry
         while (size := int((await r.readline()).split(b";")[0], 16)) > 0:
             await r.readexactly(size + 2)   # the chunk and its CRLF
         while (await r.readline()) not in (b"\r\n", b""):   # trailers, then the blank line
             pass
-        return code, keep
+        return code, keep, retry
 
     def close(self) -> None:
         for _, w in self.idle:
@@ -154,6 +159,7 @@ async def run_load(url: str, rate: float, duration: float, kill_at: float | None
         codes[c] = codes.get(c, 0) + 1
     return {"url": url, "route": route, "rate": rate, "duration_s": duration, "sent": len(results),
             "ok": len(ok), "failed": len(results) - len(ok), "codes": dict(sorted(codes.items())),
+            "retry_after": dict(sorted(fast.retry_after.items())),
             "throughput_rps": len(ok) / span if span > 0 else 0.0,
             "latency_ms": {k: 1000 * percentile(ok, q) for k, q in (("p50", 50), ("p90", 90), ("p99", 99))}
             | {"max": 1000 * ok[-1] if ok else float("nan")}, "kill": killed,

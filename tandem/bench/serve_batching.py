@@ -67,6 +67,29 @@ def sustained(res: dict, p99_ms: float) -> bool:
         res["p50_last_quarter_ms"] <= 2 * res["p50_first_quarter_ms"] + 50
 
 
+def search_capacity(url: str, start_rate: float = 5.0, step: float = 1.5, max_steps: int = 12,
+                    duration: float = 3.0, p99_ms: float = 1000.0, max_new_tokens: int = 8,
+                    say=print) -> tuple[float, list[dict]]:
+    """One server's capacity by the rule ``compare`` uses: step the rate up x``step`` from ``start_rate``
+    until a rate is not sustained twice in a row; the highest sustained rate, and each step's row."""
+    best, rows, rate = 0.0, [], start_rate
+    for _ in range(max_steps):
+        for _attempt in range(2):
+            res = asyncio.run(run_load(url, rate, duration, max_new_tokens=max_new_tokens,
+                                       timeout_s=max(60.0, 4 * duration)))
+            ok = sustained(res, p99_ms)
+            if ok:
+                break
+        rows.append({"rate": rate, "throughput_rps": res["throughput_rps"], "p99_ms": res["latency_ms"]["p99"],
+                     "failed": res["failed"], "sustained": ok})
+        say(f"  {rate:7.1f} req/s offered: {res['throughput_rps']:7.1f} req/s  p99 {res['latency_ms']['p99']:8.1f} ms"
+            f"  {'ok' if ok else 'NO'}")
+        if not ok:
+            break
+        best, rate = rate, rate * step
+    return best, rows
+
+
 def compare(export: Path, max_batch: int = 32, batch_wait_ms: float = 5.0, start_rate: float = 5.0,
             step: float = 1.5, max_steps: int = 12, duration: float = 3.0, p99_ms: float = 1000.0,
             max_new_tokens: int = 8, say=print, sides: dict | None = None, mixed: bool = False) -> dict:

@@ -19,7 +19,8 @@ from tandem.core.errors import ConfigError, WorkerFailure
 def serve_cmd(
     export: Path = typer.Argument(..., help="An export folder written by `tandem export`."),
     replicas: str = typer.Option("1", "--replicas", help="Replica processes, each loading the export once: N, "
-                                                        "or MIN:MAX to autoscale on queue depth."),
+                                                        "or MIN:MAX to autoscale on queue depth (and p99: "
+                                                        "--scale-up-p99-ms)."),
     max_batch: int = typer.Option(32, "--max-batch", help="Most examples (predict) or requests (generate) "
                                                           "per batch."),
     batch_wait_ms: float = typer.Option(5.0, "--batch-wait-ms", help="Longest a request waits for its batch "
@@ -44,6 +45,9 @@ def serve_cmd(
                                                              "overloaded this long."),
     scale_down_s: float = typer.Option(30.0, "--scale-down-s", help="MIN:MAX: remove one when the queue stays "
                                                                  "empty and a replica idle this long."),
+    scale_up_p99_ms: float = typer.Option(0.0, "--scale-up-p99-ms", help="MIN:MAX: also add a replica when the "
+                                          "p99 of the last 5 s of answers stays above this for --scale-up-s "
+                                          "(0: off, the queue alone)."),
     batching: str = typer.Option("continuous", "--batching", help="GPT exports: continuous (a request joins the "
                                  "running batch at the next decode step) or static (whole batches)."),
     tp: int = typer.Option(1, "--tp", help="Processes per replica, one torch.distributed group, each "
@@ -71,7 +75,7 @@ def serve_cmd(
             raise ConfigError("tensor-parallel replicas are the local engine's", field="--tp", value=tp,
                               fix="serve with --engine local --tp N, or --engine ray without --tp")
 
-        make_pool = ray_pool_factory(address, replicas)
+        make_pool = ray_pool_factory(address, replicas, scale_up_p99_ms)
     elif engine != "local" or address is not None:
         raise ConfigError("is for --engine ray" if engine == "local" else "not an engine",
                           field="--address" if engine == "local" else "--engine",
@@ -90,7 +94,7 @@ def serve_cmd(
         raise ConfigError("must be at least 0.1", field="--hang-s", value=hang_s, fix="give --hang-s 0.1 or more")
     for name, v in (("--scale-up-queue", scale_up_queue), ("--scale-up-s", scale_up_s),
                     ("--scale-down-s", scale_down_s), ("--batch-wait-ms", batch_wait_ms), ("--drain-s", drain_s),
-                    ("--threads", threads),
+                    ("--threads", threads), ("--scale-up-p99-ms", scale_up_p99_ms),
                     ("--timeout-ms", timeout_ms)):
         if v < 0:
             raise ConfigError("must not be negative", field=name, value=v, fix=f"give {name} 0 or more")
@@ -109,7 +113,8 @@ def serve_cmd(
             print(f"warning: {api_key_file} may be read by other users; chmod 600 it", flush=True)
     info = ModelInfo.from_export(export)
     scale = ScalePolicy(lo_rep, hi_rep, up_queue=scale_up_queue or max_batch, up_s=scale_up_s,
-                        down_s=scale_down_s, tick_s=min(0.25, scale_up_s / 4 or 0.05)) if hi_rep > lo_rep else None
+                        down_s=scale_down_s, tick_s=min(0.25, scale_up_s / 4 or 0.05),
+                        up_p99_ms=scale_up_p99_ms) if hi_rep > lo_rep else None
     opts = PoolOptions(export=export.resolve(), replicas=lo_rep, scale=scale, max_batch=max_batch,
                        batch_wait_ms=batch_wait_ms,
                        max_queue=max_queue, run_dir=run_dir.resolve(), hang_s=hang_s,

@@ -30,7 +30,10 @@ class Metrics:
         self.replicas_target = Gauge("tandem_serve_replicas_target", "Replicas the pool runs (autoscaling "
                                      "moves it within --replicas MIN:MAX)", registry=r)
         self.scale_decisions = Counter("tandem_serve_autoscale_decisions", "Autoscaling decisions, by "
-                                       "direction (reasons in RUN_DIR/autoscale.jsonl)", ["direction"], registry=r)
+                                       "direction and signal (queue, p99, idle; reasons in RUN_DIR/autoscale.jsonl)",
+                                       ["direction", "signal"], registry=r)
+        self.recent_p99 = Gauge("tandem_serve_recent_p99_seconds", "p99 of the requests answered in the last "
+                                "autoscaling window (--replicas MIN:MAX only; 0 when none were)", registry=r)
         self.tokens = Counter("tandem_serve_generated_tokens", "Tokens generated", registry=r)
 
     def render(self) -> bytes:

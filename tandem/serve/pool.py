@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tandem.serve.autoscale import Scaler, ScalePolicy
+from tandem.serve.autoscale import Scaler, ScalePolicy, recent_p99_ms
 from tandem.serve.metrics import Metrics
 
 STREAM_LIMIT = 64 << 20   # one reply line may hold a whole batch's outputs
@@ -98,6 +98,8 @@ class Pool:
             e.set()
         self._start_error: str | None = None
         self._tasks: list[asyncio.Task] = []
+        # (answered at, seconds since admitted) of recent successes: the p99 signal of --scale-up-p99-ms
+        self.recent: deque[tuple[float, float]] = deque(maxlen=20000)
 
     # ---- admission ----
     async def submit(self, kind: str, payload, size: int, timeout_ms: int = 0):
@@ -108,7 +110,10 @@ class Pool:
             self.queue.append(w)
             self.m.queue_depth.set(len(self.queue))
             self.cond.notify_all()
-        return await w.future
+        res = await w.future
+        now = time.monotonic()
+        self.recent.append((now, now - w.t_enq))
+        return res
 
     @property
     def ready_count(self) -> int:
@@ -132,18 +137,25 @@ class Pool:
 
     async def _autoscale(self, scaler: Scaler) -> None:
         """Sample the queue every tick; act on the policy's decisions (autoscale.py)."""
-        loop = asyncio.get_running_loop()
+        loop, sc = asyncio.get_running_loop(), self.o.scale
+        shape, since = None, time.monotonic()
         while not self.closing:
-            await asyncio.sleep(self.o.scale.tick_s)
+            await asyncio.sleep(sc.tick_s)
             live = sum(r is not None for r in self.live[:self.active])
-            d = scaler.observe(loop.time(), len(self.queue), self.busy, live, len(self.loading))
+            now = time.monotonic()
+            if (live, len(self.loading)) != shape:   # the p99 counts only requests the present pool answered
+                shape, since = (live, len(self.loading)), now
+            p99 = recent_p99_ms(self.recent, max(since, now - sc.p99_window_s))
+            self.m.recent_p99.set(p99 / 1000 if p99 is not None else 0.0)
+            d = scaler.observe(loop.time(), len(self.queue), self.busy, live, len(self.loading), p99)
             if d is None:
                 continue
             self.say(f"autoscale: {d.before} -> {d.after} replica(s): {d.reason}")
             with open(self.o.run_dir / "autoscale.jsonl", "a") as f:
                 f.write(json.dumps({"time": time.time(), "direction": d.direction, "before": d.before,
-                                    "after": d.after, "reason": d.reason, "queue_depth": len(self.queue)}) + "\n")
-            self.m.scale_decisions.labels(d.direction).inc()
+                                    "after": d.after, "reason": d.reason, "signal": d.signal,
+                                    "queue_depth": len(self.queue), "p99_ms": p99}) + "\n")
+            self.m.scale_decisions.labels(d.direction, d.signal).inc()
             if d.direction == "up":
                 self.active += 1
                 self._tasks.append(asyncio.create_task(self._slot(self.active - 1)))

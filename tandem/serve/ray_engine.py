@@ -14,7 +14,6 @@ idempotent) and Ray Serve starts a replacement replica.
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import shutil
 import socket
@@ -38,6 +37,7 @@ def _batch(fn):
 
 
 from tandem.core.errors import ConfigError
+from tandem.serve.cli_ray import deployment_options
 from tandem.serve.metrics import Metrics
 from tandem.serve.pool import DeadlineExceeded, PoolOptions, QueueFull, ReplicaError
 
@@ -180,13 +180,14 @@ class RayPool:
             except ray.exceptions.ActorAlreadyExistsError:   # another front started Serve at the same moment
                 time.sleep(1 + attempt)
         nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
-        per_node = math.ceil(self.o.replicas / max(1, nodes))   # spread: at most this many on one node
-        self.say(f"serve: Ray cluster of {nodes} node(s); deploying {self.o.replicas} replica(s), at most "
-                 f"{per_node} per node, as Ray Serve app {self.app}")
-        dep = serve.deployment(Runner).options(
-            name=DEPLOYMENT, num_replicas=self.o.replicas, max_replicas_per_node=per_node,
-            max_ongoing_requests=max(8, 2 * self.o.max_batch), health_check_period_s=2,
-            health_check_timeout_s=max(10.0, self.o.hang_s), ray_actor_options={"num_cpus": 1})
+        opt = deployment_options(self.o, nodes)
+        auto = opt.get("autoscaling_config")
+        what = f"{self.o.replicas} replica(s)" if auto is None else \
+            (f"{auto['min_replicas']}..{auto['max_replicas']} replicas (Ray Serve autoscaling, target "
+             f"{auto['target_ongoing_requests']} ongoing requests per replica)")
+        self.say(f"serve: Ray cluster of {nodes} node(s); deploying {what}, at most "
+                 f"{opt['max_replicas_per_node']} per node, as Ray Serve app {self.app}")
+        dep = serve.deployment(Runner).options(name=DEPLOYMENT, **opt)
         self.handle = serve.run(dep.bind(str(self.o.export), self.o.threads, self.o.max_batch,
                                          self.o.batch_wait_ms / 1000), name=self.app, route_prefix=None)
 
@@ -228,7 +229,8 @@ class RayPool:
         from ray._private import state
 
         app = serve.status().applications.get(self.app)
-        running = app.deployments[DEPLOYMENT].replica_states.get("RUNNING", 0) if app else 0
+        dep = app.deployments[DEPLOYMENT] if app else None
+        running = dep.replica_states.get("RUNNING", 0) if dep else 0
         prefix = f"SERVE_REPLICA::{self.app}#{DEPLOYMENT}#"
         reps = [{"slot": i, "pid": a.get("Pid"), "node": a["Address"]["NodeID"], "ready": True,
                  "replica": a["Name"][len(prefix):]}
@@ -236,6 +238,14 @@ class RayPool:
                                               if a.get("Name", "").startswith(prefix) and a["State"] == "ALIVE"),
                                              key=lambda a: a["Name"]))]
         self.ready_count = min(running, len(reps)) if reps else running
+        if self.o.scale and dep is not None:
+            # Ray Serve's target: replicas not stopping. Counted only when its autoscaler moved it, so that
+            # a dead replica being replaced (HEALTH_CHECK_FAILED, ...) does not read as a scale-down
+            target = sum(n for st, n in dep.replica_states.items() if st != "STOPPING")
+            if target != self.active and target >= self.o.scale.min_replicas and (
+                    dep.status in ("UPSCALING", "DOWNSCALING") or
+                    dep.status_trigger in ("AUTOSCALING", "UPSCALE_COMPLETED", "DOWNSCALE_COMPLETED")):
+                self._scaled(self.active, target)
         self.live = [_Where(r["pid"]) for r in reps]
         self.m.replicas_ready.set(self.ready_count)
         self.m.replicas_target.set(self.active)
@@ -247,6 +257,21 @@ class RayPool:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(doc, indent=1) + "\n")
         os.replace(tmp, path)
+
+    def _scaled(self, before: int, after: int) -> None:
+        """Ray Serve's autoscaler moved the replica count: print it and log it as the local engine does."""
+        import json
+
+        direction = "up" if after > before else "down"
+        reason = (f"Ray Serve autoscaler: {self.inflight} request(s) in flight against a target of "
+                  f"{self.o.scale.up_queue} per replica")
+        self.active = after
+        self.say(f"autoscale: {before} -> {after} replica(s): {reason}")
+        self.o.run_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.o.run_dir / "autoscale.jsonl", "a") as f:
+            f.write(json.dumps({"time": time.time(), "direction": direction, "before": before, "after": after,
+                                "reason": reason, "signal": "ray", "queue_depth": self.inflight}) + "\n")
+        self.m.scale_decisions.labels(direction, "ray").inc()
 
     # ---- requests ----
     async def submit(self, kind: str, payload, size: int, timeout_ms: int = 0):

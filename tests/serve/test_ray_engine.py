@@ -189,3 +189,39 @@ def test_bad_address_is_refused_before_anything_starts(gpt_export, tmp_path, cap
     assert not list(tmp_path.iterdir())   # nothing written
     code, _, err = tandem_in_process(["serve", str(gpt_export), "--address", f"127.0.0.1:{port}"], capsys, monkeypatch)
     assert code == 2 and "error: --address: is for --engine ray" in err, err
+
+
+def test_replicas_min_max_maps_onto_ray_serve_autoscaling(tmp_path):
+    """No cluster: the options handed to serve.deployment(...).options() (cli_ray.deployment_options)."""
+    from tandem.serve.autoscale import ScalePolicy
+    from tandem.serve.cli_ray import deployment_options
+    from tandem.serve.pool import PoolOptions
+
+    fixed = deployment_options(PoolOptions(export=tmp_path, replicas=3, max_batch=32), nodes=2)
+    assert fixed["num_replicas"] == 3 and "autoscaling_config" not in fixed
+    assert fixed["max_replicas_per_node"] == 2 and fixed["max_ongoing_requests"] == 64
+    auto = deployment_options(PoolOptions(export=tmp_path, replicas=1, max_batch=32, scale=ScalePolicy(
+        1, 4, up_queue=10, up_s=2.0, down_s=30.0)), nodes=2)
+    assert auto["num_replicas"] == "auto" and auto["max_replicas_per_node"] == 2   # MAX spread over 2 nodes
+    assert auto["autoscaling_config"] == {"min_replicas": 1, "initial_replicas": 1, "max_replicas": 4,
+                                          "target_ongoing_requests": 10, "upscale_delay_s": 2.0,
+                                          "downscale_delay_s": 30.0}
+    # a target above what one replica may hold could never be reached: capped at max_ongoing_requests
+    big = deployment_options(PoolOptions(export=tmp_path, replicas=1, max_batch=4, scale=ScalePolicy(
+        1, 2, up_queue=500)), nodes=1)
+    assert big["autoscaling_config"]["target_ongoing_requests"] == big["max_ongoing_requests"] == 8
+    if importlib.util.find_spec("ray") is not None:   # Ray Serve itself accepts them
+        from ray import serve
+
+        from tandem.serve.ray_engine import Runner
+        cfg = serve.deployment(Runner).options(name="model", **auto)._deployment_config.autoscaling_config
+        assert (cfg.min_replicas, cfg.max_replicas, cfg.target_ongoing_requests) == (1, 4, 10)
+
+
+def test_p99_autoscaling_is_refused_on_the_ray_engine(gpt_export, tmp_path, capsys, monkeypatch):
+    _need_ray()
+    code, _, err = tandem_in_process(["serve", str(gpt_export), "--engine", "ray", "--replicas", "1:2",
+                                      "--scale-up-p99-ms", "100", "--run-dir", str(tmp_path / "r")],
+                                     capsys, monkeypatch)
+    assert code == 2 and "error: --scale-up-p99-ms: p99 autoscaling is the local engine's" in err, err
+    assert not (tmp_path / "r").exists()

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from serve.serve_helpers import Server, wait_for
-from tandem.serve.autoscale import ScalePolicy, Scaler, parse_replicas
+from tandem.serve.autoscale import ScalePolicy, Scaler, parse_replicas, recent_p99_ms
 
 
 def test_parse_replicas():
@@ -39,6 +39,43 @@ def test_policy_scales_up_only_after_a_sustained_deep_queue_and_down_after_susta
     assert s.observe(23.0, depth=0, busy=0, live=2, loading=0) is None     # the period starts again
     assert s.observe(28.0, depth=0, busy=0, live=2, loading=0).after == 1
     assert s.observe(99.0, depth=0, busy=0, live=1, loading=0) is None     # at MIN: never fewer
+
+
+def test_policy_scales_up_on_a_sustained_high_p99_with_a_shallow_queue():
+    s = Scaler(ScalePolicy(1, 3, up_queue=100, up_s=1.0, down_s=5.0, up_p99_ms=200))
+    assert s.observe(0.0, depth=3, busy=1, live=1, loading=0, p99_ms=450) is None   # slow, not for long yet
+    assert s.observe(0.5, depth=3, busy=1, live=1, loading=0, p99_ms=150) is None   # a dip resets the timer
+    assert s.observe(0.6, depth=3, busy=1, live=1, loading=0, p99_ms=450) is None
+    assert s.observe(1.2, depth=3, busy=1, live=1, loading=0, p99_ms=None) is None  # nothing answered: reset
+    assert s.observe(1.3, depth=3, busy=1, live=1, loading=0, p99_ms=450) is None
+    up = s.observe(2.4, depth=3, busy=1, live=1, loading=0, p99_ms=451)
+    assert (up.direction, up.before, up.after, up.signal) == ("up", 1, 2, "p99")
+    assert up.reason == "p99 above 200 ms for 1 s (p99 451 ms over the last 5 s)"
+    # a loading replica: the p99 still describes the smaller pool, so the period waits for it to serve
+    assert s.observe(2.5, depth=3, busy=1, live=1, loading=1, p99_ms=900) is None
+    assert s.observe(4.0, depth=3, busy=1, live=1, loading=1, p99_ms=900) is None
+    assert s.observe(4.1, depth=3, busy=2, live=2, loading=0, p99_ms=900) is None
+    assert s.observe(5.1, depth=3, busy=2, live=2, loading=0, p99_ms=900).after == 3
+    assert s.observe(9.0, depth=3, busy=3, live=3, loading=0, p99_ms=900) is None   # at MAX: never more
+    # the queue signal still works beside it, and says which signal fired
+    q = Scaler(ScalePolicy(1, 2, up_queue=4, up_s=1.0, up_p99_ms=200))
+    assert q.observe(0.0, depth=9, busy=1, live=1, loading=0, p99_ms=10) is None
+    assert q.observe(1.0, depth=9, busy=1, live=1, loading=0, p99_ms=10).signal == "queue"
+
+
+def test_recent_p99_counts_only_answers_in_the_window():
+    from collections import deque
+
+    recent = deque([(0.0, 9.0)] + [(100.0 + i, 0.001 * (i + 1)) for i in range(200)])
+    # 200 answers of 1..200 ms: the one at index int(0.99 * 200), 199 ms (the 9 s one is out of the window)
+    assert recent_p99_ms(recent, 100.0) == pytest.approx(199.0)
+    assert recent[0][0] == 100.0                               # and, a minute older, dropped
+    assert recent_p99_ms(recent, 299.0) == pytest.approx(200.0) and recent_p99_ms(recent, 400.0) is None
+
+
+def test_policy_ignores_p99_when_off():
+    s = Scaler(ScalePolicy(1, 3, up_queue=100, up_s=1.0))    # up_p99_ms 0: the default, off
+    assert all(s.observe(t, depth=3, busy=1, live=1, loading=0, p99_ms=5000) is None for t in range(10))
 
 
 @pytest.mark.slow
@@ -79,8 +116,8 @@ def test_server_scales_up_under_a_burst_and_back_down_when_idle(gpt_export, tmp_
         assert [(x["direction"], x["before"], x["after"]) for x in d] == [("up", 1, 2), ("down", 2, 1)]
         assert srv.pids() == up_pids[:1]  # the first replica stayed
         m = srv.client.get("/metrics").text
-        assert 'tandem_serve_autoscale_decisions_total{direction="up"} 1.0' in m
-        assert 'tandem_serve_autoscale_decisions_total{direction="down"} 1.0' in m
+        assert 'tandem_serve_autoscale_decisions_total{direction="up",signal="queue"} 1.0' in m
+        assert 'tandem_serve_autoscale_decisions_total{direction="down",signal="idle"} 1.0' in m
         assert "tandem_serve_replicas_target 1.0" in m
         assert srv.client.post("/v1/generate", json={"prompt": [1], "max_new_tokens": 2}).status_code == 200
     out = srv.output()
