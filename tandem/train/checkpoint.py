@@ -48,9 +48,12 @@ def _dcp():
 
 
 def _optim(optim):
-    """ZeroRedundancyOptimizer (zero1): its rank's shard optimizer, whose keys DCP merges across ranks."""
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-    return optim.optim if isinstance(optim, ZeroRedundancyOptimizer) else optim
+    """ZeroRedundancyOptimizer (zero1): its rank's shard optimizer, whose keys DCP merges across ranks.
+    Not imported to ask: torch.distributed.optim scripts its functional optimizers on import (~0.3 s
+    of CPU per worker, more on a busy host), and an optimizer of that class exists only once
+    tandem/train/optim.py imported it."""
+    zero = sys.modules.get("torch.distributed.optim")
+    return optim.optim if zero is not None and isinstance(optim, zero.ZeroRedundancyOptimizer) else optim
 
 
 _STEP = re.compile(r"^step-(\d+)$")

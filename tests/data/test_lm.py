@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import sysconfig
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -69,18 +70,25 @@ def test_gpt_on_stdlib_text_beats_order0_entropy_and_generates(tmp_path):
     assert ev[-1]["bits_per_byte"] == result["bits_per_byte"]  # byte tokens: bits per byte = loss / ln 2
     assert abs(ev[-1]["held_out_loss"] / 0.6931471805599453 - ev[-1]["bits_per_byte"]) < 1e-9
 
-    r = tandem("generate", str(run), "--prompt", "import ", "--tokens", "40", "--seed", "1")
+    # The commands below only read the checkpoint (export writes beside it): each start-up is seconds
+    # of imports, so they run side by side, the export folder's sample once the export is written.
+    seeded = ("generate", str(run), "--prompt", "import ", "--tokens", "40", "--seed", "1")
+    greedy = ("--prompt", "def ", "--tokens", "20", "--temperature", "0")
+    with ThreadPoolExecutor(3) as pool:
+        first, again, exported, nowhere, from_run = (pool.submit(tandem, *a) for a in [
+            seeded, seeded, ("export", str(run)),
+            ("generate", str(run), "--prompt", "x", "--data", str(tmp_path / "nowhere")),
+            ("generate", str(run), *greedy)])
+        # an export folder samples what its checkpoint samples
+        assert exported.result().returncode == 0, exported.result().stderr
+        from_export = tandem("generate", str(run / "export" / "step-00000120"), *greedy)
+        first, again, nowhere, from_run = (f.result() for f in (first, again, nowhere, from_run))
+    r = first
     assert r.returncode == 0, r.stderr
     head, text = r.stdout.split("\n", 1)
     assert head.startswith("# 40 tokens from ") and "step-00000120" in head
     assert text.startswith("import ") and len(text.encode()) >= 40
-    again = tandem("generate", str(run), "--prompt", "import ", "--tokens", "40", "--seed", "1")
     assert again.stdout == r.stdout  # seeded
-    # an export folder samples what its checkpoint samples
-    assert tandem("export", str(run)).returncode == 0
-    greedy = [tandem("generate", str(p), "--prompt", "def ", "--tokens", "20", "--temperature", "0")
-              for p in (run, run / "export" / "step-00000120")]
-    assert greedy[0].returncode == greedy[1].returncode == 0, greedy[1].stderr
-    assert greedy[0].stdout.split("\n", 1)[1] == greedy[1].stdout.split("\n", 1)[1]
-    r = tandem("generate", str(run), "--prompt", "x", "--data", str(tmp_path / "nowhere"))
-    assert r.returncode == 2 and r.stderr.startswith("error: --data: not a token folder"), r.stderr
+    assert from_run.returncode == from_export.returncode == 0, from_export.stderr
+    assert from_run.stdout.split("\n", 1)[1] == from_export.stdout.split("\n", 1)[1]
+    assert nowhere.returncode == 2 and nowhere.stderr.startswith("error: --data: not a token folder"), nowhere.stderr

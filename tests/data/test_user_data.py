@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -110,11 +111,14 @@ def _steps(run: Path) -> dict[int, float]:
 def test_own_data_trains_and_resumes_exactly(tmp_path):
     """2 epochs straight, and 1 epoch then a resume to 2: the same losses at every step of epoch 2."""
     straight, split = tmp_path / "straight", tmp_path / "split"
-    r = tandem("train", OWN, "--schedule.epochs", "2", "--launch.run_dir", str(straight), "--json")
+    with ThreadPoolExecutor(2) as pool:  # two independent runs (own run dirs): start-ups overlap
+        r, first = pool.map(lambda a: tandem(*a), [
+            ("train", OWN, "--schedule.epochs", "2", "--launch.run_dir", str(straight), "--json"),
+            ("train", OWN, "--schedule.epochs", "1", "--launch.run_dir", str(split))])
     assert r.returncode == 0, r.stderr
     result = json.loads(r.stdout)
     assert result["accuracy"] > 0.9  # benign vs malignant, from 30 measurements
-    assert tandem("train", OWN, "--schedule.epochs", "1", "--launch.run_dir", str(split)).returncode == 0
+    assert first.returncode == 0, first.stderr
     r = tandem("train", OWN, "--schedule.epochs", "2", "--launch.run_dir", str(split), "--json")
     assert r.returncode == 0, r.stderr
     assert "resumed from" in (split / "logs" / "rank-0.attempt2.log").read_text()  # the second start's log

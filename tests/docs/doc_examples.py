@@ -14,7 +14,11 @@ earlier one wrote). The lines after a command are its expected output:
 * the exit code is 2 when the expected output has an ``error:`` line, else 0 (``exit=N``
   overrides).
 
-Options follow the language on the fence line: ```console tol=0.05 exit=1. A block that cannot
+Options follow the language on the fence line: ```console tol=0.05 exit=1. ``group=NAME`` puts
+a block in a sequence of its own: the blocks of a group run in document order, as do the blocks
+without a group, but the sequences run side by side in the same sandbox (many steps are process
+start-ups that leave a core idle). A grouped block may use only what earlier blocks of its own
+group wrote, and must not write what another sequence reads. A block that cannot
 run here says why on the line above its fence: ``<!-- doc-test: skip (why) -->`` (the marker
 tests/plan/test_docs.py reads too). Blocks with a ``tandem plan`` command belong to that test,
 which also runs the commands before it that write its inputs, and checks numbers with units.
@@ -86,6 +90,15 @@ def blocks(doc: Path) -> list[Block]:
         if cur is None and ln.strip():
             above = ln
     return found
+
+
+def sequences(found: list[Block]) -> list[list[Block]]:
+    """The blocks by ``group=`` option, each sequence in document order: the blocks without a
+    group first (the document's main thread), then the groups in order of first appearance."""
+    out: dict[str, list[Block]] = {"": []}
+    for b in found:
+        out.setdefault(b.opts.get("group", ""), []).append(b)
+    return [seq for seq in out.values() if seq]
 
 
 def numbers(text: str) -> list[str]:

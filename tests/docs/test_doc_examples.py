@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from docs.doc_examples import Block, Command, as_spec_check, blocks, check_output, expected_exit, line_matches, \
-    train_lines
+    sequences, train_lines
 from tandem_testing import ROOT, run_tandem
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -29,17 +30,14 @@ def _run(cmd: Command, box: Path) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", "-c", cmd.text], cwd=box, env=env, capture_output=True, text=True, timeout=900)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("doc", DOCS, ids=[str(d.relative_to(ROOT)) for d in DOCS])
-def test_console_examples_run_and_print_what_the_doc_says(doc, tmp_path):
-    box, problems = _sandbox(tmp_path), []
-    for block in [b for b in blocks(doc) if b.lang == "console"]:
-        if block.skip or block.plan_block:  # plan blocks: tests/plan/test_docs.py
-            continue
+def _run_blocks(seq: list[Block], box: Path) -> list[str]:
+    """Run one sequence of blocks in order; the problems found."""
+    problems = []
+    for block in seq:
         tol = float(block.opts.get("tol", 0))
         for cmd in block.commands():
             r = _run(cmd, box)
-            where = f"{doc.name}:{block.line} $ {cmd.text}"
+            where = f"{block.doc.name}:{block.line} $ {cmd.text}"
             want = expected_exit(cmd, block)
             if r.returncode != want:
                 problems.append(f"{where}: exit {r.returncode}, the doc implies {want}\n{r.stderr[-1500:]}")
@@ -48,6 +46,22 @@ def test_console_examples_run_and_print_what_the_doc_says(doc, tmp_path):
             if missing:
                 problems.append(f"{where}: not printed (tol {tol}):\n  " + "\n  ".join(missing) +
                                 f"\n--- printed:\n{(r.stdout + r.stderr)[-3000:]}")
+    return problems
+
+
+# Sequences run at once (group= in doc_examples.py): on 2 cores a lone sequence keeps about one
+# busy (imports, process start-ups, rendezvous waits); three fill both without starving any.
+SIDE_BY_SIDE = 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("doc", DOCS, ids=[str(d.relative_to(ROOT)) for d in DOCS])
+def test_console_examples_run_and_print_what_the_doc_says(doc, tmp_path):
+    box = _sandbox(tmp_path)
+    runnable = [b for b in blocks(doc) if b.lang == "console" and not b.skip
+                and not b.plan_block]  # plan blocks: tests/plan/test_docs.py
+    with ThreadPoolExecutor(max_workers=SIDE_BY_SIDE) as pool:
+        problems = [p for found in pool.map(lambda seq: _run_blocks(seq, box), sequences(runnable)) for p in found]
     assert not problems, "\n\n".join(problems)
 
 
@@ -55,12 +69,11 @@ def test_console_examples_run_and_print_what_the_doc_says(doc, tmp_path):
 @pytest.mark.parametrize("doc", DOCS, ids=[str(d.relative_to(ROOT)) for d in DOCS])
 def test_train_lines_in_bash_examples_are_valid_specs(doc):
     """The `tandem train ...` lines the docs show (not run: they train) pass `tandem spec`."""
-    problems = []
-    for block in [b for b in blocks(doc) if b.lang == "bash"]:
-        for line in train_lines(block):
-            r = run_tandem(*as_spec_check(line), timeout=120)
-            if r.returncode != 0:
-                problems.append(f"{doc.name}:{block.line} {line}\n  {r.stderr.strip()}")
+    lines = [(block, line) for block in blocks(doc) if block.lang == "bash" for line in train_lines(block)]
+    with ThreadPoolExecutor(max_workers=SIDE_BY_SIDE) as pool:  # read-only checks, each its own process
+        runs = list(pool.map(lambda bl: run_tandem(*as_spec_check(bl[1]), timeout=120), lines))
+    problems = [f"{doc.name}:{block.line} {line}\n  {r.stderr.strip()}" for (block, line), r in zip(lines, runs)
+                if r.returncode != 0]
     assert not problems, "\n".join(problems)
 
 
@@ -89,3 +102,5 @@ def test_the_matcher_can_fail():
     b = Block(Path("x.md"), 1, "bash", {}, ["tandem train a.toml \\", "  --x.y 1   # comment", "echo hi"])
     assert train_lines(b) == ["tandem train a.toml --x.y 1"]
     assert as_spec_check("tandem train a.toml --json --x.y 1") == ["spec", "a.toml", "--x.y", "1"]
+    one, two, three = (Block(Path("x.md"), i, "console", o, []) for i, o in ((1, {}), (2, {"group": "g"}), (3, {})))
+    assert sequences([one, two, three]) == [[one, three], [two]]  # the main sequence in order, the group apart

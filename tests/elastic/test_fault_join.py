@@ -19,8 +19,9 @@ def test_node_joining_mid_run_grows_the_world_and_resumes(reference, tmp_path):
     spec = write_spec(tmp_path / "job.toml", tmp_path / "run", nproc=1)
     run = tmp_path / "run"
     elastic = ("--launch.nnodes", "1:2", "--launch.rdzv_endpoint", f"127.0.0.1:{store.port}")
-    # rank 0 slowed (250 ms a micro-batch) so that one node's epoch outlasts the second node's startup
-    first = start_train(spec, *elastic, env={"TANDEM_FAULTS": "slow:rank=0:ms=250:attempts=all"})
+    # rank 0 slowed (250 ms a micro-batch) so that one node's epoch outlasts the second node's startup;
+    # on the first attempt only: the grown group (a later attempt, resume.agree_attempt) runs at full speed
+    first = start_train(spec, *elastic, env={"TANDEM_FAULTS": "slow:rank=0:ms=250"})
     wait_for(lambda: (h := heartbeat(run, 0)) and h["step"] >= 11, timeout=240, what="rank 0 to reach step 11",
              interval=0.05)
     second = start_train(spec, *elastic, "--elastic.join", "true")
