@@ -225,9 +225,13 @@ def table(rep: dict, spec: dict | None, traces, settings: list[tuple[str, dict]]
             "rates": rates, "measured": {k: round(v, 3) for k, v in meas.items()}, "now": now, "rows": rows}
 
 
+def _x(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}x"   # None: the model's step for the run is 0
+
+
 def _line(r: dict, now: dict) -> str:
     return ("step time (planner on this run's rates): "
-            f"{r['setting']} -> {r['step_ms']:.3g} ms a step, {r['vs_now']:.2f}x the model's {now['step_ms']:.3g} "
+            f"{r['setting']} -> {r['step_ms']:.3g} ms a step, {_x(r.get('vs_now'))} the model's {now['step_ms']:.3g} "
             f"ms for the run as it is (exposed communication {r['exposed_comm_ms']:.3g} ms, now "
             f"{now['exposed_comm_ms']:.3g})")
 
@@ -267,7 +271,7 @@ def render(rep: dict, console) -> None:
             t.add_row(r["setting"], "-", "-", "-", "-", "-")
             refused.append(f"{r['setting']}: {r['error'].split(': ', 1)[-1]}")
             continue
-        t.add_row(r["setting"], f"{r['step_ms']:.3g}", f"{r.get('vs_now', 1.0):.2f}x", f"{r['compute_ms']:.3g}",
+        t.add_row(r["setting"], f"{r['step_ms']:.3g}", _x(r.get("vs_now", 1.0)), f"{r['compute_ms']:.3g}",
                   f"{r['comm_ms']:.3g}", f"{r['exposed_comm_ms']:.3g}")
     console.print(t)
     for x in refused:

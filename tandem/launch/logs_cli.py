@@ -105,6 +105,9 @@ def job_end(run_dir: Path, slurm: dict | None) -> str | None:
                                       and int(f.get("Restarts", "0")) < int(slurm.get("max_requeues", 0))):
             return f"slurm job {slurm['job_id']} {state}"
         return None
+    sub = _read_json(Path(run_dir) / "submit" / "job.json") or {}
+    if sub.get("engine") in ("ssh", "ray") and sub.get("state") in ("DONE", "COMPLETED", "FAILED", "CANCELLED", "LOST"):
+        return f"{sub['engine']} job {sub['state']}"   # tandem submit recorded the end (the first host may be remote)
     lock = _read_json(Path(run_dir) / rundir.LOCK)
     if lock is not None and alive(lock) is not False:
         return None

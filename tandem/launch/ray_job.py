@@ -217,7 +217,12 @@ def fit(job: RayJob, attempt: int, on_poll=None) -> dict:
         raise
     finally:
         done.set()
-    result = json.loads((job.run_dir / rundir.RESULT).read_text())
+    try:
+        result = json.loads((job.run_dir / rundir.RESULT).read_text())
+    except (OSError, ValueError) as e:
+        reason = f"Ray Train returned, but the workers wrote no readable {rundir.RESULT} ({e})"
+        write_record(job.run_dir, state="FAILED", ended=_now(), reason=reason)
+        raise WorkerFailure(reason, fix=f"read {job.run_dir / rundir.LOGS}/rank-*.err.log") from None
     write_record(job.run_dir, state="COMPLETED", ended=_now(), step=result.get("step"),
                  restarts=len(result.get("restarts") or []))
     return result

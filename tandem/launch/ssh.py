@@ -139,7 +139,7 @@ def place(job: SshJob) -> list[tuple[Host, int]]:
 
 def forwarded_env(job: SshJob, env: dict[str, str]) -> dict[str, str]:
     """The allowlist: TANDEM_*, NCCL_*, GLOO_*, PYTHONPATH from ``env``, then each --env K (K=V sets V)."""
-    out = {k: v for k, v in sorted(env.items()) if k.startswith(ENV_PREFIXES) or k in ENV_NAMES}
+    out = {k: v for k, v in sorted(env.items()) if (k.startswith(ENV_PREFIXES) or k in ENV_NAMES) and ENV_KEY.match(k)}
     for item in job.env_keys:
         key, eq, value = item.partition("=")
         if not ENV_KEY.match(key):
@@ -248,9 +248,17 @@ def prepare(job: SshJob, env: dict[str, str], *, dry_run: bool = False) -> Plan:
 
 
 def render(plan: Plan) -> str:
+    """The dry run's text. Values given with --env NAME=VALUE print as NAME=*** (API keys travel this way);
+    they are still in the ssh client's argv while the job runs (docs/clusters.md)."""
+    secret = [i.partition("=")[0] for i in plan.job.env_keys if i.partition("=")[0] in plan.env]
+
+    def masked(cmd: str) -> str:
+        for k in secret:
+            cmd = cmd.replace(f"{k}={shlex.quote(plan.env[k])}", f"{k}=***")
+        return cmd
     lines = [f"# {len(plan.nodes)} node(s), world {plan.world}, master {plan.master_addr}:{plan.job.master_port}; "
              f"env passed on: {', '.join(plan.env) or 'none'}"]
     for i, ((h, k), argv) in enumerate(zip(plan.nodes, plan.argv)):
         lines.append(f"# node {i}: {h.name}, {k} worker(s)")
-        lines.append(" ".join(shlex.quote(a) for a in argv))
+        lines.append(" ".join(shlex.quote(masked(a)) for a in argv))
     return "\n".join(lines) + "\n"

@@ -18,7 +18,7 @@ def submit_ssh(*, run_dir: Path, command: list[str], train: bool, hostfile: Path
         raise ConfigError("--on ssh needs a hostfile", field="--hostfile", fix="pass --hostfile FILE with one "
                           "`HOST slots=N` line per machine")
     job = SshJob(run_dir=run_dir, command=command, hosts=parse_hostfile(hostfile), train=train, nodes=nodes,
-                 nproc_per_node=nproc_per_node, env_keys=list(env), ssh_config=ssh_config, master_port=master_port,
+                 nproc_per_node=nproc_per_node, env_keys=list(env), ssh_config=str(Path(ssh_config).resolve()) if ssh_config else "", master_port=master_port,
                  watchdog_s=watchdog_s)
     plan = prepare(job, dict(os.environ), dry_run=dry_run)
     if dry_run:

@@ -134,9 +134,13 @@ def run_job(plan: Plan) -> int:
             write_record(run_dir, rec)
 
     told: list[int] = []
+    clients: list[_Node] = []
 
     def stop_all(signum, frame) -> None:  # Ctrl-C / SIGTERM: every agent stops (and saves) like one would
         told.append(signum)
+        for n in clients:   # no agent pid yet: closing its ssh session stops it (ssh_remote.py)
+            if rec["nodes"][n.index].get("pid") is None and n.proc.poll() is None:
+                n.proc.terminate()
         threading.Thread(target=kill_agents, args=(job, rec["nodes"], "TERM" if len(told) == 1 else "KILL"),
                          daemon=True).start()
 
@@ -144,6 +148,7 @@ def run_job(plan: Plan) -> int:
     previous = {s: signal.signal(s, stop_all) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
     exits: queue.Queue[int] = queue.Queue()  # node indices in the order their ssh sessions ended
     nodes = [_Node(plan, i, lock, on_pid, exits) for i in range(len(plan.nodes))]
+    clients.extend(nodes)
     first_bad: _Node | None = None
     try:
         while any(r["rc"] is None for r in rec["nodes"]):

@@ -123,6 +123,7 @@ class Scheduler:
         self.free = list(range(decoder.slots))[::-1]
         self.live: dict[int, Seq] = {}                 # slot -> sequence
         self.waiting: deque[Seq] = deque()
+        self._pending: list = []                       # finished in the step under way
         self.steps = 0
 
     @property

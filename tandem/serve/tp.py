@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from tandem.serve.continuous import Decoder
 
-TIMEOUT = timedelta(minutes=30)   # an idle replica waits in a broadcast for its next call
+TIMEOUT = timedelta(days=365)   # an idle replica waits in a broadcast for its next call: no timeout (a dead rank is seen by _watch)
 
 
 class TPComm:
