@@ -118,6 +118,7 @@ def _device(job: RayJob, resources: dict) -> tuple[bool, str, str]:
 
 def ray_worker(config: dict) -> None:
     """Ray Train's training function: one tandem worker, with the rank and world Ray gave it."""
+    import ray
     import ray.train
 
     rank = ray.train.get_context().get_world_rank()
@@ -129,6 +130,10 @@ def ray_worker(config: dict) -> None:
     starts = len(starts_file.read_text().splitlines()) if starts_file.is_file() else 0
     with open(starts_file, "a") as f:
         f.write(f"{socket.gethostname()} {os.getpid()}\n")
+    # intra-op threads: the spec's, else the CPUs Ray gave this worker (never an OMP_NUM_THREADS the raylet
+    # inherited from whoever started it: the sums, and so the bits, depend on the thread count)
+    cpus = ray.get_runtime_context().get_assigned_resources().get("CPU") or 1
+    os.environ["OMP_NUM_THREADS"] = str(config.get("threads") or max(1, int(cpus)))
     os.environ.update({ENV_DEVICE: config["device"], ENV_BACKEND: config["backend"], AGENT_STARTS_ENV: str(starts),
                        "TORCHELASTIC_RUN_ID": config["run_id"], "PYTHONUNBUFFERED": "1"})
     tag = rundir.log_tag(rank, config["attempt"], starts)
@@ -189,7 +194,7 @@ def fit(job: RayJob, attempt: int, on_poll=None) -> dict:
     trainer = TorchTrainer(
         ray_worker,
         train_loop_config={"run_dir": str(job.run_dir), "run_id": run_id, "attempt": attempt, "device": device,
-                           "backend": backend},
+                           "backend": backend, "threads": job.spec.launch.threads_per_worker},
         torch_config=TorchConfig(backend=backend),
         scaling_config=ScalingConfig(num_workers=job.workers, use_gpu=gpu),
         # Ray keeps no checkpoints of its own: tandem's are in the run dir (resume = auto finds them)

@@ -54,7 +54,8 @@ def cluster():
 def spec(tmp_path_factory):
     d = tmp_path_factory.mktemp("rayjob")
     p = d / "job.toml"
-    p.write_text(TINY.format(**SPEC, run_dir=str(d / "unused")))
+    # one thread a worker on both sides, whatever OMP_NUM_THREADS this process inherited
+    p.write_text(TINY.format(**SPEC, run_dir=str(d / "unused")) + "threads_per_worker = 1\n")
     return p
 
 
