@@ -333,18 +333,34 @@ def _activation_sentence(p: Plan) -> str:
         form = f"{sbh} x ({lin:.4g}{mlp_note}" + (f" + 5as/h, 5as/h = {5 * g.heads * sq / g.hidden:.4g}"
                                                   if scores else "") + f") bytes / tp {s.tp}" \
             + (" (--flash-attention: no score matrix stored, no recompute)" if s.recompute == "none"
-               and t.flash_attention else "")
+               and t.flash_attention else "") \
+            + (f" (selective recompute: the score matrix, s x b x h x 5as/h with 5as/h = "
+                 f"{5 * g.heads * sq / g.hidden:.4g}, is recomputed, not stored)"
+               if s.recompute == "selective" else "")
     scale = t.bytes["act"] / 2
     logits, working = parts["logits"], parts["working"]
     where = {"first": " on the first stage", "last": " on the last stage (1F1B: it holds one micro-batch)"
              if s.schedule != "gpipe" else " on the last stage", "only": ""}[parts["stage"]]
     return (f"Activations: {form}{f' x {scale:g} ({t.precision})' if scale != 1 else ''} = {gib(per)} per layer "
-            f"x {layers:.4g} layers in flight{where}"
+            f"x {layers:.4g} layers in flight{where}{_inflight_arithmetic(p, parts['stage'])}"
             + (f" + the recomputed layer's working set {gib(working)} (its bytes without the score matrix, "
                f"held during its backward)" if working else "")
             + (f" + fp32 logits 4 x s x b x V / tp = 4 x {sq} x {s.micro_batch} x {g.vocab} / {s.tp} = {gib(logits)}"
                if logits else "")
             + f" = {gib(parts['total'])}.")
+
+
+def _inflight_arithmetic(p: Plan, stage: str) -> str:
+    """Where the first stage's layers in flight come from (Korthikanti et al. 2022, Section 4.2.3)."""
+    s = p.strategy
+    if s.pp == 1 or stage != "first" or not p.stage_layers:
+        return ""
+    if s.schedule == "gpipe":
+        return f" (GPipe: {p.grad_accum} micro-batches x {p.stage_layers[0]} layers)"
+    note = f" (1F1B: {min(s.pp, p.grad_accum)} micro-batches x {p.stage_layers[0]} layers"
+    if s.schedule == "interleaved":
+        note += f" x (1 + (p-1)/(p x v)) = 1 + {s.pp - 1}/{s.pp * s.virtual}, interleaved"
+    return note + ")"
 
 
 def warnings(p: Plan) -> list[str]:

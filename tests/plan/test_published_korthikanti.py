@@ -1,0 +1,194 @@
+"""Activation memory and step time against Korthikanti et al., "Reducing Activation Recomputation in Large
+Transformer Models" (NVIDIA, MLSys 2023, arXiv:2205.05198). The numbers were read from a transcription of the
+paper's full text in the stored corpus (find_string "we reach a MFU and HFU of 56.3% and 57.0%"); its Table 5
+MFU/HFU columns agree with NVIDIA's Megatron-LM README, which quotes the same table.
+
+- Table 2 (activation bytes per transformer layer, 16-bit activations, 1-byte masks), evaluated at each Table 3
+  shape (s = 2048, b = the micro-batch, t = 8), cell by cell against ``gpt_layer_act_bytes``. The planner assumes
+  sequence parallelism whenever tp > 1, so Table 2's two rows without it ("tensor parallel (baseline)"
+  sbh(10 + 24/t + 5as/ht) and "tensor parallel + selective" sbh(10 + 24/t)) have no planner twin and are not
+  checked. "Full activation recomputation" sbh(2) is checked at t = 1; at t = 8 the planner keeps the input split
+  over the tensor-parallel ranks, 2sbh/t, the variant Section 5's text gives ("can be further reduced to
+  2sbhL/t"): with sequence parallelism the layer input is already split that way.
+- Section 4.2.3 / 4.3 (Equations 5 and 6): the first pipeline stage's total, L layers' worth under 1F1B, times
+  (1 + (p-1)/(pm)) interleaved (m = 3 for 175B and 530B, Section 6), plus the embedding dropout sbhp/t and, for
+  p = 1 only, 4sbh/t(1 + v/h) (last layer norm, output-layer input, fp32 logits), against ``memory().activations``.
+- Section 5: selective recompute saves 70% (GPT-3) and 65% (MT-NLG) of the activation memory.
+Issue 14's tolerance for memory: 3% per cell. All 30 cells pass (largest 0.5%: the planner leaves out the
+embedding dropout's sbhp/t, which the paper also calls negligible).
+
+Time, on Selene (DGX A100 80GB, NVLink/NVSwitch, 8 x HDR 200 Gb/s a node), mixed precision, Adam, the planner's
+default efficiency: nothing fitted.
+- Table 5: iteration time of the four Table 3 configurations, "Full Recompute" (without sequence parallelism) and
+  "Present Work" (sequence parallelism + selective recompute), plus Section 6.3's 530B at 8-way data parallelism
+  (2240 GPUs, batch 2240: 39.15 s, gradient all-reduce not overlapped, as the paper says).
+- Table 5's throughput increase (full / present), a ratio in which the compute efficiency cancels: what is left
+  is the recompute model (issue item 5).
+- Table 4: one transformer layer of the 22B (forward + backward, ms): the rows the planner can express
+  ("Sequence Parallelism" 19.0, "Selective + Sequence" 20.3; "Baseline with recompute" 27.2 ran without
+  sequence parallelism, which the paper measures at 0.5 ms of the forward). The planner's step scaled by the
+  transformer layers' share of its FLOPs (the output layer is 1.4% of them), over L.
+
+KNOWN MISSES (measured on branch pub when written; the lead re-pins at merge):
+- Table 5 iteration time: median 29.5%, max 44.0%, every row predicted SLOW, growing with model size (22B +4%,
+  1T +44%). The paper reaches 56% MFU on 530B/1T, so its GEMMs run at ~65% of peak between bubbles; the planner
+  runs every linear layer at its one default fraction of peak (0.5 x the roofline share) whatever the hidden
+  size (12288-25600 here), and exposes all tensor-parallel all-reduces (Megatron overlaps the backward ones with
+  the weight-gradient GEMMs, Table 4's note). Terms at fault: compute efficiency by GEMM shape on A100 (issue
+  item 3), tensor-parallel overlap (item 2). Not the recompute model: see the next line.
+- Table 5 throughput increase: within tolerance (max 1.3%): full recompute's extra forward and selective
+  recompute's 3 x attention-core FLOPs (model.py SELECTIVE_FACTOR) reproduce the paper's 29.0-32.1%.
+- Table 4: see KNOWN_MISS["table4"] (the same compute-efficiency term, at the 22B's hidden 6144).
+"""
+
+from statistics import median
+
+import pytest
+
+from tandem.plan.config import Strategy, Training
+from tandem.plan.cost import evaluate, validate
+from tandem.plan.hardware import make_cluster
+from tandem.plan.memory import gpt_layer_act_bytes, memory
+from tandem.plan.model import GPTShape, gpt_stats
+
+S, V = 2048, 51200   # Section 6: sequence 2048, vocabulary 51200 for every model
+# Table 3: model, attention heads, hidden, layers, tp, pp, GPUs, global batch, micro-batch; m: interleaving
+# stages (Section 6: m = 3 for 175B and 530B, plain 1F1B otherwise)
+TABLE_3 = {
+    "22B": (64, 6144, 48, 8, 1, 8, 4, 4, 1), "175B": (96, 12288, 96, 8, 8, 64, 64, 1, 3),
+    "530B": (128, 20480, 105, 8, 35, 280, 280, 1, 3), "1T": (160, 25600, 128, 8, 64, 512, 512, 1, 1),
+}
+# Table 2: configuration -> (bytes per layer, the planner's tp, recompute)
+TABLE_2 = {
+    "no parallelism": (lambda s, b, h, a, t: s * b * h * (34 + 5 * a * s / h), 1, "none"),
+    "tensor + sequence parallel": (lambda s, b, h, a, t: s * b * h * (34 / t + 5 * a * s / (h * t)), 8, "none"),
+    "tensor + sequence parallel + selective": (lambda s, b, h, a, t: s * b * h * 34 / t, 8, "selective"),
+    "full activation recomputation": (lambda s, b, h, a, t: s * b * h * 2, 1, "full"),
+    "full, input split over tp (Section 5)": (lambda s, b, h, a, t: 2 * s * b * h / t, 8, "full"),
+}
+SECTION_5_SAVED = {"175B": 0.70, "530B": 0.65}   # selective recompute's saving for GPT-3 and MT-NLG
+# Table 5: iteration time (s), full recompute and present work (SP + selective); Section 6.3: 530B at dp 8
+TABLE_5 = {"22B": (1.42, 1.10), "175B": (18.13, 13.75), "530B": (49.05, 37.83), "1T": (94.42, 71.49)}
+TABLE_5_INCREASE = {"22B": 0.290, "175B": 0.318, "530B": 0.297, "1T": 0.321}
+DP8_530B = (8, 39.15)
+# Table 4 (22B, one layer, forward + backward ms): row -> (planner recompute, combined ms)
+TABLE_4 = {"Sequence Parallelism": ("none", 19.0), "Selective + Sequence": ("selective", 20.3),
+           "Baseline with recompute": ("full", 27.2)}
+KNOWN_MISS = {"table5": (0.33, 0.45), "table4": (0.17, 0.18)}   # (median, max) pinned: see KNOWN MISSES
+
+
+def _model(name):
+    a, h, L = TABLE_3[name][:3]
+    return gpt_stats(GPTShape(layers=L, hidden=h, heads=a, seq=S, vocab=V), name)
+
+
+def _setup(name, recompute, dp=1):
+    a, h, L, tp, pp, gpus, batch, mb, m = TABLE_3[name]
+    c = make_cluster("a100-80gb", 8, dp * gpus // 8, inter="ib-hdr", nics_per_node=8)
+    # Section 6.3: "we do not use any overlapping of gradient all-reduces with back-propagation"
+    t = Training(global_batch=dp * batch, precision="bf16", optimizer="adam", overlap=0.0 if dp > 1 else None)
+    s = Strategy(dp=dp, tp=tp, pp=pp, micro_batch=mb, recompute=recompute,
+                 schedule="interleaved" if m > 1 else "1f1b", virtual=m)
+    validate(_model(name), c, t, s)
+    return c, t, s
+
+
+def _plan(name, recompute, dp=1):
+    return evaluate(_model(name), *_setup(name, recompute, dp))
+
+
+def memory_errors() -> dict[str, float]:
+    out = {}
+    for name, (a, h, L, tp, pp, gpus, batch, mb, m) in TABLE_3.items():
+        model = _model(name)
+        for row, (formula, t, rc) in TABLE_2.items():
+            got = gpt_layer_act_bytes(model, Strategy(dp=1, tp=t, micro_batch=mb, recompute=rc), Training(), mb)
+            out[f"T2 {name} {row}"] = got / formula(S, mb, h, a, t) - 1
+        for rc, coeff in (("none", 34 + 5 * a * S / h), ("selective", 34)):   # Equations 5 and 6
+            c, tr, s = _setup(name, rc)
+            sbh_t = S * mb * h / tp
+            interleave = 1 + (pp - 1) / (pp * m) if m > 1 else 1
+            paper = sbh_t * L * coeff * interleave + sbh_t * pp + (4 * sbh_t * (1 + V / h) if pp == 1 else 0)
+            got = memory(model, c, tr, s, batch // mb).activations
+            out[f"Eq5/6 {name} {rc}"] = got / paper - 1
+    for name, saved in SECTION_5_SAVED.items():
+        model, mb = _model(name), TABLE_3[name][7]
+        none, sel = (gpt_layer_act_bytes(model, Strategy(dp=1, tp=8, micro_batch=mb, recompute=rc), Training(), mb)
+                     for rc in ("none", "selective"))
+        out[f"S5 {name} selective saves"] = (1 - sel / none) / saved - 1
+    return out
+
+
+def table5_errors() -> dict[str, float]:
+    out = {}
+    for name, (full_s, present_s) in TABLE_5.items():
+        out[f"{name} full recompute"] = _plan(name, "full").step_s / full_s - 1
+        out[f"{name} present work"] = _plan(name, "selective").step_s / present_s - 1
+    out["530B present work dp8"] = _plan("530B", "selective", dp=DP8_530B[0]).step_s / DP8_530B[1] - 1
+    return out
+
+
+def increase_errors() -> dict[str, float]:
+    """The throughput ratio present work / full recompute (1 + the increase), planner over paper."""
+    return {name: _plan(name, "full").step_s / _plan(name, "selective").step_s / (1 + inc) - 1
+            for name, inc in TABLE_5_INCREASE.items()}
+
+
+def table4_errors() -> dict[str, float]:
+    m = _model("22B")
+    g = m.gpt
+    out = {}
+    for row, (rc, ms) in TABLE_4.items():
+        p = _plan("22B", rc)
+        logits = 3 * g.seq * g.logits_fwd_flops_per_token()   # per sample, never recomputed
+        layers_share = 1 - logits / (m.flops_per_sample + m.recompute_flops_per_sample(rc))
+        out[row] = p.step_s * layers_share / g.layers * 1e3 / ms - 1
+    return out
+
+
+def SCOREBOARD() -> dict[str, dict[str, float]]:
+    return {"korthikanti memory": memory_errors(), "korthikanti T5 iteration": table5_errors(),
+            "korthikanti T5 increase": increase_errors(), "korthikanti T4 layer": table4_errors()}
+
+
+def test_activation_memory_within_3_percent_per_cell():
+    errs = memory_errors()
+    assert len(errs) == 30
+    assert max(abs(e) for e in errs.values()) <= 0.03, errs
+
+
+def test_present_work_and_full_recompute_fit_in_80_gb():
+    """Table 5 ran every configuration on A100 80GB (Section 6.1: none fits without SP + selective or full)."""
+    for name in TABLE_3:
+        for rc in ("full", "selective"):
+            p = _plan(name, rc)
+            assert p.memory.fits, (name, rc, p.memory.total / 2**30)
+
+
+def test_iteration_time_known_miss():
+    errs = {k: abs(e) for k, e in table5_errors().items()}
+    assert median(errs.values()) <= KNOWN_MISS["table5"][0], errs
+    assert max(errs.values()) <= KNOWN_MISS["table5"][1], errs
+
+
+def test_recompute_throughput_increase_within_the_issue_tolerance():
+    errs = {k: abs(e) for k, e in increase_errors().items()}
+    assert median(errs.values()) <= 0.10 and max(errs.values()) <= 0.25, errs
+
+
+def test_layer_time_known_miss():
+    errs = {k: abs(e) for k, e in table4_errors().items()}
+    assert median(errs.values()) <= KNOWN_MISS["table4"][0], errs
+    assert max(errs.values()) <= KNOWN_MISS["table4"][1], errs
+
+
+@pytest.mark.parametrize("name,inflight", [("175B", "8 micro-batches x 12 layers x (1 + (p-1)/(p x v)) = "
+                                                    "1 + 7/24, interleaved"), ("1T", "64 micro-batches x 2 layers")])
+def test_explain_shows_the_per_layer_arithmetic_and_the_layers_in_flight(name, inflight):
+    from tandem.plan.explain import explain
+
+    line = next(x for x in explain(_plan(name, "selective")) if x.startswith("Activations:"))
+    a, h = TABLE_3[name][:2]
+    assert f"s x b x h = 2048 x 1 x {h} x (34) bytes / tp 8" in line, line
+    assert f"5as/h = {5 * a * 2048 / h:.4g}, is recomputed, not stored" in line, line
+    assert inflight in line, line
