@@ -1,0 +1,80 @@
+"""TFLOPS per GPU against Zhao et al., "PyTorch FSDP: Experiences on Scaling Fully Sharded Data Parallel" (VLDB
+2023, arXiv:2304.11277), Section 5.4, the numbers its text states (the plots of Figures 6-8 are not read). The
+text was read from a transcription of the paper in the stored corpus (find_string "near-linear scalability in terms
+of TFLOPS"; Section 5.1 and 5.4).
+
+Setup (Section 5.1, 5.4): A100 80GB, "interconnected by a 2Tb/s RoCE network" (8 GPUs and 8 x 200 Gb/s a node
+assumed), FULL_SHARD with backward prefetch and the rate limiter, activation checkpointing, BF16 mixed precision,
+Adam; minGPT 175B, vocabulary 50000, block size 2048, batch 1 and 2 per GPU on 128 to 512 GPUs. The shape is not
+given beyond "175B": GPT-3's (96 layers, hidden 12288, 96 heads; minGPT's untied output layer: 175.2B).
+- "the experiments achieved more than 173 and 186 TFLOPS per GPU with batch size equal to 1 and 2 respectively
+  ... approximately 55% and 60% of GPU hardware utilization": compared with the planner's hardware FLOPs
+  (recompute included: "hardware utilization") per GPU per second, at 512 GPUs.
+- "linear scalability from 128 GPUs to 512 GPUs, in terms of TFLOPS": the planner's TFLOPS per GPU must not move
+  by more than 5% over that range (the paper's one exception, 128 GPUs at batch 2, it explains by allocator
+  defragmentation, which is not modelled: left out).
+Not checked: T5-11B (Figure 7 (c); the text gives only a 7% per-GPU regression from 8 to 512 GPUs, and the planner
+describes decoder-only shapes, not T5's encoder-decoder), DHEN (a recommendation model), the rate-limiter and
+prefetch speedups (the planner has neither knob: it assumes prefetch).
+
+KNOWN MISS (issue 14: 10% median, 25% max; measured on branch pub when written; the lead re-pins at merge):
+median 14.2%, max 17.1%, both rows predicted SLOW (153.6 and 154.2 TFLOPS against 173 and 186). The planner
+charges the forward, backward and the recomputed forward at its one default A100 efficiency (0.5 of peak x the
+GEMM roofline share), so its hardware rate is capped near 50% of peak, and batch 2 gains nothing over batch 1;
+the paper reaches 55% and 60%. FSDP's communication is not the miss: under 1% of the step is exposed (prefetch
+hides the all-gathers behind the previous block). Term at fault: compute efficiency by GEMM shape on A100,
+micro-batch size included (issue item 3).
+"""
+
+from statistics import median
+
+from tandem.plan.config import Strategy, Training
+from tandem.plan.cost import evaluate, validate
+from tandem.plan.hardware import make_cluster
+from tandem.plan.model import GPTShape, gpt_stats
+
+GPT_175B = dict(layers=96, hidden=12288, heads=96, seq=2048, vocab=50000, tied=False)
+# Section 5.4: batch size per GPU -> TFLOPS per GPU ("more than"), at 128-512 GPUs
+ROWS = {1: 173, 2: 186}
+GPUS = 512
+KNOWN_MISS = (0.15, 0.18)   # (median, max) pinned: see KNOWN MISS
+
+
+def _plan(batch: int, gpus: int = GPUS):
+    m = gpt_stats(GPTShape(**GPT_175B), "mingpt-175b")
+    c = make_cluster("a100-80gb", 8, gpus // 8, inter="roce-200", nics_per_node=8)
+    t = Training(global_batch=batch * gpus, precision="bf16", optimizer="adam")
+    s = Strategy(dp=gpus, zero=3, micro_batch=batch, recompute="full", ranks_per_node=8)
+    validate(m, c, t, s)
+    return evaluate(m, c, t, s)
+
+
+def hw_tflops(batch: int, gpus: int = GPUS) -> float:
+    p = _plan(batch, gpus)
+    return p.hw_flops_per_gpu / p.step_s / 1e12
+
+
+def errors() -> dict[str, float]:
+    return {f"GPT-175B batch {b} {GPUS} GPUs": hw_tflops(b) / tf - 1 for b, tf in ROWS.items()}
+
+
+def SCOREBOARD() -> dict[str, dict[str, float]]:
+    return {"fsdp paper 175B": errors()}
+
+
+def test_tflops_per_gpu_known_miss():
+    errs = {k: abs(e) for k, e in errors().items()}
+    assert median(errs.values()) <= KNOWN_MISS[0], errs
+    assert max(errs.values()) <= KNOWN_MISS[1], errs
+
+
+def test_it_fits_and_the_miss_is_not_communication():
+    for b in ROWS:
+        p = _plan(b)
+        assert p.memory.fits, (b, p.memory.total / 2**30)
+        assert p.exposed_comm_s < 0.01 * p.step_s, (b, p.exposed_comm_s, p.step_s)
+
+
+def test_tflops_per_gpu_scale_linearly_from_128_to_512_gpus():
+    for b, lo in ((1, 128), (2, 256)):   # 128 GPUs at batch 2: the paper's defragmentation outlier
+        assert abs(hw_tflops(b, lo) / hw_tflops(b) - 1) <= 0.05, b
