@@ -20,7 +20,10 @@ Issue 14's tolerance: 3% per cell. All 74 pass; the largest, -2.3%, is the table
 Not checked: throughput. The paper's V100 numbers (ZeRO-100B: ~38 TFLOPS a GPU for 100B on 400 GPUs, Turing-NLG
 17B at 41.4) come with the model shapes of Table 4 but without the batch sizes and model-parallel degrees of
 each point (its appendix tables were not found in a readable source), and the rest are read off figures.
-Inventing those settings would make the rows a fit, so they are left out.
+Inventing those settings would make the rows a fit, so they are left out. Nor Section 3.2's activations (GPT-2
+1.5B, sequence 1K, batch 32: "about 60 GB", ~8 GB checkpointed): its footnote counts a rough 12 x h x b x s x L
+elements without the attention scores or dropout masks, which Korthikanti et al.'s per-layer count (the
+planner's, test_published_korthikanti.py) includes.
 """
 
 import pytest
