@@ -182,7 +182,8 @@ def test_bad_address_is_refused_before_anything_starts(gpt_export, tmp_path, cap
     with socket.socket() as s:   # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    for addr, msg in ((f"127.0.0.1:{port}", "no Ray head answers there"), ("ray://x:1", "not a Ray head address")):
+    for addr, msg in ((f"127.0.0.1:{port}", "no Ray head answers there"), ("x", "not a Ray head address HOST:PORT"),
+                      ("ray://x:1", "Ray Client addresses (ray://) are not supported")):
         code, _, err = tandem_in_process(["serve", str(gpt_export), "--engine", "ray", "--address", addr,
                                           "--run-dir", str(tmp_path)], capsys, monkeypatch)
         assert code == 2 and f"error: --address: {msg}" in err, err
