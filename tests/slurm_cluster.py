@@ -1,6 +1,6 @@
 """A real 2-node Slurm cluster on this machine, from Debian's own packages, for the tests.
 
-    root = slurm_root()                       # apt-get download + dpkg -x, cached; None + reason if impossible
+    root = slurm_root()                       # deb_fetch.py's apt-get download + dpkg -x, cached; None + why
     with SlurmCluster(tmp_dir, root) as c:    # munged, slurmctld, slurmd -N n1 / -N n2 on 127.0.0.1
         subprocess.run(["sbatch", ...], env=c.env)
 
@@ -14,13 +14,14 @@ runs in the foreground as our child, and is killed (process group) on exit. Run 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from deb_fetch import fetch_debs
 
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "slurm-wlm-basic-plugins", "munge", "libmunge2",
             "libhwloc15", "liblua5.1-0"]
@@ -37,27 +38,8 @@ def slurm_root() -> tuple[Path | None, str]:
     root = cache_dir() / "root"
     if (root / "usr/sbin/slurmctld-wlm").exists() and (root / "usr/sbin/munged").exists():
         return root, ""
-    if not shutil.which("apt-get") or not shutil.which("dpkg"):
-        return None, "needs apt-get and dpkg (Debian/Ubuntu) to fetch Slurm's packages"
-    debs = cache_dir() / f".debs-{os.getpid()}"  # per process: two sessions may fetch at once
-    debs.mkdir(parents=True, exist_ok=True)
-    try:
-        r = subprocess.run(["apt-get", "download", *PACKAGES], cwd=debs, capture_output=True, text=True)
-        if r.returncode != 0:  # an empty package index (a fresh container): update once, then retry
-            subprocess.run(["apt-get", "update", "-qq"], capture_output=True, text=True)
-            r = subprocess.run(["apt-get", "download", *PACKAGES], cwd=debs, capture_output=True, text=True)
-        if r.returncode != 0:
-            return None, f"apt-get download {' '.join(PACKAGES)} failed: {r.stderr.strip()[-300:]}"
-        tmp = cache_dir() / f".root-{os.getpid()}"
-        for deb in sorted(debs.glob("*.deb")):
-            subprocess.run(["dpkg", "-x", str(deb), str(tmp)], check=True)
-        try:
-            tmp.rename(root)  # atomic: another session sees a whole folder or none
-        except OSError:  # another session got there first: use theirs, never replace a folder in use
-            shutil.rmtree(tmp, ignore_errors=True)
-    finally:
-        shutil.rmtree(debs, ignore_errors=True)
-    return root, ""
+    why = fetch_debs(PACKAGES, root)
+    return (None, why) if why else (root, "")
 
 
 def free_ports(n: int) -> list[int]:

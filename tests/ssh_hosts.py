@@ -1,7 +1,7 @@
 """Two ssh hosts on this machine: a network namespace each (netns_hosts.py), each running its own sshd.
 
     sshd, why = sshd_binary()                 # the system's, else Debian's openssh-server unpacked into
-                                              # ~/.cache/tandem/ssh (apt-get download + dpkg -x); None + why
+                                              # ~/.cache/tandem/ssh (deb_fetch.py); None + why
     with SshHosts(tmp_dir, sshd, hosts) as h: # sshd on port 22 in each namespace, key login as root
         subprocess.run(["ssh", "-F", h.config, hosts["addr"][1], "true"])   # from inside a namespace
 
@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from deb_fetch import fetch_debs
+
 PACKAGES = ["openssh-server", "libwrap0"]
 LIBS = ("lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu")
 MARK = "TANDEM_TEST_SSH_MARK"
@@ -35,36 +37,11 @@ def cache_dir() -> Path:
     return Path(os.environ.get("TANDEM_CACHE_DIR_SSH") or os.path.expanduser("~/.cache/tandem/ssh"))
 
 
-def _fetch(packages: list[str], root: Path) -> str:
-    """apt-get download + dpkg -x of ``packages`` into ``root`` (atomically: a whole folder or none); why not."""
-    if not shutil.which("apt-get") or not shutil.which("dpkg"):
-        return f"fetching {' '.join(packages)} needs apt-get and dpkg (Debian/Ubuntu)"
-    debs = cache_dir() / f".debs-{os.getpid()}"  # per process: two sessions may fetch at once
-    debs.mkdir(parents=True, exist_ok=True)
-    try:
-        r = subprocess.run(["apt-get", "download", *packages], cwd=debs, capture_output=True, text=True)
-        if r.returncode != 0:  # an empty package index (a fresh container): update once, then retry
-            subprocess.run(["apt-get", "update", "-qq"], capture_output=True, text=True)
-            r = subprocess.run(["apt-get", "download", *packages], cwd=debs, capture_output=True, text=True)
-        if r.returncode != 0:
-            return f"apt-get download {' '.join(packages)} failed: {r.stderr.strip()[-300:]}"
-        tmp = cache_dir() / f".root-{os.getpid()}"
-        for deb in sorted(debs.glob("*.deb")):
-            subprocess.run(["dpkg", "-x", str(deb), str(tmp)], check=True)
-        try:
-            tmp.rename(root)
-        except OSError:  # another session got there first: use theirs
-            shutil.rmtree(tmp, ignore_errors=True)
-    finally:
-        shutil.rmtree(debs, ignore_errors=True)
-    return ""
-
-
 def sshd_binary() -> tuple[Path | None, str]:
     """(absolute path of an sshd, "") or (None, why not): the system's, else Debian's package, fetched once.
     The client (ssh, ssh-keygen) is fetched too where the system has none; ``client_path()`` finds it."""
     if not client_path():
-        why = _fetch(["openssh-client"], cache_dir() / "client")
+        why = fetch_debs(["openssh-client"], cache_dir() / "client")
         if why or not client_path():
             return None, why or "openssh-client unpacked, but no ssh in it"
     for p in (shutil.which("sshd"), "/usr/sbin/sshd"):
@@ -72,7 +49,7 @@ def sshd_binary() -> tuple[Path | None, str]:
             return Path(p), ""
     sshd = cache_dir() / "root/usr/sbin/sshd"
     if not sshd.exists():
-        why = _fetch(PACKAGES, cache_dir() / "root")
+        why = fetch_debs(PACKAGES, cache_dir() / "root")
         if why:
             return None, why
     return sshd, ""
