@@ -1,6 +1,6 @@
 """A real 2-node Slurm cluster on this machine, from Debian's own packages, for the tests.
 
-    root = slurm_root()                       # deb_fetch.py's apt-get download + dpkg -x, cached; None + why
+    root = slurm_root()                       # daemons.py's apt-get download + dpkg -x, cached; None + why
     with SlurmCluster(tmp_dir, root) as c:    # munged, slurmctld, slurmd -N n1 / -N n2 on 127.0.0.1
         subprocess.run(["sbatch", ...], env=c.env)
 
@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from deb_fetch import fetch_debs
+from daemons import fetch_debs, kill_all, marked
 
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "slurm-wlm-basic-plugins", "munge", "libmunge2",
             "libhwloc15", "liblua5.1-0"]
@@ -168,56 +168,19 @@ class SlurmCluster:
         slurmstepd and the job's tasks leave the daemons' process groups (setsid), so killing the
         groups is not enough: the environment ties each of them to this cluster and to no other.
         """
-        for p in self.procs:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for p in self.procs:
-            p.wait(timeout=30)
-        self.procs.clear()
-        for _ in range(50):
-            left = self.strays()
-            if not left:
-                return
-            for pid in left:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.1)
-        raise RuntimeError(f"processes of the test Slurm cluster survived SIGKILL: {self.strays()}")
+        left = kill_all(self.procs, self.strays)
+        if left:
+            raise RuntimeError(f"processes of the test Slurm cluster survived SIGKILL: {left}")
 
     def strays(self) -> list[int]:
         """Live processes (not zombies) whose environment holds this cluster's SLURM_CONF."""
-        mark = f"SLURM_CONF={self.env['SLURM_CONF']}".encode() + b"\0"
-        found, mine = [], _ancestors()  # never this process or a shell above it that exported the env
-        for d in Path("/proc").iterdir():
-            if not d.name.isdigit() or int(d.name) in mine:
-                continue
-            try:
-                if mark in (d / "environ").read_bytes() and " Z " not in (d / "stat").read_text().split(")", 1)[1][:3]:
-                    found.append(int(d.name))
-            except OSError:
-                continue
-        return found
+        return marked(f"SLURM_CONF={self.env['SLURM_CONF']}".encode())
 
     def logs(self) -> str:
         out = []
         for f in sorted((self.dir / "log").glob("*")):
             out.append(f"--- {f.name}\n" + "\n".join(f.read_text(errors="replace").splitlines()[-15:]))
         return "\n".join(out)
-
-
-def _ancestors() -> set[int]:
-    pids, pid = set(), os.getpid()
-    while pid > 1:
-        pids.add(pid)
-        try:
-            pid = int(Path(f"/proc/{pid}/stat").read_text().split(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            break
-    return pids
 
 
 def _wait(pred, timeout: float, what: str, cluster: SlurmCluster) -> None:

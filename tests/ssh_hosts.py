@@ -1,7 +1,7 @@
 """Two ssh hosts on this machine: a network namespace each (netns_hosts.py), each running its own sshd.
 
     sshd, why = sshd_binary()                 # the system's, else Debian's openssh-server unpacked into
-                                              # ~/.cache/tandem/ssh (deb_fetch.py); None + why
+                                              # ~/.cache/tandem/ssh (daemons.py); None + why
     with SshHosts(tmp_dir, sshd, hosts) as h: # sshd on port 22 in each namespace, key login as root
         subprocess.run(["ssh", "-F", h.config, hosts["addr"][1], "true"])   # from inside a namespace
 
@@ -20,13 +20,12 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from deb_fetch import fetch_debs
+from daemons import fetch_debs, kill_all, marked
 
 PACKAGES = ["openssh-server", "libwrap0"]
 LIBS = ("lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu")
@@ -145,36 +144,10 @@ class SshHosts:
     def strays(self, mark: str = "") -> list[int]:
         """Live processes (not zombies) whose environment holds ``mark`` (default: this instance's, which its
         sshds and their sessions carry; a job's agents and workers carry the one the test passed on)."""
-        mark, found = (mark or self.mark).encode() + b"\0", []
-        for p in Path("/proc").iterdir():
-            if not p.name.isdigit() or int(p.name) == os.getpid():
-                continue
-            try:
-                if mark in (p / "environ").read_bytes() and " Z " not in (p / "stat").read_text().split(")", 1)[1][:3]:
-                    found.append(int(p.name))
-            except OSError:
-                continue
-        return found
+        return marked((mark or self.mark).encode())
 
     def stop(self) -> None:
-        for p in self.procs:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait(timeout=30)
-        self.procs.clear()
-        for _ in range(50):
-            left = self.strays()
-            if not left:
-                return
-            for pid in left:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.1)
-
+        kill_all(self.procs, self.strays)   # what still outlives SIGKILL, the tests' strays() check names
 
 if __name__ == "__main__":
     sshd, why = sshd_binary()
