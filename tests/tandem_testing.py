@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -36,6 +38,14 @@ def one_line_error(r, *words: str, start: str = "error: ") -> str:
     for w in words:
         assert w in lines[0], (w, lines[0])
     return lines[0]
+
+
+def skip_here_fail_in_ci(why: str, what: str):
+    """A test needs what this machine lacks (Slurm's packages, an sshd, Ray): skipped here with ``why``,
+    failed under CI (CI=true), which must run ``what``."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI must run {what}: {why}")
+    pytest.skip(why)
 
 
 def snapshot(folder: Path) -> dict:

@@ -20,14 +20,13 @@ import torch
 
 import tandem.export
 from serve.serve_helpers import ROOT, Server, greedy, wait_for
-from tandem_testing import tandem_in_process
+from tandem_testing import skip_here_fail_in_ci, tandem_in_process
 
 
 def _need_ray() -> None:
     if importlib.util.find_spec("ray") is None:
-        if os.environ.get("CI"):
-            pytest.fail("CI must run the Ray engine tests: install the `ray` extra (make install)")
-        pytest.skip("ray is not installed (pip install 'tandem[ray]')")
+        skip_here_fail_in_ci("ray is not installed (pip install 'tandem[ray]'; make install installs the ray extra)",
+                             "the Ray engine tests")
 
 
 @pytest.fixture(scope="module")
