@@ -3,6 +3,7 @@
     why = fetch_debs(["openssh-server", "libwrap0"], cache / "root")   # "" once ROOT holds them
     pids = marked(b"SLURM_CONF=/tmp/x/slurm.conf")                     # live processes carrying it
     left = kill_all(procs, lambda: marked(mark))                       # [] once every one is gone
+    class SlurmCluster(Daemons): ...                                   # start()/stop() as `with`
 
 Nothing is installed system-wide: `apt-get download` fetches the .deb files (no root needed, no
 dependency resolution: callers name every package) and `dpkg -x` unpacks each into a folder of
@@ -18,6 +19,27 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+
+
+class Daemons:
+    """``with``: start(), and stop() at the end; a start() that fails half-way stops what it started."""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
 
 def fetch_debs(packages: list[str], root: Path) -> str:

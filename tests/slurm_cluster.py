@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from daemons import fetch_debs, kill_all, marked
+from daemons import Daemons, fetch_debs, kill_all, marked
 
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "slurm-wlm-basic-plugins", "munge", "libmunge2",
             "libhwloc15", "liblua5.1-0"]
@@ -97,7 +97,7 @@ PartitionName=high Nodes={names} MaxTime=INFINITE State=UP PriorityTier=2
 """
 
 
-class SlurmCluster:
+class SlurmCluster(Daemons):
     """munged + slurmctld + N slurmd, all our children, in ``workdir``; ``env`` points clients at them."""
 
     def __init__(self, workdir: Path, root: Path, nodes: int = 2, cpus: int = 4):
@@ -115,17 +115,6 @@ class SlurmCluster:
             del self.env[k]  # a test run inside an allocation must not leak that job's env into ours
 
     # -- life cycle --------------------------------------------------------------------------------
-    def __enter__(self) -> "SlurmCluster":
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
     def _spawn(self, argv: list[str], name: str) -> subprocess.Popen:
         log = open(self.dir / "log" / f"{name}.out", "w")
         p = subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from daemons import fetch_debs, kill_all, marked
+from daemons import Daemons, fetch_debs, kill_all, marked
 
 PACKAGES = ["openssh-server", "libwrap0"]
 LIBS = ("lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu")
@@ -85,7 +85,7 @@ Host *
 """
 
 
-class SshHosts:
+class SshHosts(Daemons):
     """An sshd in each namespace of ``hosts``; ``config`` is the client's ssh_config (key, known_hosts)."""
 
     def __init__(self, workdir: Path, sshd: Path, hosts: dict):
@@ -93,17 +93,6 @@ class SshHosts:
         self.config = str(self.dir / "ssh_config")
         self.procs: list[subprocess.Popen] = []
         self.mark = f"{MARK}={self.dir}"
-
-    def __enter__(self) -> "SshHosts":
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
     def start(self, timeout: float = 30) -> None:
         d = self.dir
