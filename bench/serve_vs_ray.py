@@ -25,10 +25,8 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,25 +34,9 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")   # see tandem/serve/ray_engine.py
 
 from tandem.bench.serve import run_load  # noqa: E402
-from tandem.bench.serve_batching import _stop, step_rates  # noqa: E402
+from tandem.bench.serve_batching import _start, _stop, step_rates  # noqa: E402
 
 APP = "plain"
-
-
-def start_tandem(export: Path, run_dir: Path) -> tuple[subprocess.Popen, str]:
-    run_dir.mkdir(parents=True)
-    log = open(run_dir / "front.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "tandem", "serve", str(export), "--replicas", "2", "--port", "0",
-                             "--run-dir", str(run_dir), "--max-batch", "32", "--batch-wait-ms", "5",
-                             "--max-queue", "4096"], stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
-    end = time.monotonic() + 300
-    while time.monotonic() < end and proc.poll() is None:
-        if "ready:" in (run_dir / "front.log").read_text():
-            return proc, json.loads((run_dir / "server.json").read_text())["url"]
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError(f"tandem serve did not become ready: {(run_dir / 'front.log').read_text()[-800:]}")
 
 
 def start_ray(export: Path) -> str:
@@ -122,7 +104,7 @@ def main() -> None:
     os.environ["RAY_TMPDIR"] = tmp
     proc = None
     try:
-        proc, t_url = start_tandem(export, Path(tmp) / "tandem")
+        proc, t_url = _start(export, Path(tmp) / "tandem", 32, 5.0, ("--replicas", "2"))
         r_url = start_ray(export)
         import httpx
 

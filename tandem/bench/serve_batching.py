@@ -30,6 +30,8 @@ from tandem.bench.serve import run_load
 
 BATCH1 = {"batched": ("max-batch {mb}", ()), "batch1": ("max-batch 1", ("--max-batch", "1"))}
 STATIC = {"batched": ("continuous", ()), "batch1": ("static", ("--batching", "static"))}
+# this tandem's folder on the servers' PYTHONPATH: bench/*.py run from a checkout, not an install
+HOME = str(Path(__file__).resolve().parents[2])
 
 
 def _start(export: Path, run_dir: Path, max_batch: int, batch_wait_ms: float,
@@ -38,7 +40,9 @@ def _start(export: Path, run_dir: Path, max_batch: int, batch_wait_ms: float,
     log = open(run_dir / "front.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "tandem", "serve", str(export), "--port", "0", "--run-dir",
                              str(run_dir), "--max-batch", str(max_batch), "--batch-wait-ms", str(batch_wait_ms),
-                             "--max-queue", "4096", *extra], stdout=log, stderr=subprocess.STDOUT)
+                             "--max-queue", "4096", *extra], stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [
+                                HOME, os.environ.get("PYTHONPATH")]))})
     info, end = run_dir / "server.json", time.monotonic() + 300
     while time.monotonic() < end and proc.poll() is None:
         if info.is_file() and "ready:" in (run_dir / "front.log").read_text():
