@@ -11,8 +11,8 @@ with a 5 ms wait:
 Both get the same open-loop load (`tandem bench serve`'s generator, the same request body) at the
 same rates, stepped up x1.5, alternating between the two at each rate. A rate is sustained when every
 request is answered 200, the p99 from the intended send time is within --p99-ms and latency does not
-climb through the run (tandem/bench/serve_batching.py's `sustained`); capacity is the highest rate
-sustained. Then, at half the smaller capacity, each gets 8 s of load with one replica SIGKILLed 3 s
+climb through the run (tandem/bench/serve_batching.py's `step_rates` and `sustained`); capacity is the
+highest rate sustained. Then, at half the smaller capacity, each gets 8 s of load with one replica SIGKILLed 3 s
 in. Printed: capacity(tandem) / capacity(ray) at the same p99 bound, and the failed fraction of each.
 """
 
@@ -25,10 +25,8 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,25 +34,9 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")   # see tandem/serve/ray_engine.py
 
 from tandem.bench.serve import run_load  # noqa: E402
-from tandem.bench.serve_batching import _stop, sustained  # noqa: E402
+from tandem.bench.serve_batching import _start, _stop, step_rates  # noqa: E402
 
 APP = "plain"
-
-
-def start_tandem(export: Path, run_dir: Path) -> tuple[subprocess.Popen, str]:
-    run_dir.mkdir(parents=True)
-    log = open(run_dir / "front.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "tandem", "serve", str(export), "--replicas", "2", "--port", "0",
-                             "--run-dir", str(run_dir), "--max-batch", "32", "--batch-wait-ms", "5",
-                             "--max-queue", "4096"], stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
-    end = time.monotonic() + 300
-    while time.monotonic() < end and proc.poll() is None:
-        if "ready:" in (run_dir / "front.log").read_text():
-            return proc, json.loads((run_dir / "server.json").read_text())["url"]
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError(f"tandem serve did not become ready: {(run_dir / 'front.log').read_text()[-800:]}")
 
 
 def start_ray(export: Path) -> str:
@@ -108,33 +90,6 @@ async def kill_ray_replica_at(t: float) -> int:
     return pid
 
 
-def measure(urls: dict, info: dict, args) -> dict:
-    going, rate, rows = set(urls), args.start_rate, []
-    best = {k: 0.0 for k in urls}
-    for _ in range(args.max_steps):
-        if not going:
-            break
-        row = {"rate": rate}
-        for k in [k for k in urls if k in going]:
-            for _attempt in range(2):   # a failed rate is measured once more (a load spike from elsewhere)
-                res = asyncio.run(run_load(urls[k], rate, args.duration, info=info, timeout_s=60))
-                ok = sustained(res, args.p99_ms)
-                if ok:
-                    break
-            row[k] = {"throughput_rps": res["throughput_rps"], "p99_ms": res["latency_ms"]["p99"],
-                      "failed": res["failed"], "sustained": ok}
-            if ok:
-                best[k] = max(best[k], rate)
-            else:
-                going.discard(k)
-        rows.append(row)
-        print(f"{rate:7.1f} req/s offered: " + "  |  ".join(
-            f"{k} " + (f"{c['throughput_rps']:6.1f} req/s p99 {c['p99_ms']:7.1f} ms {'ok' if c['sustained'] else 'NO'}"
-                       if (c := row.get(k)) else "(stopped)") for k in urls), flush=True)
-        rate *= 1.5
-    return {"steps": rows, "capacity_rps": best, "still_sustaining": sorted(going)}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("export", type=Path)
@@ -149,7 +104,7 @@ def main() -> None:
     os.environ["RAY_TMPDIR"] = tmp
     proc = None
     try:
-        proc, t_url = start_tandem(export, Path(tmp) / "tandem")
+        proc, t_url = _start(export, Path(tmp) / "tandem", 32, 5.0, ("--replicas", "2"))
         r_url = start_ray(export)
         import httpx
 
@@ -159,7 +114,8 @@ def main() -> None:
         print(f"{export}: tandem at {t_url}, plain Ray Serve at {r_url}; 2 replicas each, max batch 32, 5 ms "
               f"wait; open loop, {args.duration:g} s per rate, p99 bound {args.p99_ms:g} ms; {os.cpu_count()} "
               f"cpus", flush=True)
-        cap = measure(urls, info, args)
+        cap = step_rates(urls, start_rate=args.start_rate, max_steps=args.max_steps, duration=args.duration,
+                         p99_ms=args.p99_ms, say=lambda m: print(m, flush=True), info=info)
         kill_rate = max(args.start_rate, 0.5 * min(cap["capacity_rps"].values()))
         kills = {}
         for k, url in urls.items():

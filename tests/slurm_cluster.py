@@ -1,6 +1,6 @@
 """A real 2-node Slurm cluster on this machine, from Debian's own packages, for the tests.
 
-    root = slurm_root()                       # apt-get download + dpkg -x, cached; None + reason if impossible
+    root = slurm_root()                       # daemons.py's apt-get download + dpkg -x, cached; None + why
     with SlurmCluster(tmp_dir, root) as c:    # munged, slurmctld, slurmd -N n1 / -N n2 on 127.0.0.1
         subprocess.run(["sbatch", ...], env=c.env)
 
@@ -14,13 +14,14 @@ runs in the foreground as our child, and is killed (process group) on exit. Run 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from daemons import Daemons, fetch_debs, kill_all, marked
 
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "slurm-wlm-basic-plugins", "munge", "libmunge2",
             "libhwloc15", "liblua5.1-0"]
@@ -37,27 +38,8 @@ def slurm_root() -> tuple[Path | None, str]:
     root = cache_dir() / "root"
     if (root / "usr/sbin/slurmctld-wlm").exists() and (root / "usr/sbin/munged").exists():
         return root, ""
-    if not shutil.which("apt-get") or not shutil.which("dpkg"):
-        return None, "needs apt-get and dpkg (Debian/Ubuntu) to fetch Slurm's packages"
-    debs = cache_dir() / f".debs-{os.getpid()}"  # per process: two sessions may fetch at once
-    debs.mkdir(parents=True, exist_ok=True)
-    try:
-        r = subprocess.run(["apt-get", "download", *PACKAGES], cwd=debs, capture_output=True, text=True)
-        if r.returncode != 0:  # an empty package index (a fresh container): update once, then retry
-            subprocess.run(["apt-get", "update", "-qq"], capture_output=True, text=True)
-            r = subprocess.run(["apt-get", "download", *PACKAGES], cwd=debs, capture_output=True, text=True)
-        if r.returncode != 0:
-            return None, f"apt-get download {' '.join(PACKAGES)} failed: {r.stderr.strip()[-300:]}"
-        tmp = cache_dir() / f".root-{os.getpid()}"
-        for deb in sorted(debs.glob("*.deb")):
-            subprocess.run(["dpkg", "-x", str(deb), str(tmp)], check=True)
-        try:
-            tmp.rename(root)  # atomic: another session sees a whole folder or none
-        except OSError:  # another session got there first: use theirs, never replace a folder in use
-            shutil.rmtree(tmp, ignore_errors=True)
-    finally:
-        shutil.rmtree(debs, ignore_errors=True)
-    return root, ""
+    why = fetch_debs(PACKAGES, root)
+    return (None, why) if why else (root, "")
 
 
 def free_ports(n: int) -> list[int]:
@@ -115,7 +97,7 @@ PartitionName=high Nodes={names} MaxTime=INFINITE State=UP PriorityTier=2
 """
 
 
-class SlurmCluster:
+class SlurmCluster(Daemons):
     """munged + slurmctld + N slurmd, all our children, in ``workdir``; ``env`` points clients at them."""
 
     def __init__(self, workdir: Path, root: Path, nodes: int = 2, cpus: int = 4):
@@ -133,17 +115,6 @@ class SlurmCluster:
             del self.env[k]  # a test run inside an allocation must not leak that job's env into ours
 
     # -- life cycle --------------------------------------------------------------------------------
-    def __enter__(self) -> "SlurmCluster":
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
     def _spawn(self, argv: list[str], name: str) -> subprocess.Popen:
         log = open(self.dir / "log" / f"{name}.out", "w")
         p = subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -186,56 +157,19 @@ class SlurmCluster:
         slurmstepd and the job's tasks leave the daemons' process groups (setsid), so killing the
         groups is not enough: the environment ties each of them to this cluster and to no other.
         """
-        for p in self.procs:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for p in self.procs:
-            p.wait(timeout=30)
-        self.procs.clear()
-        for _ in range(50):
-            left = self.strays()
-            if not left:
-                return
-            for pid in left:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.1)
-        raise RuntimeError(f"processes of the test Slurm cluster survived SIGKILL: {self.strays()}")
+        left = kill_all(self.procs, self.strays)
+        if left:
+            raise RuntimeError(f"processes of the test Slurm cluster survived SIGKILL: {left}")
 
     def strays(self) -> list[int]:
         """Live processes (not zombies) whose environment holds this cluster's SLURM_CONF."""
-        mark = f"SLURM_CONF={self.env['SLURM_CONF']}".encode() + b"\0"
-        found, mine = [], _ancestors()  # never this process or a shell above it that exported the env
-        for d in Path("/proc").iterdir():
-            if not d.name.isdigit() or int(d.name) in mine:
-                continue
-            try:
-                if mark in (d / "environ").read_bytes() and " Z " not in (d / "stat").read_text().split(")", 1)[1][:3]:
-                    found.append(int(d.name))
-            except OSError:
-                continue
-        return found
+        return marked(f"SLURM_CONF={self.env['SLURM_CONF']}".encode())
 
     def logs(self) -> str:
         out = []
         for f in sorted((self.dir / "log").glob("*")):
             out.append(f"--- {f.name}\n" + "\n".join(f.read_text(errors="replace").splitlines()[-15:]))
         return "\n".join(out)
-
-
-def _ancestors() -> set[int]:
-    pids, pid = set(), os.getpid()
-    while pid > 1:
-        pids.add(pid)
-        try:
-            pid = int(Path(f"/proc/{pid}/stat").read_text().split(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            break
-    return pids
 
 
 def _wait(pred, timeout: float, what: str, cluster: SlurmCluster) -> None:

@@ -1,7 +1,7 @@
 """Two ssh hosts on this machine: a network namespace each (netns_hosts.py), each running its own sshd.
 
     sshd, why = sshd_binary()                 # the system's, else Debian's openssh-server unpacked into
-                                              # ~/.cache/tandem/ssh (apt-get download + dpkg -x); None + why
+                                              # ~/.cache/tandem/ssh (daemons.py); None + why
     with SshHosts(tmp_dir, sshd, hosts) as h: # sshd on port 22 in each namespace, key login as root
         subprocess.run(["ssh", "-F", h.config, hosts["addr"][1], "true"])   # from inside a namespace
 
@@ -20,11 +20,12 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from daemons import Daemons, fetch_debs, kill_all, marked
 
 PACKAGES = ["openssh-server", "libwrap0"]
 LIBS = ("lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu")
@@ -35,36 +36,11 @@ def cache_dir() -> Path:
     return Path(os.environ.get("TANDEM_CACHE_DIR_SSH") or os.path.expanduser("~/.cache/tandem/ssh"))
 
 
-def _fetch(packages: list[str], root: Path) -> str:
-    """apt-get download + dpkg -x of ``packages`` into ``root`` (atomically: a whole folder or none); why not."""
-    if not shutil.which("apt-get") or not shutil.which("dpkg"):
-        return f"fetching {' '.join(packages)} needs apt-get and dpkg (Debian/Ubuntu)"
-    debs = cache_dir() / f".debs-{os.getpid()}"  # per process: two sessions may fetch at once
-    debs.mkdir(parents=True, exist_ok=True)
-    try:
-        r = subprocess.run(["apt-get", "download", *packages], cwd=debs, capture_output=True, text=True)
-        if r.returncode != 0:  # an empty package index (a fresh container): update once, then retry
-            subprocess.run(["apt-get", "update", "-qq"], capture_output=True, text=True)
-            r = subprocess.run(["apt-get", "download", *packages], cwd=debs, capture_output=True, text=True)
-        if r.returncode != 0:
-            return f"apt-get download {' '.join(packages)} failed: {r.stderr.strip()[-300:]}"
-        tmp = cache_dir() / f".root-{os.getpid()}"
-        for deb in sorted(debs.glob("*.deb")):
-            subprocess.run(["dpkg", "-x", str(deb), str(tmp)], check=True)
-        try:
-            tmp.rename(root)
-        except OSError:  # another session got there first: use theirs
-            shutil.rmtree(tmp, ignore_errors=True)
-    finally:
-        shutil.rmtree(debs, ignore_errors=True)
-    return ""
-
-
 def sshd_binary() -> tuple[Path | None, str]:
     """(absolute path of an sshd, "") or (None, why not): the system's, else Debian's package, fetched once.
     The client (ssh, ssh-keygen) is fetched too where the system has none; ``client_path()`` finds it."""
     if not client_path():
-        why = _fetch(["openssh-client"], cache_dir() / "client")
+        why = fetch_debs(["openssh-client"], cache_dir() / "client")
         if why or not client_path():
             return None, why or "openssh-client unpacked, but no ssh in it"
     for p in (shutil.which("sshd"), "/usr/sbin/sshd"):
@@ -72,7 +48,7 @@ def sshd_binary() -> tuple[Path | None, str]:
             return Path(p), ""
     sshd = cache_dir() / "root/usr/sbin/sshd"
     if not sshd.exists():
-        why = _fetch(PACKAGES, cache_dir() / "root")
+        why = fetch_debs(PACKAGES, cache_dir() / "root")
         if why:
             return None, why
     return sshd, ""
@@ -109,7 +85,7 @@ Host *
 """
 
 
-class SshHosts:
+class SshHosts(Daemons):
     """An sshd in each namespace of ``hosts``; ``config`` is the client's ssh_config (key, known_hosts)."""
 
     def __init__(self, workdir: Path, sshd: Path, hosts: dict):
@@ -117,17 +93,6 @@ class SshHosts:
         self.config = str(self.dir / "ssh_config")
         self.procs: list[subprocess.Popen] = []
         self.mark = f"{MARK}={self.dir}"
-
-    def __enter__(self) -> "SshHosts":
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
     def start(self, timeout: float = 30) -> None:
         d = self.dir
@@ -168,36 +133,10 @@ class SshHosts:
     def strays(self, mark: str = "") -> list[int]:
         """Live processes (not zombies) whose environment holds ``mark`` (default: this instance's, which its
         sshds and their sessions carry; a job's agents and workers carry the one the test passed on)."""
-        mark, found = (mark or self.mark).encode() + b"\0", []
-        for p in Path("/proc").iterdir():
-            if not p.name.isdigit() or int(p.name) == os.getpid():
-                continue
-            try:
-                if mark in (p / "environ").read_bytes() and " Z " not in (p / "stat").read_text().split(")", 1)[1][:3]:
-                    found.append(int(p.name))
-            except OSError:
-                continue
-        return found
+        return marked((mark or self.mark).encode())
 
     def stop(self) -> None:
-        for p in self.procs:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait(timeout=30)
-        self.procs.clear()
-        for _ in range(50):
-            left = self.strays()
-            if not left:
-                return
-            for pid in left:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.1)
-
+        kill_all(self.procs, self.strays)   # what still outlives SIGKILL, the tests' strays() check names
 
 if __name__ == "__main__":
     sshd, why = sshd_binary()

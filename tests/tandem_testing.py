@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -16,6 +18,34 @@ def run_tandem(*args: str, timeout: float = 240, env: dict | None = None, cwd: P
     full_env = {**os.environ, "COLUMNS": "200", **(env or {})}
     return subprocess.run([sys.executable, "-m", "tandem", *args], capture_output=True, text=True,
                           timeout=timeout, env=full_env, cwd=cwd)
+
+
+TANDEM = str(Path(sys.executable).parent / "tandem")
+
+
+def run_script(*args: str, timeout: float = 240, cwd: Path = ROOT):
+    """The `tandem` console script ARGS as a user runs it: unlike `python -m`, no working folder on sys.path
+    (a 'pkg.module:factory' is found on PYTHONPATH or where the workers look); no COLUMNS (a pipe: no width)."""
+    env = {**{k: v for k, v in os.environ.items() if k != "COLUMNS"}, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([TANDEM, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+
+
+def one_line_error(r, *words: str, start: str = "error: ") -> str:
+    """``r`` exited 2 with a single line on stderr, starting with ``start`` and holding every one of ``words``."""
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(start), r.stderr
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+    return lines[0]
+
+
+def skip_here_fail_in_ci(why: str, what: str):
+    """A test needs what this machine lacks (Slurm's packages, an sshd, Ray): skipped here with ``why``,
+    failed under CI (CI=true), which must run ``what``."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI must run {what}: {why}")
+    pytest.skip(why)
 
 
 def snapshot(folder: Path) -> dict:

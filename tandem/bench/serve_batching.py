@@ -30,6 +30,8 @@ from tandem.bench.serve import run_load
 
 BATCH1 = {"batched": ("max-batch {mb}", ()), "batch1": ("max-batch 1", ("--max-batch", "1"))}
 STATIC = {"batched": ("continuous", ()), "batch1": ("static", ("--batching", "static"))}
+# this tandem's folder on the servers' PYTHONPATH: bench/*.py run from a checkout, not an install
+HOME = str(Path(__file__).resolve().parents[2])
 
 
 def _start(export: Path, run_dir: Path, max_batch: int, batch_wait_ms: float,
@@ -38,7 +40,9 @@ def _start(export: Path, run_dir: Path, max_batch: int, batch_wait_ms: float,
     log = open(run_dir / "front.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "tandem", "serve", str(export), "--port", "0", "--run-dir",
                              str(run_dir), "--max-batch", str(max_batch), "--batch-wait-ms", str(batch_wait_ms),
-                             "--max-queue", "4096", *extra], stdout=log, stderr=subprocess.STDOUT)
+                             "--max-queue", "4096", *extra], stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [
+                                HOME, os.environ.get("PYTHONPATH")]))})
     info, end = run_dir / "server.json", time.monotonic() + 300
     while time.monotonic() < end and proc.poll() is None:
         if info.is_file() and "ready:" in (run_dir / "front.log").read_text():
@@ -67,27 +71,47 @@ def sustained(res: dict, p99_ms: float) -> bool:
         res["p50_last_quarter_ms"] <= 2 * res["p50_first_quarter_ms"] + 50
 
 
+def step_rates(urls: dict[str, str], labels: dict[str, str] | None = None, start_rate: float = 5.0,
+               step: float = 1.5, max_steps: int = 12, duration: float = 3.0, p99_ms: float = 1000.0,
+               say=print, **load) -> dict:
+    """The capacity search: the same rates, stepped up x``step`` from ``start_rate``, offered to each server
+    in turn at each rate (drift on a shared machine hits them all); a server's search ends at the first
+    rate it does not sustain twice in a row. ``load``: run_load's options (max_new_tokens, mixed, info).
+    Returns each step's row ({"rate", server: {...}}), each server's highest sustained rate, and the
+    servers still sustaining at the last step (their capacity is at least that rate)."""
+    labels = labels or {k: k for k in urls}
+    going, rate, rows = set(urls), start_rate, []
+    best = {k: 0.0 for k in urls}
+    for _ in range(max_steps):
+        if not going:
+            break
+        row = {"rate": rate}
+        for k in [k for k in urls if k in going]:
+            for _attempt in range(2):   # a failed rate is measured once more: one load spike from elsewhere
+                res = asyncio.run(run_load(urls[k], rate, duration,  # must not end a server's search
+                                           timeout_s=max(60.0, 4 * duration), **load))
+                ok = sustained(res, p99_ms)
+                if ok:
+                    break
+            row[k] = {"throughput_rps": res["throughput_rps"], "p99_ms": res["latency_ms"]["p99"],
+                      "failed": res["failed"], "sustained": ok}
+            if ok:
+                best[k] = max(best[k], rate)
+            else:
+                going.discard(k)
+        rows.append(row)
+        say("  " + _row_text(row, labels))
+        rate *= step
+    return {"steps": rows, "capacity_rps": best, "still_sustaining": sorted(going)}
+
+
 def search_capacity(url: str, start_rate: float = 5.0, step: float = 1.5, max_steps: int = 12,
                     duration: float = 3.0, p99_ms: float = 1000.0, max_new_tokens: int = 8,
                     say=print) -> tuple[float, list[dict]]:
-    """One server's capacity by the rule ``compare`` uses: step the rate up x``step`` from ``start_rate``
-    until a rate is not sustained twice in a row; the highest sustained rate, and each step's row."""
-    best, rows, rate = 0.0, [], start_rate
-    for _ in range(max_steps):
-        for _attempt in range(2):
-            res = asyncio.run(run_load(url, rate, duration, max_new_tokens=max_new_tokens,
-                                       timeout_s=max(60.0, 4 * duration)))
-            ok = sustained(res, p99_ms)
-            if ok:
-                break
-        rows.append({"rate": rate, "throughput_rps": res["throughput_rps"], "p99_ms": res["latency_ms"]["p99"],
-                     "failed": res["failed"], "sustained": ok})
-        say(f"  {rate:7.1f} req/s offered: {res['throughput_rps']:7.1f} req/s  p99 {res['latency_ms']['p99']:8.1f} ms"
-            f"  {'ok' if ok else 'NO'}")
-        if not ok:
-            break
-        best, rate = rate, rate * step
-    return best, rows
+    """One server's capacity by ``step_rates``'s rule: the highest sustained rate, and each step's row."""
+    res = step_rates({"one": url}, {"one": ""}, start_rate, step, max_steps, duration, p99_ms, say=say,
+                     max_new_tokens=max_new_tokens)
+    return res["capacity_rps"]["one"], [{"rate": r["rate"], **r["one"]} for r in res["steps"]]
 
 
 def compare(export: Path, max_batch: int = 32, batch_wait_ms: float = 5.0, start_rate: float = 5.0,
@@ -95,54 +119,34 @@ def compare(export: Path, max_batch: int = 32, batch_wait_ms: float = 5.0, start
             max_new_tokens: int = 8, say=print, sides: dict | None = None, mixed: bool = False) -> dict:
     """``sides``: BATCH1 (the default) or STATIC, the two servers' labels and extra flags."""
     sides = {k: (label.format(mb=max_batch), extra) for k, (label, extra) in (sides or BATCH1).items()}
-    rows: list[dict] = []
-    best = {k: 0.0 for k in sides}
     with tempfile.TemporaryDirectory(prefix="tandem-bench-serve-") as tmp:
         procs = {}
         try:
             for k, (_, extra) in sides.items():
                 procs[k] = _start(export, Path(tmp) / k, max_batch, batch_wait_ms, extra)
-            going, rate = set(sides), start_rate
-            for _ in range(max_steps):
-                if not going:
-                    break
-                row = {"rate": rate}
-                for k in [k for k in sides if k in going]:
-                    for _attempt in range(2):  # a failed rate is measured again once: one load spike from
-                        res = asyncio.run(run_load(procs[k][1], rate, duration,  # elsewhere must not end it
-                                                   max_new_tokens=max_new_tokens, mixed=mixed,
-                                                   timeout_s=max(60.0, 4 * duration)))
-                        ok = sustained(res, p99_ms)
-                        if ok:
-                            break
-                    row[k] = {"throughput_rps": res["throughput_rps"], "p99_ms": res["latency_ms"]["p99"],
-                              "failed": res["failed"], "sustained": ok}
-                    if ok:
-                        best[k] = max(best[k], rate)
-                    else:
-                        going.discard(k)
-                rows.append(row)
-                say("  " + _row_text(row, sides))
-                rate *= step
+            found = step_rates({k: url for k, (_, url) in procs.items()}, {k: v[0] for k, v in sides.items()},
+                               start_rate, step, max_steps, duration, p99_ms, say=say,
+                               max_new_tokens=max_new_tokens, mixed=mixed)
         finally:
             for p, _ in procs.values():
                 _stop(p)
+    best = found["capacity_rps"]
     ratio = best["batched"] / best["batch1"] if best["batch1"] > 0 else float("nan")
     return {"export": str(export), "sides": {k: v[0] for k, v in sides.items()}, "mixed": mixed,
             "max_batch": max_batch, "batch_wait_ms": batch_wait_ms, "p99_ms": p99_ms,
-            "duration_s": duration, "steps": rows, "capacity_rps": best, "ratio": ratio,
-            "still_sustaining": sorted(going),   # their capacity is at least the last rate (max_steps)
+            "duration_s": duration, "steps": found["steps"], "capacity_rps": best, "ratio": ratio,
+            "still_sustaining": found["still_sustaining"],   # their capacity is at least the last rate (max_steps)
             "cpus": os.cpu_count()}
 
 
-def _row_text(row: dict, sides: dict) -> str:
+def _row_text(row: dict, labels: dict[str, str]) -> str:
     cells = []
-    for k, (label, _) in sides.items():
+    for k, label in labels.items():
         c = row.get(k)
-        cells.append(f"{label:<13s} " + ("(stopped)".ljust(34) if c is None else
-                     f"{c['throughput_rps']:7.1f} req/s  p99 {c['p99_ms']:8.1f} ms  "
-                     f"{'ok ' if c['sustained'] else 'NO '}"))
-    return f"{row['rate']:7.1f} req/s offered: " + "  |  ".join(cells)
+        cell = "(stopped)".ljust(34) if c is None else \
+            f"{c['throughput_rps']:7.1f} req/s  p99 {c['p99_ms']:8.1f} ms  {'ok ' if c['sustained'] else 'NO '}"
+        cells.append(f"{label:<13s} {cell}" if label else cell)
+    return (f"{row['rate']:7.1f} req/s offered: " + "  |  ".join(cells)).rstrip()
 
 
 def print_summary(res: dict, say=print) -> None:

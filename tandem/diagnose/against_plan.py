@@ -36,12 +36,11 @@ OVER_PLAN_MIN = 64 * MIB     # ... when the excess is also this large: a toy mod
 NEAR_CAPACITY = 0.90         # measured peak / the device's memory (or the host's share of RAM) above this
 
 
-def planned(spec: dict, changes: dict | None = None) -> dict:
-    """The planner's memory per rank (bytes by category) and gradient bytes per step for ``spec`` with
-    ``changes`` ({"section.key": value}) applied. {"error": ...} when the planner cannot place the model."""
-    from tandem.plan.cost import evaluate
+def plan_inputs(spec: dict, changes: dict | None = None, bucket_floor: float = 0.0, **plan_args):
+    """The planner's (model, cluster, training, strategy) for ``spec`` with ``changes`` ({"section.key":
+    value}) applied, the DDP bucket at the spec's bucket_cap_mb (at least ``bucket_floor`` bytes).
+    ``plan_args``: PlanArgs's own (calibration, compute_time, overlap)."""
     from tandem.plan.inputs import PlanArgs, resolve, strategy
-    from tandem.plan.memory import CONTEXT_BYTES, memory, shard_group
 
     d = copy.deepcopy(spec)
     for k, v in (changes or {}).items():
@@ -51,25 +50,35 @@ def planned(spec: dict, changes: dict | None = None) -> dict:
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(d, f)
-        model = (d.get("model") or {}).get("name", "")
         shape = None
-        if ":" in str(model):  # a user's factory: measure it on the spec's image shape (tandem's image data)
-            shape = f"{d['model'].get('in_channels', 3)},{d['data'].get('image_size', 224)},{d['data'].get('image_size', 224)}"
-        try:
-            with _model_cache():
-                m, c, t, v = resolve(PlanArgs(config=path, input_shape=shape))
-            s = strategy(v, c, t)
-            t.bucket_bytes = float(d.get("parallel", {}).get("bucket_cap_mb") or 25.0) * MIB
-            p = evaluate(m, c, t, s)
-            states_t = copy.copy(t)
-            if t.precision in ("bf16", "fp16"):  # autocast: fp32 weights, grads and moments, no master copy
-                states_t.precision = "fp32"
-            st = memory(m, c, states_t, s, p.grad_accum)
-            p_states = evaluate(m, c, states_t, s) if states_t is not t else p   # fp32 gradients on the wire
-        except Exception as e:  # noqa: BLE001 - a model the planner cannot size: say so, diagnose goes on
-            return {"error": f"{type(e).__name__}: {e}"}
+        if ":" in str((d.get("model") or {}).get("name", "")):  # a user's factory: measured on the spec's image
+            size = d["data"].get("image_size", 224)                # shape (tandem's image data)
+            shape = f"{d['model'].get('in_channels', 3)},{size},{size}"
+        with _model_cache():
+            m, c, t, v = resolve(PlanArgs(config=path, input_shape=shape, **plan_args))
     finally:
         os.unlink(path)
+    s = strategy(v, c, t)
+    t.bucket_bytes = max(float(d.get("parallel", {}).get("bucket_cap_mb") or 25.0) * MIB, bucket_floor)
+    return m, c, t, s
+
+
+def planned(spec: dict, changes: dict | None = None) -> dict:
+    """The planner's memory per rank (bytes by category) and gradient bytes per step for ``spec`` with
+    ``changes`` ({"section.key": value}) applied. {"error": ...} when the planner cannot place the model."""
+    from tandem.plan.cost import evaluate
+    from tandem.plan.memory import CONTEXT_BYTES, memory, shard_group
+
+    try:
+        m, c, t, s = plan_inputs(spec, changes)
+        p = evaluate(m, c, t, s)
+        states_t = copy.copy(t)
+        if t.precision in ("bf16", "fp16"):  # autocast: fp32 weights, grads and moments, no master copy
+            states_t.precision = "fp32"
+        st = memory(m, c, states_t, s, p.grad_accum)
+        p_states = evaluate(m, c, states_t, s) if states_t is not t else p   # fp32 gradients on the wire
+    except Exception as e:  # noqa: BLE001 - a model the planner cannot size: say so, diagnose goes on
+        return {"error": f"{type(e).__name__}: {e}"}
     mem = p.memory
     # FSDP gathers a block and prefetches the next (the plan's "other"); never more than the rest of the model
     gathered = (min(max(0.0, mem.other - CONTEXT_BYTES), st.params * (shard_group(s, c) - 1))

@@ -16,10 +16,6 @@ reported with the reason, and no verdict is made (a guessed CPU peak would be an
 
 from __future__ import annotations
 
-import copy
-import json
-import os
-import tempfile
 
 LOW = 0.5
 
@@ -44,21 +40,14 @@ def datasheet_gpu(device: dict | None):
 def expected(spec: dict, calibration: str | None, gpu: str | None = None) -> dict:
     """The planner's FLOPs per sample for the spec's model and, with a calibration or a GPU preset
     (``gpu``, used only without a calibration), its FLOP/s per worker."""
+    from tandem.diagnose.against_plan import plan_inputs
     from tandem.plan.cost import evaluate
-    from tandem.plan.inputs import PlanArgs, resolve, strategy
 
-    fd, path = tempfile.mkstemp(suffix=".json", prefix="tandem-diag-eff-")
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(copy.deepcopy(spec), f)
-        m, c, t, v = resolve(PlanArgs(config=path, calibration=calibration,
-                                      gpu=None if calibration else gpu))
-        s = strategy(v, c, t)
+        m, c, t, s = plan_inputs(spec, calibration=calibration, gpu=None if calibration else gpu)
         p = evaluate(m, c, t, s)
     except Exception as e:  # noqa: BLE001 - no FLOP count for this model: say so
         return {"error": f"{type(e).__name__}: {e}"}
-    finally:
-        os.unlink(path)
     out = {"flops_per_sample": m.flops_per_sample, "samples_per_rank_step": t.global_batch / s.world,
            "model": m.name, "precision": t.precision}
     if calibration:

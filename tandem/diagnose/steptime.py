@@ -26,7 +26,7 @@ import os
 import tempfile
 from statistics import median
 
-from tandem.diagnose.against_plan import MIB, _model_cache
+from tandem.diagnose.against_plan import MIB, plan_inputs
 
 FACTOR = {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0, "_allgather_base": 1.0,
           "_reduce_scatter_base": 1.0, "broadcast": 1.0}
@@ -87,32 +87,13 @@ def _plan(spec: dict, changes: dict, calibration: str, compute_time: float | Non
     tandem keeps fp32 gradients, so the collectives are priced at fp32 unless ``wire_fp32`` is off
     (DDP's bf16 hook: bf16 on the wire)."""
     from tandem.plan.cost import evaluate
-    from tandem.plan.inputs import PlanArgs, resolve, strategy
 
-    d = copy.deepcopy(spec)
-    for k, v in (changes or {}).items():
-        sec, key = k.split(".", 1)
-        d.setdefault(sec, {})[key] = v
-    fd, path = tempfile.mkstemp(suffix=".json", prefix="tandem-diag-step-")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(d, f)
-        model = (d.get("model") or {}).get("name", "")
-        shape = None
-        if ":" in str(model):
-            size = d["data"].get("image_size", 224)
-            shape = f"{d['model'].get('in_channels', 3)},{size},{size}"
-        with _model_cache():
-            m, c, t, v = resolve(PlanArgs(config=path, input_shape=shape, calibration=calibration,
-                                          compute_time=compute_time, overlap=overlap))
-        s = strategy(v, c, t)
-        t.bucket_bytes = max(float(d.get("parallel", {}).get("bucket_cap_mb") or 25.0) * MIB, bucket_floor)
-        if wire_fp32 and t.precision in ("bf16", "fp16"):
-            t = copy.copy(t)
-            t.precision = "fp32"
-        return evaluate(m, c, t, s)
-    finally:
-        os.unlink(path)
+    m, c, t, s = plan_inputs(spec, changes, bucket_floor, calibration=calibration, compute_time=compute_time,
+                             overlap=overlap)
+    if wire_fp32 and t.precision in ("bf16", "fp16"):
+        t = copy.copy(t)
+        t.precision = "fp32"
+    return evaluate(m, c, t, s)
 
 
 def _cal_alpha(path: str) -> float:

@@ -38,6 +38,7 @@ from tandem.core import rundir
 from tandem.core.contract import AGENT_STARTS_ENV
 from tandem.core.environment import ENV_BACKEND, ENV_DEVICE
 from tandem.core.errors import ConfigError, LaunchError, WorkerFailure
+from tandem.core.ray_address import check_ray_address
 from tandem.core.spec import JobSpec
 
 RAY_DIR = "ray"            # RUN_DIR/ray/: Ray Train's own storage (RunConfig.storage_path) and start files
@@ -63,24 +64,6 @@ def check_installed() -> None:
                           fix="pip install 'tandem[ray]' (the ray extra; `make install` installs it)")
 
 
-def check_address(address: str) -> None:
-    """An address that does not answer is one line now, not Ray's minute of retries."""
-    if address.startswith("ray://"):
-        raise ConfigError("Ray Client addresses are not supported (the workers must see the run dir, not the "
-                          "client)", field="--address", value=address,
-                          fix="run tandem on a cluster node and give the GCS address host:6379 (`ray status`)")
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise ConfigError("not host:port", field="--address", value=address,
-                          fix="give the head's GCS address as `ray start --head` printed it, e.g. 10.0.0.1:6379")
-    try:
-        socket.create_connection((host, int(port)), timeout=5).close()
-    except OSError as e:
-        raise LaunchError(f"no Ray cluster answers there ({e.strerror or e})", field="--address", value=address,
-                          fix="start one with `ray start --head` (and `ray start --address HEAD:PORT` on the other "
-                              "machines), or drop --address to start a local Ray") from None
-
-
 def check_resources(resources: dict, workers: int, use_gpu: bool) -> None:
     kind = "GPU" if use_gpu else "CPU"
     have = int(resources.get(kind, 0))
@@ -100,7 +83,7 @@ def connect(address: str):
 
     env = {"env_vars": _worker_env()}
     if address:
-        check_address(address)
+        check_ray_address(address)
         ray.init(address=address, runtime_env=env, logging_level="ERROR", log_to_driver=False)
     else:
         ray.init(address="local", runtime_env=env, logging_level="ERROR", log_to_driver=False,

@@ -48,9 +48,10 @@ def ray_pool_factory(address: str | None, replicas: str, scale_up_p99_ms: float 
         raise ConfigError("p99 autoscaling is the local engine's", field="--scale-up-p99-ms",
                           value=scale_up_p99_ms, fix="leave it out with --engine ray (--replicas MIN:MAX scales "
                                                      "on ongoing requests there), or use --engine local")
-    from tandem.serve.ray_engine import RayPool, check_address
+    from tandem.core.ray_address import check_ray_address
+    from tandem.serve.ray_engine import RayPool
 
-    check_address(address)
+    check_ray_address(address)
 
     def make_pool(opts, metrics, say=print):
         return RayPool(opts, metrics, say=say, address=address)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import socket
 import tempfile
 import time
 
@@ -36,31 +35,12 @@ def _batch(fn):
     return serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)(fn) if serve is not None else fn
 
 
-from tandem.core.errors import ConfigError
 from tandem.serve.cli_ray import deployment_options
 from tandem.serve.metrics import Metrics
 from tandem.serve.pool import DeadlineExceeded, PoolOptions, QueueFull, ReplicaError
 
 DEPLOYMENT = "model"
 DTYPES = {"float32": np.dtype("<f4"), "int64": np.dtype("<i8")}
-
-
-def check_address(address: str | None) -> None:
-    """A host:port a Ray head's GCS listens on, checked with one TCP connect (ray.init would retry
-    for a minute before failing)."""
-    if address is None:
-        return
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit() or address.startswith("ray://"):
-        raise ConfigError("not a Ray head address HOST:PORT", field="--address", value=address,
-                          fix="give the address `ray start --head` printed (e.g. 10.0.0.5:6379), or leave "
-                              "--address out to start a local Ray instance")
-    try:
-        socket.create_connection((host, int(port)), timeout=3).close()
-    except OSError as e:
-        raise ConfigError(f"no Ray head answers there ({e.strerror or e})", field="--address", value=address,
-                          fix="start one with `ray start --head --port PORT` (and `ray start --address` on the "
-                              "other machines), or leave --address out") from None
 
 
 class Runner:

@@ -2,18 +2,14 @@
 whose held-out bits per byte falls below the order-0 byte entropy of the same text, and a sample."""
 
 import json
-import os
-import subprocess
-import sys
 import sysconfig
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from tandem_testing import ROOT
+from tandem_testing import run_script
 
-TANDEM = str(Path(sys.executable).parent / "tandem")
 SPEC = """
 name = "lm"
 [model]
@@ -43,9 +39,8 @@ run_dir = "{run}"
 """
 
 
-def tandem(*args, cwd=ROOT):
-    env = {**{k: v for k, v in os.environ.items() if k != "COLUMNS"}, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([TANDEM, *args], capture_output=True, text=True, timeout=600, env=env, cwd=cwd)
+def tandem(*args):
+    return run_script(*args, timeout=600)   # prepare-text and a 120-step 2-rank GPT
 
 
 @pytest.mark.slow

@@ -2,9 +2,7 @@
 worker starts; a good one trains, evaluates and resumes exactly as the built-in sets do."""
 
 import json
-import os
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -12,9 +10,9 @@ import pytest
 
 from tandem.core.rundir import read_metrics
 
-from tandem_testing import ROOT
+from tandem_testing import ROOT, one_line_error
+from tandem_testing import run_script as tandem
 
-TANDEM = str(Path(sys.executable).parent / "tandem")
 OWN = str(ROOT / "examples" / "own_data.toml")
 
 USER = '''
@@ -52,19 +50,6 @@ def broken(path=""):
 '''
 
 
-def tandem(*args, cwd=ROOT):
-    env = {**{k: v for k, v in os.environ.items() if k != "COLUMNS"}, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([TANDEM, *args], capture_output=True, text=True, timeout=240, env=env, cwd=cwd)
-
-
-def one_line_error(r, *words):
-    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
-    lines = r.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: data.name: "), r.stderr
-    for w in words:
-        assert w in lines[0], (w, lines[0])
-
-
 @pytest.fixture(scope="module")
 def user_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("user")
@@ -92,13 +77,13 @@ def test_bad_data_factory_is_one_line(user_dir, factory, words, capsys, monkeypa
     with pytest.raises(SystemExit) as e:
         main(["spec", OWN, "--data.name", factory])
     err = capsys.readouterr().err
-    one_line_error(subprocess.CompletedProcess([], e.value.code, "", err), *words)
+    one_line_error(subprocess.CompletedProcess([], e.value.code, "", err), *words, start="error: data.name: ")
 
 
 def test_train_refuses_before_any_worker(user_dir):
     run = user_dir / "run"
     r = tandem("train", OWN, "--data.name", "userdata:lists", "--launch.run_dir", str(run), cwd=user_dir)
-    one_line_error(r, "not (x, y) tensors")
+    one_line_error(r, "not (x, y) tensors", start="error: data.name: ")
     assert not run.exists()
     assert tandem("spec", OWN, "--data.name", "userdata:pairs", cwd=user_dir).returncode == 0
 

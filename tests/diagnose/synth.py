@@ -3,6 +3,10 @@ tandem.* ranges and cpu_op events, collectives on a gloo thread. Times in us, on
 
 from __future__ import annotations
 
+import gzip
+import json
+from pathlib import Path
+
 MAIN, GLOO = 100, 101
 
 
@@ -37,6 +41,17 @@ class TraceBuilder:
 
     def meta(self) -> dict:
         return {"rank": self.rank, "pid": self.pid}
+
+
+def write_run(run: Path, builders, **meta) -> None:
+    """RUN/profile/rank-K/trace.json.gz and window.json (with ``meta``) for each builder, as the profiler
+    lays out a window."""
+    for tb in builders:
+        d = Path(run) / "profile" / f"rank-{tb.rank}"
+        d.mkdir(parents=True)
+        with gzip.open(d / "trace.json.gz", "wt") as fh:
+            json.dump(tb.doc(), fh)
+        (d / "window.json").write_text(json.dumps(dict(tb.meta(), **meta)))
 
 
 def ddp_step(tb: TraceBuilder, n: int, t0: float, *, fwd: float = 3000, data: float = 200, buckets: int = 1,

@@ -2,12 +2,11 @@
 (torch.cuda.memory._snapshot: segments with blocks, device_traces of alloc/free events); the capture
 itself runs in tests/gpu/test_diagnose_gpu.py."""
 
-import gzip
 import json
 import pathlib
 import pickle
 
-from diagnose.synth import TraceBuilder, ddp_step
+from diagnose.synth import TraceBuilder, ddp_step, write_run
 from tandem.diagnose.cuda_memory import load_snapshot, peak_by_category, read
 from tandem.diagnose.trace import load_run
 
@@ -83,14 +82,12 @@ def test_read_a_rank_dir_and_refuse_a_pickle_with_objects(tmp_path):
     assert read(tmp_path / "nowhere") is None
 
 def test_diagnose_reports_the_snapshot_peak(tmp_path):
-    for rank in (0, 1):
-        tb = TraceBuilder(rank)
+    tbs = [TraceBuilder(rank) for rank in (0, 1)]
+    for tb in tbs:
         ddp_step(tb, 5, 200.0, comm_end=6200.0)
+    write_run(tmp_path / "run", tbs, memory_step=6, memory_source="cuda_snapshot")
+    for rank in (0, 1):
         d = tmp_path / "run" / "profile" / f"rank-{rank}"
-        d.mkdir(parents=True)
-        with gzip.open(d / "trace.json.gz", "wt") as fh:
-            json.dump(tb.doc(), fh)
-        (d / "window.json").write_text(json.dumps(dict(tb.meta(), memory_step=6, memory_source="cuda_snapshot")))
         (d / "memory_snapshot.pickle").write_bytes(pickle.dumps(snapshot()))
         (d / "memory_snapshot.json").write_text(json.dumps(INFO))
     from tandem.diagnose.analyze import analyze

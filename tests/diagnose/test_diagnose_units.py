@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from diagnose.synth import TraceBuilder, ddp_step
+from diagnose.synth import TraceBuilder, ddp_step, write_run
 from tandem.diagnose.analyze import analyze
 from tandem.diagnose.breakdown import step_share
 from tandem.diagnose.clock import estimate
@@ -132,12 +132,8 @@ def test_load_run_and_the_cli_on_a_written_window(tmp_path):
         for k in range(3):  # the window's clock barriers, leaving at the same true moments
             tb.phase("clock", k * 40.0 + tb.rank * 5, k * 40.0 + 30)
         ddp_step(tb, 5, 200.0, comm_end=6200.0)
-        d = tmp_path / "run" / "profile" / f"rank-{tb.rank}"
-        d.mkdir(parents=True)
-        with gzip.open(d / "trace.json.gz", "wt") as fh:
-            json.dump(tb.doc(), fh)
-        (d / "window.json").write_text(json.dumps(tb.meta()))
         traces.append(tb)
+    write_run(tmp_path / "run", traces)
     assert [t.rank for t in load_run(tmp_path / "run")] == [0, 1]
     merged = tmp_path / "merged.json.gz"
     page = tmp_path / "report.html"
@@ -174,22 +170,13 @@ def test_a_straggler_that_waited_for_a_cpu_is_blamed_on_its_host():
     assert [(x["ranks"], x["cause"]) for x in v] == [([1], "code-or-device")]
 
 
-def _write_run(root, traces_builders):
-    for tb in traces_builders:
-        d = root / "profile" / f"rank-{tb.rank}"
-        d.mkdir(parents=True)
-        with gzip.open(d / "trace.json.gz", "wt") as fh:
-            json.dump(tb.doc(), fh)
-        (d / "window.json").write_text(json.dumps(tb.meta()))
-
-
 def test_compare_shows_two_runs_side_by_side(tmp_path):
     runs = []
     for name, data in (("a", 200.0), ("b", 4000.0)):
         tbs = [TraceBuilder(0), TraceBuilder(1)]
         for tb in tbs:
             ddp_step(tb, 5, 0.0, data=data, comm_end=data + 5300.0)
-        _write_run(tmp_path / name, tbs)
+        write_run(tmp_path / name, tbs)
         runs.append(tmp_path / name)
     p = run_tandem("diagnose", str(runs[0]), "--compare", str(runs[1]))
     assert p.returncode == 0, p.stderr

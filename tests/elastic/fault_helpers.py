@@ -48,11 +48,25 @@ def heartbeat(run_dir: Path, rank: int) -> dict | None:
     return read_heartbeat(Path(run_dir) / "heartbeat" / f"rank-{rank}.json")
 
 
+def at_step(run_dir: Path, rank: int, step: int) -> dict:
+    """Rank ``rank``'s heartbeat once it reports ``step`` or later."""
+    return wait_for(lambda: (h := heartbeat(run_dir, rank)) and h["step"] >= step and h,
+                    timeout=180, what=f"rank {rank} to reach step {step}", interval=0.01)
+
+
+def kill_node_at_step(run_dir: Path, rank: int, step: int) -> dict:
+    """kill -9 the simulated node of rank ``rank`` once it reaches ``step``: its torchrun agent and its
+    worker (in a session of its own, so not taken down with the agent). The rank's last heartbeat."""
+    hb = at_step(run_dir, rank, step)
+    os.kill(hb["ppid"], signal.SIGKILL)
+    os.kill(hb["pid"], signal.SIGKILL)
+    return hb
+
+
 def sigkill_at_step(proc: subprocess.Popen, run_dir: Path, victim: int, step: int) -> tuple[dict, dict]:
     """kill -9 rank ``victim`` once its heartbeat reaches ``step``; the run must still succeed.
     Returns the victim's last heartbeat and the run's result."""
-    hb = wait_for(lambda: (h := heartbeat(run_dir, victim)) and h["step"] >= step and h,
-                  timeout=180, what=f"rank {victim} to reach step {step}", interval=0.01)
+    hb = at_step(run_dir, victim, step)
     os.kill(hb["pid"], signal.SIGKILL)
     rc, out, err = finish(proc)
     assert rc == 0, err[-3000:]

@@ -2,12 +2,10 @@
 
 import json
 import math
-import os
-import signal
 
 import pytest
 
-from elastic.fault_helpers import finish, heartbeat, records, samples_seen, start_train, wait_for, write_spec
+from elastic.fault_helpers import finish, kill_node_at_step, records, samples_seen, start_train, write_spec
 from tandem.train import checkpoint as ckpt
 
 
@@ -17,10 +15,7 @@ def test_node_loss_continues_at_smaller_world_with_same_global_batch(reference, 
     run = tmp_path / "run"
     proc = start_train(spec, "--launch.simulate_nodes", "2", "--launch.nnodes", "1:2", "--launch.max_restarts", "1",
                        env={"TANDEM_FAULTS": "slow:rank=1:ms=40"})  # rank 1 (on the node that dies) is slow
-    hb = wait_for(lambda: (h := heartbeat(run, 1)) and h["step"] >= 14 and h, timeout=180,
-                  what="rank 1 to reach step 14", interval=0.01)
-    os.kill(hb["ppid"], signal.SIGKILL)  # the node: its torchrun agent...
-    os.kill(hb["pid"], signal.SIGKILL)  # ...and its worker (own session, so not taken down with the agent)
+    kill_node_at_step(run, 1, 14)
     rc, out, err = finish(proc)
     assert rc == 0, err[-3000:]
     assert "node(s) [" in err and "lost" in err
@@ -56,10 +51,7 @@ def test_node_loss_with_scale_lr_halves_the_batch_and_the_lr(reference, tmp_path
     run = tmp_path / "run"
     proc = start_train(spec, "--launch.simulate_nodes", "2", "--launch.nnodes", "1:2", "--launch.max_restarts", "1",
                        "--elastic.on_resize", "scale_lr", env={"TANDEM_FAULTS": "slow:rank=1:ms=20"})
-    hb = wait_for(lambda: (h := heartbeat(run, 1)) and h["step"] >= 12 and h, timeout=180,
-                  what="rank 1 to reach step 12", interval=0.01)
-    os.kill(hb["ppid"], signal.SIGKILL)
-    os.kill(hb["pid"], signal.SIGKILL)
+    kill_node_at_step(run, 1, 12)
     rc, out, err = finish(proc)
     assert rc == 0, err[-3000:]
     result = json.loads(out)

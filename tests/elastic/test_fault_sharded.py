@@ -2,15 +2,12 @@
 bitwise; a lost node's survivors reload the sharded checkpoint resharded by DCP to the smaller world."""
 
 import json
-import os
 import random
-import signal
 
 import pytest
 
-from elastic.fault_helpers import (assert_bitwise_equal, final_state, finish, heartbeat, records, samples_seen,
-                                   sigkill_at_step,
-                                   start_train, wait_for, write_spec)
+from elastic.fault_helpers import (assert_bitwise_equal, final_state, finish, kill_node_at_step, records,
+                                   samples_seen, sigkill_at_step, start_train, write_spec)
 from tandem.train import checkpoint as ckpt
 
 pytestmark = [pytest.mark.slow]
@@ -46,10 +43,7 @@ def test_zero2_node_loss_reshards_to_the_smaller_world(zero3_reference, tmp_path
     run = tmp_path / "run"
     proc = start_train(spec, "--parallel.strategy", "zero2", "--launch.simulate_nodes", "2", "--launch.nnodes", "1:2",
                        "--launch.max_restarts", "1", env={"TANDEM_FAULTS": "slow:rank=1:ms=20"})
-    hb = wait_for(lambda: (h := heartbeat(run, 1)) and h["step"] >= 7 and h, timeout=180,
-                  what="rank 1 to reach step 7", interval=0.01)
-    os.kill(hb["ppid"], signal.SIGKILL)  # the node's agent and its worker
-    os.kill(hb["pid"], signal.SIGKILL)
+    kill_node_at_step(run, 1, 7)
     rc, out, err = finish(proc)
     assert rc == 0, err[-3000:]
     result = json.loads(out)

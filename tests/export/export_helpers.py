@@ -25,17 +25,27 @@ LAYOUTS = {
 
 
 def write_checkpoint(run: Path, model_overrides: dict | None = None, step: int = 5, mutate=None) -> Path:
-    """A run dir with spec.json and one checkpoint, as `tandem train` lays them out, written by this
-    process with the trainer's own publish step (sha256 manifest, atomic rename, ``latest``)."""
-    import torch.distributed.checkpoint as dcp
-
-    from tandem.core.config import load_spec, to_dict
-    from tandem.models import build_model, model_signature
-    from tandem.train import checkpoint as ckpt
+    """A run dir of the GPT example (``model_overrides`` applied) with one checkpoint: publish_checkpoint."""
+    from tandem.core.config import load_spec
 
     spec = load_spec(GPT, check=False)
     for k, v in (model_overrides or {}).items():
         setattr(spec.model, k, v)
+    return publish_checkpoint(run, spec, step, mutate)
+
+
+def publish_checkpoint(run: Path, spec, step: int, mutate=None) -> Path:
+    """RUN/spec.json and one checkpoint of ``spec``'s model (seeded by ``step``; ``mutate(state_dict)`` may
+    change it first), as `tandem train` lays them out, written by this process with the trainer's own
+    publish step (sha256 manifest, atomic rename, ``latest``)."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    from tandem.core.config import to_dict
+    from tandem.models import build_model, model_signature
+    from tandem.train import checkpoint as ckpt
+
     run.mkdir(parents=True, exist_ok=True)
     (run / "spec.json").write_text(json.dumps(to_dict(spec), indent=1))
     torch.manual_seed(step)
@@ -46,7 +56,6 @@ def write_checkpoint(run: Path, model_overrides: dict | None = None, step: int =
     cdir = run / "checkpoints"
     tmp = cdir / f".tmp-step-{step:08d}"
     tmp.mkdir(parents=True)
-    import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         dcp.save({"model": sd}, checkpoint_id=str(tmp), no_dist=True)

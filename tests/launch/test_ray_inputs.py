@@ -21,7 +21,7 @@ def test_unreachable_address_is_one_line(tiny_spec, tmp_path, capsys, monkeypatc
     code, out, err = tandem_in_process(["submit", "--on", "ray", "--address", f"127.0.0.1:{_closed_port()}",
                                         "--run-dir", str(run), str(tiny_spec())], capsys, monkeypatch)
     assert code == 2 and err.count("\n") == 1, err
-    assert err.startswith("error: --address: no Ray cluster answers there") and "ray start --head" in err, err
+    assert err.startswith("error: --address: no Ray head answers there") and "ray start --head" in err, err
     assert not run.exists()
 
 

@@ -8,7 +8,6 @@ reason, where Slurm's packages cannot be fetched; in CI (CI=true) they must run.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -16,7 +15,7 @@ import sys
 import pytest
 
 from slurm_cluster import SlurmCluster, slurm_root
-from tandem_testing import ROOT, TINY, run_tandem, wait_for
+from tandem_testing import ROOT, TINY, run_tandem, skip_here_fail_in_ci, wait_for
 
 pytestmark = pytest.mark.slow
 SLEEPER = "import pathlib, sys, time\npathlib.Path(sys.argv[1]).touch()\ntime.sleep(600)\n"
@@ -26,9 +25,7 @@ SLEEPER = "import pathlib, sys, time\npathlib.Path(sys.argv[1]).touch()\ntime.sl
 def cluster(tmp_path_factory):
     root, why = slurm_root()
     if root is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must run the Slurm tests: {why}")
-        pytest.skip(why)
+        skip_here_fail_in_ci(why, "the Slurm tests")
     with SlurmCluster(tmp_path_factory.mktemp("slurm"), root) as c:
         yield c
     assert not c.strays(), "Slurm processes left behind"

@@ -19,7 +19,7 @@ import pytest
 
 from netns_hosts import netns_pair, why_not
 from ssh_hosts import MARK, SshHosts, client_path, sshd_binary
-from tandem_testing import ROOT, tandem_in_process, wait_for
+from tandem_testing import ROOT, skip_here_fail_in_ci, tandem_in_process, wait_for
 
 ADDR = ("10.231.9.1", "10.231.9.2")
 IFNAME = "tdmnet"  # both ends of the veth pair: one GLOO_SOCKET_IFNAME (an allowlisted GLOO_*) fits both hosts
@@ -33,9 +33,7 @@ def hosts(tmp_path_factory):
     if not why:
         sshd, why = sshd_binary()
     if why:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must run the ssh tests: {why}")
-        pytest.skip(why)
+        skip_here_fail_in_ci(why, "the ssh tests")
     try:
         with netns_pair(f"tds{os.getpid() % 100000}", ADDR, IFNAME) as ns, \
                 SshHosts(tmp_path_factory.mktemp("sshd"), sshd, ns) as h:

@@ -29,38 +29,22 @@ def export(run: Path, out: Path) -> Path:
 def write_resnet_checkpoint(run: Path, step: int = 3) -> Path:
     """A run dir holding one checkpoint of a small ResNet-18 (BatchNorm in eval mode: running stats
     made non-trivial), published the way the trainer publishes one."""
-    import warnings
-
-    import torch
-    import torch.distributed.checkpoint as dcp
-
-    from tandem.core.config import load_spec, to_dict
-    from tandem.models import build_model, model_signature
-    from tandem.train import checkpoint as ckpt
+    from export.export_helpers import publish_checkpoint
+    from tandem.core.config import load_spec
 
     run.mkdir(parents=True, exist_ok=True)
     spec_path = run / "job.toml"
     spec_path.write_text(TINY.format(model="resnet18", remainder="pad", global_batch=16, micro_batch=8,
                                      max_steps=2, dtype="fp32", every=0, keep=1, nproc=1, run_dir=str(run)))
-    spec = load_spec(spec_path, check=False)
-    (run / "spec.json").write_text(json.dumps(to_dict(spec), indent=1))
-    torch.manual_seed(step)
-    model = build_model(spec.model)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, torch.nn.BatchNorm2d):
-                m.running_mean.normal_(0, 0.1)
-                m.running_var.uniform_(0.5, 1.5)
-    cdir = run / "checkpoints"
-    tmp = cdir / f".tmp-step-{step:08d}"
-    tmp.mkdir(parents=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        dcp.save({"model": model.state_dict()}, checkpoint_id=str(tmp), no_dist=True)
-    meta = {"model": spec.model.name, "signature": model_signature(model), "epoch": 0,
-            "parallel": {"strategy": "ddp", "tp": 1, "pp": 1}}
-    ckpt.publish_files(cdir, step, tmp, cdir / f"step-{step:08d}", 1, meta, keep_last=1)
-    return run
+
+    def bn_stats(sd: dict) -> None:
+        for k, v in sd.items():
+            if k.endswith(".running_mean"):
+                v.normal_(0, 0.1)
+            elif k.endswith(".running_var"):
+                v.uniform_(0.5, 1.5)
+
+    return publish_checkpoint(run, load_spec(spec_path, check=False), step, bn_stats)
 
 
 class Server:

@@ -20,14 +20,13 @@ import torch
 
 import tandem.export
 from serve.serve_helpers import ROOT, Server, greedy, wait_for
-from tandem_testing import tandem_in_process
+from tandem_testing import skip_here_fail_in_ci, tandem_in_process
 
 
 def _need_ray() -> None:
     if importlib.util.find_spec("ray") is None:
-        if os.environ.get("CI"):
-            pytest.fail("CI must run the Ray engine tests: install the `ray` extra (make install)")
-        pytest.skip("ray is not installed (pip install 'tandem[ray]')")
+        skip_here_fail_in_ci("ray is not installed (pip install 'tandem[ray]'; make install installs the ray extra)",
+                             "the Ray engine tests")
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +181,8 @@ def test_bad_address_is_refused_before_anything_starts(gpt_export, tmp_path, cap
     with socket.socket() as s:   # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    for addr, msg in ((f"127.0.0.1:{port}", "no Ray head answers there"), ("ray://x:1", "not a Ray head address")):
+    for addr, msg in ((f"127.0.0.1:{port}", "no Ray head answers there"), ("x", "not a Ray head address HOST:PORT"),
+                      ("ray://x:1", "Ray Client addresses (ray://) are not supported")):
         code, _, err = tandem_in_process(["serve", str(gpt_export), "--engine", "ray", "--address", addr,
                                           "--run-dir", str(tmp_path)], capsys, monkeypatch)
         assert code == 2 and f"error: --address: {msg}" in err, err

@@ -7,29 +7,14 @@ and reads its exit code and the one line it prints. `tandem spec` runs the same 
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tandem_testing import ROOT
+from tandem_testing import ROOT, one_line_error
+from tandem_testing import run_script as tandem
 
 EXAMPLE = str(ROOT / "examples" / "digits_resnet.toml")
-TANDEM = str(Path(sys.executable).parent / "tandem")  # the console script: no cwd on sys.path
-
-
-def tandem(*args, cwd=ROOT):
-    env = {**{k: v for k, v in os.environ.items() if k != "COLUMNS"}, "PYTHONPATH": str(ROOT)}  # a pipe: no width
-    return subprocess.run([TANDEM, *args], capture_output=True, text=True, timeout=240, env=env, cwd=cwd)
-
-
-def one_line_error(r, *words):
-    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
-    lines = r.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
-    for w in words:
-        assert w in lines[0], (w, lines[0])
-    return lines[0]
 
 
 def cuda() -> bool:
