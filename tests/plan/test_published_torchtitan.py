@@ -84,7 +84,7 @@ def _plan(name, seq, gpu, gpus, inter, dp, tp, pp, cp, local, recompute, precisi
 def h100_errors() -> dict[str, float]:
     out = {}
     for label, name, seq, gpus, dp, tp, pp, cp, local, rc, prec, tps in H100:
-        p = _plan(name, seq, "h100-sxm", gpus, "ib-ndr", dp, tp, pp, cp, local, rc, prec)
+        p = _plan(name, seq, "h100-sxm-500w", gpus, "ib-ndr", dp, tp, pp, cp, local, rc, prec)
         out[f"{label} {name}"] = local * dp * seq / p.step_s / gpus / tps - 1
     return out
 
