@@ -72,7 +72,7 @@ class Plan:
     stage_layers: tuple[int, ...] = ()   # layers per pipeline stage (pp > 1, transformers)
     stage_imbalance: float = 1.0         # slowest stage's FLOPs over the mean stage's
     attn_bf16_s: float = 0.0             # fp8: attention's seconds at the BF16 rate (included in compute_s)
-    gemm_roofline: float = 1.0           # share of the rate the linear layers' GEMM shapes keep (roofline)
+    gemm_roofline: float = 1.0           # share of the rate the linear layers keep, memory-bound GEMMs (roofline)
     attn_s: float = 0.0                  # attention's (QK^T, AV) seconds, included in compute_s
     attn_ratio: float = 1.0              # attention kernels' rate over the linear layers' (efficiency.py)
     gemm_shape: float = 1.0              # share of it their shapes keep (tile/wave quantization, gemm.py)
@@ -234,7 +234,7 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
     if m.gpt is not None and not measured and factors is None and rate:
         # linear layers at their GEMM shapes' rate, attention apart (FP8: attention stays BF16), FP8 casts
         cx = E.transformer_compute(m, c, t, s, hw_fpg, rate, eff)
-        compute, attn_s, gemm = cx["compute"], cx["attn_s"], cx["gemm"]
+        compute, attn_s, gemm = cx["compute"], cx["attn_s"], cx["roofline"]
         attn_bf16 = attn_s if t.precision == "fp8" else 0.0
     bubble = 0.0
     counts: tuple[int, ...] = ()

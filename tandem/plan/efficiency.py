@@ -103,6 +103,11 @@ def attention(gpu_name: str, fused: bool = True) -> float:
     return 1.0 if a is None else a.attention if fused else a.unfused
 
 
+def attention_source(gpu_name: str, fused: bool = True) -> str:
+    a = arch_of(gpu_name)
+    return "" if a is None else a.attention_source if fused or a.unfused == 1.0 else _UNFUSED_SRC
+
+
 def attention_rate(c, t, rate: float, eff: float) -> float:
     """FLOP/s of attention's QK^T and AV on cluster ``c`` for training ``t``: the bf16 rate under FP8
     (Transformer Engine runs only the linear layers in FP8), times the architecture's attention-kernel speed
