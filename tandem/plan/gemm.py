@@ -61,7 +61,8 @@ _BF16_H100 = ((135, 235, 366, 508, 584),    # N 256
               (394, 546, 681, 733, 783),    # N 2048
               (464, 608, 693, 763, 808))    # N 4096
 # FP8 (e4m3) GEMM throughput on an H800 SXM (same SMs and FP8 peak as an H100 SXM), M = N = 8192, by K:
-# tile-ai/tilelang benchmark/matmul_fp8/README.md (256 ... 16384). FP8 tiles are twice as deep in K, so a
+# tile-ai/tilelang benchmark/matmul_fp8/README.md (256 ... 16384; printed there as 0.376 ... 1.523 with the latency
+# in ms, i.e. PFLOP/s). FP8 tiles are twice as deep in K, so a
 # small K leaves FP8 further below its peak than BF16: at K 1024 it is 1.34x BF16, at 16384 1.89x.
 _FP8_K = (256, 512, 1024, 2048, 4096, 8192, 16384)
 _FP8_H800 = (376, 622, 927, 1174, 1378, 1461, 1523)
