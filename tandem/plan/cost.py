@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from tandem.core.errors import ConfigError
 from tandem.plan import comm as C
 from tandem.plan import efficiency as E
-from tandem.plan import gemm as G
 from tandem.plan import moe_cp as MC
 from tandem.plan import overlap as O
 from tandem.plan import stages as ST
@@ -73,9 +72,11 @@ class Plan:
     stage_layers: tuple[int, ...] = ()   # layers per pipeline stage (pp > 1, transformers)
     stage_imbalance: float = 1.0         # slowest stage's FLOPs over the mean stage's
     attn_bf16_s: float = 0.0             # fp8: attention's seconds at the BF16 rate (included in compute_s)
-    gemm_roofline: float = 1.0           # share of the rate the linear layers' GEMM shapes keep (roofline)
+    gemm_roofline: float = 1.0           # share of the rate the linear layers keep, memory-bound GEMMs (roofline)
     attn_s: float = 0.0                  # attention's (QK^T, AV) seconds, included in compute_s
     attn_ratio: float = 1.0              # attention kernels' rate over the linear layers' (efficiency.py)
+    gemm_shape: float = 1.0              # share of it their shapes keep (tile/wave quantization, gemm.py)
+    fp8_cast_s: float = 0.0              # fp8: the casts' seconds at the memory bandwidth (in compute_s)
 
     @property
     def comm_s(self) -> float:
@@ -194,6 +195,8 @@ def default_efficiency(m: ModelStats, c: Cluster, t: Training) -> float:
     if t.efficiency is not None:
         return t.efficiency
     e = E.linear(c.gpu.name, m.kind) or DEFAULT_EFFICIENCY[m.kind]
+    if t.precision == "fp8":
+        e *= E.FP8_OVER_BF16
     if t.precision in c.achieved_flops:
         e = min(1.0, e / GEMM_FRACTION)
     return e
@@ -227,20 +230,12 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
     hw_fpg = f_hw * t.global_batch / n
     measured = t.compute_time_s is not None
     compute = t.compute_time_s if measured else (hw_fpg / rate if rate else 0.0)
-    attn_bf16, gemm, attn_s = 0.0, 1.0, 0.0
+    attn_bf16, gemm, attn_s, cx = 0.0, 1.0, 0.0, {}
     if m.gpt is not None and not measured and factors is None and rate:
-        # Linear layers at the roofline of their GEMM shapes; attention (QK^T, AV: the 4*s*h term, and its
-        # recompute) apart: with FP8, Transformer Engine runs only the linear layers' GEMMs in FP8 and
-        # attention stays in BF16 unless FP8 attention is asked for
-        g = m.gpt
-        attn_fpg = ((3 + {"none": 0, "selective": 3, "full": 1}[s.recompute]) * g.seq * g.layers * g.attn_score_fwd_flops_per_token()
-                    * t.global_batch / n)
-        attn_rate = E.attention_rate(c, t, rate, eff)
-        gemm = G.roofline(MC.cp_shape(g, s.cp) if s.cp > 1 else g, s.tp, s.micro_batch,
-                          1 if t.precision == "fp8" else by["act"], rate, c.gpu.memory_Bps)
-        attn_s = attn_fpg / attn_rate
+        # linear layers at their GEMM shapes' rate, attention apart (FP8: attention stays BF16), FP8 casts
+        cx = E.transformer_compute(m, c, t, s, hw_fpg, rate, eff)
+        compute, attn_s, gemm = cx["compute"], cx["attn_s"], cx["roofline"]
         attn_bf16 = attn_s if t.precision == "fp8" else 0.0
-        compute = (hw_fpg - attn_fpg) / (rate * gemm) + attn_s
     bubble = 0.0
     counts: tuple[int, ...] = ()
     imbalance = 1.0
@@ -290,7 +285,8 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
     return Plan(m, c, t, s, mb, mem, ops, eff, rate, hw_fpg, model_fpg, compute, bubble, measured,
                 host_factors=factors, stage_layers=counts, stage_imbalance=imbalance,
                 attn_bf16_s=attn_bf16 * imbalance, gemm_roofline=gemm, attn_s=attn_s * imbalance,
-                attn_ratio=1.0 if t.efficiency is not None or not attn_s else E.attention(c.gpu.name))
+                attn_ratio=1.0 if t.efficiency is not None or not attn_s else E.attention(c.gpu.name, t.flash_attention),
+                gemm_shape=cx.get("tiles", 1.0), fp8_cast_s=cx.get("cast_s", 0.0) * imbalance)
 
 
 def stage_psi(m: ModelStats, s: Strategy) -> float:

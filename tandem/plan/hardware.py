@@ -74,6 +74,12 @@ GPUS: dict[str, GPU] = {g.name: g for g in [
     _g("a100-40gb-pcie", 40 * GiB, 19.5, 156, 312, 312, None, "pcie4", "NVIDIA A100 datasheet (PCIe)", 1555),
     _g("a100-80gb-pcie", 80 * GiB, 19.5, 156, 312, 312, None, "pcie4", "NVIDIA A100 datasheet (PCIe)", 1935),
     _g("h100-sxm", 80 * GiB, 67, 494.7, 989.4, 989.4, 1978.9, "nvlink4", "NVIDIA H100 datasheet (SXM)", 3350),
+    # Meta's Grand Teton H100s (torchtitan's benchmarks, pytorch/torchtitan docs/performance.md): 96 GB HBM2e at
+    # 2.4 TB/s, the default 500 W power limit; "the actual peak TFLOPs number is between SXM and NVL" (its
+    # footnote 2): the midpoint of the H100 SXM and H100 NVL datasheet figures (NVL dense: BF16 835.5, FP8 1670.5,
+    # TF32 417.5, FP32 60) is taken.
+    _g("h100-sxm-500w", 96 * GiB, 63.5, 456.1, 912.45, 912.45, 1824.7, "nvlink4", "torchtitan docs/performance.md"
+       " (Grand Teton: HBM2e 2.4 TB/s, 500 W; peak between H100 SXM and NVL: their datasheets' midpoint)", 2400),
     _g("h100-pcie", 80 * GiB, 51, 378, 756, 756, 1513, "pcie5", "NVIDIA H100 datasheet (PCIe)", 2000),
     _g("h200", 140 * GiB, 67, 494.7, 989.4, 989.4, 1978.9, "nvlink4", "NVIDIA H200 datasheet (SXM)", 4800),
     _g("l40s", 45 * GiB, 91.6, 183, 362.05, 362.05, 733, "pcie4", "NVIDIA L40S datasheet", 864),
@@ -94,7 +100,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in [
 
 ALIASES = {"a100": "a100-80gb", "h100": "h100-sxm", "v100": "v100-32gb", "4090": "rtx4090",
            "b200-sxm": "b200", "gb200-nvl72": "gb200", "p100-sxm2": "p100", "mi300": "mi300x",
-           "a100-80gb-sxm": "a100-80gb", "a100-40gb-sxm": "a100-40gb", "h200-sxm": "h200"}
+           "a100-80gb-sxm": "a100-80gb", "a100-40gb-sxm": "a100-40gb", "h200-sxm": "h200", "h100-500w": "h100-sxm-500w", "h100-grand-teton": "h100-sxm-500w"}
 
 def _L(name, bw, lat, kind, src, busbw=0.0, busbw_src=""):
     return Link(name, bw, lat, kind, src, busbw, busbw_src)

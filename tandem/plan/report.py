@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tandem.plan import efficiency as E
 from tandem.plan.cost import Plan
 from tandem.plan.explain import explain, gib, ms, overlap_rule, si, warnings
 
@@ -141,17 +142,25 @@ def assumptions(p: Plan, given: set[str], mb_auto: bool) -> list[str]:
                    f"({'given' if s.stage_layers else 'balanced split; --stage-layers to change'})")
     if p.attn_bf16_s:
         out.append("fp8 on the linear layers only, attention at the bf16 rate (Transformer Engine default)")
-    if p.gemm_roofline < 0.9995:
-        out.append(f"linear layers at {p.gemm_roofline:.3g} of the rate: memory-bound GEMMs (roofline)")
+    if p.gemm_roofline * p.gemm_shape < 0.9995:
+        out.append(f"linear layers at {p.gemm_roofline * p.gemm_shape:.3g} of the rate: their GEMM shapes "
+                   f"({p.gemm_shape:.3g}, measured GEMM speeds) and memory-bound GEMMs ({p.gemm_roofline:.3g}, roofline)")
+    if p.fp8_cast_s:
+        out.append("fp8 casts of each linear layer's input and gradient timed at the memory bandwidth")
     if p.compute_measured:
         out.append("compute time measured (--compute-time)")
     elif p.host_factors:
         out.append("compute from this model's measured FLOP/s (calibration)")
     else:
         ref = "calibrated" if t.precision in c.achieved_flops else "datasheet peak"
-        out.append(f"efficiency {p.efficiency:.2f} of {ref} {t.precision} FLOP/s "
-                   f"({how('efficiency', 'default for a ' + KINDS.get(p.model.kind, p.model.kind))})")
+        arch = E.arch_of(c.gpu.name) if E.linear(c.gpu.name, p.model.kind) else None
+        why = (f"the {arch.arch} figure for a transformer's linear layers"
+               + (" x 0.942 for FP8" if t.precision == "fp8" else "") + ", efficiency.py") if arch else \
+            "default for a " + KINDS.get(p.model.kind, p.model.kind)
+        out.append(f"efficiency {p.efficiency:.2f} of {ref} {t.precision} FLOP/s ({how('efficiency', why)})")
     if p.attn_ratio != 1.0:
-        out.append(f"attention at {p.attn_ratio:.3g} of the linear layers' rate (published FlashAttention "
-                   "utilization; --efficiency sets one rate for all)")
+        out.append(f"attention at {p.attn_ratio:.3g} of the linear layers' rate ("
+                   + ("published FlashAttention utilization" if t.flash_attention else
+                      "unfused, FlashAttention-2 paper's baseline; --flash-attention for fused kernels")
+                   + "; --efficiency sets one rate for all)")
     return out

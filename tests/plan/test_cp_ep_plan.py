@@ -120,7 +120,10 @@ def test_flash_attention_drops_the_score_matrix_without_recompute():
     sel = evaluate(m, c, Training(global_batch=8), Strategy(dp=4, cp=2, micro_batch=1, recompute="selective"))
     assert fused.memory.activations == pytest.approx(sel.memory.activations)
     assert fused.memory.activations < eager.memory.activations / 3
-    assert fused.compute_s == eager.compute_s < sel.compute_s          # no recompute FLOPs
+    # no recompute FLOPs; the unfused kernel is slower (efficiency.py: FlashAttention-2 paper, Table 3)
+    assert fused.attn_s == pytest.approx(eager.attn_s * 0.24 / 0.9375)
+    assert fused.compute_s - fused.attn_s == pytest.approx(eager.compute_s - eager.attn_s)
+    assert eager.compute_s < sel.compute_s
     line = next(x for x in to_dict(fused)["explain"] if x.startswith("Activations:"))
     assert "5as/h" not in line and "--flash-attention" in line
 

@@ -15,9 +15,9 @@ and its default efficiency. Two inputs are unstated and were chosen before compa
 GPT-3 175B recipe at PP 8, NeMo's table in test_published_nemo_fp8.py) and no recompute with fused attention.
 
 Measured on main when written: median 9.5%, max 19.6%, all rows predicted SLOW (+20% at 256 GPUs, 0% at
-12,288): within issue 14's tolerance, narrowly on the median. The median rests on those two choices (2 or 12
-virtual stages: 11.1%, 10.3%; selective recompute: 12.1-13.8%); the max stays within 25% under every one of
-them (checked below).
+12,288). With the per-architecture compute model: median 12.6%, max 19.2%, all rows FAST (see the known miss
+below). The median rests on those two choices (2 or 12 virtual stages: 11.7%, 11.6%; selective recompute:
+2.8-4.3%); the max stays within 20% under every one of them (checked below).
 """
 
 from statistics import median
@@ -53,20 +53,22 @@ def errors(virtual: int = 6, recompute: str = "none") -> dict[int, float]:
 
 
 def test_step_time_known_miss():
-    """KNOWN MISS since the achievable link rates and the A100 attention factor (both sourced, neither fitted):
-    median 12.2%, max 22.5%, every row still predicted slow; it was 9.5% / 19.6% before them. The max is
-    within the issue's 25%, the median is not (10%): pinned here so that a change that makes it worse fails."""
+    """KNOWN MISS. Since the achievable link rates and the A100 attention factor: median 12.2%, max 22.5%, every row
+    predicted slow (9.5% / 19.6% before them). With the per-architecture compute model (efficiency.py: A100 linear
+    layers at 0.67 of peak from the FlashAttention-2 paper's end-to-end runs, not fitted): median 12.6%, max 19.2%,
+    every row now predicted FAST, from -5% at 256 GPUs to -19% at 12,288: the error grows with the GPU count
+    at a fixed global batch (less compute a GPU, more data-parallel ranks), so the term at fault is the data-parallel communication at thousands of GPUs
+    (not overlapped here, --overlap 0: exposed in full, yet too short), not the compute rate. Pinned just above."""
     errs = {k: abs(e) for k, e in errors().items()}
     assert median(errs.values()) <= 0.13, errs
-    assert max(errs.values()) <= 0.25, errs
+    assert max(errs.values()) <= 0.20, errs
 
 
 @pytest.mark.parametrize("virtual,recompute", [(2, "none"), (12, "none"), (2, "selective"), (6, "selective"),
                                                (12, "selective")])
 def test_error_whatever_the_unstated_inputs_known_miss(virtual, recompute):
     errs = {k: abs(e) for k, e in errors(virtual, recompute).items()}
-    # known miss under these alternatives (measured: median 13.1-17.3%, max 22.7-27.6%; selective recompute
-    # rows past the issue's 25% max since the A100 attention factor)
-    assert max(errs.values()) <= 0.29, errs
-    assert median(errs.values()) <= 0.18, errs
-
+    # known miss under these alternatives (measured with the per-architecture compute model: median 2.8-11.7%,
+    # max 10.4-18.9%; the selective-recompute rows within the issue's tolerance)
+    assert max(errs.values()) <= 0.19, errs
+    assert median(errs.values()) <= 0.12, errs

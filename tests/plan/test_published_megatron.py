@@ -10,7 +10,10 @@ With NVLink 3 at the achievable 232 GB/s busbw nccl-tests publishes (issue 14 po
 22.8% (worse: the tensor-parallel all-reduces are exposed in full). With attention at FlashAttention-2's share
 of A100 peak as well (efficiency.py; Megatron-LM in 2021 ran unfused attention, likely slower still): median
 9.4%, max 23.1% (+9.8% 1.7B ... -23.1% 529.6B): the planner is low on the largest models (pipeline bubble and
-exposed tensor-parallel traffic it counts in full, one linear-layer efficiency for every large GEMM)."""
+exposed tensor-parallel traffic it counts in full, one linear-layer efficiency for every large GEMM).
+With the per-architecture compute model (efficiency.py: A100 linear layers at 0.67 of peak and unfused attention
+at 0.24 of their rate, both from the FlashAttention-2 paper's Table 3; gemm.py: measured GEMM speeds by shape):
+median 3.9%, max 7.8% (+7% 1.7B ... -3% 529.6B)."""
 
 from statistics import median
 

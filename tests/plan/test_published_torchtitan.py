@@ -15,15 +15,15 @@ compile); the planner has no compile term.
 Not checked: Table 5's interleaved row: 126 layers on pp 8 x virtual 2 are refused (uneven interleaved stages
 are not modelled); the memory column (see KNOWN MISSES).
 
-KNOWN MISSES (issue 14 asks 10% median, 25% max; measured on main when written):
-- H100 (12 rows): median 26.1%, max 55.8%, every row predicted FAST. The report's GPUs are power
-  capped at 500 W with HBM2e (it says its 8B runs reach 33-39% MFU against the SXM peak); the planner knows
-  only the 700 W h100-sxm preset and its default efficiency. The long-context CP rows (131k, 262k tokens, +52%,
-  +56%) also show attention at long sequence running far below the large-GEMM rate. Terms at fault: compute
-  efficiency (per-GPU power/clock, attention apart from linears: issue item 3).
-- A100 (6 rows): median 21.3%, max 26.6%, every row predicted SLOW: published MFU 51-61% against the default
-  efficiency of 50% of peak, and full recompute's extra forward charged at that same rate (-25..-27%).
-  Term: compute efficiency / recompute rate (issue items 3 and 5).
+KNOWN MISSES (issue 14 asks 10% median, 25% max). On main when written: H100 26.1% / 55.8% (all fast), A100 21.3% /
+26.6% (all slow). With the per-architecture compute model (efficiency.py, gemm.py; nothing fitted to this table)
+and the H100 rows on the h100-sxm-500w preset (the report's 500 W, HBM2e 2.4 TB/s Grand Teton H100s, peak between
+the SXM's and the NVL's as its footnote says: their midpoint):
+- H100 (12 rows): median 8.6%, max 34.3%: the median meets the tolerance; the long-context CP rows (131k +30%,
+  262k +34%, 405B CP 2 +19%) and the 405B 1F1B row (+34%) are still FAST. Terms at fault: attention at long
+  sequence under ring CP (the CP cost model) and the pipeline schedule of Table 5, not the linear layers (the 8B
+  and 70B rows without CP are within 11%).
+- A100 (6 rows): median 6.0%, max 18.0%: within the tolerance (test below).
 - Memory: the 8B selective-AC rows come out 97.7 GiB (8 GPUs) and 83.7 GiB (128) against 82.4 and 67.0 GiB
   published, and Llama 2 70B selective at local batch 1 109.5 GiB where it ran in 80 GB: torchtitan's
   "selective op" checkpointing keeps less than the planner's selective (which drops only the attention
@@ -68,7 +68,7 @@ A100 = [
     ("llama3.1-8b", 1, "selective", 2904), ("llama3.1-70b", 1, "full", 331), ("llama2-13b", 2, "none", 2162),
     ("llama2-13b", 2, "selective", 1914), ("llama2-70b", 1, "selective", 355), ("llama2-70b", 2, "full", 353),
 ]
-KNOWN_MISS = {"h100": (0.28, 0.60), "a100": (0.27, 0.35)}   # (median, max) pinned: see KNOWN MISSES
+KNOWN_MISS = {"h100": (0.09, 0.35)}   # (median, max) pinned: see KNOWN MISSES
 
 
 def _plan(name, seq, gpu, gpus, inter, dp, tp, pp, cp, local, recompute, precision):
@@ -84,7 +84,7 @@ def _plan(name, seq, gpu, gpus, inter, dp, tp, pp, cp, local, recompute, precisi
 def h100_errors() -> dict[str, float]:
     out = {}
     for label, name, seq, gpus, dp, tp, pp, cp, local, rc, prec, tps in H100:
-        p = _plan(name, seq, "h100-sxm", gpus, "ib-ndr", dp, tp, pp, cp, local, rc, prec)
+        p = _plan(name, seq, "h100-sxm-500w", gpus, "ib-ndr", dp, tp, pp, cp, local, rc, prec)
         out[f"{label} {name}"] = local * dp * seq / p.step_s / gpus / tps - 1
     return out
 
@@ -98,20 +98,28 @@ def a100_errors() -> dict[str, float]:
     return out
 
 
-@pytest.mark.parametrize("table", ["h100", "a100"])
-def test_tokens_per_gpu_known_miss(table):
-    errs = {k: abs(e) for k, e in (h100_errors() if table == "h100" else a100_errors()).items()}
-    med_bound, max_bound = KNOWN_MISS[table]
+def test_h100_tokens_per_gpu_known_miss():
+    errs = {k: abs(e) for k, e in h100_errors().items()}
+    med_bound, max_bound = KNOWN_MISS["h100"]
     assert median(errs.values()) <= med_bound, errs
     assert max(errs.values()) <= max_bound, errs
 
 
+def test_a100_tokens_per_gpu_within_the_issue_tolerance():
+    errs = {k: abs(e) for k, e in a100_errors().items()}
+    assert median(errs.values()) <= 0.10, errs
+    assert max(errs.values()) <= 0.25, errs
+
+
 def test_float8_speedup_over_bf16_is_predicted_within_the_tolerance():
-    """The ratio Float8 / BF16 at the same layout (Tables 1 and 3: 8532/5762 = 1.48, 8380/5605 = 1.50; the
-    Float8 rows also have torch.compile) cancels the power cap and the base efficiency: what remains is the
-    FP8-on-linears-only term (issue item 4)."""
+    """Float8 over BF16 at the same layout: the Float8 rows also ran with torch.compile, which the planner does not
+    model, so the reference is the report's compiled BF16 row (Table 1: 8532 / 6667 = 1.280, Table 3: 8380 / 6514 =
+    1.286). The ratio cancels the power cap and the base efficiency: what remains is FP8 on the linear layers only,
+    FP8's lower share of its peak and its casts (efficiency.py, gemm.py). Predicted: 1.328, 1.326."""
     e = h100_errors()
-    for t in ("T1", "T3"):
+    for t, bf16_tps, compiled in (("T1", 5762, 6667), ("T3", 5605, 6514)):
         bf16 = next(v for k, v in e.items() if k.startswith(f"{t} FSDP llama"))
+        fp8_tps = next(r[-1] for r in H100 if r[0] == f"{t} FSDP+compile+Float8")
         fp8 = next(v for k, v in e.items() if k.startswith(f"{t} FSDP+compile+Float8"))
-        assert abs((1 + fp8) / (1 + bf16) - 1) <= 0.10, (t, bf16, fp8)
+        predicted = (1 + fp8) * fp8_tps / ((1 + bf16) * bf16_tps)
+        assert abs(predicted / (fp8_tps / compiled) - 1) <= 0.10, (t, predicted)
