@@ -160,23 +160,25 @@ def check(m: ModelStats, c: Cluster, t: Training, s: Strategy) -> str | None:
             return f"heads {g.heads} (kv {g.kv_heads}) are not divisible by tp {s.tp}"
         if g.ffn % s.tp:
             return f"ffn {g.ffn} is not divisible by tp {s.tp}"
-        if s.schedule == "interleaved" and g.layers % (s.pp * s.virtual):
-            return f"layers {g.layers} are not divisible by pp x virtual = {s.pp}x{s.virtual}"
         if s.pp > g.layers:
             return f"pp {s.pp} is more than the {g.layers} layers"
-        if s.stage_layers:
+        if s.stage_layers or s.schedule == "interleaved" and s.pp > 1:
             try:
-                ST.split(g, s.pp, s.stage_layers)
+                ST.chunks(g, s.pp, s.virtual, s.stage_layers)
             except ConfigError as e:
-                return f"stage-layers: {e.args[0] if e.args else e}"
+                return f"{e.field}: {e.message}"
     elif s.stage_layers:
         return "stage-layers: needs a transformer shape with pp > 1"
-    if s.schedule == "interleaved" and s.pp > 1 and (per_replica // (s.micro_batch or per_replica)) % s.pp:
-        return "interleaved schedule needs the number of micro-batches to be a multiple of pp"
+    mbs = per_replica // (s.micro_batch or per_replica)
+    if s.schedule == "interleaved" and s.pp > 1 and mbs % ST.rounds(mbs, s.pp):
+        return (f"micro-batches: the interleaved schedule runs {mbs} micro-batches in max(1, m // pp) = "
+                f"{ST.rounds(mbs, s.pp)} rounds and needs m to be a multiple of them")
     return None
 
 
 def validate(m: ModelStats, c: Cluster, t: Training, s: Strategy) -> None:
+    if m.gpt is not None and 1 < s.pp <= m.gpt.layers and (s.stage_layers or s.schedule == "interleaved"):
+        ST.chunks(m.gpt, s.pp, s.virtual, s.stage_layers)   # an impossible split: its own line and fix
     why = check(m, c, t, s)
     if why:
         fieldname = ("stage-layers" if why.startswith("stage-layers") else "dp" if "cluster has" in why
@@ -244,16 +246,18 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
     bubble = 0.0
     counts: tuple[int, ...] = ()
     imbalance = 1.0
-    if s.pp > 1:
+    if s.pp > 1:   # fill and drain in mean-stage micro-batch times (stages.fill_units); equal: (p-1)/v
         v = s.virtual if s.schedule == "interleaved" else 1
-        fill = s.pp - 1   # every other stage's time once, while the pipeline fills and drains
+        fill = (s.pp - 1 + (v - 1) * max(0, s.pp - mb)) / v
         if m.gpt is not None:
-            counts = ST.split(m.gpt, s.pp, s.stage_layers)
-            rc = m.recompute_flops_per_sample(s.recompute) / (m.gpt.seq * m.gpt.layers)
-            imbalance = ST.imbalance(m.gpt, counts, rc)
-            fill = s.pp - imbalance
+            g = m.gpt
+            counts = ST.split(g, s.pp, s.stage_layers)
+            rc = m.recompute_flops_per_sample(s.recompute) / (g.seq * g.layers)
+            imbalance = ST.imbalance(g, counts, rc)
+            f, h = g.layer_fwd_flops_per_token(), g.logits_fwd_flops_per_token()
+            fill = ST.fill_units(ST.chunks(g, s.pp, v, s.stage_layers), f, 2 * f + rc, h, 2 * h, mb)
             compute *= imbalance   # the slowest stage sets the pace of every micro-batch
-        bubble = compute / imbalance * fill / (mb * v)
+        bubble = compute / imbalance * fill / mb
 
     # ---- communication
     ops: list[CommOp] = []

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from tandem.plan.config import Strategy, Training
 from tandem.plan.hardware import Cluster
 from tandem.plan.model import ModelStats
-from tandem.plan.stages import max_stage_params, split
+from tandem.plan.stages import chunks, first_stage_inflight, max_stage_params, split
 
 CONTEXT_BYTES = 1.0 * 1024**3   # CUDA context, cuBLAS/cuDNN workspaces, allocator slack (rough)
 
@@ -82,13 +82,10 @@ def inflight_layers(m: ModelStats, s: Strategy, micro_batches: int) -> float:
     L, p = m.gpt.layers, s.pp
     if p == 1:
         return L
-    L = p * split(m.gpt, p, s.stage_layers)[0]   # the first stage's layers (L / p when even)
     if s.schedule == "gpipe":
-        return L / p * micro_batches
-    inflight = L / p * min(p, micro_batches)
-    if s.schedule == "interleaved":
-        inflight *= 1 + (p - 1) / (p * s.virtual)
-    return inflight
+        return split(m.gpt, p, s.stage_layers)[0] * micro_batches
+    v = s.virtual if s.schedule == "interleaved" else 1
+    return first_stage_inflight(chunks(m.gpt, p, v, s.stage_layers)[0], p, micro_batches)
 
 
 def activation_parts(m: ModelStats, s: Strategy, t: Training, micro_batches: int) -> dict[str, float]:
