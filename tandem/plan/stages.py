@@ -170,17 +170,21 @@ def fill_units(per_stage: tuple[tuple[int, ...], ...], layer_f: float, layer_b: 
     """Pipeline fill and drain in units of the mean stage's time per micro-batch.
 
     The slowest stage k sets the pace (m x T_k); while the pipeline fills, the first micro-batch's forward
-    crosses every other stage's first chunk, and while it drains the last backward crosses every other
-    stage's last chunk: sum over i != k of F(first chunk of i) + B(last chunk of i) (forward 1 x, backward
-    2 x a layer's forward FLOPs + recompute; the logits on the last chunk of the last stage). One chunk per
-    stage gives sum(T) - max(T); v equal chunks Megatron's (p-1) T / v. With fewer micro-batches than
-    stages (m < p, rounds of m) every one of the v-1 chunk changes also waits p - m chunk times for the round's
-    first micro-batch to come back: + (v-1)(p-m) T_mean / v."""
+    crosses every other stage's first chunk, and each time the chunks grow (c_j > c_j-1) the front of the
+    next round of chunks falls behind by the growth on each stage it crosses; the drain mirrors it
+    backward. Per stage the forward's wait is F x (c_0 + sum of the rises), the backward's B x (c_v-1 + sum
+    of the falls), max(c) x (F + B) for chunks that rise then fall (forward F = a layer's forward FLOPs,
+    backward B = 2 x that + recompute; the logits with the last chunk of the last stage); summed over the
+    stages other than k. One chunk per stage gives sum(T) - max(T); v equal chunks Megatron's (p-1) T / v.
+    With fewer micro-batches than stages (m < p, rounds of m) every one of the v-1 chunk changes also waits
+    p - m chunk times for the round's first micro-batch to come back: + (v-1)(p-m) T_mean / v."""
     p, v = len(per_stage), len(per_stage[0])
     T = [sum(c) * (layer_f + layer_b) for c in per_stage]
     T[-1] += head_f + head_b
     k = max(range(p), key=lambda i: (T[i], i))
-    ends = [c[0] * layer_f + c[-1] * layer_b for c in per_stage]
+    fronts = [(c[0] + sum(max(0, b - a) for a, b in zip(c, c[1:])),
+               c[-1] + sum(max(0, a - b) for a, b in zip(c, c[1:]))) for c in per_stage]
+    ends = [f * layer_f + b * layer_b for f, b in fronts]
     ends[-1] += head_b + (head_f if v == 1 else 0.0)
     mean = sum(T) / p
     wait = sum(e for i, e in enumerate(ends) if i != k)
