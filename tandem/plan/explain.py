@@ -228,18 +228,7 @@ def explain(p: Plan) -> list[str]:
     else:
         out.append("Compute: unknown for a bare --params model; give --compute-time or a model shape.")
     if s.pp > 1 and p.stage_layers and m.gpt is not None:
-        v = s.virtual if s.schedule == "interleaved" else 1
-        hc = m.gpt.logits_fwd_flops_per_token() / m.gpt.layer_fwd_flops_per_token()
-        k, imb = p.stage_imbalance, p.stage_imbalance
-        src = "given (--stage-layers)" if s.stage_layers else "the planner's balanced split"
-        out.append(f"Pipeline stages hold {','.join(map(str, p.stage_layers))} layers ({src}), the embedding on "
-                   f"the first and the logits ({hc:.3g} of a layer's FLOPs) on the last: the slowest stage has "
-                   f"{imb:.4g}x the mean stage's FLOPs and sets the pace, step = m x t_max + (sum t - t_max)"
-                   f"{' / v' if v > 1 else ''}: compute {ms(p.compute_s)} (m = {p.grad_accum} micro-batches on the "
-                   f"slowest stage) + bubble ({s.pp} - {k:.4g})/({'v x ' if v > 1 else ''}m) x {ms(p.compute_s)} / "
-                   f"{k:.4g} = {ms(p.bubble_s)}, {p.bubble_s / (p.compute_s + p.bubble_s):.1%} of compute+bubble "
-                   f"(equal stages: (p-1)/({'v x ' if v > 1 else ''}m+p-1) = "
-                   f"{(s.pp - 1) / (v * p.grad_accum + s.pp - 1):.1%}).")
+        out.append(_pipeline_line(p))
     elif s.pp > 1:
         v = s.virtual if s.schedule == "interleaved" else 1
         frac = (s.pp - 1) / (v * p.grad_accum + s.pp - 1)
@@ -365,3 +354,33 @@ def warnings(p: Plan) -> list[str]:
         w.append("does not fit in memory; try a smaller --micro-batch with gradient accumulation, "
                  "--zero, --recompute, or --search.")
     return w
+
+
+def _pipeline_line(p) -> str:
+    """The uneven (and interleaved) pipeline's pace, fill and drain, with their arithmetic."""
+    from tandem.plan import stages as ST
+
+    s, g = p.strategy, p.model.gpt
+    v = s.virtual if s.schedule == "interleaved" else 1
+    hc = g.logits_fwd_flops_per_token() / g.layer_fwd_flops_per_token()
+    imb, mb = p.stage_imbalance, p.grad_accum
+    per_mb = p.compute_s / imb / mb if p.compute_s else 0.0
+    fill = p.bubble_s / per_mb if per_mb else 0.0
+    src = "given (--stage-layers)" if s.stage_layers else "the planner's balanced split"
+    ch = ""
+    if v > 1:
+        c = ST.chunks(g, s.pp, v, s.stage_layers)
+        ch = (f", in {v} interleaved chunks a stage (first {'/'.join(map(str, c[0]))}, second "
+              f"{'/'.join(map(str, c[1]))}, last {'/'.join(map(str, c[-1]))}; torch's ScheduleInterleaved1F1B: "
+              f"{ST.rounds(mb, s.pp)} round(s) of {mb // ST.rounds(mb, s.pp)} micro-batches)")
+    wait = ("each other stage's largest chunk (its first chunk plus every rise) forward and backward"
+            if v > 1 else "every other stage's time once")
+    if v > 1 and mb < s.pp:
+        wait += f", + (v-1)(p-m)/v = {(v - 1) * (s.pp - mb) / v:.4g} for the m < p rounds"
+    return (f"Pipeline stages hold {','.join(map(str, p.stage_layers))} layers ({src}){ch}, the embedding on the "
+            f"first and the logits ({hc:.3g} of a layer's FLOPs) on the last: the slowest stage has {imb:.4g}x the "
+            f"mean stage's FLOPs and sets the pace: compute {ms(p.compute_s)} (m = {mb} micro-batches on the slowest "
+            f"stage) + fill and drain {fill:.4g} mean-stage micro-batch times ({wait}) x {ms(per_mb)} = "
+            f"{ms(p.bubble_s)}, {p.bubble_s / (p.compute_s + p.bubble_s):.1%} of compute+bubble (equal stages: "
+            f"(p-1)/({'v x ' if v > 1 else ''}m+p-1) = {(s.pp - 1) / (v * mb + s.pp - 1):.1%}; Narayanan et al. "
+            f"2021 §2.2).")

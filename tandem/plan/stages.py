@@ -141,12 +141,12 @@ def even_chunks(n: int, v: int) -> tuple[int, ...]:
 def chunks(g: GPTShape, pp: int, v: int, given: tuple[int, ...] | None = None) -> tuple[tuple[int, ...], ...]:
     """Layers of each model chunk, per stage: ``given`` per chunk (pp x v counts, chunk j on stage j mod pp),
     or per stage (split evenly over its v chunks), else the balanced split so divided."""
-    counts = split(g, pp, given)
     value = ",".join(map(str, given)) if given else None
     if given and len(given) not in (pp, pp * v):
         raise ConfigError(f"{len(given)} counts, but pp {pp} x virtual {v} takes {pp} (one per stage) or "
                           f"{pp * v} (one per chunk)", field="stage-layers", value=value,
                           fix=f"give {pp} per-stage or {pp * v} per-chunk layer counts")
+    counts = split(g, pp, given)
     if given and len(given) == pp * v:
         out = tuple(tuple(given[i + k * pp] for k in range(v)) for i in range(pp))
     else:
@@ -154,13 +154,14 @@ def chunks(g: GPTShape, pp: int, v: int, given: tuple[int, ...] | None = None) -
     if v > 1:
         for i, c in enumerate(out):
             if min(c) < 1:
-                k = c.index(min(c))
-                why = (f"chunk {i + k * pp} (stage {i}) has no layer" if given and len(given) == pp * v else
+                k, per_chunk = c.index(min(c)), bool(given) and len(given) == pp * v
+                why = (f"chunk {i + k * pp} (stage {i}) has no layer" if per_chunk else
                        f"stage {i} holds {counts[i]} layer(s), fewer than its {v} interleaved chunks")
                 raise ConfigError(f"{why}: every chunk needs at least one layer", value=value or v,
                                   field="stage-layers" if given else "virtual",
-                                  fix=f"use --virtual {max(1, min(counts))} or less, or give per-stage counts of "
-                                      f"at least {v} (--stage-layers)")
+                                  fix="give every chunk at least one layer" if per_chunk else
+                                  f"use --virtual {max(1, min(counts))} or less, or give per-stage counts of "
+                                  f"at least {v} (--stage-layers)")
     return out
 
 
