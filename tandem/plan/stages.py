@@ -129,6 +129,7 @@ def rounds(m: int, pp: int) -> int:
     return max(1, m // pp)
 
 
+@lru_cache(maxsize=4096)
 def even_chunks(n: int, v: int) -> tuple[int, ...]:
     """n layers in v chunks as even as possible, the extra layers in the middle chunks: each stage's first
     chunk is what the pipeline fill waits on and its last what the drain waits on (``fill_units``)."""
@@ -141,6 +142,21 @@ def even_chunks(n: int, v: int) -> tuple[int, ...]:
 def chunks(g: GPTShape, pp: int, v: int, given: tuple[int, ...] | None = None) -> tuple[tuple[int, ...], ...]:
     """Layers of each model chunk, per stage: ``given`` per chunk (pp x v counts, chunk j on stage j mod pp),
     or per stage (split evenly over its v chunks), else the balanced split so divided."""
+    k = (_key(g), pp, v, given)
+    if k not in _CHUNKS:   # the search asks thousands of times; an impossible split is remembered too
+        try:
+            _CHUNKS[k] = _chunks(g, pp, v, given)
+        except ConfigError as e:
+            _CHUNKS[k] = e
+    if isinstance(_CHUNKS[k], ConfigError):
+        raise _CHUNKS[k]
+    return _CHUNKS[k]
+
+
+_CHUNKS: dict[tuple, tuple[tuple[int, ...], ...] | ConfigError] = {}
+
+
+def _chunks(g: GPTShape, pp: int, v: int, given: tuple[int, ...] | None) -> tuple[tuple[int, ...], ...]:
     value = ",".join(map(str, given)) if given else None
     if given and len(given) not in (pp, pp * v):
         raise ConfigError(f"{len(given)} counts, but pp {pp} x virtual {v} takes {pp} (one per stage) or "
