@@ -14,6 +14,7 @@ from tandem.plan import efficiency as E
 from tandem.plan import gemm as G
 from tandem.plan import moe_cp as MC
 from tandem.plan import overlap as O
+from tandem.plan import ring as RING
 from tandem.plan import stages as ST
 from tandem.plan.config import Strategy, Training
 from tandem.plan.hardware import Cluster
@@ -76,6 +77,7 @@ class Plan:
     gemm_roofline: float = 1.0           # share of the rate the linear layers' GEMM shapes keep (roofline)
     attn_s: float = 0.0                  # attention's (QK^T, AV) seconds, included in compute_s
     attn_ratio: float = 1.0              # attention kernels' rate over the linear layers' (efficiency.py)
+    cp_merge_s: float = 0.0              # torch's ring attention: fp32 merges of partial outputs (in compute_s)
 
     @property
     def comm_s(self) -> float:
@@ -229,7 +231,7 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
     hw_fpg = f_hw * t.global_batch / n
     measured = t.compute_time_s is not None
     compute = t.compute_time_s if measured else (hw_fpg / rate if rate else 0.0)
-    attn_bf16, gemm, attn_s = 0.0, 1.0, 0.0
+    attn_bf16, gemm, attn_s, merge = 0.0, 1.0, 0.0, 0.0
     if m.gpt is not None and not measured and factors is None and rate:
         # Linear layers at the roofline of their GEMM shapes; attention (QK^T, AV: the 4*s*h term, and its
         # recompute) apart: with FP8, Transformer Engine runs only the linear layers' GEMMs in FP8 and
@@ -240,9 +242,9 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
         attn_rate = E.attention_rate(c, t, rate, eff)
         gemm = G.roofline(MC.cp_shape(g, s.cp) if s.cp > 1 else g, s.tp, s.micro_batch,
                           1 if t.precision == "fp8" else by["act"], rate, c.gpu.memory_Bps)
-        attn_s = attn_fpg / attn_rate
+        attn_s, merge = RING.cp_attention(attn_fpg / attn_rate, g, s, c, t.cp_impl, mb)   # ring.py (cp > 1)
         attn_bf16 = attn_s if t.precision == "fp8" else 0.0
-        compute = (hw_fpg - attn_fpg) / (rate * gemm) + attn_s
+        compute = (hw_fpg - attn_fpg) / (rate * gemm) + attn_s + merge
     bubble = 0.0
     counts: tuple[int, ...] = ()
     imbalance = 1.0
@@ -273,7 +275,7 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
     if m.gpt is not None and (s.cp > 1 or s.ep > 1):
         stage_n = max(counts) if counts else m.gpt.layers
         attn_rate = E.attention_rate(c, t, rate, eff) if factors is None else rate
-        ops += [CommOp(**d) for d in MC.cp_ep_ops(m, c, s, by, mb, stage_n, attn_rate, s.recompute)]
+        ops += [CommOp(**d) for d in MC.cp_ep_ops(m, c, s, by, mb, stage_n, attn_rate, s.recompute, t.cp_impl)]
     if m.gpt is not None and (s.tp > 1 or s.pp > 1):
         g = m.gpt
         act = s.micro_batch * g.seq // s.cp * g.hidden * by["act"]
@@ -294,7 +296,8 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
     return Plan(m, c, t, s, mb, mem, ops, eff, rate, hw_fpg, model_fpg, compute, bubble, measured,
                 host_factors=factors, stage_layers=counts, stage_imbalance=imbalance,
                 attn_bf16_s=attn_bf16 * imbalance, gemm_roofline=gemm, attn_s=attn_s * imbalance,
-                attn_ratio=1.0 if t.efficiency is not None or not attn_s else E.attention(c.gpu.name))
+                attn_ratio=1.0 if t.efficiency is not None or not attn_s else E.attention(c.gpu.name),
+                cp_merge_s=merge * imbalance)
 
 
 def stage_psi(m: ModelStats, s: Strategy) -> float:

@@ -49,17 +49,7 @@ def _cp_ep_sentence(p: Plan, o) -> str:
     c, s, g = p.cluster, p.strategy, p.model.gpt
     link = f"{o.link} ({'crosses nodes' if o.group.crosses_nodes else 'inside a node'})"
     if o.name == "cp-ring":
-        sf, sb, bf, bb, passes = o.detail
-        chunk = g.seq // s.cp
-        layers = o.calls // max(1, (passes + 1) * (s.cp - 1) * p.grad_accum)
-        return (f"cp-ring: ring attention over cp {s.cp} GPUs on {link}: each holds s/cp = {g.seq}/{s.cp} = {chunk} "
-                f"tokens; per layer and micro-batch {s.cp - 1} steps pass K and V, 2 x b x s/cp x kv_dim = 2 x "
-                f"{s.micro_batch} x {chunk} x {g.kv_dim} x {p.training.bytes['act']} B = {si(o.bytes)} "
-                f"({ms(sf)} a step forward, {ms(sb)} backward with dK, dV), each behind one block's attention, "
-                f"4 x b x (s/cp)^2 x h FLOPs = {ms(bf)} forward, {ms(bb)} backward: exposed = steps x "
-                f"(max(0, {ms(sf)} - {ms(bf)}){' x 2 (full recompute)' if passes > 1 else ''} + max(0, {ms(sb)} - "
-                f"{ms(bb)})) over {s.cp - 1} steps x {layers} layers x {p.grad_accum} micro-batches = "
-                f"{ms(o.exposed_s)} of {ms(o.time_s)}")
+        return _cp_sentence(p, o, link)
     per, calls = o.detail
     moe = p.model.moe
     tokens = s.micro_batch * g.seq / (s.cp * s.tp)
@@ -384,3 +374,44 @@ def _pipeline_line(p) -> str:
             f"{ms(p.bubble_s)}, {p.bubble_s / (p.compute_s + p.bubble_s):.1%} of compute+bubble (equal stages: "
             f"(p-1)/({'v x ' if v > 1 else ''}m+p-1) = {(s.pp - 1) / (v * mb + s.pp - 1):.1%}; Narayanan et al. "
             f"2021 §2.2).")
+
+
+def _cp_sentence(p: Plan, o, link: str) -> str:
+    """Ring attention: the K/V passing (Megatron's p2p ring, or torch's all-gather), the ring's shorter attention
+    kernels and torch's fp32 merges (moe_cp.cp_comm, ring.py)."""
+    from tandem.plan import ring as RING
+
+    s, g, t = p.strategy, p.model.gpt, p.training
+    sf, sb, bf, bb, passes, impl = o.detail
+    chunk = g.seq // s.cp
+    layers = o.calls // max(1, (passes + 1) * (s.cp - 1) * p.grad_accum)
+    kvw = RING.kv_width(g, s.tp)
+    head = (f"cp-ring: ring attention over cp {s.cp} GPUs on {link}: each holds s/cp = {g.seq}/{s.cp} = {chunk} "
+            f"tokens; K and V of a chunk, 2 x b x s/cp x kv width (kv_dim / min(tp, kv heads)) = 2 x "
+            f"{s.micro_batch} x {chunk} x {kvw} x {t.bytes['act']} B = {si(o.bytes)}")
+    rc = " x 2 (full recompute)" if passes > 1 else ""
+    if impl == "torch":
+        body = (f"; torch's context_parallel (all-gather rotation, torchtitan's default): forward all-gathers the "
+                f"{s.cp - 1} other chunks once ({ms(sf)}), hidden only behind the first block's attention "
+                f"(4 x b x (s/cp)^2 x h/tp FLOPs = {ms(bf)}), backward all-gathers them again (behind {ms(bb)}) and "
+                f"passes dK, dV in fp32 around the ring ({ms(sb)} a step, {s.cp - 1} steps, each behind {ms(bb)}): "
+                f"exposed = layers x (max(0, {ms(sf)} - {ms(bf)}){rc} + max(0, {ms(sf)} - {ms(bb)}) + {s.cp - 1} x "
+                f"max(0, {ms(sb)} - {ms(bb)}))")
+    else:
+        body = (f"; per layer and micro-batch {s.cp - 1} steps pass them ({ms(sf)} a step forward, {ms(sb)} backward "
+                f"with dK, dV), each behind one block's attention, 4 x b x (s/cp)^2 x h/tp FLOPs = {ms(bf)} forward, "
+                f"{ms(bb)} backward: exposed = steps x (max(0, {ms(sf)} - {ms(bf)}){rc} + max(0, {ms(sb)} - "
+                f"{ms(bb)}))")
+    L = RING.block_length(g.seq, s.cp)
+    share = RING.block_share(p.cluster.gpu.name, impl, g.seq, s.cp)
+    kern = RING.KERNEL[impl]
+    blocks = (f". The ring's attention kernels run on blocks of s/(cp x sqrt 2) = {L:.0f} tokens: {kern} at "
+              f"{RING.speed(kern, L):.0f} against {RING.speed(kern, g.seq):.0f} TFLOP/s on the whole {g.seq} "
+              f"(FlashAttention-3 paper, H100, head dim 128): attention at x {share:.4g} of its rate" if share != 1
+              else "")
+    merge = (f"; torch merges the partial outputs in eager fp32 ops: (cp-1) x layers x micro-batches x ({passes} x "
+             f"({RING.MERGE_Q[0]} B x b s/cp h/tp + {RING.MERGE_KV[0]} B x 2 b s/cp kv) + {RING.MERGE_Q[1]} B x "
+             f"b s/cp h/tp + {RING.MERGE_KV[1]} B x 2 b s/cp kv) / {si(p.cluster.gpu.memory_Bps, 'B/s')} HBM = "
+             f"{ms(p.cp_merge_s)} of compute" if p.cp_merge_s else "")
+    return (f"{head}{body} over {s.cp - 1} steps x {layers} layers x {p.grad_accum} micro-batches = "
+            f"{ms(o.exposed_s)} of {ms(o.time_s)}{blocks}{merge}")

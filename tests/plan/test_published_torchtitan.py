@@ -74,7 +74,8 @@ KNOWN_MISS = {"h100": (0.28, 0.60), "a100": (0.27, 0.35)}   # (median, max) pinn
 def _plan(name, seq, gpu, gpus, inter, dp, tp, pp, cp, local, recompute, precision):
     m = gpt_stats(GPTShape(seq=seq, **SHAPES[name]), name)
     c = make_cluster(gpu, 8, gpus // 8, inter=inter, nics_per_node=8)
-    t = Training(global_batch=local * dp, precision=precision, optimizer="adamw", flash_attention=True)
+    t = Training(global_batch=local * dp, precision=precision, optimizer="adamw", flash_attention=True,
+                 cp_impl="torch")
     s = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, zero=3, micro_batch=1 if pp > 1 else local, recompute=recompute,
                  ranks_per_node=8)
     validate(m, c, t, s)
