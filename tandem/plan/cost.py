@@ -245,21 +245,9 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
         attn_s, merge = RING.cp_attention(attn_fpg / attn_rate, g, s, c, t.cp_impl, mb)   # ring.py (cp > 1)
         attn_bf16 = attn_s if t.precision == "fp8" else 0.0
         compute = (hw_fpg - attn_fpg) / (rate * gemm) + attn_s + merge
-    bubble = 0.0
-    counts: tuple[int, ...] = ()
-    imbalance = 1.0
-    if s.pp > 1:   # fill and drain in mean-stage micro-batch times (stages.fill_units); equal: (p-1)/v
-        v = s.virtual if s.schedule == "interleaved" else 1
-        fill = (s.pp - 1 + (v - 1) * max(0, s.pp - mb)) / v
-        if m.gpt is not None:
-            g = m.gpt
-            counts = ST.split(g, s.pp, s.stage_layers)
-            rc = m.recompute_flops_per_sample(s.recompute) / (g.seq * g.layers)
-            imbalance = ST.imbalance(g, counts, rc)
-            f, h = g.layer_fwd_flops_per_token(), g.logits_fwd_flops_per_token()
-            fill = ST.fill_units(ST.chunks(g, s.pp, v, s.stage_layers), f, 2 * f + rc, h, 2 * h, mb)
-            compute *= imbalance   # the slowest stage sets the pace of every micro-batch
-        bubble = compute / imbalance * fill / mb
+    # the slowest pipeline stage sets the pace (compute x imbalance); fill and drain: the bubble (stages.py)
+    counts, imbalance, bubble = ST.pipeline(m, s, compute, mb)
+    compute *= imbalance
 
     # ---- communication
     ops: list[CommOp] = []

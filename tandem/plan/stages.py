@@ -222,3 +222,19 @@ def first_stage_inflight(first: tuple[int, ...], pp: int, m: int) -> float:
     rnd = m // rounds(m, pp)
     n = min(m * v, (v - 1) * rnd + 2 * (pp - 1) + 1)
     return float(sum(first[(j // rnd) % v] for j in range(n)))
+
+
+def pipeline(m, s, compute: float, mb: int) -> tuple[tuple[int, ...], float, float]:
+    """(layers per stage, slowest over mean stage, bubble seconds) of ``compute`` seconds of mean-stage work
+    over ``mb`` micro-batches (``m`` ModelStats, ``s`` Strategy); no pipeline: ((), 1, 0)."""
+    if s.pp <= 1:
+        return (), 1.0, 0.0
+    v = s.virtual if s.schedule == "interleaved" else 1
+    if m.gpt is None:   # equal stages: (p-1)/v, + (v-1)(p-m)/v with fewer micro-batches than stages
+        return (), 1.0, compute * (s.pp - 1 + (v - 1) * max(0, s.pp - mb)) / v / mb
+    g = m.gpt
+    counts = split(g, s.pp, s.stage_layers)
+    rc = m.recompute_flops_per_sample(s.recompute) / (g.seq * g.layers)
+    f, h = g.layer_fwd_flops_per_token(), g.logits_fwd_flops_per_token()
+    fill = fill_units(chunks(g, s.pp, v, s.stage_layers), f, 2 * f + rc, h, 2 * h, mb)
+    return counts, imbalance(g, counts, rc), compute * fill / mb
