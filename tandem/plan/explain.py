@@ -315,8 +315,9 @@ def _activation_sentence(p: Plan) -> str:
                and t.flash_attention else "")
     scale = t.bytes["act"] / 2
     logits, working = parts["logits"], parts["working"]
-    where = {"first": " on the first stage", "last": " on the last stage (1F1B: it holds one micro-batch)"
-             if s.schedule != "gpipe" else " on the last stage", "only": ""}[parts["stage"]]
+    last = {"1f1b": " (1F1B: it holds one micro-batch)", "gpipe": "",
+            "interleaved": " (interleaved: its warm-up's chunk forwards)"}[s.schedule]
+    where = {"first": " on the first stage", "last": " on the last stage" + last, "only": ""}[parts["stage"]]
     return (f"Activations: {form}{f' x {scale:g} ({t.precision})' if scale != 1 else ''} = {gib(per)} per layer "
             f"x {layers:.4g} layers in flight{where}"
             + (f" + the recomputed layer's working set {gib(working)} (its bytes without the score matrix, "

@@ -211,18 +211,22 @@ def fill_units(per_stage: tuple[tuple[int, ...], ...], layer_f: float, layer_b: 
 
 
 @lru_cache(maxsize=4096)
-def first_stage_inflight(first: tuple[int, ...], pp: int, m: int) -> float:
-    """Layers of activations the first stage holds at its peak under (interleaved) 1F1B: the forwards it runs
-    before its first backward, (v-1) x round + 2(p-1) chunk forwards + the first steady-state one (torch's
-    _get_warmup_ops, Megatron's num_warmup_microbatches for rank 0), at most all m x v, the j-th on chunk
-    (j // round) mod v. Equal chunks give L/p x p (1 + (p-1)/(p v)) (Korthikanti et al. 2022, §4.2.3)."""
-    v = len(first)
+def stage_inflight(held: tuple[int, ...], pp: int, m: int, rank: int = 0) -> float:
+    """Layers of activations pipeline rank ``rank`` (chunks ``held``) holds at its peak under (interleaved)
+    1F1B: the forwards it runs before its first backward, (v-1) x round + 2(p-1-rank) chunk forwards + the first
+    steady-state one (torch's _get_warmup_ops, Megatron's num_warmup_microbatches), at most all m x v, the j-th
+    on chunk (j // round) mod v; one chunk: min(p - rank, m) micro-batches. Equal chunks on the first stage give
+    L/p x p (1 + (p-1)/(p v)) (Korthikanti et al. 2022, §4.2.3)."""
+    v = len(held)
     if v == 1:
-        return first[0] * min(pp, m)
+        return held[0] * min(pp - rank, m)
     rnd = m // rounds(m, pp)
-    n = min(m * v, (v - 1) * rnd + 2 * (pp - 1) + 1)
-    return float(sum(first[(j // rnd) % v] for j in range(n)))
+    n = min(m * v, (v - 1) * rnd + 2 * (pp - 1 - rank) + 1)
+    return float(sum(held[(j // rnd) % v] for j in range(n)))
 
+
+def first_stage_inflight(first: tuple[int, ...], pp: int, m: int) -> float:
+    return stage_inflight(first, pp, m, 0)
 
 def pipeline(m, s, compute: float, mb: int) -> tuple[tuple[int, ...], float, float]:
     """(layers per stage, slowest over mean stage, bubble seconds) of ``compute`` seconds of mean-stage work

@@ -131,3 +131,12 @@ def test_micro_batches_follow_torchs_rounds():
         s = Strategy(dp=1, tp=2, pp=4, micro_batch=1, schedule="interleaved", virtual=2)
         why = check(m, c, Training(global_batch=gb), s)
         assert (why is None) == ok, (gb, why)
+
+
+def test_last_stage_holds_its_warm_up_under_interleaving():
+    from tandem.plan.stages import stage_inflight
+    # rank p-1 runs (v-1) x round + 1 chunk forwards before its first backward: 3 x 16 + 1 = 49 on 16 stages,
+    # rounds of 16 micro-batches: 16 on each of chunks 2, 2, 2 and one on the last chunk (1 layer)
+    assert stage_inflight((2, 2, 2, 1), 16, 32, 15) == 3 * 16 * 2 + 1
+    assert stage_inflight((4, 4), 16, 32, 15) == 16 * 4 + 4
+    assert stage_inflight((7,), 16, 32, 15) == 7 and stage_inflight((7,), 16, 32, 0) == 7 * 16
