@@ -19,7 +19,10 @@ micro-batch 1; no recompute; fused (flash) attention; the default efficiency. No
 
 Measured when written (issue 14 asks 10% median, 25% max): -9.5% (V 5), -11.9% (V 4), -4.0% (V 7): median 9.5%,
 max 11.9%, all slow. With 1F1B (V 1) it was -28.0%, -40.5%, -37.2%: the bubble of 16 micro-batches on 16
-stages, (p-1)/(m+p-1) = 48% of the step at 16,384 GPUs.
+stages, (p-1)/(m+p-1) = 48% of the step at 16,384 GPUs. Sensitivity to the unstated V: V 2 gives -16.2%, -23.9%,
+-18.7% (and the 8,192-GPU row would need 98 GiB: 32 micro-batches are two rounds, and the first stage holds
+47 chunk forwards), V 3 -12.8%, -18.4%, -12.1%; from V 4 on the 8-layer stages' largest chunk is 2 layers and
+the bubble stops shrinking (V 4-7: -9.1..-9.8%, -11.9..-12.9%, -4.0..-4.9%).
 """
 
 from statistics import median
