@@ -173,8 +173,8 @@ def check(m: ModelStats, c: Cluster, t: Training, s: Strategy) -> str | None:
         return "stage-layers: needs a transformer shape with pp > 1"
     mbs = per_replica // (s.micro_batch or per_replica)
     if s.schedule == "interleaved" and s.pp > 1 and mbs % ST.rounds(mbs, s.pp):
-        return (f"micro-batches: the interleaved schedule runs {mbs} micro-batches in max(1, m // pp) = "
-                f"{ST.rounds(mbs, s.pp)} rounds and needs m to be a multiple of them")
+        return (f"the interleaved schedule runs {mbs} micro-batches in max(1, m // pp) = {ST.rounds(mbs, s.pp)} "
+                f"rounds and needs m to be a multiple of them")
     return None
 
 
@@ -188,7 +188,9 @@ def validate(m: ModelStats, c: Cluster, t: Training, s: Strategy) -> None:
                      else "micro-batch" if "micro-batch" in why
                      else "global-batch" if "global batch" in why else "tp" if "tp" in why else "pp")
         fix = {"ep": "choose --ep dividing dp and the experts (an MoE model only), or use --search",
-               "cp": "choose --cp so that 2 x cp divides the sequence (a transformer only), or use --search"}.get(
+               "cp": "choose --cp so that 2 x cp divides the sequence (a transformer only), or use --search",
+               "rounds": "give m = global batch / (dp x micro-batch) that max(1, m // pp) divides (torch's "
+                         "ScheduleInterleaved1F1B): any multiple of pp, or fewer than pp, does"}.get("rounds" if "rounds" in why else
             fieldname, "choose degrees whose product is the GPU count and that divide batch, heads and layers "
                        "(or use --search)")
         raise ConfigError(why, field=fieldname, fix=fix)
