@@ -51,6 +51,8 @@ class Training:
     warmup_steps: int = 0
     bucket_bytes: float = 25 * 1024**2       # DDP bucket_cap_mb (25 MiB default)
     threads_per_worker: int | None = None    # CPU workers' intra-op threads (None: cores / workers)
+    cp_impl: str = "megatron"                # ring attention: Megatron-core/TE's p2p ring, or torch's
+                                             # context_parallel as torchtitan runs it (tandem/plan/ring.py)
 
     def __post_init__(self):
         if not isinstance(self.global_batch, int) or self.global_batch <= 0:
@@ -58,6 +60,7 @@ class Training:
                               fix="give --global-batch >= 1")
         self.precision = _choice(self.precision, PRECISIONS, "precision")
         self.optimizer = _choice(self.optimizer.replace("_", "-"), OPTIMIZERS, "optimizer")
+        self.cp_impl = _choice(self.cp_impl, ("megatron", "torch"), "cp-impl")
         if self.efficiency is not None and not 0 < self.efficiency <= 1:
             raise ConfigError("must be in (0, 1]", field="efficiency", value=self.efficiency,
                               fix="give the fraction of peak FLOP/s the model sustains, e.g. 0.4")

@@ -13,6 +13,7 @@ from tandem.plan import comm as C
 from tandem.plan import efficiency as E
 from tandem.plan import moe_cp as MC
 from tandem.plan import overlap as O
+from tandem.plan import ring as RING
 from tandem.plan import stages as ST
 from tandem.plan.config import Strategy, Training
 from tandem.plan.hardware import Cluster
@@ -77,6 +78,7 @@ class Plan:
     attn_ratio: float = 1.0              # attention kernels' rate over the linear layers' (efficiency.py)
     gemm_shape: float = 1.0              # share of it their shapes keep (tile/wave quantization, gemm.py)
     fp8_cast_s: float = 0.0              # fp8: the casts' seconds at the memory bandwidth (in compute_s)
+    cp_merge_s: float = 0.0              # torch's ring attention: fp32 merges of partial outputs (in compute_s)
 
     @property
     def comm_s(self) -> float:
@@ -161,23 +163,25 @@ def check(m: ModelStats, c: Cluster, t: Training, s: Strategy) -> str | None:
             return f"heads {g.heads} (kv {g.kv_heads}) are not divisible by tp {s.tp}"
         if g.ffn % s.tp:
             return f"ffn {g.ffn} is not divisible by tp {s.tp}"
-        if s.schedule == "interleaved" and g.layers % (s.pp * s.virtual):
-            return f"layers {g.layers} are not divisible by pp x virtual = {s.pp}x{s.virtual}"
         if s.pp > g.layers:
             return f"pp {s.pp} is more than the {g.layers} layers"
-        if s.stage_layers:
+        if s.stage_layers or s.schedule == "interleaved" and s.pp > 1:
             try:
-                ST.split(g, s.pp, s.stage_layers)
+                ST.chunks(g, s.pp, s.virtual, s.stage_layers)
             except ConfigError as e:
-                return f"stage-layers: {e.args[0] if e.args else e}"
+                return f"{e.field}: {e.message}"
     elif s.stage_layers:
         return "stage-layers: needs a transformer shape with pp > 1"
-    if s.schedule == "interleaved" and s.pp > 1 and (per_replica // (s.micro_batch or per_replica)) % s.pp:
-        return "interleaved schedule needs the number of micro-batches to be a multiple of pp"
+    mbs = per_replica // (s.micro_batch or per_replica)
+    if s.schedule == "interleaved" and s.pp > 1 and mbs % ST.rounds(mbs, s.pp):
+        return (f"the interleaved schedule runs {mbs} micro-batches in max(1, m // pp) = {ST.rounds(mbs, s.pp)} "
+                f"rounds and needs m to be a multiple of them")
     return None
 
 
 def validate(m: ModelStats, c: Cluster, t: Training, s: Strategy) -> None:
+    if m.gpt is not None and 1 < s.pp <= m.gpt.layers and (s.stage_layers or s.schedule == "interleaved"):
+        ST.chunks(m.gpt, s.pp, s.virtual, s.stage_layers)   # an impossible split: its own line and fix
     why = check(m, c, t, s)
     if why:
         fieldname = ("stage-layers" if why.startswith("stage-layers") else "dp" if "cluster has" in why
@@ -185,7 +189,9 @@ def validate(m: ModelStats, c: Cluster, t: Training, s: Strategy) -> None:
                      else "micro-batch" if "micro-batch" in why
                      else "global-batch" if "global batch" in why else "tp" if "tp" in why else "pp")
         fix = {"ep": "choose --ep dividing dp and the experts (an MoE model only), or use --search",
-               "cp": "choose --cp so that 2 x cp divides the sequence (a transformer only), or use --search"}.get(
+               "cp": "choose --cp so that 2 x cp divides the sequence (a transformer only), or use --search",
+               "rounds": "give m = global batch / (dp x micro-batch) that max(1, m // pp) divides (torch's "
+                         "ScheduleInterleaved1F1B): any multiple of pp, or fewer than pp, does"}.get("rounds" if "rounds" in why else
             fieldname, "choose degrees whose product is the GPU count and that divide batch, heads and layers "
                        "(or use --search)")
         raise ConfigError(why, field=fieldname, fix=fix)
@@ -230,25 +236,16 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
     hw_fpg = f_hw * t.global_batch / n
     measured = t.compute_time_s is not None
     compute = t.compute_time_s if measured else (hw_fpg / rate if rate else 0.0)
-    attn_bf16, gemm, attn_s, cx = 0.0, 1.0, 0.0, {}
+    attn_bf16, gemm, attn_s, merge, cx = 0.0, 1.0, 0.0, 0.0, {}
     if m.gpt is not None and not measured and factors is None and rate:
         # linear layers at their GEMM shapes' rate, attention apart (FP8: attention stays BF16), FP8 casts
         cx = E.transformer_compute(m, c, t, s, hw_fpg, rate, eff)
-        compute, attn_s, gemm = cx["compute"], cx["attn_s"], cx["roofline"]
+        attn_s, merge = RING.cp_attention(cx["attn_s"], m.gpt, s, c, t.cp_impl, mb)   # ring.py (cp > 1)
+        compute, gemm = cx["compute"] - cx["attn_s"] + attn_s + merge, cx["roofline"]
         attn_bf16 = attn_s if t.precision == "fp8" else 0.0
-    bubble = 0.0
-    counts: tuple[int, ...] = ()
-    imbalance = 1.0
-    if s.pp > 1:
-        v = s.virtual if s.schedule == "interleaved" else 1
-        fill = s.pp - 1   # every other stage's time once, while the pipeline fills and drains
-        if m.gpt is not None:
-            counts = ST.split(m.gpt, s.pp, s.stage_layers)
-            rc = m.recompute_flops_per_sample(s.recompute) / (m.gpt.seq * m.gpt.layers)
-            imbalance = ST.imbalance(m.gpt, counts, rc)
-            fill = s.pp - imbalance
-            compute *= imbalance   # the slowest stage sets the pace of every micro-batch
-        bubble = compute / imbalance * fill / (mb * v)
+    # the slowest pipeline stage sets the pace (compute x imbalance); fill and drain: the bubble (stages.py)
+    counts, imbalance, bubble = ST.pipeline(m, s, compute, mb)
+    compute *= imbalance
 
     # ---- communication
     ops: list[CommOp] = []
@@ -264,7 +261,7 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
     if m.gpt is not None and (s.cp > 1 or s.ep > 1):
         stage_n = max(counts) if counts else m.gpt.layers
         attn_rate = E.attention_rate(c, t, rate, eff) if factors is None else rate
-        ops += [CommOp(**d) for d in MC.cp_ep_ops(m, c, s, by, mb, stage_n, attn_rate, s.recompute)]
+        ops += [CommOp(**d) for d in MC.cp_ep_ops(m, c, s, by, mb, stage_n, attn_rate, s.recompute, t.cp_impl)]
     if m.gpt is not None and (s.tp > 1 or s.pp > 1):
         g = m.gpt
         act = s.micro_batch * g.seq // s.cp * g.hidden * by["act"]
@@ -286,7 +283,8 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
                 host_factors=factors, stage_layers=counts, stage_imbalance=imbalance,
                 attn_bf16_s=attn_bf16 * imbalance, gemm_roofline=gemm, attn_s=attn_s * imbalance,
                 attn_ratio=1.0 if t.efficiency is not None or not attn_s else E.attention(c.gpu.name, t.flash_attention),
-                gemm_shape=cx.get("tiles", 1.0), fp8_cast_s=cx.get("cast_s", 0.0) * imbalance)
+                gemm_shape=cx.get("tiles", 1.0), fp8_cast_s=cx.get("cast_s", 0.0) * imbalance,
+                cp_merge_s=merge * imbalance)
 
 
 def stage_psi(m: ModelStats, s: Strategy) -> float:

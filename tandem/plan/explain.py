@@ -49,17 +49,9 @@ def _cp_ep_sentence(p: Plan, o) -> str:
     c, s, g = p.cluster, p.strategy, p.model.gpt
     link = f"{o.link} ({'crosses nodes' if o.group.crosses_nodes else 'inside a node'})"
     if o.name == "cp-ring":
-        sf, sb, bf, bb, passes = o.detail
-        chunk = g.seq // s.cp
-        layers = o.calls // max(1, (passes + 1) * (s.cp - 1) * p.grad_accum)
-        return (f"cp-ring: ring attention over cp {s.cp} GPUs on {link}: each holds s/cp = {g.seq}/{s.cp} = {chunk} "
-                f"tokens; per layer and micro-batch {s.cp - 1} steps pass K and V, 2 x b x s/cp x kv_dim = 2 x "
-                f"{s.micro_batch} x {chunk} x {g.kv_dim} x {p.training.bytes['act']} B = {si(o.bytes)} "
-                f"({ms(sf)} a step forward, {ms(sb)} backward with dK, dV), each behind one block's attention, "
-                f"4 x b x (s/cp)^2 x h FLOPs = {ms(bf)} forward, {ms(bb)} backward: exposed = steps x "
-                f"(max(0, {ms(sf)} - {ms(bf)}){' x 2 (full recompute)' if passes > 1 else ''} + max(0, {ms(sb)} - "
-                f"{ms(bb)})) over {s.cp - 1} steps x {layers} layers x {p.grad_accum} micro-batches = "
-                f"{ms(o.exposed_s)} of {ms(o.time_s)}")
+        from tandem.plan.explain_layout import cp_sentence
+
+        return cp_sentence(p, o, link)
     per, calls = o.detail
     moe = p.model.moe
     tokens = s.micro_batch * g.seq / (s.cp * s.tp)
@@ -233,18 +225,9 @@ def explain(p: Plan) -> list[str]:
     else:
         out.append("Compute: unknown for a bare --params model; give --compute-time or a model shape.")
     if s.pp > 1 and p.stage_layers and m.gpt is not None:
-        v = s.virtual if s.schedule == "interleaved" else 1
-        hc = m.gpt.logits_fwd_flops_per_token() / m.gpt.layer_fwd_flops_per_token()
-        k, imb = p.stage_imbalance, p.stage_imbalance
-        src = "given (--stage-layers)" if s.stage_layers else "the planner's balanced split"
-        out.append(f"Pipeline stages hold {','.join(map(str, p.stage_layers))} layers ({src}), the embedding on "
-                   f"the first and the logits ({hc:.3g} of a layer's FLOPs) on the last: the slowest stage has "
-                   f"{imb:.4g}x the mean stage's FLOPs and sets the pace, step = m x t_max + (sum t - t_max)"
-                   f"{' / v' if v > 1 else ''}: compute {ms(p.compute_s)} (m = {p.grad_accum} micro-batches on the "
-                   f"slowest stage) + bubble ({s.pp} - {k:.4g})/({'v x ' if v > 1 else ''}m) x {ms(p.compute_s)} / "
-                   f"{k:.4g} = {ms(p.bubble_s)}, {p.bubble_s / (p.compute_s + p.bubble_s):.1%} of compute+bubble "
-                   f"(equal stages: (p-1)/({'v x ' if v > 1 else ''}m+p-1) = "
-                   f"{(s.pp - 1) / (v * p.grad_accum + s.pp - 1):.1%}).")
+        from tandem.plan.explain_layout import pipeline_line
+
+        out.append(pipeline_line(p))
     elif s.pp > 1:
         v = s.virtual if s.schedule == "interleaved" else 1
         frac = (s.pp - 1) / (v * p.grad_accum + s.pp - 1)
@@ -344,8 +327,9 @@ def _activation_sentence(p: Plan) -> str:
                if s.recompute == "selective" else "")
     scale = t.bytes["act"] / 2
     logits, working = parts["logits"], parts["working"]
-    where = {"first": " on the first stage", "last": " on the last stage (1F1B: it holds one micro-batch)"
-             if s.schedule != "gpipe" else " on the last stage", "only": ""}[parts["stage"]]
+    last = {"1f1b": " (1F1B: it holds one micro-batch)", "gpipe": "",
+            "interleaved": " (interleaved: its warm-up's chunk forwards)"}[s.schedule]
+    where = {"first": " on the first stage", "last": " on the last stage" + last, "only": ""}[parts["stage"]]
     return (f"Activations: {form}{f' x {scale:g} ({t.precision})' if scale != 1 else ''} = {gib(per)} per layer "
             f"x {layers:.4g} layers in flight{where}{_inflight_arithmetic(p, parts['stage'])}"
             + (f" + the recomputed layer's working set {gib(working)} (its bytes without the score matrix, "
@@ -386,3 +370,4 @@ def warnings(p: Plan) -> list[str]:
         w.append("does not fit in memory; try a smaller --micro-batch with gradient accumulation, "
                  "--zero, --recompute, or --search.")
     return w
+

@@ -49,6 +49,7 @@ class PlanArgs:
     overlap: float | None = None
     overlap_param_gather: bool | None = None
     flash_attention: bool | None = None
+    cp_impl: str | None = None
     stage_layers: str | None = None
     compute_time: float | None = None
     dp: int | None = None
@@ -243,7 +244,8 @@ def resolve(a: PlanArgs) -> tuple[ModelStats, Cluster, Training, dict]:
                  overlap_param_gather=bool(v.get("overlap_param_gather")),
                  flash_attention=bool(v.get("flash_attention")), compute_time_s=v.get("compute_time"),
                  steps=v.get("steps"), tokens=v.get("tokens"), samples=samples, ref_batch=v.get("ref_batch") or 0,
-                 warmup_steps=v.get("warmup_steps") or 0, threads_per_worker=v.get("threads_per_worker"))
+                 warmup_steps=v.get("warmup_steps") or 0, threads_per_worker=v.get("threads_per_worker"),
+                 cp_impl=v.get("cp_impl") or "megatron")
     return m, c, t, v
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from tandem.plan.config import Strategy, Training
 from tandem.plan.hardware import Cluster
 from tandem.plan.model import ModelStats
-from tandem.plan.stages import max_stage_params, split
+from tandem.plan.stages import chunks, first_stage_inflight, max_stage_params, split, stage_inflight
 
 CONTEXT_BYTES = 1.0 * 1024**3   # CUDA context, cuBLAS/cuDNN workspaces, allocator slack (rough)
 
@@ -82,13 +82,10 @@ def inflight_layers(m: ModelStats, s: Strategy, micro_batches: int) -> float:
     L, p = m.gpt.layers, s.pp
     if p == 1:
         return L
-    L = p * split(m.gpt, p, s.stage_layers)[0]   # the first stage's layers (L / p when even)
     if s.schedule == "gpipe":
-        return L / p * micro_batches
-    inflight = L / p * min(p, micro_batches)
-    if s.schedule == "interleaved":
-        inflight *= 1 + (p - 1) / (p * s.virtual)
-    return inflight
+        return split(m.gpt, p, s.stage_layers)[0] * micro_batches
+    v = s.virtual if s.schedule == "interleaved" else 1
+    return first_stage_inflight(chunks(m.gpt, p, v, s.stage_layers)[0], p, micro_batches)
 
 
 def activation_parts(m: ModelStats, s: Strategy, t: Training, micro_batches: int) -> dict[str, float]:
@@ -112,11 +109,14 @@ def activation_parts(m: ModelStats, s: Strategy, t: Training, micro_batches: int
     if s.pp == 1:
         out.update(logits=logits, total=first + logits, stage="only")
         return out
-    last_layers = split(g, s.pp, s.stage_layers)[-1]
-    held = micro_batches if s.schedule == "gpipe" else 1
-    last = per * last_layers * held + working + logits
+    if s.schedule == "gpipe":
+        last_layers = split(g, s.pp, s.stage_layers)[-1] * micro_batches
+    else:   # 1F1B: one micro-batch; interleaved: its warm-up's chunk forwards (stages.stage_inflight)
+        v = s.virtual if s.schedule == "interleaved" else 1
+        last_layers = stage_inflight(chunks(g, s.pp, v, s.stage_layers)[-1], s.pp, micro_batches, s.pp - 1)
+    last = per * last_layers + working + logits
     if last > first:
-        out.update(layers=last_layers * held, logits=logits, total=last, stage="last")
+        out.update(layers=last_layers, logits=logits, total=last, stage="last")
     return out
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from tandem.plan import ring as RING
 from tandem.plan.hardware import Cluster
 from tandem.plan.model import GPTShape
 
@@ -148,20 +149,24 @@ def ep_comm(m: MoEShape, micro_batch: int, cp: int, ep: int, act_bytes: int, c: 
 
 
 def cp_comm(g: GPTShape, micro_batch: int, cp: int, act_bytes: int, block_rate: float, c: Cluster,
-            crosses_nodes: bool = False, fwd_passes: int = 1) -> dict:
+            crosses_nodes: bool = False, fwd_passes: int = 1, tp: int = 1, impl: str = "megatron") -> dict:
     """Ring attention's K/V passing for one micro-batch on one GPU over all layers, and what the
-    blocks' attention compute (at ``block_rate`` FLOP/s) leaves exposed."""
+    blocks' attention compute (at ``block_rate`` FLOP/s) leaves exposed; per GPU, tp splitting the heads
+    (``impl`` "torch": torch's all-gather rotation, tandem/plan/ring.py)."""
     if cp <= 1:
         return {"bytes_per_step": 0.0, "steps": 0, "time_s": 0.0, "exposed_s": 0.0}
     chunk = g.seq / cp
-    kv = 2 * micro_batch * chunk * g.kv_dim * act_bytes          # K and V of one chunk
+    kv = 2 * micro_batch * chunk * RING.kv_width(g, tp) * act_bytes   # K and V of one chunk on this GPU
     link = (c.node_rate_Bps / c.gpus_per_node, c.inter.latency_s) if crosses_nodes else \
         (c.intra.rate_Bps, c.intra.latency_s)
-    send_f = kv / link[0] + link[1]
-    send_b = 2 * kv / link[0] + link[1]                           # K, V and dK, dV
-    block_f = 4 * micro_batch * chunk * chunk * g.hidden / block_rate
+    block_f = 4 * micro_batch * chunk * chunk * g.hidden / tp / block_rate
     block_b = 2 * block_f
     steps = (cp - 1) * g.layers
+    if impl == "torch":
+        r = RING.torch_ring(kv, cp, link, block_f, block_b, g.layers, fwd_passes)
+        return {"bytes_per_step": kv, "steps": steps, **r, "block_f": block_f, "block_b": block_b}
+    send_f = kv / link[0] + link[1]
+    send_b = 2 * kv / link[0] + link[1]                           # K, V and dK, dV
     return {"bytes_per_step": kv, "steps": steps, "time_s": steps * (fwd_passes * send_f + send_b),
             "exposed_s": steps * (fwd_passes * max(0.0, send_f - block_f) + max(0.0, send_b - block_b)),
             "send_f": send_f, "send_b": send_b, "block_f": block_f, "block_b": block_b}
@@ -294,7 +299,8 @@ def check_cp_ep(m, s) -> str | None:
     return None
 
 
-def cp_ep_ops(m, c: Cluster, s, by: dict, mb: int, stage_layers: int, attn_rate: float, recompute: str) -> list[dict]:
+def cp_ep_ops(m, c: Cluster, s, by: dict, mb: int, stage_layers: int, attn_rate: float, recompute: str,
+              impl: str = "megatron") -> list[dict]:
     """Ring attention's K/V exchange and MoE token routing of one step on the slowest stage's GPU, as
     CommOp fields: every micro-batch, every layer the stage holds; with full recompute the forward's
     share runs twice."""
@@ -305,13 +311,14 @@ def cp_ep_ops(m, c: Cluster, s, by: dict, mb: int, stage_layers: int, attn_rate:
     g = m.gpt
     if s.cp > 1:
         grp = layout(s.cp, s.tp, c.gpus_per_node)
-        r = cp_comm(replace(g, layers=stage_layers), s.micro_batch, s.cp, by["act"], attn_rate, c,
-                    grp.crosses_nodes, fwd_passes)
+        rate = attn_rate * RING.block_share(c.gpu.name, impl, g.seq, s.cp)   # the ring's shorter blocks
+        r = cp_comm(replace(g, layers=stage_layers), s.micro_batch, s.cp, by["act"], rate, c,
+                    grp.crosses_nodes, fwd_passes, s.tp, impl)
         out.append(dict(name="cp-ring", collective="send_recv", bytes=r["bytes_per_step"],
                         calls=r["steps"] * mb * (fwd_passes + 1), group=grp, link=link_name(grp, c),
                         time_s=r["time_s"] * mb, exposed_s=r["exposed_s"] * mb, rule="ring-attention",
                         window_s=r["block_f"], detail=(r["send_f"], r["send_b"], r["block_f"], r["block_b"],
-                                                       fwd_passes)))
+                                                       fwd_passes, impl)))
     if s.ep > 1 and m.moe is not None:
         moe_n = stage_layers * m.moe.moe_layers / g.layers
         r = ep_comm(m.moe, s.micro_batch, s.cp, s.ep, by["act"], c, s.tp, moe_n, fwd_passes)

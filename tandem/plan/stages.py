@@ -56,13 +56,16 @@ def _key(g: GPTShape) -> tuple:
 
 
 def split(g: GPTShape, pp: int, given: tuple[int, ...] | None = None) -> tuple[int, ...]:
+    """Layers per stage: ``given`` per stage, or per model chunk (pp x v counts, chunk j on stage j mod pp,
+    folded into stage sums), else the balanced split."""
     if given:
-        if len(given) != pp or sum(given) != g.layers or min(given) < 0:
-            raise ConfigError(f"{len(given)} stage(s) with {sum(given)} layers in all, but pp {pp} and "
+        if len(given) % pp or sum(given) != g.layers or min(given) < 0:
+            raise ConfigError(f"{len(given)} count(s) with {sum(given)} layers in all, but pp {pp} and "
                               f"{g.layers} layers", field="stage-layers", value=",".join(map(str, given)),
-                              fix=f"give {pp} non-negative counts that add up to {g.layers}, or leave it out "
-                                  "for the planner's balanced split")
-        return tuple(given)
+                              fix=f"give {pp} non-negative counts (one per stage, or pp x virtual, one per "
+                                  f"chunk) that add up to {g.layers}, or leave it out for the planner's "
+                                  "balanced split")
+        return tuple(sum(given[i::pp]) for i in range(pp))
     k = (_key(g), pp)
     if k not in _SPLITS:
         _SPLITS[k] = balanced(g.layers, pp, head_cost(g))
@@ -110,3 +113,132 @@ def max_stage_params(g: GPTShape, counts: tuple[int, ...]) -> float:
 
 
 _MAX_PARAMS: dict[tuple, float] = {}
+
+
+# ---- interleaved (virtual-stage) 1F1B over uneven stages
+#
+# Stage i holds model chunks i, i + p, ..., i + (v-1)p (Megatron-LM's and torch.distributed.pipelining's
+# placement). The schedule modelled is torch's ScheduleInterleaved1F1B, which is Megatron-LM's depth-first
+# interleaved 1F1B (Narayanan et al. 2021, §2.2.2: bubble (p-1)/(v m) of the ideal time for equal chunks)
+# with its micro-batch rule relaxed as Llama 3's (Dubey et al. 2024, §3.3.2): micro-batches run in rounds of
+# m // max(1, m // p), and m must be a multiple of the number of rounds.
+
+
+def rounds(m: int, pp: int) -> int:
+    """torch's ScheduleInterleaved1F1B: max(1, m // pp) rounds of m / rounds micro-batches each."""
+    return max(1, m // pp)
+
+
+@lru_cache(maxsize=4096)
+def even_chunks(n: int, v: int) -> tuple[int, ...]:
+    """n layers in v chunks as even as possible, the extra layers in the middle chunks: each stage's first
+    chunk is what the pipeline fill waits on and its last what the drain waits on (``fill_units``)."""
+    base, r = divmod(n, v)
+    mid = (v - 1) / 2
+    extra = set(sorted(range(v), key=lambda k: (abs(k - mid), k))[:r])
+    return tuple(base + (k in extra) for k in range(v))
+
+
+def chunks(g: GPTShape, pp: int, v: int, given: tuple[int, ...] | None = None) -> tuple[tuple[int, ...], ...]:
+    """Layers of each model chunk, per stage: ``given`` per chunk (pp x v counts, chunk j on stage j mod pp),
+    or per stage (split evenly over its v chunks), else the balanced split so divided."""
+    k = (_key(g), pp, v, given)
+    if k not in _CHUNKS:   # the search asks thousands of times; an impossible split is remembered too
+        try:
+            _CHUNKS[k] = _chunks(g, pp, v, given)
+        except ConfigError as e:
+            _CHUNKS[k] = e
+    if isinstance(_CHUNKS[k], ConfigError):
+        raise _CHUNKS[k]
+    return _CHUNKS[k]
+
+
+_CHUNKS: dict[tuple, tuple[tuple[int, ...], ...] | ConfigError] = {}
+
+
+def _chunks(g: GPTShape, pp: int, v: int, given: tuple[int, ...] | None) -> tuple[tuple[int, ...], ...]:
+    value = ",".join(map(str, given)) if given else None
+    if given and len(given) not in (pp, pp * v):
+        raise ConfigError(f"{len(given)} counts, but pp {pp} x virtual {v} takes {pp} (one per stage) or "
+                          f"{pp * v} (one per chunk)", field="stage-layers", value=value,
+                          fix=f"give {pp} per-stage or {pp * v} per-chunk layer counts")
+    counts = split(g, pp, given)
+    if given and len(given) == pp * v:
+        out = tuple(tuple(given[i + k * pp] for k in range(v)) for i in range(pp))
+    else:
+        out = tuple(even_chunks(n, v) for n in counts)
+    if v > 1:
+        for i, c in enumerate(out):
+            if min(c) < 1:
+                k, per_chunk = c.index(min(c)), bool(given) and len(given) == pp * v
+                why = (f"chunk {i + k * pp} (stage {i}) has no layer" if per_chunk else
+                       f"stage {i} holds {counts[i]} layer(s), fewer than its {v} interleaved chunks")
+                raise ConfigError(f"{why}: every chunk needs at least one layer", value=value or v,
+                                  field="stage-layers" if given else "virtual",
+                                  fix="give every chunk at least one layer" if per_chunk else
+                                  f"use --virtual {max(1, min(counts))} or less, or give per-stage counts of "
+                                  f"at least {v} (--stage-layers)")
+    return out
+
+
+@lru_cache(maxsize=4096)
+def fill_units(per_stage: tuple[tuple[int, ...], ...], layer_f: float, layer_b: float, head_f: float,
+               head_b: float, m: int) -> float:
+    """Pipeline fill and drain in units of the mean stage's time per micro-batch.
+
+    The slowest stage k sets the pace (m x T_k); while the pipeline fills, the first micro-batch's forward
+    crosses every other stage's first chunk, and each time the chunks grow (c_j > c_j-1) the front of the
+    next round of chunks falls behind by the growth on each stage it crosses; the drain mirrors it
+    backward. Per stage the forward's wait is F x (c_0 + sum of the rises), the backward's B x (c_v-1 + sum
+    of the falls), max(c) x (F + B) for chunks that rise then fall (forward F = a layer's forward FLOPs,
+    backward B = 2 x that + recompute; the logits with the last chunk of the last stage); summed over the
+    stages other than k. One chunk per stage gives sum(T) - max(T); v equal chunks Megatron's (p-1) T / v.
+    With fewer micro-batches than stages (m < p, rounds of m) every one of the v-1 chunk changes also waits
+    p - m chunk times for the round's first micro-batch to come back: + (v-1)(p-m) T_mean / v."""
+    p, v = len(per_stage), len(per_stage[0])
+    T = [sum(c) * (layer_f + layer_b) for c in per_stage]
+    T[-1] += head_f + head_b
+    k = max(range(p), key=lambda i: (T[i], i))
+    fronts = [(c[0] + sum(max(0, b - a) for a, b in zip(c, c[1:])),
+               c[-1] + sum(max(0, a - b) for a, b in zip(c, c[1:]))) for c in per_stage]
+    ends = [f * layer_f + b * layer_b for f, b in fronts]
+    ends[-1] += head_b + (head_f if v == 1 else 0.0)
+    mean = sum(T) / p
+    wait = sum(e for i, e in enumerate(ends) if i != k)
+    if v > 1 and m < p:
+        wait += (v - 1) * (p - m) * mean / v
+    return wait / mean
+
+
+@lru_cache(maxsize=4096)
+def stage_inflight(held: tuple[int, ...], pp: int, m: int, rank: int = 0) -> float:
+    """Layers of activations pipeline rank ``rank`` (chunks ``held``) holds at its peak under (interleaved)
+    1F1B: the forwards it runs before its first backward, (v-1) x round + 2(p-1-rank) chunk forwards + the first
+    steady-state one (torch's _get_warmup_ops, Megatron's num_warmup_microbatches), at most all m x v, the j-th
+    on chunk (j // round) mod v; one chunk: min(p - rank, m) micro-batches. Equal chunks on the first stage give
+    L/p x p (1 + (p-1)/(p v)) (Korthikanti et al. 2022, §4.2.3)."""
+    v = len(held)
+    if v == 1:
+        return held[0] * min(pp - rank, m)
+    rnd = m // rounds(m, pp)
+    n = min(m * v, (v - 1) * rnd + 2 * (pp - 1 - rank) + 1)
+    return float(sum(held[(j // rnd) % v] for j in range(n)))
+
+
+def first_stage_inflight(first: tuple[int, ...], pp: int, m: int) -> float:
+    return stage_inflight(first, pp, m, 0)
+
+def pipeline(m, s, compute: float, mb: int) -> tuple[tuple[int, ...], float, float]:
+    """(layers per stage, slowest over mean stage, bubble seconds) of ``compute`` seconds of mean-stage work
+    over ``mb`` micro-batches (``m`` ModelStats, ``s`` Strategy); no pipeline: ((), 1, 0)."""
+    if s.pp <= 1:
+        return (), 1.0, 0.0
+    v = s.virtual if s.schedule == "interleaved" else 1
+    if m.gpt is None:   # equal stages: (p-1)/v, + (v-1)(p-m)/v with fewer micro-batches than stages
+        return (), 1.0, compute * (s.pp - 1 + (v - 1) * max(0, s.pp - mb)) / v / mb
+    g = m.gpt
+    counts = split(g, s.pp, s.stage_layers)
+    rc = m.recompute_flops_per_sample(s.recompute) / (g.seq * g.layers)
+    f, h = g.layer_fwd_flops_per_token(), g.logits_fwd_flops_per_token()
+    fill = fill_units(chunks(g, s.pp, v, s.stage_layers), f, 2 * f + rc, h, 2 * h, mb)
+    return counts, imbalance(g, counts, rc), compute * fill / mb

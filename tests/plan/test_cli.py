@@ -77,7 +77,8 @@ def test_does_not_fit_suggests_accumulation():
 @pytest.mark.parametrize("args,field", [
     (["resnet50", "--dp", "3"], "dp"),                                  # product != GPU count
     (["gpt3-175b", "--tp", "5", "--pp", "1", "--gpus-per-node", "10"], "tp"),  # 96 heads / 5
-    (["gpt-1t", "--pp", "3", "--gpus-per-node", "3", "--schedule", "interleaved"], "pp"),  # 128 / (3 x 2)
+    (["gpt-1t", "--pp", "3", "--gpus-per-node", "3", "--schedule", "interleaved", "--virtual", "50"],
+     "virtual"),                                                        # 42 layers on a stage, 50 chunks
     (["gpt-1t", "--pp", "3", "--gpus-per-node", "3", "--stage-layers", "43,43,43"], "stage-layers"),
     (["gpt-1t", "--pp", "3", "--gpus-per-node", "3", "--stage-layers", "43,x,42"], "stage-layers"),
     (["resnet50", "--micro-batch", "7"], "micro-batch"),

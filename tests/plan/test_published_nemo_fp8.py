@@ -12,7 +12,8 @@ Issue 14's tolerance: 10% median, 25% max. Measured when written: median 6.0%, m
 -2.6% LLAMA3-70B cp 2); with links at their achievable nccl-tests rates and attention at FlashAttention-3's
 share of H100 peak (efficiency.py): median 8.5%, max 13.4% (+13.4% LLAMA3-8B cp 2, -8.5% LLAMA2-70B); with the
 per-architecture compute model (H100 linear layers at 0.50 of peak, FP8 at 0.942 of that share, GEMM shapes and FP8
-casts timed: efficiency.py, gemm.py): median 8.9%, max 16.0% (-16.0% LLAMA2-70B, -14.5% GPT3-175B on 512). The model FLOPs per token the table implies (TFLOP/s over
+casts timed: efficiency.py, gemm.py): median 8.9%, max 16.0% (-16.0% LLAMA2-70B, -14.5% GPT3-175B on 512). With torch's ring
+terms (ring.py) the cp rows' blocks run on cuDNN's fused attention. The model FLOPs per token the table implies (TFLOP/s over
 tokens/s) match the planner's count to 0.1% on every row.
 """
 

@@ -12,8 +12,12 @@ micro-batch per FSDP rank where there is no pipeline; micro-batch 1 with one, to
 (selective / full / none), bf16 or fp8, Flash attention (SDPA), AdamW and its default efficiency: nothing
 fitted. torch.compile rows are used only where the row is also Float8 (the table has no Float8 row without
 compile); the planner has no compile term.
-Not checked: Table 5's interleaved row: 126 layers on pp 8 x virtual 2 are refused (uneven interleaved stages
-are not modelled); the memory column (see KNOWN MISSES).
+Table 5's interleaved row: torchtitan's default for a multi-stage schedule, 2 stages a rank, split by its
+generate_split_points (126 layers in 16 chunks: 7, 8 x 14, 7; chunk j on rank j mod 8), torch's
+ScheduleInterleaved1F1B over 32 micro-batches. The CP rows run torch's context_parallel (`cp_impl="torch"`:
+all-gather K/V rotation, fp32 dK/dV ring and merges, SDPA's FlashAttention-2 kernel; tandem/plan/ring.py).
+Not checked: the memory column (see KNOWN MISSES); Table 6's CP 4 and CP 8 rows (131k, 262k tokens; left out
+when the file was written: +28.9% and +44.8% today).
 
 KNOWN MISSES (issue 14 asks 10% median, 25% max). On main when written: H100 26.1% / 55.8% (all fast), A100 21.3% /
 26.6% (all slow). With the per-architecture compute model (efficiency.py, gemm.py; nothing fitted to this table)
@@ -60,6 +64,7 @@ H100 = [
     ("T3 FSDP+compile+Float8", "llama3.1-8b", 8192, 128, 128, 1, 1, 1, 2, "selective", "fp8", 8380),
     ("T4 2D", "llama3.1-70b", 8192, 256, 32, 8, 1, 1, 16, "full", "fp8", 829),
     ("T5 1F1B", "llama3.1-405b", 8192, 512, 8, 8, 8, 1, 32, "full", "fp8", 100),
+    ("T5 Interleaved 1F1B", "llama3.1-405b", 8192, 512, 8, 8, 8, 1, 32, "full", "fp8", 128),
     ("T6 FSDP 8 CP 1", "llama3.1-405b", 32768, 512, 8, 8, 8, 1, 8, "full", "fp8", 76),
     ("T6 FSDP 4 CP 2", "llama3.1-405b", 65536, 512, 4, 8, 8, 2, 8, "full", "fp8", 47),
 ]
@@ -71,12 +76,23 @@ A100 = [
 KNOWN_MISS = {"h100": (0.09, 0.35)}   # (median, max) pinned: see KNOWN MISSES
 
 
-def _plan(name, seq, gpu, gpus, inter, dp, tp, pp, cp, local, recompute, precision):
+def torchtitan_chunks(layers: int, chunks: int) -> tuple[int, ...]:
+    """torchtitan's default split (generate_split_points, no split points given): `layers // chunks` a chunk,
+    one more on each of the middle chunks after the first while the remainder lasts."""
+    base, extra = divmod(layers, chunks)
+    return tuple(base + (1 if 0 < i <= extra and i < chunks - 1 else 0) for i in range(chunks))
+
+
+def _plan(name, seq, gpu, gpus, inter, dp, tp, pp, cp, local, recompute, precision, interleaved=False):
     m = gpt_stats(GPTShape(seq=seq, **SHAPES[name]), name)
     c = make_cluster(gpu, 8, gpus // 8, inter=inter, nics_per_node=8)
-    t = Training(global_batch=local * dp, precision=precision, optimizer="adamw", flash_attention=True)
+    t = Training(global_batch=local * dp, precision=precision, optimizer="adamw", flash_attention=True,
+                 cp_impl="torch")
+    # interleaved: 2 stages a rank, torchtitan's default for its multi-stage schedules (generate_split_points)
+    pipe = dict(schedule="interleaved", virtual=2, stage_layers=torchtitan_chunks(m.gpt.layers, 2 * pp)) \
+        if interleaved else {}
     s = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, zero=3, micro_batch=1 if pp > 1 else local, recompute=recompute,
-                 ranks_per_node=8)
+                 ranks_per_node=8, **pipe)
     validate(m, c, t, s)
     return evaluate(m, c, t, s)
 
@@ -84,7 +100,7 @@ def _plan(name, seq, gpu, gpus, inter, dp, tp, pp, cp, local, recompute, precisi
 def h100_errors() -> dict[str, float]:
     out = {}
     for label, name, seq, gpus, dp, tp, pp, cp, local, rc, prec, tps in H100:
-        p = _plan(name, seq, "h100-sxm-500w", gpus, "ib-ndr", dp, tp, pp, cp, local, rc, prec)
+        p = _plan(name, seq, "h100-sxm-500w", gpus, "ib-ndr", dp, tp, pp, cp, local, rc, prec, "Interleaved" in label)
         out[f"{label} {name}"] = local * dp * seq / p.step_s / gpus / tps - 1
     return out
 

@@ -1,5 +1,7 @@
 """Uneven pipeline stages: the planner's split, the slowest stage's pace, the first/last stages' memory."""
 
+import re
+
 import pytest
 
 from tandem.plan.config import Strategy, Training
@@ -70,3 +72,71 @@ def test_max_stage_params_is_the_max():
     for name, counts in (("gpt3-175b", (12,) * 8), ("llama2-7b", (9, 8, 8, 7)), ("llama2-7b", (1, 30, 1))):
         g = preset(name).gpt
         assert max_stage_params(g, counts) == max(stage_params(g, counts))
+
+
+# ---- interleaved (virtual-stage) 1F1B over uneven stages
+
+def test_equal_chunks_give_megatrons_interleaved_bubble():
+    """(p-1)/v mean-stage micro-batch times (Narayanan et al. 2021 §2.2.2: bubble (p-1)/(v m) of compute)."""
+    from tandem.plan.stages import fill_units
+    assert fill_units(((6, 6),) * 8, 1.0, 2.0, 0.0, 0.0, 16) == pytest.approx(7 / 2)
+    assert fill_units(((12,),) * 8, 1.0, 2.0, 0.0, 0.0, 16) == pytest.approx(7)
+    # growing chunks stall the front: chunks 1,2,1 wait like 2,2,2 (max chunk 2 of a mean 4/3)
+    assert fill_units(((1, 2, 1),) * 4, 1.0, 2.0, 0.0, 0.0, 8) == pytest.approx(3 * 2 * 3 / 12)
+    # m < p: each of the v-1 chunk changes waits p - m chunk times: + (v-1)(p-m)/v
+    assert fill_units(((6, 6),) * 8, 1.0, 2.0, 0.0, 0.0, 4) == pytest.approx(7 / 2 + 1 * 4 / 2)
+
+
+def test_126_layers_interleave_on_16_stages():
+    from tandem.plan.stages import chunks, first_stage_inflight
+    c = chunks(LLAMA3_405B, 16, 4)
+    assert c[0] == (2, 2, 2, 1) and c[1] == (2, 2, 2, 2) and c[-1] == (2, 2, 2, 1)
+    # the first stage's warm-up: (v-1) x 16 + 2 x 15 + 1 = 79 chunk forwards at m = 32 (two rounds of 16)
+    assert first_stage_inflight(c[0], 16, 32) == 16 * (2 + 2 + 2 + 1) + 15 * 2
+    # equal chunks: Korthikanti et al.'s L/p x p x (1 + (p-1)/(p v)) = 8 x 16 x (1 + 15/32) = 188
+    assert first_stage_inflight((4, 4), 16, 32) == 188
+    m = gpt_stats(LLAMA3_405B)
+    c16 = make_cluster("h100-sxm", 8, 16, inter="ib-ndr", nics_per_node=8)
+    t = Training(global_batch=16, efficiency=0.5)
+    one = evaluate(m, c16, t, Strategy(dp=1, tp=8, pp=16, micro_batch=1))
+    s = Strategy(dp=1, tp=8, pp=16, micro_batch=1, schedule="interleaved", virtual=4)
+    validate(m, c16, t, s)
+    four = evaluate(m, c16, t, s)
+    assert four.compute_s == pytest.approx(one.compute_s) and four.bubble_s < one.bubble_s / 3.8
+    assert "4 interleaved chunks a stage (first 2/2/2/1" in " ".join(explain(four))
+
+
+def test_per_chunk_counts_and_impossible_splits():
+    from tandem.core.errors import ConfigError
+    from tandem.plan.stages import chunks
+    g = preset("llama2-7b").gpt   # 32 layers
+    assert split(g, 4, (2, 2, 2, 2) + (3, 3, 3, 1) + (3, 3, 2, 6)) == (8, 8, 7, 9)
+    assert chunks(g, 4, 3, (2, 2, 2, 2) + (3, 3, 3, 1) + (3, 3, 2, 6))[3] == (2, 1, 6)
+    m, c, t = preset("llama2-7b"), make_cluster("a100-80gb", 8, 1), Training(global_batch=16)
+    bad = {(9, 8, 8, 7, 0, 0, 0, 0): "chunk 4 (stage 0) has no layer",
+           (8, 8, 8, 8, 0, 0): "6 counts, but pp 4 x virtual 2 takes 4",
+           None: "stage 0 holds 4 layer(s), fewer than its 5"}
+    for given, why in bad.items():
+        s = Strategy(dp=1, tp=2, pp=4, micro_batch=1, schedule="interleaved", virtual=2 if given else 5,
+                     stage_layers=given or (4, 10, 10, 8))
+        with pytest.raises(ConfigError, match=re.escape(why)):
+            validate(m, c, t, s)
+
+
+def test_micro_batches_follow_torchs_rounds():
+    """torch's ScheduleInterleaved1F1B: max(1, m // p) rounds, m a multiple of them (Llama 3's tunable count)."""
+    from tandem.plan.cost import check
+    m, c = preset("llama2-7b"), make_cluster("a100-80gb", 8, 1)
+    for gb, ok in ((24, True), (3, True), (36, True), (33, False)):
+        s = Strategy(dp=1, tp=2, pp=4, micro_batch=1, schedule="interleaved", virtual=2)
+        why = check(m, c, Training(global_batch=gb), s)
+        assert (why is None) == ok, (gb, why)
+
+
+def test_last_stage_holds_its_warm_up_under_interleaving():
+    from tandem.plan.stages import stage_inflight
+    # rank p-1 runs (v-1) x round + 1 chunk forwards before its first backward: 3 x 16 + 1 = 49 on 16 stages,
+    # rounds of 16 micro-batches: 16 on each of chunks 2, 2, 2 and one on the last chunk (1 layer)
+    assert stage_inflight((2, 2, 2, 1), 16, 32, 15) == 3 * 16 * 2 + 1
+    assert stage_inflight((4, 4), 16, 32, 15) == 16 * 4 + 4
+    assert stage_inflight((7,), 16, 32, 15) == 7 and stage_inflight((7,), 16, 32, 0) == 7 * 16

@@ -1,0 +1,76 @@
+"""explain[] sentences for the layout terms: uneven and interleaved pipeline stages (stages.py) and ring
+attention (moe_cp.cp_comm, ring.py), with their arithmetic."""
+
+from __future__ import annotations
+
+from tandem.plan import ring as RING
+from tandem.plan import stages as ST
+from tandem.plan.cost import Plan
+from tandem.plan.explain import ms, si
+
+
+def pipeline_line(p: Plan) -> str:
+    """The uneven (and interleaved) pipeline's pace, fill and drain, with their arithmetic."""
+    s, g = p.strategy, p.model.gpt
+    v = s.virtual if s.schedule == "interleaved" else 1
+    hc = g.logits_fwd_flops_per_token() / g.layer_fwd_flops_per_token()
+    imb, mb = p.stage_imbalance, p.grad_accum
+    per_mb = p.compute_s / imb / mb if p.compute_s else 0.0
+    fill = p.bubble_s / per_mb if per_mb else 0.0
+    src = "given (--stage-layers)" if s.stage_layers else "the planner's balanced split"
+    ch = ""
+    if v > 1:
+        c = ST.chunks(g, s.pp, v, s.stage_layers)
+        ch = (f", in {v} interleaved chunks a stage (first {'/'.join(map(str, c[0]))}, second "
+              f"{'/'.join(map(str, c[1]))}, last {'/'.join(map(str, c[-1]))}; torch's ScheduleInterleaved1F1B: "
+              f"{ST.rounds(mb, s.pp)} round(s) of {mb // ST.rounds(mb, s.pp)} micro-batches)")
+    wait = ("each other stage's largest chunk (its first chunk plus every rise) forward and backward"
+            if v > 1 else "every other stage's time once")
+    if v > 1 and mb < s.pp:
+        wait += f", + (v-1)(p-m)/v = {(v - 1) * (s.pp - mb) / v:.4g} for the m < p rounds"
+    return (f"Pipeline stages hold {','.join(map(str, p.stage_layers))} layers ({src}){ch}, the embedding on the "
+            f"first and the logits ({hc:.3g} of a layer's FLOPs) on the last: the slowest stage has {imb:.4g}x the "
+            f"mean stage's FLOPs and sets the pace: compute {ms(p.compute_s)} (m = {mb} micro-batches on the slowest "
+            f"stage) + fill and drain {fill:.4g} mean-stage micro-batch times ({wait}) x {ms(per_mb)} = "
+            f"{ms(p.bubble_s)}, {p.bubble_s / (p.compute_s + p.bubble_s):.1%} of compute+bubble (equal stages: "
+            f"(p-1)/({'v x ' if v > 1 else ''}m+p-1) = {(s.pp - 1) / (v * mb + s.pp - 1):.1%}; Narayanan et al. "
+            f"2021 §2.2).")
+
+
+def cp_sentence(p: Plan, o, link: str) -> str:
+    """Ring attention: the K/V passing (Megatron's p2p ring, or torch's all-gather), the ring's shorter attention
+    kernels and torch's fp32 merges (moe_cp.cp_comm, ring.py)."""
+    s, g, t = p.strategy, p.model.gpt, p.training
+    sf, sb, bf, bb, passes, impl = o.detail
+    chunk = g.seq // s.cp
+    layers = o.calls // max(1, (passes + 1) * (s.cp - 1) * p.grad_accum)
+    kvw = RING.kv_width(g, s.tp)
+    head = (f"cp-ring: ring attention over cp {s.cp} GPUs on {link}: each holds s/cp = {g.seq}/{s.cp} = {chunk} "
+            f"tokens; K and V of a chunk, 2 x b x s/cp x kv width (kv_dim / min(tp, kv heads)) = 2 x "
+            f"{s.micro_batch} x {chunk} x {kvw} x {t.bytes['act']} B = {si(o.bytes)}")
+    rc = " x 2 (full recompute)" if passes > 1 else ""
+    if impl == "torch":
+        body = (f"; torch's context_parallel (all-gather rotation, torchtitan's default): forward all-gathers the "
+                f"{s.cp - 1} other chunks once ({ms(sf)}), hidden only behind the first block's attention "
+                f"(4 x b x (s/cp)^2 x h/tp FLOPs = {ms(bf)}), backward all-gathers them again (behind {ms(bb)}) and "
+                f"passes dK, dV in fp32 around the ring ({ms(sb)} a step, {s.cp - 1} steps, each behind {ms(bb)}): "
+                f"exposed = layers x (max(0, {ms(sf)} - {ms(bf)}){rc} + max(0, {ms(sf)} - {ms(bb)}) + {s.cp - 1} x "
+                f"max(0, {ms(sb)} - {ms(bb)}))")
+    else:
+        body = (f"; per layer and micro-batch {s.cp - 1} steps pass them ({ms(sf)} a step forward, {ms(sb)} backward "
+                f"with dK, dV), each behind one block's attention, 4 x b x (s/cp)^2 x h/tp FLOPs = {ms(bf)} forward, "
+                f"{ms(bb)} backward: exposed = steps x (max(0, {ms(sf)} - {ms(bf)}){rc} + max(0, {ms(sb)} - "
+                f"{ms(bb)}))")
+    L = RING.block_length(g.seq, s.cp)
+    share = RING.block_share(p.cluster.gpu.name, impl, g.seq, s.cp)
+    kern = RING.KERNEL[impl]
+    blocks = (f". The ring's attention kernels run on blocks of s/(cp x sqrt 2) = {L:.0f} tokens: {kern} at "
+              f"{RING.speed(kern, L):.0f} against {RING.speed(kern, g.seq):.0f} TFLOP/s on the whole {g.seq} "
+              f"(FlashAttention-3 paper, H100, head dim 128): attention at x {share:.4g} of its rate" if share != 1
+              else "")
+    merge = (f"; torch merges the partial outputs in eager fp32 ops: (cp-1) x layers x micro-batches x ({passes} x "
+             f"({RING.MERGE_Q[0]} B x b s/cp h/tp + {RING.MERGE_KV[0]} B x 2 b s/cp kv) + {RING.MERGE_Q[1]} B x "
+             f"b s/cp h/tp + {RING.MERGE_KV[1]} B x 2 b s/cp kv) / {si(p.cluster.gpu.memory_Bps, 'B/s')} HBM = "
+             f"{ms(p.cp_merge_s)} of compute" if p.cp_merge_s else "")
+    return (f"{head}{body} over {s.cp - 1} steps x {layers} layers x {p.grad_accum} micro-batches = "
+            f"{ms(o.exposed_s)} of {ms(o.time_s)}{blocks}{merge}")

@@ -1,0 +1,103 @@
+"""Ring attention (context parallelism) as the frameworks run it: the attention kernel's speed on the ring's
+blocks, and torch's ``context_parallel`` (what torchtitan runs) next to Megatron-core / Transformer Engine's
+p2p ring (``moe_cp.cp_comm``).
+
+**Block length.** Under cp each GPU runs attention as one kernel per ring step on blocks shorter than the
+sequence: load-balanced causal ring attention (Megatron-core, torch) cuts the sequence in 2 x cp chunks, so a
+step pairs s/cp queries with s/(2 cp) keys or the reverse; the planner takes the geometric mean,
+s / (cp x sqrt 2). Fused attention kernels are slower on short sequences: Shah et al. 2024 (FlashAttention-3,
+arXiv:2407.08608), figure "Attention forward speed, head dim 128 (H100 80GB SXM5)", batch x length = 16k
+tokens (``FWD_HD128``, TFLOP/s). The attention FLOPs under cp run at speed(block) / speed(s) of the unsplit
+kernel's rate (lengths interpolated in log2, clamped to the figure's 512..16k), with the kernel each
+implementation runs: Transformer Engine's fused attention is cuDNN's; torch's context_parallel runs SDPA's
+flash or memory-efficient backend only (torchtitan's train context: ``sdpa_kernel([FLASH_ATTENTION,
+EFFICIENT_ATTENTION])``, "currently we only support these two SDP backends"), and PyTorch's flash backend is
+FlashAttention-2. The figure is an H100's: on other GPUs the factor is 1 (no such figure).
+
+**torch's context_parallel** (``torch/distributed/tensor/experimental/_context_parallel/_attention.py``,
+torch 2.13; torchtitan's default ``context_parallel_rotate_method = "allgather"``):
+- forward: K and V are all-gathered once, issued before the first (local, causal) block and waited for at
+  the second: exposed = max(0, all-gather - one block);
+- backward: K and V all-gathered again (the same rotater), and dK, dV passed around the ring in fp32 (the
+  accumulation dtype): cp - 1 sends of 2 x the bf16 K/V bytes, each behind one block's backward;
+- the partial outputs are merged in eager fp32 element-wise ops (``_SDPAMerger``, ``_partial_update``), on the
+  compute stream and bound by HBM: per ring step and output element (b x s/cp x h/tp) forward: bf16 to fp32
+  copy (6 B), out - block_out (12 B), x sigmoid(lse diff) (8 B), out - that (12 B), and on half the steps a
+  chunk-and-cat of the output (8 B, so 4 B on average): 42 B; backward: grad_q += block grad_q in fp32 (10 B)
+  + half the steps' partial update (6 B on average): 16 B. Per element of K or V (b x s/cp x kv width):
+  forward 4 B (K, V flattened and concatenated for the send), backward 26 B (dK += in fp32 10 B, partial
+  update 4 B on average, the fp32 concatenation for the send 8 B, the K/V concatenation 4 B). Extra kernel
+  launches per step (tens of microseconds against milliseconds of attention a step) are left out.
+"""
+
+from __future__ import annotations
+
+import math
+
+CP_IMPLS = ("megatron", "torch")
+
+# Shah et al. 2024, FlashAttention-3, "Attention forward speed, head dim 128 (H100 80GB SXM5)", TFLOP/s
+LENGTHS = (512, 1024, 2048, 4096, 8192, 16384)
+FWD_HD128 = {"fa2": (309, 350, 362, 368, 370, 370),
+             "cudnn": (497, 574, 617, 609, 600, 595),
+             "fa3": (467, 565, 625, 638, 646, 648)}
+KERNEL = {"megatron": "cudnn", "torch": "fa2"}
+HOPPER = ("h100-sxm", "h100-pcie", "h200")
+
+# torch's merges: HBM bytes per element per ring step (forward, backward), output elements and K/V elements
+MERGE_Q = (42, 16)
+MERGE_KV = (4, 26)
+
+
+def speed(kernel: str, length: float) -> float:
+    """The kernel's TFLOP/s at ``length`` tokens (log2-interpolated in the figure, clamped to its range)."""
+    ys = FWD_HD128[kernel]
+    x = min(max(math.log2(max(length, 1)), 9.0), 14.0) - 9.0
+    i = min(int(x), 4)
+    return ys[i] + (ys[i + 1] - ys[i]) * (x - i)
+
+
+def block_length(seq: int, cp: int) -> float:
+    return seq / (cp * math.sqrt(2))
+
+
+def block_share(gpu: str, impl: str, seq: int, cp: int) -> float:
+    """Speed of the ring's per-step attention kernel over the same kernel on the whole sequence."""
+    if cp <= 1 or gpu not in HOPPER:
+        return 1.0
+    k = KERNEL[impl]
+    return speed(k, block_length(seq, cp)) / speed(k, seq)
+
+
+def kv_width(g, tp: int) -> int:
+    """K (or V) values per token on one GPU: kv heads split by tp, one head each when tp exceeds them."""
+    return g.kv_dim // min(tp, g.kv_heads)
+
+
+def merge_s(g, s, layers: float, micro_batches: int, memory_Bps: float) -> float:
+    """torch's eager fp32 merges of one step on one GPU: (cp-1) ring steps x layers x micro-batches."""
+    tokens = s.micro_batch * g.seq / s.cp
+    q, kv = tokens * g.hidden / s.tp, 2 * tokens * kv_width(g, s.tp)
+    passes = 2 if s.recompute == "full" else 1
+    per_step = passes * (MERGE_Q[0] * q + MERGE_KV[0] * kv) + MERGE_Q[1] * q + MERGE_KV[1] * kv
+    return (s.cp - 1) * layers * micro_batches * per_step / memory_Bps
+
+
+def torch_ring(kv: float, cp: int, link: tuple[float, float], block_f: float, block_b: float, layers: int,
+               fwd_passes: int) -> dict:
+    """torch's all-gather rotation of one micro-batch on one GPU over ``layers`` layers: ``kv`` the bf16 K and V
+    bytes of one chunk, ``link`` (bytes/s, latency), ``block_f``/``block_b`` one block's attention."""
+    gather = (cp - 1) * (kv / link[0] + link[1])              # (cp-1) chunks arrive, ring all-gather
+    dkv = 2 * kv / link[0] + link[1]                          # dK, dV in fp32: twice the bf16 bytes
+    time = layers * (fwd_passes * gather + gather + (cp - 1) * dkv)
+    exposed = layers * (fwd_passes * max(0.0, gather - block_f) + max(0.0, gather - block_b)
+                        + (cp - 1) * max(0.0, dkv - block_b))
+    return {"time_s": time, "exposed_s": exposed, "send_f": gather, "send_b": dkv}
+
+
+def cp_attention(attn_s: float, g, s, c, impl: str, micro_batches: int) -> tuple[float, float]:
+    """(attention seconds on the ring's blocks, torch's merge seconds) of one step on one GPU; cp 1 as given."""
+    if s.cp <= 1:
+        return attn_s, 0.0
+    merge = merge_s(g, s, g.layers / s.pp, micro_batches, c.gpu.memory_Bps) if impl == "torch" else 0.0
+    return attn_s / block_share(c.gpu.name, impl, g.seq, s.cp), merge
