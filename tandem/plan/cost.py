@@ -341,6 +341,7 @@ def dp_ops(m: ModelStats, c: Cluster, t: Training, s: Strategy, mb: int, compute
         ops.append(op("dp-grad", "all_reduce", gbytes, 1, dpg, buckets, "buckets", bwd,
                       lambda tm: O.pipelined(tm, buckets, bwd)))
     elif s.zero <= 2:
+        gbytes = psi * C.grad_reduce_bytes(t.precision, s.zero, by["grad"])   # FP32 for BF16 (comm.py)
         buckets = max(1, int(-(-psi // bucket)))
         rs_calls = mb if s.zero == 2 else 1   # sharded grads cannot accumulate locally: every micro-batch
         ops.append(op("dp-grad", "reduce_scatter", gbytes, rs_calls, shard_g, buckets, "buckets", bwd,
