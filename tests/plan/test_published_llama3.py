@@ -17,6 +17,11 @@ GPUs). Meta ran an interleaved schedule with its own micro-batch count and virtu
 which the planner cannot express here: it refuses interleaving of 126 layers (not divisible by pp x virtual)
 and has no per-chunk uneven split (issue item 7). Without the bubble the two 8K rows come within the
 issue's tolerance (checked below).
+
+With the gradients reduce-scattered in FP32, as the paper says Meta's training does (§3.3.4, "reduce-scatter
+gradients in FP32 across data parallel workers"; comm.grad_reduce_bytes): -32.7%, -43.9%, -37.5% (median 37.5%,
+max 43.9%, from 37.4% / 40.9%): at 8,192 GPUs each micro-batch reduce-scatters 12.75 GB (6.4 GB in BF16),
+0.264 s against 0.232 s of backward to hide behind, so 1.20 s a step is exposed instead of 0.09 s.
 """
 
 from statistics import median
@@ -33,7 +38,7 @@ SHAPE = dict(layers=126, hidden=16384, heads=128, kv_heads=8, ffn=53248, vocab=1
 # GPUs, TP, CP, PP, sequence, achieved TFLOP/s per GPU (Table 4)
 TABLE_4 = [(8192, 8, 1, 16, 8192, 430), (16384, 8, 1, 16, 8192, 400), (16384, 8, 16, 16, 131072, 380)]
 TOKENS_PER_BATCH = 16 * 1024**2
-KNOWN_MISS = (0.39, 0.43)   # (median, max) pinned: see KNOWN MISS above
+KNOWN_MISS = (0.39, 0.45)   # (median, max) pinned: see KNOWN MISS above
 
 
 def _plan(gpus, tp, cp, pp, seq, _):
