@@ -143,9 +143,11 @@ def collective(kind: str, nbytes: float, chunks: int, g: Group, c: Cluster) -> t
 FP32_GRAD_REDUCE = ("bf16",)
 
 
-def grad_reduce_bytes(precision: str, zero: int, grad_bytes: int) -> int:
-    """Bytes per gradient element the data-parallel reduce-scatter moves (ZeRO-1/2 = Megatron's distributed
-    optimizer: FP32 for BF16 training)."""
+def grad_reduce_bytes(precision: str, zero: int, grad_bytes: int, override: str | None = None) -> int:
+    """Bytes per gradient element the data-parallel reduction moves: ``override`` (--grad-reduce) if given, else
+    FP32 for BF16 training at ZeRO-1/2 (Megatron's distributed optimizer), else the stored gradient's."""
+    if override:
+        return 4 if override == "fp32" else 2
     return 4 if zero in (1, 2) and precision in FP32_GRAD_REDUCE else grad_bytes
 
 

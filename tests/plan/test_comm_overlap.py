@@ -120,3 +120,15 @@ def test_megatron_reduce_scatters_bf16_gradients_in_fp32(plan_of, precision, zer
         assert next(o for o in p.comm if o.name == "dp-params").bytes == pytest.approx(m.params * 2)
     line = next(x for x in explain(p) if x.startswith("Gradients per GPU"))
     assert f"x {grad_bytes} B ({precision})" in line and ("in FP32" in line) == (grad_bytes == 4)
+
+
+def test_grad_reduce_overrides_the_framework_default(plan_of):
+    c = make_cluster("h100-sxm", 8, 4, inter="ib-ndr", nics_per_node=8)
+    m = preset("llama2-7b")
+    for zero, given, nbytes in [(1, "bf16", 2), (0, "fp32", 4), (3, "fp32", 4)]:
+        p = plan_of(m, c, global_batch=64, grad_reduce=given, strategy=Strategy(dp=32, zero=zero, micro_batch=1))
+        rs = next(o for o in p.comm if o.name == "dp-grad")
+        assert rs.bytes == pytest.approx(m.params * nbytes)
+        assert f"(--grad-reduce {given}; 2 B stored)" in " ".join(explain(p))
+    with pytest.raises(Exception, match="grad-reduce"):
+        plan_of(m, c, global_batch=64, grad_reduce="fp8")
