@@ -62,6 +62,9 @@ def plan_cmd(
     overlap_param_gather: Optional[bool] = O(None, "--overlap-param-gather/--no-overlap-param-gather",
                                              help="ZeRO-1/2: gather updated parameters during the next forward "
                                                   "(Megatron's distributed optimizer); default: exposed."),
+    grad_reduce: Optional[str] = O(None, "--grad-reduce", help="fp32 | bf16 | fp16: dtype of the data-parallel "
+                                   "gradient reduction (default: fp32 for bf16 at ZeRO-1/2, as Megatron-LM; "
+                                   "else the model's)."),
     flash_attention: Optional[bool] = O(None, "--flash-attention/--no-flash-attention",
                                         help="Fused attention (FlashAttention/cuDNN): no s x s scores stored, "
                                              "so --recompute none keeps selective's memory (default: off, "

@@ -133,6 +133,24 @@ def collective(kind: str, nbytes: float, chunks: int, g: Group, c: Cluster) -> t
     return chunks * ring, "ring"
 
 
+# Megatron-LM's distributed optimizer (ZeRO-1/2 here) accumulates and reduce-scatters BF16 gradients in FP32:
+# "bfloat16 requires gradient accumulation and all-reduce to be done in fp32" (megatron/training/arguments.py:
+# accumulate_allreduce_grads_in_fp32 is forced on for --bf16 unless --grad-reduce-in-bf16); Llama 3's training
+# likewise "reduce-scatter[s] gradients in FP32" (Llama 3 paper, section 3.3.4). FP8 keeps 2 bytes: NVIDIA's FP8
+# performance recipes reduce in BF16 (NeMo: "reduction in bf16 ensures improved performance at large scale
+# training compared to the default precision of fp32", grad_sync_dtype=bf16 in its FP8 configs). FP16 keeps FP16
+# (Megatron's flag is off for it), as do DDP and FSDP here (their reduce dtype is the model's).
+FP32_GRAD_REDUCE = ("bf16",)
+
+
+def grad_reduce_bytes(precision: str, zero: int, grad_bytes: int, override: str | None = None) -> int:
+    """Bytes per gradient element the data-parallel reduction moves: ``override`` (--grad-reduce) if given, else
+    FP32 for BF16 training at ZeRO-1/2 (Megatron's distributed optimizer), else the stored gradient's."""
+    if override:
+        return 4 if override == "fp32" else 2
+    return 4 if zero in (1, 2) and precision in FP32_GRAD_REDUCE else grad_bytes
+
+
 def p2p(nbytes: float, crosses_nodes: bool, c: Cluster) -> float:
     if crosses_nodes:
         return nbytes / _per_gpu_net(c) + c.inter.latency_s

@@ -43,6 +43,8 @@ class Training:
                                              # stored, so no 5as/h term without recompute
     overlap_param_gather: bool = False       # ZeRO-1/2: gather updated params during the next forward
                                              # (Megatron --overlap-param-gather); else exposed
+    grad_reduce: str | None = None           # dtype gradients are reduced in: fp32 | bf16 | fp16 (None: the
+                                             # framework's, comm.grad_reduce_bytes)
     compute_time_s: float | None = None      # measured compute time per step per GPU (replaces FLOPs/rate)
     steps: int | None = None                 # length of the run, one of steps / tokens / samples
     tokens: float | None = None
@@ -64,6 +66,9 @@ class Training:
         if self.efficiency is not None and not 0 < self.efficiency <= 1:
             raise ConfigError("must be in (0, 1]", field="efficiency", value=self.efficiency,
                               fix="give the fraction of peak FLOP/s the model sustains, e.g. 0.4")
+        if self.grad_reduce is not None and self.grad_reduce not in ("fp32", "bf16", "fp16"):
+            raise ConfigError("must be fp32, bf16 or fp16", field="grad-reduce", value=self.grad_reduce,
+                              fix="give --grad-reduce fp32 (Megatron-LM's default for bf16) or bf16")
         if self.overlap is not None and not 0 <= self.overlap <= 1:
             raise ConfigError("must be in [0, 1]", field="overlap", value=self.overlap,
                               fix="0 = no overlap (the seed's arithmetic), 1 = full overlap")

@@ -314,7 +314,8 @@ def dp_ops(m: ModelStats, c: Cluster, t: Training, s: Strategy, mb: int, compute
     """Data-parallel collectives with the framework's chunking (buckets, blocks) and overlap."""
     by = t.bytes
     psi = stage_psi(m, s)
-    gbytes, pbytes = psi * by["grad"], psi * by["param"]
+    gb = C.grad_reduce_bytes(t.precision, s.zero, by["grad"], t.grad_reduce)   # FP32 for BF16 at ZeRO-1/2 (comm.py)
+    gbytes, pbytes = psi * gb, psi * by["param"]
     fwd_share = f_model / 3 / f_hw if f_hw > 0 else 1 / 3
     fwd = compute / mb * fwd_share       # one micro-batch's forward
     bwd = compute / mb - fwd             # ... and backward (with any recompute)
@@ -352,9 +353,9 @@ def dp_ops(m: ModelStats, c: Cluster, t: Training, s: Strategy, mb: int, compute
         units, root = _fsdp_units(m, s, psi)
         block = (psi - root) / units
         a = C.collective("all_gather", block * by["param"], 1, shard_g, c)[0]
-        r = C.collective("reduce_scatter", block * by["grad"], 1, shard_g, c)[0]
+        r = C.collective("reduce_scatter", block * gb, 1, shard_g, c)[0]
         ra = C.collective("all_gather", root * by["param"], 1, shard_g, c)[0] if root else 0.0
-        rr = C.collective("reduce_scatter", root * by["grad"], 1, shard_g, c)[0] if root else 0.0
+        rr = C.collective("reduce_scatter", root * gb, 1, shard_g, c)[0] if root else 0.0
         ex = O.fsdp(units, a, r, fwd / units, bwd / units, ra, rr)
         chunks = units + (1 if root else 0)
         # gathered before forward and again before backward (the root once), every micro-batch
@@ -380,13 +381,13 @@ def dp_ops(m: ModelStats, c: Cluster, t: Training, s: Strategy, mb: int, compute
         eg = MC.expert_dp_group(s, c.gpus_per_node)
         if eg.size > 1 and psi_e > 0:
             left = max(0.0, bwd - sum(o.time_s / o.calls for o in ops if o.name == "dp-grad"))
-            eb = max(1, int(-(-(psi_e * by["grad"]) // t.bucket_bytes))) if s.zero == 0 \
+            eb = max(1, int(-(-(psi_e * gb) // t.bucket_bytes))) if s.zero == 0 \
                 else max(1, int(-(-psi_e // bucket)))
             if s.zero == 0:
-                ops.append(op("ep-grad", "all_reduce", psi_e * by["grad"], 1, eg, eb, "buckets", left,
+                ops.append(op("ep-grad", "all_reduce", psi_e * gb, 1, eg, eb, "buckets", left,
                               lambda tm: O.pipelined(tm, eb, left)))
             else:
-                ops.append(op("ep-grad", "reduce_scatter", psi_e * by["grad"], 1 if s.zero == 1 else mb, eg, eb,
+                ops.append(op("ep-grad", "reduce_scatter", psi_e * gb, 1 if s.zero == 1 else mb, eg, eb,
                               "buckets", left, lambda tm: O.pipelined(tm, eb, left)))
                 if s.zero == 3:   # gathered before forward and backward, prefetched behind compute
                     ops.append(op("ep-params", "all_gather", psi_e * by["param"], 2 * mb, eg, eb, "prefetch",

@@ -188,9 +188,14 @@ def explain(p: Plan) -> list[str]:
                f"micro-batch {s.micro_batch} x {p.grad_accum} accumulation step(s).")
     if s.dp > 1 and m.moe is None:
         psi = m.params / (s.tp * s.pp)
-        out.append(f"Gradients per GPU: {psi / 1e6:.4g}M params x {by['grad']} B ({t.precision}) = "
-                   f"{si(psi * by['grad'])} per step" + (" (FP16/BF16 halve the FP32 volume)."
-                                                        if by["grad"] == 2 else "."))
+        gb = C.grad_reduce_bytes(t.precision, s.zero, by["grad"], t.grad_reduce)
+        why = (f" (--grad-reduce {t.grad_reduce}; {by['grad']} B stored)." if t.grad_reduce else
+               " (FP16/BF16 halve the FP32 volume)." if gb == 2 else
+               f" (reduced in FP32: Megatron-LM's distributed optimizer reduces BF16 gradients in FP32, "
+               f"accumulate_allreduce_grads_in_fp32; {by['grad']} B to store, {gb} B to send; --grad-reduce bf16 "
+               f"if yours does not)." if gb != by["grad"] else ".")
+        out.append(f"Gradients per GPU: {psi / 1e6:.4g}M params x {gb} B ({t.precision}) = {si(psi * gb)} per step"
+                   + why)
     for o in p.comm:
         out.append(_comm_sentence(p, o) + "; " + _exposed_sentence(o))
     if p.compute_measured:

@@ -48,6 +48,7 @@ class PlanArgs:
     efficiency: float | None = None
     overlap: float | None = None
     overlap_param_gather: bool | None = None
+    grad_reduce: str | None = None
     flash_attention: bool | None = None
     cp_impl: str | None = None
     stage_layers: str | None = None
@@ -241,7 +242,7 @@ def resolve(a: PlanArgs) -> tuple[ModelStats, Cluster, Training, dict]:
         samples = samples * v["epochs"]
     t = Training(global_batch=v["global_batch"], precision=v["precision"], optimizer=v["optimizer"],
                  efficiency=v.get("efficiency"), overlap=v["overlap"],
-                 overlap_param_gather=bool(v.get("overlap_param_gather")),
+                 overlap_param_gather=bool(v.get("overlap_param_gather")), grad_reduce=v.get("grad_reduce"),
                  flash_attention=bool(v.get("flash_attention")), compute_time_s=v.get("compute_time"),
                  steps=v.get("steps"), tokens=v.get("tokens"), samples=samples, ref_batch=v.get("ref_batch") or 0,
                  warmup_steps=v.get("warmup_steps") or 0, threads_per_worker=v.get("threads_per_worker"),

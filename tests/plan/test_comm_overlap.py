@@ -104,3 +104,31 @@ def test_zero1_param_gather_exposed_unless_megatron_overlaps_it(plan_of):
     ag2 = next(o for o in q.comm if o.name == "dp-params")
     assert ag2.rule == "prefetch" and ag2.exposed_s == pytest.approx(O.pipelined(ag2.time_s, 169, ag2.window_s))
     assert ag2.exposed_s < ag.exposed_s
+
+
+@pytest.mark.parametrize("precision,zero,grad_bytes", [("bf16", 1, 4), ("bf16", 2, 4), ("fp8", 1, 2),
+                                                       ("fp16", 1, 2), ("bf16", 0, 2), ("bf16", 3, 2)])
+def test_megatron_reduce_scatters_bf16_gradients_in_fp32(plan_of, precision, zero, grad_bytes):
+    # Megatron-LM's arguments.py forces accumulate_allreduce_grads_in_fp32 for --bf16 (ZeRO-1/2 here = its
+    # distributed optimizer); FP8 recipes reduce in BF16 (NeMo grad_sync_dtype=bf16); DDP/FSDP in the model's dtype
+    c = make_cluster("h100-sxm", 8, 4, inter="ib-ndr", nics_per_node=8)
+    m = preset("llama2-7b")
+    p = plan_of(m, c, global_batch=64, precision=precision, strategy=Strategy(dp=32, zero=zero, micro_batch=1))
+    rs = next(o for o in p.comm if o.name == "dp-grad")
+    assert rs.bytes == pytest.approx(m.params * grad_bytes)
+    if zero in (1, 2):   # the all-gather of the updated parameters stays in the model's dtype
+        assert next(o for o in p.comm if o.name == "dp-params").bytes == pytest.approx(m.params * 2)
+    line = next(x for x in explain(p) if x.startswith("Gradients per GPU"))
+    assert f"x {grad_bytes} B ({precision})" in line and ("in FP32" in line) == (grad_bytes == 4)
+
+
+def test_grad_reduce_overrides_the_framework_default(plan_of):
+    c = make_cluster("h100-sxm", 8, 4, inter="ib-ndr", nics_per_node=8)
+    m = preset("llama2-7b")
+    for zero, given, nbytes in [(1, "bf16", 2), (0, "fp32", 4), (3, "fp32", 4)]:
+        p = plan_of(m, c, global_batch=64, grad_reduce=given, strategy=Strategy(dp=32, zero=zero, micro_batch=1))
+        rs = next(o for o in p.comm if o.name == "dp-grad")
+        assert rs.bytes == pytest.approx(m.params * nbytes)
+        assert f"(--grad-reduce {given}; 2 B stored)" in " ".join(explain(p))
+    with pytest.raises(Exception, match="grad-reduce"):
+        plan_of(m, c, global_batch=64, grad_reduce="fp8")

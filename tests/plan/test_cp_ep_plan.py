@@ -73,7 +73,7 @@ def test_expert_parallel_memory_and_routing():
     p2 = evaluate(m, c2, Training(global_batch=64, optimizer="adam"), Strategy(dp=16, ep=8, zero=1, micro_batch=1))
     eg = ops(p2)["ep-grad"]
     assert (eg.group.size, eg.group.nodes, ops(p2)["dp-grad"].group.size) == (2, 2, 16)
-    assert eg.bytes == pytest.approx(M.expert_params(m.moe) / 8 * 2)
+    assert eg.bytes == pytest.approx(M.expert_params(m.moe) / 8 * 4)   # BF16 grads reduced in FP32 (Megatron)
     text = "\n".join(to_dict(p2)["explain"])
     assert "top_k 2 of 8 experts" in text and "dp x cp / ep = 16 x 1 / 8 = 2 GPUs" in text
 

@@ -15,9 +15,27 @@ and its default efficiency. Two inputs are unstated and were chosen before compa
 GPT-3 175B recipe at PP 8, NeMo's table in test_published_nemo_fp8.py) and no recompute with fused attention.
 
 Measured on main when written: median 9.5%, max 19.6%, all rows predicted SLOW (+20% at 256 GPUs, 0% at
-12,288). With the per-architecture compute model: median 12.6%, max 19.2%, all rows FAST (see the known miss
-below). The median rests on those two choices (2 or 12 virtual stages: 11.7%, 11.6%; selective recompute:
-2.8-4.3%); the max stays within 20% under every one of them (checked below).
+12,288). With the per-architecture compute model: median 12.6%, max 19.2%, all rows FAST. With Megatron-LM's BF16
+gradients reduce-scattered in FP32 (comm.grad_reduce_bytes: its arguments.py forces
+accumulate_allreduce_grads_in_fp32 for --bf16): median 11.5%, max 16.5%, all rows fast, -4.5% at 256 GPUs to
+-16.5% at 12,288 (see the known miss below). The median rests on the two unstated choices (2 or 12 virtual
+stages: 10.6%, 10.5%; selective recompute: 3.7-4.2%, max 10.8-12.2%).
+
+Where the error that grows with scale comes from (test_fixed_time_per_step_known_miss): fit step = a x m + b over
+the four batch-768 rows (m = 768 / dp micro-batches per step, 192 down to 48; tp, pp and the stage's work fixed).
+The table gives a = 0.195 s a micro-batch and b = 2.61 s a step; the planner a = 0.194 s (within 0.3%) and
+b = 0.92 s. The table's b is flat in dp (the rows' residuals at the planner's a: 2.74, 2.57, 2.78, 2.58 s for dp 4,
+8, 12, 16; 2.36-2.92 s for dp 96-192 on the batch-6144 rows, 4.2 s on 3,072 GPUs). So the miss is ~1.7 s a step
+that does not depend on data parallelism; it looks like it grows with scale only because the per-GPU work
+(a x m) shrinks. Data-parallel communication cannot be it: at a fixed stage size its ring bytes are
+(n-1)/n x constant, and its latency grows with dp (the planner's DP term: 0.53 s at dp 4, 0.70 s at dp 192,
+already exposed in full and in FP32). A large ring's busbw does not fall with the node count at large messages
+either (NVIDIA/nccl #1712: ring bandwidth "basically the same" at the maximum size, latency linear in ranks), and
+MegaScale's fabric keeps ECMP collisions down (section 3.6: uplinks at twice the downlinks). MegaScale's own
+ablation (Table 3, 256 GPUs, batch 256) names the other per-step terms its baseline exposes: "PP overlap"
+(decoupled warm-up/cool-down sends) 55.5% -> 58.0% MFU, ~0.55 s of a ~12.7 s step; "DP overlap" 58.0% -> 59.5%,
+~0.31 s (the planner's exposed DP term at dp 4 is 0.53 s); "misc" (data loading off the critical path) ~0.2 s:
+pipeline fill/drain and p2p (stages.py), data loading and the optimizer step, not modelled here.
 """
 
 from statistics import median
@@ -56,19 +74,44 @@ def test_step_time_known_miss():
     """KNOWN MISS. Since the achievable link rates and the A100 attention factor: median 12.2%, max 22.5%, every row
     predicted slow (9.5% / 19.6% before them). With the per-architecture compute model (efficiency.py: A100 linear
     layers at 0.67 of peak from the FlashAttention-2 paper's end-to-end runs, not fitted): median 12.6%, max 19.2%,
-    every row now predicted FAST, from -5% at 256 GPUs to -19% at 12,288: the error grows with the GPU count
-    at a fixed global batch (less compute a GPU, more data-parallel ranks), so the term at fault is the data-parallel communication at thousands of GPUs
-    (not overlapped here, --overlap 0: exposed in full, yet too short), not the compute rate. Pinned just above."""
+    every row FAST. With BF16 gradients reduce-scattered in FP32 as Megatron-LM does: median 11.5%, max 16.5%
+    (-4.5% at 256 GPUs ... -16.5% at 12,288): a per-step time independent of dp is missing (next test), not
+    data-parallel communication. Pinned just above."""
     errs = {k: abs(e) for k, e in errors().items()}
-    assert median(errs.values()) <= 0.13, errs
-    assert max(errs.values()) <= 0.20, errs
+    assert median(errs.values()) <= 0.12, errs
+    assert max(errs.values()) <= 0.17, errs
+
+
+def _fit(ms, ts):
+    """Least squares t = a x m + b."""
+    n = len(ms)
+    mm, mt = sum(ms) / n, sum(ts) / n
+    a = sum((m - mm) * (t - mt) for m, t in zip(ms, ts)) / sum((m - mm) ** 2 for m in ms)
+    return a, mt - a * mm
+
+
+def test_fixed_time_per_step_known_miss():
+    """KNOWN MISS, located: the planner's time a micro-batch matches the table's slope over the batch-768 rows, its
+    time a step independent of the micro-batch count is a third of the table's, and neither the table's nor the
+    planner's fixed part grows with data parallelism (module docstring)."""
+    errs = errors()
+    rows = [(b // (g // 64), it, it * (1 + errs[g])) for b, g, it, _ in TABLE_2 if b == 768]
+    a_t, b_t = _fit([r[0] for r in rows], [r[1] for r in rows])
+    a_p, b_p = _fit([r[0] for r in rows], [r[2] for r in rows])
+    assert a_t == pytest.approx(0.1946, abs=1e-4) and b_t == pytest.approx(2.61, abs=0.01)   # the table alone
+    assert a_p == pytest.approx(a_t, rel=0.03)
+    assert 0.34 <= b_p / b_t <= 0.40, (b_p, b_t)   # 0.92 / 2.61 = 0.35: ~1.7 s a step missing
+    table_fixed = [it - a_p * m for m, it, _ in rows]
+    plan_fixed = [it * (1 + errs[g]) - a_p * (b // (g // 64)) for b, g, it, _ in TABLE_2]
+    assert max(table_fixed) - min(table_fixed) < 0.25, table_fixed         # dp 4 -> 16: flat
+    assert max(plan_fixed) - min(plan_fixed) < 0.15, plan_fixed            # dp 4 -> 192: flat too
 
 
 @pytest.mark.parametrize("virtual,recompute", [(2, "none"), (12, "none"), (2, "selective"), (6, "selective"),
                                                (12, "selective")])
 def test_error_whatever_the_unstated_inputs_known_miss(virtual, recompute):
     errs = {k: abs(e) for k, e in errors(virtual, recompute).items()}
-    # known miss under these alternatives (measured with the per-architecture compute model: median 2.8-11.7%,
-    # max 10.4-18.9%; the selective-recompute rows within the issue's tolerance)
-    assert max(errs.values()) <= 0.19, errs
-    assert median(errs.values()) <= 0.12, errs
+    # known miss under these alternatives (measured with FP32 gradient reduction: median 3.7-10.6%, max 10.8-16.2%;
+    # the selective-recompute rows within the issue's tolerance)
+    assert max(errs.values()) <= 0.17, errs
+    assert median(errs.values()) <= 0.11, errs
