@@ -24,14 +24,17 @@ stages, (p-1)/(m+p-1) = 48% of the step at 16,384 GPUs. Sensitivity to the unsta
 47 chunk forwards), V 3 -12.8%, -18.4%, -12.1%; from V 4 on the 8-layer stages' largest chunk is 2 layers and
 the bubble stops shrinking (V 4-7: -9.1..-9.8%, -11.9..-12.9%, -4.0..-4.9%).
 
-KNOWN MISS, by a hair: with the per-architecture compute model merged (H100 linear layers at 0.50 of peak,
-efficiency.py) the rows are -10.01%, -12.4%, -3.4%: median 10.01%, just over the issue's 10%; pinned at
-10.1% / 13%. Term at fault: compute efficiency on H100 (Meta's stack runs its attention on fused kernels faster
-than the planner's relative attention factor gives).
+With the per-architecture compute model (H100 linear layers at 0.50 of peak, efficiency.py): -10.01%, -12.4%,
+-3.4%, a median just over the issue's 10%.
 
 With the gradients reduce-scattered in FP32, as the paper says Meta's training does (§3.3.4, "reduce-scatter
-gradients in FP32 across data parallel workers"; comm.grad_reduce_bytes): @@NEW@@ (under 1F1B: -32.7%, -43.9%, -37.5%): at 8,192 GPUs each micro-batch reduce-scatters 12.75 GB (6.4 GB in BF16),
-0.264 s against 0.232 s of backward to hide behind, so 1.20 s a step is exposed instead of 0.09 s.
+gradients in FP32 across data parallel workers"; comm.grad_reduce_bytes): -16.7%, -18.8%, -3.6% (under 1F1B: -32.7%, -43.9%, -37.5%). KNOWN MISS, pinned at
+17% / 19%: at 8,192 GPUs each micro-batch reduce-scatters the stage's 12.75 GB of FP32 gradients (ZeRO-2 as the
+paper describes it shards gradients, so they cannot accumulate locally), 0.264 s against 0.232 s of backward to
+hide behind. Term at fault: when the sharded gradients are reduced under a pipeline. torch.distributed.pipelining
+defers FSDP's reduce-scatter to once a step (stage.py, perform_reduce_grad) at the cost of unsharded gradients
+between micro-batches; modelled that way the 8,192-GPU row no longer fits in 80 GB at any V, and torchtitan's
+405B 1F1B row goes to +55%, so the planner keeps the per-micro-batch reduction and this miss stands.
 """
 
 from statistics import median
@@ -70,7 +73,7 @@ def errors(virtual=None) -> dict[str, float]:
     return {f"{row[0]} cp{row[2]}": _plan(*row, virtual=virtual).tflops_per_gpu / row[-1] - 1 for row in TABLE_4}
 
 
-KNOWN_MISS = (0.101, 0.13)   # (median, max) pinned: see the docstring's last paragraph
+KNOWN_MISS = (0.17, 0.19)   # (median, max) pinned: see the docstring's last paragraph
 
 
 def test_model_tflops_per_gpu_known_miss():
