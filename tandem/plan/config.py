@@ -21,6 +21,7 @@ PRECISIONS = {
 OPTIMIZERS = {"adam": 8, "adamw": 8, "sgd-momentum": 4, "sgd": 0}
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
+KERNELS = ("fused", "compiled", "eager")   # tandem.plan.memory_bound
 
 
 def _choice(value: str, valid, field: str) -> str:
@@ -51,6 +52,8 @@ class Training:
     warmup_steps: int = 0
     bucket_bytes: float = 25 * 1024**2       # DDP bucket_cap_mb (25 MiB default)
     threads_per_worker: int | None = None    # CPU workers' intra-op threads (None: cores / workers)
+    kernels: str = "fused"                   # what the framework fuses (memory_bound.py): fused (Megatron/NeMo/TE,
+                                             # the default) | compiled (torch.compile) | eager (PyTorch eager)
 
     def __post_init__(self):
         if not isinstance(self.global_batch, int) or self.global_batch <= 0:
@@ -58,6 +61,7 @@ class Training:
                               fix="give --global-batch >= 1")
         self.precision = _choice(self.precision, PRECISIONS, "precision")
         self.optimizer = _choice(self.optimizer.replace("_", "-"), OPTIMIZERS, "optimizer")
+        self.kernels = _choice(self.kernels, KERNELS, "kernels")
         if self.efficiency is not None and not 0 < self.efficiency <= 1:
             raise ConfigError("must be in (0, 1]", field="efficiency", value=self.efficiency,
                               fix="give the fraction of peak FLOP/s the model sustains, e.g. 0.4")

@@ -122,6 +122,7 @@ def attention_rate(c, t, rate: float, eff: float) -> float:
 def transformer_compute(m, c, t, s, hw_fpg: float, rate: float, eff: float) -> dict:
     """Seconds of one step's compute per GPU for a transformer: linear layers at ``rate`` x their shape and
     roofline factors (+ FP8 casts at the memory bandwidth), attention apart (tandem.plan.cost.evaluate)."""
+    from tandem.plan import memory_bound as MB
     from tandem.plan import moe_cp as MC
 
     g = m.gpt
@@ -138,5 +139,6 @@ def transformer_compute(m, c, t, s, hw_fpg: float, rate: float, eff: float) -> d
         act, wt = G.fp8_cast_bytes(shape, s.tp, s.micro_batch * shape.seq)
         cast_s = (act * micro + wt) / s.pp / c.gpu.memory_Bps
     linear_s = (hw_fpg - attn_fpg) / (rate * roof * tiles)
-    return dict(compute=linear_s + attn_s + cast_s, attn_s=attn_s, gemm=roof * tiles, roofline=roof,
-                tiles=tiles, cast_s=cast_s)
+    mem_s = MB.step_seconds(m, c, t, s)   # norms, adds, activations, rotary, loss: memory-bound
+    return dict(compute=linear_s + attn_s + cast_s + mem_s, attn_s=attn_s, gemm=roof * tiles, roofline=roof,
+                tiles=tiles, cast_s=cast_s, mem_s=mem_s)
