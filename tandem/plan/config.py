@@ -54,6 +54,8 @@ class Training:
     threads_per_worker: int | None = None    # CPU workers' intra-op threads (None: cores / workers)
     kernels: str = "fused"                   # what the framework fuses (memory_bound.py): fused (Megatron/NeMo/TE,
                                              # the default) | compiled (torch.compile) | eager (PyTorch eager)
+    fused_loss: bool | None = None           # a fused cross-entropy kernel (None: as `kernels` has it; eager
+                                             # stacks may still use one, e.g. llm-foundry's flash-attn loss)
 
     def __post_init__(self):
         if not isinstance(self.global_batch, int) or self.global_batch <= 0:

@@ -62,8 +62,18 @@ class Op:
     bwd: tuple[float, float, float, float]
 
 
-def layer_ops(g, kernels: str) -> list[Op]:
+_FUSED_CE = Op("cross-entropy (fused)", (0, 0, 0, 1), (0, 0, 0, 2))
+_EAGER_CE = Op("cross-entropy (fp32 cast, log_softmax, nll)", (0, 0, 0, 7), (0, 0, 0, 11))
+
+
+def layer_ops(g, kernels: str, fused_loss: bool | None = None, fp8: bool = False) -> list[Op]:
     """The memory-bound ops of one layer (and the loss, per model) that ``kernels`` leaves as separate passes."""
+    ops = _layer_ops(g, kernels, fp8)
+    ops.append(_FUSED_CE if (kernels != "eager" if fused_loss is None else fused_loss) else _EAGER_CE)
+    return ops
+
+
+def _layer_ops(g, kernels: str, fp8: bool) -> list[Op]:
     rms, rope = g.norm == "rmsnorm", not g.learned_pos
     if kernels == "eager":
         norm = (Op("2 RMSNorm (pow, mean, rsqrt, 2 mul)", (14, 0, 0, 0), (36, 0, 0, 0)) if rms else
@@ -73,7 +83,6 @@ def layer_ops(g, kernels: str) -> list[Op]:
                    Op("GeLU", (0, 2, 0, 0), (0, 3, 0, 0)))
         if rope:
             ops.append(Op("rotary on q, k (fp32 cast, complex mul, cast back)", (0, 0, 10, 0), (0, 0, 10, 0)))
-        ops.append(Op("cross-entropy (fp32 cast, log_softmax, nll)", (0, 0, 0, 7), (0, 0, 0, 11)))
         return ops
     if kernels == "compiled":
         ops = [Op("2 residual add + norm (one kernel each)", (8, 0, 0, 0), (8, 0, 0, 0))]
@@ -84,7 +93,11 @@ def layer_ops(g, kernels: str) -> list[Op]:
                Op("bias-GeLU (fused)", (0, 2, 0, 0), (0, 3, 0, 0)))
     if rope:
         ops.append(Op("rotary on q, k (fused)", (0, 0, 2, 0), (0, 0, 2, 0)))
-    ops.append(Op("cross-entropy (fused)", (0, 0, 0, 1), (0, 0, 0, 2)))
+    if fp8 and kernels == "fused":
+        # Transformer Engine's LayerNormLinear / LayerNormMLP write the norms' and the activation's outputs in FP8
+        # from the same kernel: their 16-bit write and the FP8 cast's 16-bit read of them (gemm.fp8_cast_bytes
+        # counts it) are not made
+        ops.append(Op("FP8 cast fused into the norms and activation", (-4, -2, 0, 0), (0, 0, 0, 0)))
     return ops
 
 
@@ -94,11 +107,12 @@ def _elems(coef, g) -> tuple[float, float]:
     return h * g.hidden + f * g.ffn + qk * (g.hidden + g.kv_dim), v * g.vocab
 
 
-def layer_bytes(g, kernels: str, act_bytes: float, recompute: str = "none") -> tuple[float, float]:
+def layer_bytes(g, kernels: str, act_bytes: float, recompute: str = "none", fused_loss: bool | None = None,
+                fp8: bool = False) -> tuple[float, float]:
     """Bytes per token of the memory-bound ops: (per layer, per model: the loss). Full recompute runs each layer's
     forward twice; selective recompute re-runs only attention's core (inside FlashAttention: no pass here)."""
     layer = model = 0.0
-    for op in layer_ops(g, kernels):
+    for op in layer_ops(g, kernels, fused_loss, fp8):
         fl, fm = _elems(op.fwd, g)
         bl, bm = _elems(op.bwd, g)
         layer += fl * (2 if recompute == "full" else 1) + bl
@@ -115,7 +129,8 @@ def step_seconds(m, c, t, s) -> float:
     if bw <= 0 or m.gpt is None:
         return 0.0
     g = m.gpt
-    per_layer, per_model = layer_bytes(g, t.kernels, t.bytes["act"], s.recompute)
+    per_layer, per_model = layer_bytes(g, t.kernels, t.bytes["act"], s.recompute, t.fused_loss,
+                                       t.precision == "fp8")
     tokens = t.global_batch * g.seq
     return tokens * (g.layers * per_layer + per_model) / s.world / bw
 
@@ -130,3 +145,50 @@ def optimizer_bytes_per_param(t) -> float:
 def optimizer_seconds(params_per_gpu: float, c, t) -> float:
     bw = c.gpu.memory_Bps * BANDWIDTH_SHARE
     return params_per_gpu * optimizer_bytes_per_param(t) / bw if bw > 0 else 0.0
+
+
+def _coef(c: tuple, g) -> str:
+    names = ("h", "ffn", "(h+kv)", "V")
+    return " + ".join(f"{k:g}{n}" for k, n in zip(c, names) if k)
+
+
+def explain(p) -> list[str]:
+    """The arithmetic of the memory-bound terms of a plan (tandem.plan.explain)."""
+    m, c, t, s = p.model, p.cluster, p.training, p.strategy
+    if m.gpt is None or not (p.mem_bound_s or p.optimizer_s):
+        return []
+    from tandem.plan.cost import stage_psi
+    from tandem.plan.memory import shard_group
+
+    g, bw = m.gpt, c.gpu.memory_Bps * BANDWIDTH_SHARE
+    fp8 = t.precision == "fp8"
+    per_layer, per_model = layer_bytes(g, t.kernels, t.bytes["act"], s.recompute, t.fused_loss, fp8)
+    ops = "; ".join(f"{o.name} {_coef(o.fwd, g) or 0} fwd, {_coef(o.bwd, g) or 0} bwd"
+                    for o in layer_ops(g, t.kernels, t.fused_loss, fp8))
+    tokens = t.global_batch * g.seq
+    rc = " (full recompute: forward twice)" if s.recompute == "full" else ""
+    out = [f"Memory-bound ops ({t.kernels} kernels; element passes per token: {ops}): {si(per_layer)} a layer"
+           f"{rc} x {g.layers} layers + {si(per_model)} the loss = {si(g.layers * per_layer + per_model)} a token "
+           f"at {t.bytes['act']} B an element, x {tokens:,} tokens / {s.world} GPUs at {BANDWIDTH_SHARE} x "
+           f"{si(c.gpu.memory_Bps, 'B/s')} = {ms(p.mem_bound_s / p.stage_imbalance)} (memory_bound.py; norms, "
+           "residual adds, activation, rotary, loss: memory-bound, so FLOPs do not time them)."]
+    if p.optimizer_s:
+        params = stage_psi(m, s) / (shard_group(s, c) if s.zero else 1)
+        impl = OPTIMIZER_IMPL[t.kernels]
+        out.append(f"Optimizer step: AdamW {impl} {ADAM_BYTES[impl]} B + 16-bit copy {CAST_BYTES} B + gradient "
+                   f"clipping {CLIP_BYTES} B = {optimizer_bytes_per_param(t)} B per parameter x {si(params, '')} "
+                   f"parameters this GPU updates{' (ZeRO-sharded)' if s.zero else ''} at {BANDWIDTH_SHARE} x "
+                   f"{si(c.gpu.memory_Bps, 'B/s')} = {ms(p.optimizer_s)}.")
+    return out
+
+
+def si(x: float, unit: str = "B") -> str:
+    from tandem.plan.explain import si as _si
+
+    return _si(x, unit)
+
+
+def ms(x: float) -> str:
+    from tandem.plan.explain import ms as _ms
+
+    return _ms(x)
