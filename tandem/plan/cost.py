@@ -285,7 +285,8 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
             ops.append(CommOp("pp-p2p", "send_recv", act / s.tp, calls, ppg,
                               c.inter.name if cross else c.intra.name, tm, tm))
     mem = mem or memory(m, c, t, s, mb)
-    opt_s = MB.optimizer_seconds(stage_psi(m, s) / (shard_group(s, c) if s.zero else 1), c, t) if cx else 0.0
+    opt_s = MB.optimizer_seconds(stage_psi(m, s) / (shard_group(s, c) if s.zero else 1), c, t) \
+        if cx and t.efficiency is None else 0.0
     compute += opt_s   # after the last backward: no collective hides behind it, no bubble repeats it
     return Plan(m, c, t, s, mb, mem, ops, eff, rate, hw_fpg, model_fpg, compute, bubble, measured,
                 host_factors=factors, stage_layers=counts, stage_imbalance=imbalance,

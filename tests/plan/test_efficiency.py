@@ -23,7 +23,7 @@ def test_every_preset_gpu_has_an_architecture_with_sources():
     assert E.ARCHS["ampere"].attention == pytest.approx(0.615 / 0.8)
     assert E.ARCHS["hopper"].attention == pytest.approx(0.75 / 0.8)
     assert E.linear("v100-32gb", "gpt") == 0.30 and E.linear("a100-80gb", "gpt") == 0.71
-    assert E.linear("h100-sxm", "gpt") == 0.50 and E.linear("b200", "gpt") is None
+    assert E.linear("h100-sxm", "gpt") == 0.508 and E.linear("b200", "gpt") is None
     assert E.attention("custom-gpu") == 1.0
 
 
@@ -74,7 +74,10 @@ def test_attention_runs_at_its_kernel_share_and_efficiency_overrides_it():
     assert a100.attn_ratio == pytest.approx(0.76875) and same.attn_ratio == 1.0
     # only the attention seconds grow, by 1 / 0.769
     assert a100.attn_s == pytest.approx(same.attn_s / 0.76875)
-    assert a100.compute_s - same.compute_s == pytest.approx(a100.attn_s - same.attn_s)
+    # (--efficiency: one rate holds everything, the memory-bound ops and optimizer step too)
+    assert same.mem_bound_s == same.optimizer_s == 0 < a100.mem_bound_s
+    assert a100.compute_s - same.compute_s == pytest.approx(a100.attn_s - same.attn_s + a100.mem_bound_s
+                                                            + a100.optimizer_s)
     text = " ".join(explain(a100))
     assert "at 0.769 of that rate (FlashAttention-2 reaches 50-73% of A100 peak" in text
     eager = _plan("a100-80gb")
