@@ -69,6 +69,8 @@ def plan_cmd(
                                         help="Fused attention (FlashAttention/cuDNN): no s x s scores stored, "
                                              "so --recompute none keeps selective's memory (default: off, "
                                              "Korthikanti et al.'s eager attention)."),
+    kernels: Optional[str] = O(None, help="fused (Megatron/NeMo/TE, default) | compiled (torch.compile) | eager: "
+                               "which norms, adds, activations and loss run as separate memory-bound passes."),
     compute_time: Optional[float] = O(None, "--compute-time", help="Measured compute seconds per step per GPU."),
     dp: Optional[int] = O(None, help="Data-parallel degree (default: GPUs / (tp x pp x cp))."),
     tp: Optional[int] = O(None, help="Tensor-parallel degree."),

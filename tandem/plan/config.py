@@ -21,6 +21,7 @@ PRECISIONS = {
 OPTIMIZERS = {"adam": 8, "adamw": 8, "sgd-momentum": 4, "sgd": 0}
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
+KERNELS = ("fused", "compiled", "eager")   # tandem.plan.memory_bound
 
 
 def _choice(value: str, valid, field: str) -> str:
@@ -55,6 +56,10 @@ class Training:
     threads_per_worker: int | None = None    # CPU workers' intra-op threads (None: cores / workers)
     cp_impl: str = "megatron"                # ring attention: Megatron-core/TE's p2p ring, or torch's
                                              # context_parallel as torchtitan runs it (tandem/plan/ring.py)
+    kernels: str = "fused"                   # what the framework fuses (memory_bound.py): fused (Megatron/NeMo/TE,
+                                             # the default) | compiled (torch.compile) | eager (PyTorch eager)
+    fused_loss: bool | None = None           # a fused cross-entropy kernel (None: as `kernels` has it; eager
+                                             # stacks may still use one, e.g. llm-foundry's flash-attn loss)
 
     def __post_init__(self):
         if not isinstance(self.global_batch, int) or self.global_batch <= 0:
@@ -63,6 +68,7 @@ class Training:
         self.precision = _choice(self.precision, PRECISIONS, "precision")
         self.optimizer = _choice(self.optimizer.replace("_", "-"), OPTIMIZERS, "optimizer")
         self.cp_impl = _choice(self.cp_impl, ("megatron", "torch"), "cp-impl")
+        self.kernels = _choice(self.kernels, KERNELS, "kernels")
         if self.efficiency is not None and not 0 < self.efficiency <= 1:
             raise ConfigError("must be in (0, 1]", field="efficiency", value=self.efficiency,
                               fix="give the fraction of peak FLOP/s the model sustains, e.g. 0.4")

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from tandem.core.errors import ConfigError
 from tandem.plan import comm as C
 from tandem.plan import efficiency as E
+from tandem.plan import memory_bound as MB
 from tandem.plan import moe_cp as MC
 from tandem.plan import overlap as O
 from tandem.plan import ring as RING
@@ -79,6 +80,8 @@ class Plan:
     gemm_shape: float = 1.0              # share of it their shapes keep (tile/wave quantization, gemm.py)
     fp8_cast_s: float = 0.0              # fp8: the casts' seconds at the memory bandwidth (in compute_s)
     cp_merge_s: float = 0.0              # torch's ring attention: fp32 merges of partial outputs (in compute_s)
+    mem_bound_s: float = 0.0             # norms, adds, activations, loss at the memory bandwidth (in compute_s)
+    optimizer_s: float = 0.0             # optimizer step + clipping at the memory bandwidth (in compute_s)
 
     @property
     def comm_s(self) -> float:
@@ -279,12 +282,16 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
             ops.append(CommOp("pp-p2p", "send_recv", act / s.tp, calls, ppg,
                               c.inter.name if cross else c.intra.name, tm, tm))
     mem = mem or memory(m, c, t, s, mb)
+    opt_s = MB.optimizer_seconds(stage_psi(m, s) / (shard_group(s, c) if s.zero else 1), c, t) \
+        if cx and t.efficiency is None else 0.0
+    compute += opt_s   # after the last backward: no collective hides behind it, no bubble repeats it
     return Plan(m, c, t, s, mb, mem, ops, eff, rate, hw_fpg, model_fpg, compute, bubble, measured,
                 host_factors=factors, stage_layers=counts, stage_imbalance=imbalance,
                 attn_bf16_s=attn_bf16 * imbalance, gemm_roofline=gemm, attn_s=attn_s * imbalance,
                 attn_ratio=1.0 if t.efficiency is not None or not attn_s else E.attention(c.gpu.name, t.flash_attention),
                 gemm_shape=cx.get("tiles", 1.0), fp8_cast_s=cx.get("cast_s", 0.0) * imbalance,
-                cp_merge_s=merge * imbalance)
+                cp_merge_s=merge * imbalance,
+                mem_bound_s=cx.get("mem_s", 0.0) * imbalance, optimizer_s=opt_s)
 
 
 def stage_psi(m: ModelStats, s: Strategy) -> float:

@@ -6,6 +6,7 @@ import math
 
 from tandem.plan import comm as C
 from tandem.plan import efficiency as E
+from tandem.plan import memory_bound as MB
 from tandem.plan import nccl_algos as NA
 from tandem.plan.cost import Plan
 from tandem.plan.host import default_threads
@@ -225,10 +226,13 @@ def explain(p: Plan) -> list[str]:
                    + (f", + FP8 casts {ms(p.fp8_cast_s / p.stage_imbalance)} (4 B per element of each linear "
                       f"layer's input and output gradient, every micro-batch, and of the weights once, at "
                       f"{si(c.gpu.memory_Bps, 'B/s')})" if p.fp8_cast_s else "")
+                   + (f", + memory-bound ops {ms(p.mem_bound_s / p.stage_imbalance)}" if p.mem_bound_s else "")
+                   + (f", + optimizer step {ms(p.optimizer_s)}" if p.optimizer_s else "")
                    + " = " + (f"{ms(p.compute_s / p.stage_imbalance)}, x {p.stage_imbalance:.4g} on the slowest "
                               "pipeline stage = " if p.stage_imbalance != 1 else "") + f"{ms(p.compute_s)}.")
     else:
         out.append("Compute: unknown for a bare --params model; give --compute-time or a model shape.")
+    out += MB.explain(p)
     if s.pp > 1 and p.stage_layers and m.gpt is not None:
         from tandem.plan.explain_layout import pipeline_line
 

@@ -53,6 +53,7 @@ class PlanArgs:
     cp_impl: str | None = None
     stage_layers: str | None = None
     compute_time: float | None = None
+    kernels: str | None = None
     dp: int | None = None
     tp: int | None = None
     pp: int | None = None
@@ -244,6 +245,7 @@ def resolve(a: PlanArgs) -> tuple[ModelStats, Cluster, Training, dict]:
                  efficiency=v.get("efficiency"), overlap=v["overlap"],
                  overlap_param_gather=bool(v.get("overlap_param_gather")), grad_reduce=v.get("grad_reduce"),
                  flash_attention=bool(v.get("flash_attention")), compute_time_s=v.get("compute_time"),
+                 kernels=v.get("kernels") or "fused",
                  steps=v.get("steps"), tokens=v.get("tokens"), samples=samples, ref_batch=v.get("ref_batch") or 0,
                  warmup_steps=v.get("warmup_steps") or 0, threads_per_worker=v.get("threads_per_worker"),
                  cp_impl=v.get("cp_impl") or "megatron")

@@ -121,7 +121,7 @@ def test_flash_attention_drops_the_score_matrix_without_recompute():
     assert fused.memory.activations == pytest.approx(sel.memory.activations)
     assert fused.memory.activations < eager.memory.activations / 3
     # no recompute FLOPs; the unfused kernel is slower (efficiency.py: FlashAttention-2 paper, Table 3)
-    assert fused.attn_s == pytest.approx(eager.attn_s * 0.24 / 0.9375)
+    assert fused.attn_s == pytest.approx(eager.attn_s * 0.23 / 0.9375)
     assert fused.compute_s - fused.attn_s == pytest.approx(eager.compute_s - eager.attn_s)
     assert eager.compute_s < sel.compute_s
     line = next(x for x in to_dict(fused)["explain"] if x.startswith("Activations:"))

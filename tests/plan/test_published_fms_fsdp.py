@@ -18,6 +18,11 @@ max 34.9%: 7B +15%, 13B +35%, 34B -10%, 70B -9%. The full-recompute rows now pas
 sample of 4096 tokens a GPU) ran at 40% MFU against the 7B row's 48% and is predicted FAST: a per-GPU batch of
 one sequence keeps the GEMMs large (M = 4096 tokens), so neither the roofline nor the measured GEMM shapes slow
 it. Term at fault: not found (HSDP's replica all-reduce and FSDP's exposed traffic are under 2% here, asserted).
+With the memory-bound ops charged (memory_bound.py, --kernels eager: the README's runs predate fms-fsdp's
+torch.compile work (a later PyTorch blog, "Maximizing training throughput using PyTorch FSDP and
+Torch.compile"); RMSNorm, SwiGLU, rotary and the loss as eager kernels, foreach
+AdamW) and the A100 linear share re-derived without them (0.71): median 9.2%, max 26.6% (7B +8.8%, 13B +26.6%,
+34B -9.6%, 70B -8.2%): the median now within the tolerance, the 13B row still fast.
 """
 
 from statistics import median
@@ -37,7 +42,7 @@ SHAPES = {
 # Model Size, Sharding Strategy HSDP?, Activation Checkpointing, Batch Size (per GPU), token/gpu/sec
 ROWS = [("7b", True, False, 2, 3760), ("13b", True, False, 1, 1700), ("34b", False, True, 8, 772),
         ("70b", False, True, 6, 380)]
-KNOWN_MISS = (0.13, 0.35)   # (median, max) pinned: see KNOWN MISS above
+KNOWN_MISS = (0.10, 0.27)   # (median, max) pinned: see KNOWN MISS above
 
 
 def errors() -> dict[str, float]:
@@ -45,7 +50,8 @@ def errors() -> dict[str, float]:
     for name, hsdp, ckpt, batch, tps in ROWS:
         m = gpt_stats(GPTShape(**SHAPES[name]), f"llama2-{name}")
         c = make_cluster("a100-80gb", 8, 16, inter="ib-hdr", nics_per_node=8)
-        t = Training(global_batch=batch * 128, precision="bf16", optimizer="adamw", flash_attention=True)
+        t = Training(global_batch=batch * 128, precision="bf16", optimizer="adamw", flash_attention=True,
+                     kernels="eager")
         s = Strategy(dp=128, zero=3, hsdp=hsdp, micro_batch=batch, recompute="full" if ckpt else "none",
                      ranks_per_node=8)
         validate(m, c, t, s)
@@ -66,4 +72,4 @@ def test_tokens_per_gpu_known_miss():
 def test_rows_but_13b_within_the_issue_tolerance():
     e = errors()
     assert all(abs(e[k]) <= 0.25 for k in ("7b", "34b", "70b")), e
-    assert abs(e["13b"]) <= 0.36, e   # known miss, see above
+    assert abs(e["13b"]) <= 0.27, e   # known miss, see above

@@ -25,6 +25,15 @@ share with its casts timed; nothing fitted to this table):
   ran at 15-30% of the FP8 peak, below their own BF16 rows' MFU; the planner's FP8 (0.942 x the BF16 share, smaller
   K penalised as measured, casts at 4 B an element) still gains 1.3-1.5x over BF16 at these sizes. Term: FP8
   overheads of early Transformer Engine at small shapes.
+With the memory-bound ops charged (memory_bound.py; MPT's 2023 stack is eager PyTorch 1.13 without
+torch.compile, "TODO: Update tables with torch 2.0" in the README, with its low-precision LayerNorm kernel, GeLU,
+FlashAttention and flash-attn's fused cross-entropy, llm-foundry's default loss_fn: --kernels eager with a fused
+loss; composer's DecoupledAdamW step as PyTorch's foreach passes) and the A100 / H100 linear shares re-derived
+without them from their sources (0.71, 0.508):
+- A100 80GB: median 4.9%, max 19.5% (125M +19.5%, 13B s4096 -12.6%): WITHIN the issue's tolerance (test below).
+- H100 BF16: median 10.8%, max 22.9% (760M +22.9%, 13B +13..+19%, 30B -16%): the max now meets the tolerance, the
+  median misses it by 0.8 points.
+- H100 FP8: median 25.0%, max 38.3% (all fast): the early Transformer Engine FP8 overheads above remain.
 The bounds below pin today's errors so that a change that makes them worse fails; tighten them as the
 efficiency model improves (the issue's tolerance is the goal).
 """
@@ -70,7 +79,7 @@ TABLES = {"a100-80gb": (A100_80GB, "a100-80gb", "roce-200", "bf16"),
           "h100-bf16": (H100_BF16, "h100-sxm", "ib-ndr", "bf16"),
           "h100-fp8": (H100_FP8, "h100-sxm", "ib-ndr", "fp8")}
 # (median, max) relative error pinned for each table: see KNOWN MISSES above
-KNOWN_MISS = {"a100-80gb": (0.07, 0.27), "h100-bf16": (0.15, 0.35), "h100-fp8": (0.35, 0.66)}
+KNOWN_MISS = {"h100-bf16": (0.11, 0.235), "h100-fp8": (0.26, 0.39)}
 
 
 def _model(name, seq):
@@ -82,7 +91,8 @@ def _tokens_per_gpu(row, gpu, inter, precision):
     name, seq, gpus, mbs, gbs, ckpt, _, _ = row
     m = _model(name, seq)
     c = make_cluster(gpu, 8, gpus // 8, inter=inter, nics_per_node=8)
-    t = Training(global_batch=gbs, precision=precision, optimizer="adamw", flash_attention=True)
+    t = Training(global_batch=gbs, precision=precision, optimizer="adamw", flash_attention=True, kernels="eager",
+                 fused_loss=True)
     s = Strategy(dp=gpus, zero=3, micro_batch=mbs, recompute="full" if ckpt else "none", ranks_per_node=8)
     p = evaluate(m, c, t, s)
     assert p.memory.fits, (row, p.memory.total / 2**30)   # every row ran, so it must fit
@@ -100,7 +110,12 @@ def test_parameter_counts_equal_the_tables_numparams():
             assert _model(r[0], r[1]).params == r[7], r
 
 
-@pytest.mark.parametrize("table", list(TABLES))
+def test_a100_tokens_per_gpu_within_the_issue_tolerance():
+    errs = {k: abs(e) for k, e in errors("a100-80gb").items()}
+    assert median(errs.values()) <= 0.10 and max(errs.values()) <= 0.25, errs
+
+
+@pytest.mark.parametrize("table", list(KNOWN_MISS))
 def test_tokens_per_gpu_known_miss(table):
     errs = {k: abs(e) for k, e in errors(table).items()}
     med_bound, max_bound = KNOWN_MISS[table]

@@ -75,7 +75,7 @@ A100 = [
     ("llama3.1-8b", 1, "selective", 2904), ("llama3.1-70b", 1, "full", 331), ("llama2-13b", 2, "none", 2162),
     ("llama2-13b", 2, "selective", 1914), ("llama2-70b", 1, "selective", 355), ("llama2-70b", 2, "full", 353),
 ]
-KNOWN_MISS = {"h100": (0.09, 0.35)}   # (median, max) pinned: see KNOWN MISSES
+KNOWN_MISS = {"h100": (0.09, 0.36)}   # (median, max) pinned: see KNOWN MISSES
 
 
 def torchtitan_chunks(layers: int, chunks: int) -> tuple[int, ...]:
@@ -85,12 +85,15 @@ def torchtitan_chunks(layers: int, chunks: int) -> tuple[int, ...]:
     return tuple(base + (1 if 0 < i <= extra and i < chunks - 1 else 0) for i in range(chunks))
 
 
-def _plan(name, seq, gpu, gpus, inter, dp, tp, pp, cp, local, recompute, precision, interleaved=False):
+def _plan(name, seq, gpu, gpus, inter, dp, tp, pp, cp, local, recompute, precision, interleaved=False,
+          kernels=None):
     m = gpt_stats(GPTShape(seq=seq, **SHAPES[name]), name)
     c = make_cluster(gpu, 8, gpus // 8, inter=inter, nics_per_node=8)
-    # torchtitan's FSDP2 reduce-scatters in FP32 (its config: mixed_precision_reduce = "float32" by default)
+    # torchtitan's FSDP2 reduce-scatters in FP32 (its config: mixed_precision_reduce = "float32" by default);
+    # the Float8 rows ran with torch.compile (the report has no Float8 row without it), the BF16 rows without
     t = Training(global_batch=local * dp, precision=precision, optimizer="adamw", flash_attention=True,
-                 cp_impl="torch", grad_reduce="fp32")
+                 cp_impl="torch", grad_reduce="fp32",
+                 kernels=kernels or ("compiled" if precision == "fp8" else "eager"))
     # interleaved: 2 stages a rank, torchtitan's default for its multi-stage schedules (generate_split_points)
     pipe = dict(schedule="interleaved", virtual=2, stage_layers=torchtitan_chunks(m.gpt.layers, 2 * pp)) \
         if interleaved else {}
@@ -131,14 +134,15 @@ def test_a100_tokens_per_gpu_within_the_issue_tolerance():
 
 
 def test_float8_speedup_over_bf16_is_predicted_within_the_tolerance():
-    """Float8 over BF16 at the same layout: the Float8 rows also ran with torch.compile, which the planner does not
-    model, so the reference is the report's compiled BF16 row (Table 1: 8532 / 6667 = 1.280, Table 3: 8380 / 6514 =
-    1.286). The ratio cancels the power cap and the base efficiency: what remains is FP8 on the linear layers only,
-    FP8's lower share of its peak and its casts (efficiency.py, gemm.py). Predicted: 1.328, 1.326."""
-    e = h100_errors()
-    for t, bf16_tps, compiled in (("T1", 5762, 6667), ("T3", 5605, 6514)):
-        bf16 = next(v for k, v in e.items() if k.startswith(f"{t} FSDP llama"))
-        fp8_tps = next(r[-1] for r in H100 if r[0] == f"{t} FSDP+compile+Float8")
-        fp8 = next(v for k, v in e.items() if k.startswith(f"{t} FSDP+compile+Float8"))
-        predicted = (1 + fp8) * fp8_tps / ((1 + bf16) * bf16_tps)
-        assert abs(predicted / (fp8_tps / compiled) - 1) <= 0.10, (t, predicted)
+    """Float8 over BF16 at the same layout: the Float8 rows also ran with torch.compile (memory_bound.py "compiled";
+    the compute rate is not otherwise changed by it), so the reference is the report's compiled BF16 row (Table 1:
+    8532 / 6667 = 1.280, Table 3: 8380 / 6514 = 1.286). The ratio cancels the power cap and the base efficiency: what remains is FP8 on the linear layers only,
+    FP8's lower share of its peak and its casts (efficiency.py, gemm.py). Predicted: 1.328, 1.326; both rows with
+    compiled kernels and the memory-bound ops charged (memory_bound.py): 1.304, 1.308."""
+    for t, compiled in (("T1", 6667), ("T3", 6514)):
+        row = next(r for r in H100 if r[0] == f"{t} FSDP+compile+Float8")
+        fp8 = _plan(*row[1:3], "h100-sxm-500w", row[3], "ib-ndr", *row[4:11])
+        # the BF16 row as it would run compiled (memory_bound.py "compiled"), the reference the report gives
+        bf16 = _plan(*row[1:3], "h100-sxm-500w", row[3], "ib-ndr", *row[4:10], "bf16", kernels="compiled")
+        predicted = bf16.step_s / fp8.step_s
+        assert abs(predicted / (row[-1] / compiled) - 1) <= 0.10, (t, predicted)

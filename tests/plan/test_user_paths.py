@@ -204,7 +204,7 @@ def test_llama_first_answer_says_why_and_what_fits(capsys):
     assumed = next(line for line in out.splitlines() if line.startswith("assumed: "))
     assert "micro-batch 1 x 32 accumulation (none fits: the smallest)" in assumed
     assert "overlap as DDP: gradient buckets all-reduced during backward, the last bucket exposed (default; " \
-           "--overlap F to override)" in assumed and "efficiency 0.67 of datasheet peak bf16" in assumed
+           "--overlap F to override)" in assumed and "efficiency 0.71 of datasheet peak bf16" in assumed
     assert "suggestion: no micro-batch fits with zero 0" in out and "--zero 3" in out
     code, out, err = run(capsys, "plan", "llama2-7b", "--nodes", "2", "--zero", "3", "--recompute", "selective",
                          "--overlap", "0.5")

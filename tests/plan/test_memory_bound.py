@@ -1,0 +1,89 @@
+"""Memory-bound work outside the GEMMs (tandem/plan/memory_bound.py): the per-layer elementwise and norm passes, the
+loss over the vocabulary and the optimizer step, as bytes at 0.9 of the memory bandwidth, by what the framework
+fuses; and where it is not charged (CPU hosts, a measured compute time, --efficiency)."""
+
+import pytest
+
+from tandem.plan import efficiency as E
+from tandem.plan import memory_bound as MB
+from tandem.plan.config import Strategy, Training
+from tandem.plan.cost import evaluate
+from tandem.plan.explain import explain
+from tandem.plan.hardware import make_cluster
+from tandem.plan.model import GPTShape, gpt_stats, preset
+
+
+def test_llama_layer_bytes_counted_op_by_op():
+    g = preset("llama2-7b").gpt   # h 4096, ffn 11008, kv 4096, V 32000, RMSNorm, SwiGLU, rotary
+    h, f, qk, V = 4096, 11008, 8192, 32000
+    # fused: 2 norms 4h fwd 6h bwd, 2 residual adds 6h / 6h, SwiGLU 3f / 5f, rotary 2(h+kv) / 2(h+kv), at 2 B
+    layer, loss = MB.layer_bytes(g, "fused", 2)
+    assert layer == 2 * (10 * h + 3 * f + 2 * qk + 12 * h + 5 * f + 2 * qk) == 421_888
+    assert loss == 2 * 3 * V == 192_000    # fused cross-entropy: read the logits forward, read + write backward
+    # compiled: residual add folded into the next norm (8h / 8h), the rest as fused
+    assert MB.layer_bytes(g, "compiled", 2)[0] == 2 * (8 * h + 3 * f + 2 * qk + 8 * h + 5 * f + 2 * qk)
+    # eager: RMSNorm composed (14h / 36h), adds, silu + mul (5f / 9f), rotary through fp32 complex (10 / 10)
+    eager, eager_loss = MB.layer_bytes(g, "eager", 2)
+    assert eager == 2 * (20 * h + 5 * f + 10 * qk + 42 * h + 9 * f + 10 * qk)
+    assert eager_loss == 2 * 18 * V and MB.layer_bytes(g, "eager", 2, fused_loss=True)[1] == loss
+    # full recompute runs each layer's forward twice
+    assert MB.layer_bytes(g, "fused", 2, "full")[0] == layer + 2 * (10 * h + 3 * f + 2 * qk)
+    # FP8 under Transformer Engine: the norms and SwiGLU write FP8 from the same kernel as the cast
+    assert MB.layer_bytes(g, "fused", 2, fp8=True)[0] == layer - 2 * (4 * h + 2 * f)
+
+
+def test_plan_charges_them_at_the_memory_bandwidth():
+    m = preset("llama2-7b")
+    c = make_cluster("h100-sxm", 8, 1)
+    t = Training(global_batch=8, flash_attention=True)
+    p = evaluate(m, c, t, Strategy(dp=8, zero=3, micro_batch=1))
+    bw = 0.9 * 3350e9
+    assert p.mem_bound_s == pytest.approx(8 * 4096 * (32 * 421_888 + 192_000) / 8 / bw)
+    # fused AdamW 28 B + 16-bit copy 6 B + clipping 12 B per parameter, ZeRO-3 shards them over 8
+    assert MB.optimizer_bytes_per_param(t) == 46
+    assert p.optimizer_s == pytest.approx(m.params / 8 * 46 / bw)
+    eager = evaluate(m, c, Training(global_batch=8, flash_attention=True, kernels="eager"),
+                     Strategy(dp=8, zero=3, micro_batch=1))
+    assert eager.optimizer_s == pytest.approx(m.params / 8 * (80 + 6 + 12) / bw)   # foreach: eight passes
+    assert eager.mem_bound_s > 1.5 * p.mem_bound_s and eager.step_s > p.step_s
+    # tensor parallelism (with sequence parallelism) splits them as it splits the layer
+    tp = evaluate(m, c, t, Strategy(dp=4, tp=2, micro_batch=1))
+    assert tp.mem_bound_s == pytest.approx(p.mem_bound_s)
+    text = " ".join(explain(p))
+    assert "Memory-bound ops (fused kernels" in text and "421.9 kB a layer x 32 layers + 192 kB the loss" in text
+    assert "= 46 B per parameter x 842.3 M parameters this GPU updates (ZeRO-sharded)" in text
+    assert f"+ memory-bound ops {p.mem_bound_s * 1e3:.3g} ms" in text
+
+
+def test_small_models_pay_a_larger_share():
+    c = make_cluster("a100-80gb", 8, 1)
+    shares = []
+    for h, L in ((768, 12), (2048, 24), (12288, 96)):
+        m = gpt_stats(GPTShape(layers=L, hidden=h, heads=h // 64, seq=2048, vocab=50368))
+        p = evaluate(m, c, Training(global_batch=64, flash_attention=True), Strategy(dp=8, zero=3, micro_batch=8))
+        shares.append(p.mem_bound_s / p.compute_s)
+    assert shares == sorted(shares, reverse=True) and shares[0] > 0.08 and shares[-1] < 0.02
+
+
+def test_not_charged_where_the_rate_already_holds_them():
+    m = preset("llama2-7b")
+    c = make_cluster("h100-sxm", 8, 1)
+    s = Strategy(dp=8, micro_batch=1)
+    for t in (Training(global_batch=8, efficiency=0.4), Training(global_batch=8, compute_time_s=1.0)):
+        p = evaluate(m, c, t, s)
+        assert p.mem_bound_s == p.optimizer_s == 0
+    # no memory bandwidth known (a CPU host or a custom GPU): nothing to time them with
+    assert MB.optimizer_seconds(1e9, make_cluster("h100-sxm", 8, 1, ), Training(optimizer="sgd")) == 0
+    cpu = type("C", (), {"gpu": type("G", (), {"memory_Bps": 0.0})()})()
+    assert MB.step_seconds(m, cpu, Training(), s) == 0 and MB.optimizer_seconds(1e9, cpu, Training()) == 0
+
+
+def test_h100_share_is_the_end_to_end_figure_without_them():
+    # Megatron-LM's strong-scaling model, GPT-3 175B at sequence 4096, vocabulary 131072, on 96 H100s, BF16
+    m = gpt_stats(GPTShape(layers=96, hidden=12288, heads=96, seq=4096, vocab=131072))
+    c = make_cluster("h100-sxm", 8, 12, inter="ib-ndr", nics_per_node=8)
+    t = Training(global_batch=192, flash_attention=True, overlap_param_gather=True)
+    p = evaluate(m, c, t, Strategy(dp=3, tp=4, pp=8, zero=1, micro_batch=1))
+    mem = p.mem_bound_s / (p.compute_s - p.optimizer_s)
+    assert mem == pytest.approx(0.0145, abs=0.0005) and p.optimizer_s / p.step_s == pytest.approx(0.0013, abs=3e-4)
+    assert E.ARCHS["hopper"].linear == pytest.approx(0.50 / (1 - 0.0145 - 0.0013), abs=0.0005)
