@@ -65,7 +65,9 @@ def plan_cmd(
     flash_attention: Optional[bool] = O(None, "--flash-attention/--no-flash-attention",
                                         help="Fused attention (FlashAttention/cuDNN): no s x s scores stored, "
                                              "so --recompute none keeps selective's memory (default: off, "
-                                             "Korthikanti et al.'s eager attention)."),
+                                             "Korthikanti et al.'s eager attention; on for tandem's GPT and cp > 1)."),
+    attention_kernel: Optional[str] = O(None, "--attention-kernel", help="unfused | fused | fa2 | fa3 | cudnn: the "
+                                        "attention kernel's published speed (fused: the GPU's usual one)."),
     compute_time: Optional[float] = O(None, "--compute-time", help="Measured compute seconds per step per GPU."),
     dp: Optional[int] = O(None, help="Data-parallel degree (default: GPUs / (tp x pp x cp))."),
     tp: Optional[int] = O(None, help="Tensor-parallel degree."),
