@@ -51,7 +51,7 @@ def _plan(gpus, tp, cp, pp, seq, _, virtual=None):
     """The row at ``virtual`` chunks a stage (1: plain 1F1B), else the fastest V that fits."""
     m = gpt_stats(GPTShape(seq=seq, **SHAPE), "llama3-405b")
     c = make_cluster("h100-sxm", 8, gpus // 8, inter="roce-400", nics_per_node=8)
-    t = Training(global_batch=TOKENS_PER_BATCH // seq, precision="bf16", optimizer="adamw", flash_attention=True,
+    t = Training(global_batch=TOKENS_PER_BATCH // seq, precision="bf16", optimizer="adamw", attention_kernel="cudnn",
                  overlap_param_gather=True)
     plans = []
     for v in (VIRTUAL if virtual is None else [virtual]):

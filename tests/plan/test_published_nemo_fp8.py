@@ -52,7 +52,7 @@ def _row(name, gpus, gbs, mbs, tp, pp, cp, vp, tokens, tflops):
     c = make_cluster("h100-sxm", 8, gpus // 8, inter="ib-ndr", nics_per_node=8)
     s = Strategy(dp=gpus // (tp * pp * cp), tp=tp, pp=pp, cp=cp, zero=1, micro_batch=mbs,
                  schedule="interleaved" if vp > 1 else "1f1b", virtual=vp, ranks_per_node=8)
-    t = Training(global_batch=gbs, precision="fp8", optimizer="adam", overlap_param_gather=True, flash_attention=True)
+    t = Training(global_batch=gbs, precision="fp8", optimizer="adam", overlap_param_gather=True, attention_kernel="cudnn")
     p = evaluate(m, c, t, s)
     return m, p, gbs * m.gpt.seq / p.step_s / gpus
 

@@ -86,7 +86,7 @@ def torchtitan_chunks(layers: int, chunks: int) -> tuple[int, ...]:
 def _plan(name, seq, gpu, gpus, inter, dp, tp, pp, cp, local, recompute, precision, interleaved=False):
     m = gpt_stats(GPTShape(seq=seq, **SHAPES[name]), name)
     c = make_cluster(gpu, 8, gpus // 8, inter=inter, nics_per_node=8)
-    t = Training(global_batch=local * dp, precision=precision, optimizer="adamw", flash_attention=True,
+    t = Training(global_batch=local * dp, precision=precision, optimizer="adamw", attention_kernel="fa2",
                  cp_impl="torch")
     # interleaved: 2 stages a rank, torchtitan's default for its multi-stage schedules (generate_split_points)
     pipe = dict(schedule="interleaved", virtual=2, stage_layers=torchtitan_chunks(m.gpt.layers, 2 * pp)) \
