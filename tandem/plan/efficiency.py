@@ -174,10 +174,11 @@ def attention_times(c, t, s, flops_fwd: float, rc: int, rate: float, eff: float,
     forward and once backward (2 x), at the kernel's published share of the BF16 peak by length; with --efficiency
     or no figure, at the linear layers' (BF16) rate x the row's factor."""
     k = kernel(c.gpu.name, t, s.cp)
-    bf16_peak = c.flops_ref("bf16") / (GEMM_SHARE if "bf16" in c.achieved_flops else 1.0)
     shares = kernel_shares(c.gpu.name, k, length) if t.efficiency is None else None
-    if shares is not None:
-        return (1 + rc) * flops_fwd / (bf16_peak * shares[0]) + 2 * flops_fwd / (bf16_peak * shares[1]), k
+    prec = "bf16" if t.precision == "fp8" else t.precision
+    if shares is not None and prec in ("bf16", "fp16"):   # a calibrated rate is a GEMM's at GEMM_SHARE of peak
+        peak = c.flops_ref(prec) / (GEMM_SHARE if prec in c.achieved_flops else 1.0)
+        return (1 + rc) * flops_fwd / (peak * shares[0]) + 2 * flops_fwd / (peak * shares[1]), k
     if t.precision == "fp8":   # eff is the FP8 linear share (or --efficiency): attention runs at BF16's
         base = c.flops_ref("bf16") * (eff if t.efficiency is not None else eff / FP8_OVER_BF16)
     else:
