@@ -142,14 +142,20 @@ def has_curve(gpu_name: str, k: str) -> bool:
     return _figure(arch_of(gpu_name), k) is not None and k != "unfused"
 
 
-def kernel_shares(gpu_name: str, k: str, length: float) -> tuple[float, float] | None:
+def kernel_shares(gpu_name: str, k: str, length: float, ring: bool = False) -> tuple[float, float] | None:
     """(forward, backward) share of the BF16 peak in the planner's FLOP count (backward 2 x forward), or None
     where no figure is published (attention then runs at the linear layers' rate x the row's factor)."""
     from tandem.plan import ring as R
 
     fig = _figure(arch_of(gpu_name), k)
-    if fig == "hopper":   # papers count backward as 2.5 F: in the planner's 2 F it runs at 2 / 2.5 of its TFLOP/s
+    if fig == "hopper" and k == "unfused":   # the s x s square computed whole, then masked
         return R.speed(k, length) / H100_PEAK, R.speed(k, length, True) * 2 / R.BWD_FLOPS / H100_PEAK
+    if fig == "hopper":
+        # papers count backward as 2.5 F: in the planner's 2 F it runs at 2 / 2.5 of its TFLOP/s. A causal kernel
+        # computes half the square the planner counts (x 2 in its count): at the causal figure's speed on one
+        # sequence; under cp the ring's blocks are mostly unmasked halves: the non-causal speed
+        sp = (lambda bwd: R.speed(k, length, bwd)) if ring else (lambda bwd: R.causal_speed(k, length, bwd))
+        return 2 * sp(False) / H100_PEAK, 2 * sp(True) * 2 / R.BWD_FLOPS / H100_PEAK
     if fig == "ampere" and k == "fa2":
         return (A100_FA2 * R.speed("fa2", length) / R.speed("fa2", A100_REF_LEN),
                 A100_FA2 * R.speed("fa2", length, True) / R.speed("fa2", A100_REF_LEN, True))
@@ -174,7 +180,7 @@ def attention_times(c, t, s, flops_fwd: float, rc: int, rate: float, eff: float,
     forward and once backward (2 x), at the kernel's published share of the BF16 peak by length; with --efficiency
     or no figure, at the linear layers' (BF16) rate x the row's factor."""
     k = kernel(c.gpu.name, t, s.cp)
-    shares = kernel_shares(c.gpu.name, k, length) if t.efficiency is None else None
+    shares = kernel_shares(c.gpu.name, k, length, s.cp > 1) if t.efficiency is None else None
     prec = "bf16" if t.precision == "fp8" else t.precision
     if shares is not None and prec in ("bf16", "fp16"):   # a calibrated rate is a GEMM's at GEMM_SHARE of peak
         peak = c.flops_ref(prec) / (GEMM_SHARE if prec in c.achieved_flops else 1.0)

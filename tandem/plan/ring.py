@@ -50,6 +50,12 @@ BWD_HD128 = {"fa2": (214, 260, 291, 310, 318, 322),
              "cudnn": (305, 408, 465, 499, 518, 516),
              "fa3": (316, 424, 501, 542, 559, 561),
              "unfused": (104, 131, 159, 174, 181, 181)}
+# The same paper's causal forward figure (head dim 128): TFLOP/s counting the half of the s x s square a causal
+# kernel computes. No causal backward figure: backward's causal speed is taken as the non-causal one x forward's
+# causal / non-causal ratio at that length (causal_speed).
+FWD_CAUSAL_HD128 = {"fa2": (191, 260, 298, 319, 333, 335),
+                    "cudnn": (315, 410, 484, 518, 529, 539),
+                    "fa3": (292, 423, 521, 579, 602, 616)}
 BWD_FLOPS = 2.5   # the papers count backward as 2.5 x forward (recomputed scores); the planner 2 x
 KERNEL = {"megatron": "cudnn", "torch": "fa2"}
 HOPPER = ("h100-sxm", "h100-sxm-500w", "h100-pcie", "h200")
@@ -65,6 +71,16 @@ def speed(kernel: str, length: float, backward: bool = False) -> float:
     x = min(max(math.log2(max(length, 1)), 9.0), 14.0) - 9.0
     i = min(int(x), 4)
     return ys[i] + (ys[i + 1] - ys[i]) * (x - i)
+
+
+def causal_speed(kernel: str, length: float, backward: bool = False) -> float:
+    """The kernel's TFLOP/s with a causal mask (on the half square it computes): the causal forward figure;
+    backward: the non-causal backward x that figure's causal / non-causal ratio."""
+    ys = FWD_CAUSAL_HD128[kernel]
+    x = min(max(math.log2(max(length, 1)), 9.0), 14.0) - 9.0
+    i = min(int(x), 4)
+    fwd = ys[i] + (ys[i + 1] - ys[i]) * (x - i)
+    return fwd * speed(kernel, length, True) / speed(kernel, length) if backward else fwd
 
 
 def train_speed(kernel: str, length: float) -> float:
