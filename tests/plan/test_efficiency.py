@@ -63,15 +63,20 @@ def _plan(gpu, **train):
 
 
 def test_attention_runs_at_its_kernels_published_share_of_peak():
-    # H100, cuDNN (the fused default there): forward 609, backward 499 TFLOP/s at 4096 (FlashAttention-3 paper,
-    # head dim 128); backward counted 2.5 F there, 2 F here: time = F/609 + 2.5 F/499 (TFLOP/s), F a forward's FLOPs
+    # H100, cuDNN (the fused default there), FlashAttention-3 paper, head dim 128, at 4096: causal forward 518
+    # TFLOP/s on the half square it computes; backward 499 non-causal x 518/609 (forward's causal ratio), counted
+    # 2.5 F there: time = (F/2)/518 + 2.5 (F/2)/(499 x 518/609), F the planner's (full-square) forward FLOPs
     h100 = _plan("h100-sxm", attention_kernel="fused")
     f = 4096 * 32 * 4 * 4096 * 4096       # 4*s*h per token and layer, 4096 tokens, 32 layers, one sample a GPU
     assert h100.attn_kernel == "cudnn"
-    assert h100.attn_s == pytest.approx(f / 609e12 + 2.5 * f / 499e12, rel=1e-6)
+    assert h100.attn_s == pytest.approx(f / 2 / 518e12 + 2.5 * f / 2 / (499e12 * 518 / 609), rel=1e-6)
     # FlashAttention-2 on H100 (~35% of peak) is slower, FlashAttention-3 faster; --efficiency: one rate for all
     fa2, fa3 = _plan("h100-sxm", attention_kernel="fa2"), _plan("h100-sxm", attention_kernel="fa3")
-    assert fa2.attn_s == pytest.approx(f / 368e12 + 2.5 * f / 310e12, rel=1e-6) and fa3.attn_s < h100.attn_s
+    assert fa2.attn_s == pytest.approx(f / 2 / 319e12 + 2.5 * f / 2 / (310e12 * 319 / 368), rel=1e-6)
+    assert fa3.attn_s < h100.attn_s < fa2.attn_s
+    # unfused: the whole square, at the figure's "Standard attention" speed (133 forward, 174 backward)
+    eager_h = _plan("h100-sxm", attention_kernel="unfused")
+    assert eager_h.attn_s == pytest.approx(f / 133e12 + 2.5 * f / 174e12, rel=1e-6)
     same = _plan("h100-sxm", attention_kernel="fa2", efficiency=0.5)
     assert same.attn_ratio == pytest.approx(1.0) and same.attn_s == pytest.approx(3 * f / (989.4e12 * 0.5))
     # A100: FlashAttention-2 at 0.615 of peak at 2048 (the linear-layer derivation's figure), by length as on H100
