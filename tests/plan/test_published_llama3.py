@@ -15,7 +15,8 @@ The paper's stated settings (§3.3, Table 4), given to the planner as stated:
   with the parameter gather overlapped.
 Assumptions (not stated in the paper): V, which the paper leaves open: the planner takes, per row, the
 fastest V from 2 to 7 (at 7 the 7-layer stages have one layer a chunk) that fits in 80 GB, as Meta tuned it;
-micro-batch 1; no recompute; fused (flash) attention; the default efficiency. Nothing fitted.
+micro-batch 1; no recompute; fused attention, cuDNN's (attention_kernel "cudnn": the kernel Transformer Engine runs
+on H100; the paper does not name Meta's kernel); the default efficiency. Nothing fitted.
 
 Measured when written (issue 14 asks 10% median, 25% max): -9.5% (V 5), -11.9% (V 4), -4.0% (V 7): median 9.5%,
 max 11.9%, all slow. With 1F1B (V 1) it was -28.0%, -40.5%, -37.2%: the bubble of 16 micro-batches on 16
@@ -28,6 +29,11 @@ KNOWN MISS, by a hair: with the per-architecture compute model merged (H100 line
 efficiency.py) the rows are -10.01%, -12.4%, -3.4%: median 10.01%, just over the issue's 10%; pinned at
 10.1% / 13%. Term at fault: compute efficiency on H100 (Meta's stack runs its attention on fused kernels faster
 than the planner's relative attention factor gives).
+With the attention-kernel model (efficiency.py: cuDNN's causal speed from the FlashAttention-3 paper, half the
+counted square): -7.1%, -9.6%, +31.8%: the two 8k-context rows improve and pass, the 131k-token CP 16 row is now
+FAST (+31.8%): on the ring the planner runs each causal half-block at the kernel's non-causal speed and leaves out
+the diagonal block's masking and the ring's load imbalance. Pinned at 9.6% / 31.8%; term at fault: ring
+attention's per-block kernel time at long context (ring.py / efficiency.kernel_shares with cp > 1).
 """
 
 from statistics import median
@@ -66,7 +72,7 @@ def errors(virtual=None) -> dict[str, float]:
     return {f"{row[0]} cp{row[2]}": _plan(*row, virtual=virtual).tflops_per_gpu / row[-1] - 1 for row in TABLE_4}
 
 
-KNOWN_MISS = (0.101, 0.13)   # (median, max) pinned: see the docstring's last paragraph
+KNOWN_MISS = (0.096, 0.318)   # (median, max) pinned: see the docstring's last paragraph
 
 
 def test_model_tflops_per_gpu_known_miss():

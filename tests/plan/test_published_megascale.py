@@ -58,9 +58,12 @@ def test_step_time_known_miss():
     layers at 0.67 of peak from the FlashAttention-2 paper's end-to-end runs, not fitted): median 12.6%, max 19.2%,
     every row now predicted FAST, from -5% at 256 GPUs to -19% at 12,288: the error grows with the GPU count
     at a fixed global batch (less compute a GPU, more data-parallel ranks), so the term at fault is the data-parallel communication at thousands of GPUs
-    (not overlapped here, --overlap 0: exposed in full, yet too short), not the compute rate. Pinned just above."""
+    (not overlapped here, --overlap 0: exposed in full, yet too short), not the compute rate. With the
+    attention-kernel model (FlashAttention-2 at its own 0.615 of A100 peak at 2048, where it ran at 0.615 / 0.8 x
+    the linear layers' 0.67 = 0.515 before; MegaScale runs FlashAttention-2): median 13.05%, max 19.6%, every row
+    a little faster (-5.4% at 256 GPUs to -19.6% at 12,288). Pinned just above."""
     errs = {k: abs(e) for k, e in errors().items()}
-    assert median(errs.values()) <= 0.13, errs
+    assert median(errs.values()) <= 0.131, errs
     assert max(errs.values()) <= 0.20, errs
 
 
@@ -68,7 +71,8 @@ def test_step_time_known_miss():
                                                (12, "selective")])
 def test_error_whatever_the_unstated_inputs_known_miss(virtual, recompute):
     errs = {k: abs(e) for k, e in errors(virtual, recompute).items()}
-    # known miss under these alternatives (measured with the per-architecture compute model: median 2.8-11.7%,
-    # max 10.4-18.9%; the selective-recompute rows within the issue's tolerance)
-    assert max(errs.values()) <= 0.19, errs
-    assert median(errs.values()) <= 0.12, errs
+    # known miss under these alternatives (measured with the attention-kernel model: median 2.8-12.1%, max
+    # 10.4-19.2%; the selective-recompute rows within the issue's tolerance; the no-recompute rows, FlashAttention-2,
+    # 1 point faster than with the kernel at 0.515 of peak)
+    assert max(errs.values()) <= 0.193, errs
+    assert median(errs.values()) <= 0.122, errs
