@@ -25,8 +25,7 @@ from tandem.plan.model import ModelStats
 # gpt: Megatron-LM reaches 44-52% of A100 peak at scale (Narayanan et al. 2021, Table 1).
 # cnn: the seed's own ResNet-50 step (256 images in 220 ms on one A100) is 18% of TF32 peak.
 DEFAULT_EFFICIENCY = {"gpt": 0.5, "cnn": 0.18, "net": 0.4, "params": 0.5}
-# Per architecture where a publication says otherwise (tandem/plan/efficiency.py, each with its source; v100:
-# Megatron-LM's single-V100 baseline sustains "30% of peak", Shoeybi et al. 2019).
+# Per architecture where a publication says otherwise: tandem/plan/efficiency.py, each with its source.
 GEMM_FRACTION = 0.8  # a calibration's achieved FLOP/s is a large GEMM at ~80% of peak
 # Megatron-LM's distributed data parallel: gradient buckets of max(40M, 1M x dp) parameters
 # (megatron/core/distributed, bucket_size default), used here for ZeRO-1/2.
@@ -284,9 +283,8 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
     return Plan(m, c, t, s, mb, mem, ops, eff, rate, hw_fpg, model_fpg, compute, bubble, measured,
                 host_factors=factors, stage_layers=counts, stage_imbalance=imbalance,
                 attn_bf16_s=attn_bf16 * imbalance, gemm_roofline=gemm, attn_s=attn_s * imbalance,
-                attn_ratio=cx.get("attn_ratio", 1.0), attn_kernel=cx.get("kernel", ""),
-                linear_share=cx.get("gemm", 1.0), gemm_shape=cx.get("tiles", 1.0), fp8_cast_s=cx.get("cast_s", 0.0) * imbalance,
-                cp_merge_s=merge * imbalance)
+                attn_ratio=cx.get("attn_ratio", 1.0), attn_kernel=cx.get("kernel", ""), linear_share=cx.get("gemm", 1.0),
+                gemm_shape=cx.get("tiles", 1.0), fp8_cast_s=cx.get("cast_s", 0.0) * imbalance, cp_merge_s=merge * imbalance)
 
 
 def stage_psi(m: ModelStats, s: Strategy) -> float:

@@ -152,3 +152,17 @@ def test_h100_500w_preset_is_torchtitans_grand_teton():
     assert g.memory_Bps == 2400e9 and "500 W" in g.source
     assert E.arch_of("h100-sxm-500w").arch == "hopper"
     assert _plan("h100-sxm-500w").compute_s > _plan("h100-sxm").compute_s
+
+
+def test_moe_fp8_casts_follow_the_experts():
+    # review item 13: Mixtral 8x7B (8 experts of the dense MLP's shape, top 2, capacity 1): at ep 8 a rank casts
+    # one expert's weights, as the dense base model does; every token's MLP casts run in 2 experts, not 1
+    m = preset("mixtral-8x7b")
+    moe, T = m.moe, 4096
+    assert (moe.experts, moe.top_k, moe.capacity_factor, moe.shared) == (8, 2, 1.0, 0)
+    act_d, wt_d = G.fp8_cast_bytes(moe.base, 1, T)
+    act_m, wt_m = G.fp8_cast_bytes(m.gpt, 1, T, moe, ep=8)
+    h, f, L = moe.base.hidden, moe.expert_ffn, moe.base.layers
+    mlp_act = 4 * T * ((h + 2 * f) + (f + h)) * L        # one expert's MLP in (gated: 2 f) and out, 4 B an element
+    assert wt_m == pytest.approx(wt_d) and act_m == pytest.approx(act_d + mlp_act)
+    assert G.fp8_cast_bytes(m.gpt, 1, T, moe, ep=1)[1] == pytest.approx(wt_d + 7 * 4 * 3 * h * f * L)
