@@ -166,3 +166,21 @@ def test_moe_fp8_casts_follow_the_experts():
     mlp_act = 4 * T * ((h + 2 * f) + (f + h)) * L        # one expert's MLP in (gated: 2 f) and out, 4 B an element
     assert wt_m == pytest.approx(wt_d) and act_m == pytest.approx(act_d + mlp_act)
     assert G.fp8_cast_bytes(m.gpt, 1, T, moe, ep=1)[1] == pytest.approx(wt_d + 7 * 4 * 3 * h * f * L)
+
+
+def test_cpu_calibration_of_gpt_reverse_plans_compute_as_flops_over_the_measured_rate(tmp_path):
+    # review item 1, as the reviewer ran it: `tandem plan --config examples/gpt_reverse.toml --calibration cal.json`
+    # (fp32 at 40 GFLOP/s measured): no GPU shape factor, compute = FLOPs / (measured rate x efficiency)
+    from pathlib import Path
+
+    from plan.test_user_paths import cpu_calibration
+    from tandem.plan.inputs import PlanArgs, resolve, strategy
+
+    root = Path(__file__).resolve().parents[2]
+    a = PlanArgs(config=str(root / "examples" / "gpt_reverse.toml"),
+                 calibration=str(cpu_calibration(tmp_path / "cal.json")))
+    m, c, t, v = resolve(a)
+    p = evaluate(m, c, t, strategy(v, c, t))
+    assert c.gpu.name == "cpu" and p.host_factors is None and t.precision == "fp32"
+    assert p.gemm_shape == 1.0 and p.linear_share == 1.0 and p.attn_ratio == pytest.approx(1.0)
+    assert p.compute_s == pytest.approx(p.hw_flops_per_gpu / p.rate)
