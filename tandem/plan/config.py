@@ -19,6 +19,7 @@ PRECISIONS = {
 
 # Optimizer state bytes per parameter, besides the master copy: Adam keeps m and v in FP32.
 OPTIMIZERS = {"adam": 8, "adamw": 8, "sgd-momentum": 4, "sgd": 0}
+ATTENTION_KERNELS = ("unfused", "fused", "fa2", "fa3", "cudnn")   # tandem/plan/efficiency.py
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 KERNELS = ("fused", "compiled", "eager")   # tandem.plan.memory_bound
@@ -42,6 +43,8 @@ class Training:
                                              # communication (None: as the framework schedules it)
     flash_attention: bool = False            # fused attention (FlashAttention, cuDNN/TE): no s x s score matrix
                                              # stored, so no 5as/h term without recompute
+    attention_kernel: str = ""               # unfused | fused | fa2 | fa3 | cudnn (efficiency.py); "": from
+                                             # flash_attention (fused: the architecture's usual kernel)
     overlap_param_gather: bool = False       # ZeRO-1/2: gather updated params during the next forward
                                              # (Megatron --overlap-param-gather); else exposed
     grad_reduce: str | None = None           # dtype gradients are reduced in: fp32 | bf16 | fp16 (None: the
@@ -69,6 +72,11 @@ class Training:
         self.optimizer = _choice(self.optimizer.replace("_", "-"), OPTIMIZERS, "optimizer")
         self.cp_impl = _choice(self.cp_impl, ("megatron", "torch"), "cp-impl")
         self.kernels = _choice(self.kernels, KERNELS, "kernels")
+        if self.attention_kernel:
+            self.attention_kernel = _choice(self.attention_kernel, ATTENTION_KERNELS, "attention-kernel")
+            self.flash_attention = self.attention_kernel != "unfused"
+        else:
+            self.attention_kernel = "fused" if self.flash_attention else "unfused"
         if self.efficiency is not None and not 0 < self.efficiency <= 1:
             raise ConfigError("must be in (0, 1]", field="efficiency", value=self.efficiency,
                               fix="give the fraction of peak FLOP/s the model sustains, e.g. 0.4")

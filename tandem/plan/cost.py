@@ -26,8 +26,7 @@ from tandem.plan.model import ModelStats
 # gpt: Megatron-LM reaches 44-52% of A100 peak at scale (Narayanan et al. 2021, Table 1).
 # cnn: the seed's own ResNet-50 step (256 images in 220 ms on one A100) is 18% of TF32 peak.
 DEFAULT_EFFICIENCY = {"gpt": 0.5, "cnn": 0.18, "net": 0.4, "params": 0.5}
-# Per architecture where a publication says otherwise (tandem/plan/efficiency.py, each with its source; v100:
-# Megatron-LM's single-V100 baseline sustains "30% of peak", Shoeybi et al. 2019).
+# Per architecture where a publication says otherwise: tandem/plan/efficiency.py, each with its source.
 GEMM_FRACTION = 0.8  # a calibration's achieved FLOP/s is a large GEMM at ~80% of peak
 # Megatron-LM's distributed data parallel: gradient buckets of max(40M, 1M x dp) parameters
 # (megatron/core/distributed, bucket_size default), used here for ZeRO-1/2.
@@ -77,6 +76,8 @@ class Plan:
     gemm_roofline: float = 1.0           # share of the rate the linear layers keep, memory-bound GEMMs (roofline)
     attn_s: float = 0.0                  # attention's (QK^T, AV) seconds, included in compute_s
     attn_ratio: float = 1.0              # attention kernels' rate over the linear layers' (efficiency.py)
+    attn_kernel: str = ""                # which: unfused | fa2 | fa3 | cudnn | fused; linear layers' share per GEMM:
+    linear_share: float = 1.0            # gemm.linear_factor (gemm_roofline, gemm_shape: each alone)
     gemm_shape: float = 1.0              # share of it their shapes keep (tile/wave quantization, gemm.py)
     fp8_cast_s: float = 0.0              # fp8: the casts' seconds at the memory bandwidth (in compute_s)
     cp_merge_s: float = 0.0              # torch's ring attention: fp32 merges of partial outputs (in compute_s)
@@ -204,7 +205,7 @@ def default_efficiency(m: ModelStats, c: Cluster, t: Training) -> float:
     if t.efficiency is not None:
         return t.efficiency
     e = E.linear(c.gpu.name, m.kind) or DEFAULT_EFFICIENCY[m.kind]
-    if t.precision == "fp8":
+    if t.precision == "fp8" and m.kind == "gpt":   # FP8 GEMMs' share (efficiency.py): transformers only
         e *= E.FP8_OVER_BF16
     if t.precision in c.achieved_flops:
         e = min(1.0, e / GEMM_FRACTION)
@@ -263,7 +264,7 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
         ops += dp_ops(m, c, t, s, mb, compute, f_model, f_hw, dpg, shard_g, repl_g)
     if m.gpt is not None and (s.cp > 1 or s.ep > 1):
         stage_n = max(counts) if counts else m.gpt.layers
-        attn_rate = E.attention_rate(c, t, rate, eff) if factors is None else rate
+        attn_rate = E.attention_rate(c, t, s, m.gpt.seq, rate, eff) if factors is None else rate
         ops += [CommOp(**d) for d in MC.cp_ep_ops(m, c, s, by, mb, stage_n, attn_rate, s.recompute, t.cp_impl)]
     if m.gpt is not None and (s.tp > 1 or s.pp > 1):
         g = m.gpt
@@ -288,9 +289,8 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
     return Plan(m, c, t, s, mb, mem, ops, eff, rate, hw_fpg, model_fpg, compute, bubble, measured,
                 host_factors=factors, stage_layers=counts, stage_imbalance=imbalance,
                 attn_bf16_s=attn_bf16 * imbalance, gemm_roofline=gemm, attn_s=attn_s * imbalance,
-                attn_ratio=1.0 if t.efficiency is not None or not attn_s else E.attention(c.gpu.name, t.flash_attention),
-                gemm_shape=cx.get("tiles", 1.0), fp8_cast_s=cx.get("cast_s", 0.0) * imbalance,
-                cp_merge_s=merge * imbalance,
+                attn_ratio=cx.get("attn_ratio", 1.0), attn_kernel=cx.get("kernel", ""), linear_share=cx.get("gemm", 1.0),
+                gemm_shape=cx.get("tiles", 1.0), fp8_cast_s=cx.get("cast_s", 0.0) * imbalance, cp_merge_s=merge * imbalance,
                 mem_bound_s=cx.get("mem_s", 0.0) * imbalance, optimizer_s=opt_s)
 
 

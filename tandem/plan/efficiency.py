@@ -1,14 +1,17 @@
-"""Per-architecture compute efficiency: the linear layers' share of peak, and attention's speed relative to it.
+"""Per-architecture compute efficiency: the linear layers' share of peak, and the attention kernels' own.
 
-The planner times a transformer's linear layers at ``peak x linear x shape x roofline`` (gemm.py: tile and
-wave quantization at small hidden sizes / tp splits, measured; memory-bound GEMMs at short sequences or
-micro-batch 1) and its attention (QK^T, AV; the 4*s*h FLOPs per token and layer) at
-``peak x linear x attention`` (fused kernels) or ``x unfused`` (the s x s scores in memory). With FP8 the
-linear layers run at the FP8 peak x linear x FP8_OVER_BF16, their FP8 casts are timed at the memory
-bandwidth, attention stays BF16. Each figure says where it comes from; where none is published for an
-architecture, the figure says so and the default (or 1.0) stands in. ``--efficiency`` replaces all of it
-(one rate for every FLOP, the roofline kept); a calibration from ``tandem bench train`` replaces the whole
-compute model with the model's own measured rate.
+The planner times a transformer's linear layers at ``peak x linear`` x their GEMMs' shape and roofline factor
+(gemm.linear_factor: per GEMM, max(FLOPs / (R x tile share), bytes / BW): tile and wave quantization of
+compute-bound GEMMs, measured; memory-bound GEMMs at short sequences or micro-batch 1) and its attention (QK^T,
+AV; the 4*s*h FLOPs per token and layer) at the attention kernel's own share of peak, forward and backward apart,
+by sequence length (``attention_times``): FlashAttention-2, FlashAttention-3 and cuDNN on Hopper from the
+FlashAttention-3 paper's figures; FlashAttention-2 on Ampere from the FlashAttention-2 paper; unfused attention
+(the s x s scores in memory) likewise. With FP8 the linear layers run at the FP8 peak x linear x FP8_OVER_BF16,
+their FP8 casts are timed at the memory bandwidth, attention stays BF16. Each figure says where it comes from;
+where none is published for an architecture, the figure says so and the default (or 1.0) stands in; nothing is
+fitted. ``--efficiency`` replaces it (one rate for every FLOP, the roofline kept; FP8's attention at the BF16
+peak x that share); a calibration from ``tandem bench train`` replaces the whole compute model with the
+model's own measured rate.
 """
 
 from __future__ import annotations
@@ -34,13 +37,13 @@ class ArchEfficiency:
     arch: str
     linear: float | None      # linear layers' sustained share of peak at large shapes (None: the default)
     linear_source: str
-    attention: float          # fused attention kernels' rate over the linear layers' (1.0: as fast)
+    attention: float          # no published kernel figure: fused attention's rate over the linear layers'
     attention_source: str
-    unfused: float = 1.0      # attention without a fused kernel (s x s scores in memory) over the linear layers'
+    unfused: float = 1.0      # ... and unfused attention's (s x s scores in memory)
+    fused: str = ""           # the kernel the architecture's frameworks usually run (--flash-attention)
+    tensor_cores: bool = True  # gemm.py's measured tile/wave factor applies (BF16/FP16/FP8 tensor-core GEMMs)
 
 
-_FA2 = ("FlashAttention-2 reaches 50-73% of A100 peak (Dao 2023, arXiv 2307.08691) against ~80% for a large "
-        "GEMM: 0.615 / 0.8")
 _NO_LINEAR = "no architecture-specific figure: the default (Narayanan et al. 2021, 44-52% of A100 peak)"
 # FlashAttention-2 paper, Table 3 (8 x A100 80GB, end to end, sequence 2048): GPT-3 1.3B at 196 TFLOP/s and 2.7B
 # at 205 with FlashAttention-2, 142 and 149 without. Attention is s/6h / (1 + s/6h + V/12hL) of the FLOPs (0.133,
@@ -51,36 +54,33 @@ _NO_LINEAR = "no architecture-specific figure: the default (Narayanan et al. 202
 # / their gemm.shape_factor (0.958, 0.972) = 0.700 and 0.719 at large shapes: 0.71, their mean (0.67 before the
 # memory-bound time was charged apart). Without FlashAttention attention takes 1/0.455 - 1.293 - 0.083 = 0.822
 # and 1/0.478 - 1.271 - 0.068 = 0.755: 0.162 and 0.149 of peak, 0.242 and 0.213 of the linear layers' rate at
-# those shapes: 0.23. The runs' optimizer step is left in (their batch is not given): it would raise 0.71.
+# those shapes: 0.23 (A100_UNFUSED: 0.23 x 0.71 = 0.163 of peak). The runs' optimizer step is left in (their batch is not given): it would raise 0.71.
 _A100_LINEAR = ("FlashAttention-2 paper Table 3: GPT-3 1.3B / 2.7B end to end on 8 A100s at 196 / 205 TFLOP/s; "
                 "less attention at FlashAttention-2's rate and the memory-bound norms, adds, GeLU and loss, the "
                 "linear layers run at 0.700 / 0.719 of peak at large shapes: 0.71")
 _UNFUSED = 0.23
-_UNFUSED_SRC = ("FlashAttention-2 paper Table 3: the same models at 142 / 149 TFLOP/s without FlashAttention put "
-                "unfused attention (s x s scores in memory) at 0.242 / 0.213 of the linear layers' rate: 0.23")
-# H100: the sources publish end-to-end MFU, which holds the memory-bound time memory_bound.py now charges apart.
-# At GPT-3 175B's shape (Megatron-LM's strong-scaling model: sequence 4096, vocabulary 131072, fused kernels,
-# BF16) that time is 1.45% of compute and the optimizer step 0.13% of the step: 0.50 / (1 - 0.0158) = 0.508.
+# The H100 figure is an end-to-end MFU (attention, communication and everything else included) taken as the
+# linear layers' share: a linear-layer share is at least the MFU of the run it is in, so of the two published
+# figures the higher (Databricks' 50%) is the one that is a lower bound on it rather than a mix of terms; the
+# lower (Megatron-LM's 47%) would put NeMo's FP8 table (tests/plan/test_published_nemo_fp8.py) at 13.5% median.
 _H100_LINEAR = ("Databricks, 'Turbocharged Training: Optimizing the Databricks Mosaic AI Stack With FP8' (2024): "
-                "over 50% MFU in BF16 on 64 H100s; Megatron-LM's README: 47-48% end to end for its largest models "
-                "on 6144 H100s (41% at 2B): 0.50 end to end, / (1 - 0.0158) for the memory-bound ops and optimizer "
-                "step at GPT-3 175B's shape = 0.508")
+                "over 50% MFU in BF16 on 64 H100s, an end-to-end MFU taken as the linear layers' share (at least "
+                "the MFU: it leaves out attention and communication, so the higher of the two published figures; "
+                "Megatron-LM's README: 47-48% end to end for its largest models on 6144 H100s, 41% at 2B; 0.47 would "
+                "put NeMo's FP8 table at 13.5% median error); / (1 - 0.0158) for the memory-bound ops and optimizer "
+                "step memory_bound.py charges apart, at GPT-3 175B's shape = 0.508")
+# The sources' MFU holds the memory-bound time memory_bound.py now charges apart: at GPT-3 175B's shape
+# (Megatron-LM's strong-scaling model: sequence 4096, vocabulary 131072, fused kernels, BF16) that time is 1.45%
+# of compute and the optimizer step 0.13% of the step: 0.50 / (1 - 0.0158) = 0.508.
+_NO_KERNEL = ("no fused attention kernel (FlashAttention needs Ampere or later): batched GEMMs, as the linear "
+              "layers")
 ARCHS: dict[str, ArchEfficiency] = {a.arch: a for a in [
-    ArchEfficiency("pascal", None, _NO_LINEAR, 1.0,
-                   "no fused attention kernel (FlashAttention needs Ampere or later): batched GEMMs, as the linear "
-                   "layers"),
+    ArchEfficiency("pascal", None, _NO_LINEAR, 1.0, _NO_KERNEL, tensor_cores=False),
     ArchEfficiency("volta", 0.30, "Megatron-LM's single-V100 baseline sustains 39 TFLOP/s, 30% of peak "
-                   "(Shoeybi et al. 2019, sections 1 and 5.1)", 1.0,
-                   "no fused attention kernel (FlashAttention needs Ampere or later): batched GEMMs, as the linear "
-                   "layers"),
-    ArchEfficiency("ampere", 0.71, _A100_LINEAR, 0.615 / GEMM_SHARE, _FA2, _UNFUSED),
-    ArchEfficiency("ada", None, _NO_LINEAR, 0.615 / GEMM_SHARE,
-                   "no published figure for Ada: FlashAttention-2's A100 share assumed (same kernels)", _UNFUSED),
-    ArchEfficiency("hopper", 0.508, _H100_LINEAR, 0.75 / GEMM_SHARE,
-                   "FlashAttention-3 (and cuDNN's fused attention, which Transformer Engine runs) reaches 740 "
-                   "TFLOP/s, 75% of H100 BF16 peak (Shah et al. 2024, arXiv 2407.08608), against ~80% for a "
-                   "large GEMM: 0.75 / 0.8 (FlashAttention-2 on H100 reaches 35%: --efficiency to model it)",
-                   _UNFUSED),
+                   "(Shoeybi et al. 2019, sections 1 and 5.1)", 1.0, _NO_KERNEL),
+    ArchEfficiency("ampere", 0.71, _A100_LINEAR, 1.0, "", _UNFUSED, fused="fa2"),
+    ArchEfficiency("ada", None, _NO_LINEAR, 1.0, "", _UNFUSED, fused="fa2"),
+    ArchEfficiency("hopper", 0.508, _H100_LINEAR, 1.0, "", _UNFUSED, fused="cudnn"),
     ArchEfficiency("blackwell", None, _NO_LINEAR, 1.0, "no published figure: as fast as the linear layers",
                    _UNFUSED),
     ArchEfficiency("cdna3", None, _NO_LINEAR, 1.0, "no published figure: as fast as the linear layers", _UNFUSED),
@@ -91,6 +91,26 @@ GPU_ARCH = {"p100": "pascal", "v100-32gb": "volta", "a100-40gb": "ampere", "a100
             "h100-sxm": "hopper", "h100-sxm-500w": "hopper", "h100-pcie": "hopper", "h200": "hopper",
             "b200": "blackwell", "gb200": "blackwell", "mi300x": "cdna3"}
 
+# ---- Attention kernels: absolute share of the BF16 peak, forward and backward (planner's count: backward 2F)
+KERNELS = ("unfused", "fused", "fa2", "fa3", "cudnn")
+H100_PEAK = 989.4   # TFLOP/s, dense BF16, H100 SXM5: the FlashAttention-3 paper's GPU
+# FlashAttention-2 on A100 (Dao 2023, arXiv 2307.08691): "50-73% of the theoretical maximum FLOPs/s" (abstract);
+# its midpoint, 0.615, at sequence 2048 (Table 3's), forward and backward alike; other lengths follow the same
+# kernel's curve on H100 (ring.FWD_HD128 / BWD_HD128["fa2"], relative to 2048). Unfused attention on A100: Table
+# 3's runs without FlashAttention (derivation above), at 2048, flat (no A100 figure by length).
+A100_FA2, A100_REF_LEN, A100_UNFUSED = 0.615, 2048, _UNFUSED * 0.71
+KERNEL_SOURCE = {
+    ("hopper", "fa3"): "FlashAttention-3 on H100 (Shah et al. 2024, arXiv 2407.08608, head dim 128 figures)",
+    ("hopper", "cudnn"): "cuDNN fused attention on H100 (Transformer Engine's; FlashAttention-3 paper's figures)",
+    ("hopper", "fa2"): "FlashAttention-2 on H100: ~35% of peak (FlashAttention-3 paper's figures)",
+    ("hopper", "unfused"): "unfused attention on H100: the FlashAttention-3 paper's 'Standard attention' figures",
+    ("ampere", "fa2"): "FlashAttention-2 on A100: 50-73% of peak, 0.615 at 2k (Dao 2023), by length as on H100",
+    ("ampere", "unfused"): ("unfused attention (s x s scores in memory) at 0.161 of A100 peak: FlashAttention-2 "
+                            "paper Table 3's runs without it (142 / 149 TFLOP/s, 0.162 / 0.149)"),
+}
+KERNEL_SOURCE[("ada", "fa2")] = "no published figure for Ada: " + KERNEL_SOURCE[("ampere", "fa2")]
+KERNEL_SOURCE[("ada", "unfused")] = "no published figure for Ada: " + KERNEL_SOURCE[("ampere", "unfused")]
+
 
 def arch_of(gpu_name: str) -> ArchEfficiency | None:
     """The table row for a preset GPU; None for a custom one (cluster file) or a CPU host."""
@@ -99,54 +119,125 @@ def arch_of(gpu_name: str) -> ArchEfficiency | None:
 
 
 def linear(gpu_name: str, kind: str) -> float | None:
-    """The linear layers' share of peak for a transformer (or a bare parameter count) on this GPU, or None for
-    the planner's default."""
+    """The linear layers' share of peak for a transformer on this GPU, or None for the planner's default (a
+    bare --params model or a CNN: the default, which is an end-to-end figure)."""
     a = arch_of(gpu_name)
-    return a.linear if a is not None and kind in ("gpt", "params") else None
+    return a.linear if a is not None and kind == "gpt" else None
 
 
-def attention(gpu_name: str, fused: bool = True) -> float:
+def kernel(gpu_name: str, t, cp: int = 1) -> str:
+    """The attention kernel a plan runs: --attention-kernel, "fused" the architecture's usual one; ring attention
+    (cp > 1) is built on fused kernels, and torch's context_parallel runs SDPA's flash backend (FlashAttention-2)."""
+    k = t.attention_kernel
+    if cp > 1 and k == "unfused":
+        k = "fused"
     a = arch_of(gpu_name)
-    return 1.0 if a is None else a.attention if fused else a.unfused
+    if k == "fused":
+        k = a.fused if a is not None and a.fused else "fused"
+    if cp > 1 and t.cp_impl == "torch" and k in ("cudnn", "fa3"):
+        k = "fa2"
+    return k
 
 
-def attention_source(gpu_name: str, fused: bool = True) -> str:
+def _figure(a: ArchEfficiency | None, k: str) -> str | None:
+    """Which published curve an (architecture, kernel) reads: hopper its own, ampere/ada FlashAttention-2's."""
+    if a is None or (a.arch, k) not in KERNEL_SOURCE:
+        return None
+    return a.arch if a.arch == "hopper" else "ampere"
+
+
+def has_curve(gpu_name: str, k: str) -> bool:
+    return _figure(arch_of(gpu_name), k) is not None and k != "unfused"
+
+
+def kernel_shares(gpu_name: str, k: str, length: float, ring: bool = False) -> tuple[float, float] | None:
+    """(forward, backward) share of the BF16 peak in the planner's FLOP count (backward 2 x forward), or None
+    where no figure is published (attention then runs at the linear layers' rate x the row's factor)."""
+    from tandem.plan import ring as R
+
+    fig = _figure(arch_of(gpu_name), k)
+    if fig == "hopper" and k == "unfused":   # the s x s square computed whole, then masked
+        return R.speed(k, length) / H100_PEAK, R.speed(k, length, True) * 2 / R.BWD_FLOPS / H100_PEAK
+    if fig == "hopper":
+        # papers count backward as 2.5 F: in the planner's 2 F it runs at 2 / 2.5 of its TFLOP/s. A causal kernel
+        # computes half the square the planner counts (x 2 in its count): at the causal figure's speed on one
+        # sequence; under cp the ring's blocks are mostly unmasked halves: the non-causal speed
+        sp = (lambda bwd: R.speed(k, length, bwd)) if ring else (lambda bwd: R.causal_speed(k, length, bwd))
+        return 2 * sp(False) / H100_PEAK, 2 * sp(True) * 2 / R.BWD_FLOPS / H100_PEAK
+    if fig == "ampere" and k == "fa2":
+        return (A100_FA2 * R.speed("fa2", length) / R.speed("fa2", A100_REF_LEN),
+                A100_FA2 * R.speed("fa2", length, True) / R.speed("fa2", A100_REF_LEN, True))
+    if fig == "ampere":
+        return A100_UNFUSED, A100_UNFUSED
+    return None
+
+
+def attention_source(gpu_name: str, k: str) -> str:
     a = arch_of(gpu_name)
-    return "" if a is None else a.attention_source if fused or a.unfused == 1.0 else _UNFUSED_SRC
+    if a is None:
+        return ""
+    if _figure(a, k):
+        return KERNEL_SOURCE[(a.arch, k)]
+    if k == "unfused" and a.unfused != 1.0:
+        return "no published figure: " + KERNEL_SOURCE[("ampere", "unfused")] + ", as a share of the linear rate"
+    return a.attention_source or "no published figure: as fast as the linear layers"
 
 
-def attention_rate(c, t, rate: float, eff: float) -> float:
-    """FLOP/s of attention's QK^T and AV on cluster ``c`` for training ``t``: the bf16 rate under FP8
-    (Transformer Engine runs only the linear layers in FP8), times the architecture's attention-kernel speed
-    over the linear layers' (fused or not) unless --efficiency says the one rate for all."""
-    if t.precision == "fp8":   # eff is the FP8 linear share: attention runs at BF16's
+def attention_times(c, t, s, flops_fwd: float, rc: int, rate: float, eff: float, length: float) -> tuple[float, str]:
+    """(seconds, kernel) of attention's QK^T and AV: ``flops_fwd`` one forward's FLOPs per GPU, run 1 + rc times
+    forward and once backward (2 x), at the kernel's published share of the BF16 peak by length; with --efficiency
+    or no figure, at the linear layers' (BF16) rate x the row's factor."""
+    k = kernel(c.gpu.name, t, s.cp)
+    shares = kernel_shares(c.gpu.name, k, length, s.cp > 1) if t.efficiency is None else None
+    prec = "bf16" if t.precision == "fp8" else t.precision
+    if shares is not None and prec in ("bf16", "fp16"):   # a calibrated rate is a GEMM's at GEMM_SHARE of peak
+        peak = c.flops_ref(prec) / (GEMM_SHARE if prec in c.achieved_flops else 1.0)
+        return (1 + rc) * flops_fwd / (peak * shares[0]) + 2 * flops_fwd / (peak * shares[1]), k
+    if t.precision == "fp8":   # eff is the FP8 linear share (or --efficiency): attention runs at BF16's
         base = c.flops_ref("bf16") * (eff if t.efficiency is not None else eff / FP8_OVER_BF16)
     else:
         base = rate
-    return base if t.efficiency is not None else base * attention(c.gpu.name, t.flash_attention)
+    a = arch_of(c.gpu.name)
+    if t.efficiency is None and a is not None:
+        base *= a.unfused if k == "unfused" else a.attention
+    return (3 + rc) * flops_fwd / base, k
+
+
+def attention_rate(c, t, s, seq: int, rate: float, eff: float) -> float:
+    """FLOP/s (planner's count) of attention on the ring's blocks under cp (moe_cp.cp_comm's hiding window)."""
+    from tandem.plan import ring as R
+
+    secs, _ = attention_times(c, t, s, 1.0, 0, rate, eff, R.block_length(seq, s.cp) if s.cp > 1 else seq)
+    return 3.0 / secs
 
 
 def transformer_compute(m, c, t, s, hw_fpg: float, rate: float, eff: float) -> dict:
-    """Seconds of one step's compute per GPU for a transformer: linear layers at ``rate`` x their shape and
-    roofline factors (+ FP8 casts at the memory bandwidth), attention apart (tandem.plan.cost.evaluate)."""
+    """Seconds of one step's compute per GPU for a transformer: linear layers at ``rate`` x their GEMMs' shape
+    and roofline factor (+ FP8 casts at the memory bandwidth), attention at its kernel's rate (cost.evaluate)."""
     from tandem.plan import memory_bound as MB
     from tandem.plan import moe_cp as MC
+    from tandem.plan import ring as R
 
     g = m.gpt
     rc = {"none": 0, "selective": 3, "full": 1}[s.recompute]
-    attn_fpg = (3 + rc) * g.seq * g.layers * g.attn_score_fwd_flops_per_token() * t.global_batch / s.world
+    attn_fwd = g.seq * g.layers * g.attn_score_fwd_flops_per_token() * t.global_batch / s.world
+    attn_fpg = (3 + rc) * attn_fwd
     fp8 = t.precision == "fp8"
     shape = MC.cp_shape(g, s.cp) if s.cp > 1 else g
-    roof = G.roofline(shape, s.tp, s.micro_batch, 1 if fp8 else t.bytes["act"], rate, c.gpu.memory_Bps)
-    tiles = G.shape_factor(shape, s.tp, fp8) if t.efficiency is None else 1.0
-    attn_s = attn_fpg / attention_rate(c, t, rate, eff)
+    a = arch_of(c.gpu.name)
+    # measured tile/wave factor: tensor-core GEMMs only (not a CPU calibration, a custom GPU, fp32/tf32)
+    tensor = t.efficiency is None and a is not None and a.tensor_cores and t.precision in ("bf16", "fp16", "fp8")
+    elt = 1 if fp8 else t.bytes["act"]
+    lin, roof, tiles = G.linear_factor(shape, s.tp, s.micro_batch, elt, rate, c.gpu.memory_Bps, fp8, tensor)
+    attn_s, k = attention_times(c, t, s, attn_fwd, rc, rate, eff,
+                                R.block_length(g.seq, s.cp) if s.cp > 1 else g.seq)
     cast_s = 0.0
     if fp8 and t.efficiency is None and c.gpu.memory_Bps > 0:
         micro = t.global_batch // s.dp // s.micro_batch
-        act, wt = G.fp8_cast_bytes(shape, s.tp, s.micro_batch * shape.seq)
+        act, wt = G.fp8_cast_bytes(shape, s.tp, s.micro_batch * shape.seq, getattr(m, "moe", None), s.ep)
         cast_s = (act * micro + wt) / s.pp / c.gpu.memory_Bps
-    linear_s = (hw_fpg - attn_fpg) / (rate * roof * tiles)
+    linear_s = (hw_fpg - attn_fpg) / (rate * lin)
     # norms, adds, activations, rotary, loss: memory-bound (--efficiency: the one measured rate holds them)
     mem_s = MB.step_seconds(m, c, t, s) if t.efficiency is None else 0.0
-    return dict(compute=linear_s + attn_s + cast_s + mem_s, attn_s=attn_s, gemm=roof * tiles, roofline=roof,
-                tiles=tiles, cast_s=cast_s, mem_s=mem_s)
+    return dict(compute=linear_s + attn_s + cast_s + mem_s, attn_s=attn_s, gemm=lin, roofline=roof, tiles=tiles,
+                cast_s=cast_s, mem_s=mem_s, kernel=k, attn_ratio=attn_fpg / attn_s / rate if attn_s and rate else 1.0)

@@ -216,13 +216,14 @@ def explain(p: Plan) -> list[str]:
                    f"{p.efficiency:.2f} efficiency"
                    + (f", except attention (QK^T, AV: {ms(p.attn_bf16_s / p.stage_imbalance)}) at the bf16 rate "
                       f"(Transformer Engine runs only the linear layers in FP8)" if p.attn_bf16_s else "")
-                   + (f"; attention (QK^T, AV: {ms(p.attn_s / p.stage_imbalance)}) at {p.attn_ratio:.3g} of that "
-                      f"rate ({E.attention_source(c.gpu.name, t.flash_attention)})" if p.attn_ratio != 1.0 else "")
-                   + (f", the linear layers at {p.gemm_roofline * p.gemm_shape:.3g} of it ({p.gemm_shape:.3g} for "
+                   + (f"; attention (QK^T, AV: {ms(p.attn_s / p.stage_imbalance)}, {p.attn_kernel}) at "
+                      f"{p.attn_ratio:.3g} of that rate ({E.attention_source(c.gpu.name, p.attn_kernel)})"
+                      if abs(p.attn_ratio - 1.0) > 5e-4 else "")
+                   + (f", the linear layers at {p.linear_share:.3g} of it ({p.gemm_shape:.3g} for "
                       f"their GEMM shapes at tp {s.tp}: measured {'FP8' if t.precision == 'fp8' else 'BF16'} GEMM "
                       f"speeds by N and K, gemm.py; x {p.gemm_roofline:.3g} roofline at micro-batch {s.micro_batch}"
                       f" x {m.gpt.seq} tokens over {si(c.gpu.memory_Bps, 'B/s')})"
-                      if p.gemm_roofline * p.gemm_shape < 0.9995 and m.gpt else "")
+                      if p.linear_share < 0.9995 and m.gpt else "")
                    + (f", + FP8 casts {ms(p.fp8_cast_s / p.stage_imbalance)} (4 B per element of each linear "
                       f"layer's input and output gradient, every micro-batch, and of the weights once, at "
                       f"{si(c.gpu.memory_Bps, 'B/s')})" if p.fp8_cast_s else "")

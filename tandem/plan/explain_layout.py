@@ -62,12 +62,12 @@ def cp_sentence(p: Plan, o, link: str) -> str:
                 f"{ms(bb)} backward: exposed = steps x (max(0, {ms(sf)} - {ms(bf)}){rc} + max(0, {ms(sb)} - "
                 f"{ms(bb)}))")
     L = RING.block_length(g.seq, s.cp)
-    share = RING.block_share(p.cluster.gpu.name, impl, g.seq, s.cp)
-    kern = RING.KERNEL[impl]
+    kern = p.attn_kernel or RING.KERNEL[impl]
+    share = RING.block_share(p.cluster.gpu.name, impl, g.seq, s.cp, kern)
     blocks = (f". The ring's attention kernels run on blocks of s/(cp x sqrt 2) = {L:.0f} tokens: {kern} at "
-              f"{RING.speed(kern, L):.0f} against {RING.speed(kern, g.seq):.0f} TFLOP/s on the whole {g.seq} "
-              f"(FlashAttention-3 paper, H100, head dim 128): attention at x {share:.4g} of its rate" if share != 1
-              else "")
+              f"{RING.train_speed(kern, L):.0f} against {RING.train_speed(kern, g.seq):.0f} TFLOP/s forward + "
+              f"backward on the whole {g.seq} (FlashAttention-3 paper, H100, head dim 128): x {share:.4g}, in "
+              f"attention's rate above" if share != 1 else "")
     merge = (f"; torch merges the partial outputs in eager fp32 ops: (cp-1) x layers x micro-batches x ({passes} x "
              f"({RING.MERGE_Q[0]} B x b s/cp h/tp + {RING.MERGE_KV[0]} B x 2 b s/cp kv) + {RING.MERGE_Q[1]} B x "
              f"b s/cp h/tp + {RING.MERGE_KV[1]} B x 2 b s/cp kv) / {si(p.cluster.gpu.memory_Bps, 'B/s')} HBM = "

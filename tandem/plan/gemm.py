@@ -97,6 +97,32 @@ def _linear_share(K: int, N: int, fp8: bool) -> float:
     return 3 / sum(1 / (bf16_share(n, k) * (fp8_gain(k8) if fp8 else 1.0)) for n, k, k8 in parts)
 
 
+def linear_factor(g: GPTShape, tp: int, micro_batch: int, elt_bytes: float, rate: float, mem_Bps: float,
+                  fp8: bool = False, tiles: bool = True) -> tuple[float, float, float]:
+    """(combined, roofline alone, tile share alone) of ``rate`` the linear layers keep. Combined per GEMM:
+    sum(FLOPs) / sum(max(FLOPs / tile share, bytes x rate/BW)): the tile factor slows compute-bound GEMMs only,
+    a memory-bound one runs at the bandwidth whatever its tiles (``tiles`` False: share 1, e.g. a CPU)."""
+    shape = (g.layers, g.hidden, g.kv_dim, g.ffn, g.gated, g.vocab)
+    ridge = rate / mem_Bps if mem_Bps > 0 and rate > 0 else 0.0
+    return _combined(shape, tp, micro_batch * g.seq, elt_bytes, ridge, fp8, tiles)
+
+
+@lru_cache(maxsize=4096)
+def _combined(shape: tuple, tp: int, tokens: int, elt_bytes: float, ridge: float, fp8: bool, tiles: bool):
+    flops = slow = roof = tile = 0.0
+    for M, K, N, n in _gemms(shape, tp, tokens):
+        f = 2.0 * M * N * K
+        share = _linear_share(K, N, fp8) if tiles else 1.0
+        mem = elt_bytes * (M * K + K * N + M * N) * ridge
+        flops += n * f
+        slow += n * max(f / share, mem)
+        roof += n * max(f, mem)
+        tile += n * f / share
+    if not slow:
+        return 1.0, 1.0, 1.0
+    return flops / slow, flops / roof, flops / tile
+
+
 def shape_factor(g: GPTShape, tp: int, fp8: bool = False) -> float:
     """Share of the large-shape linear rate a transformer's linear layers keep at their (tp-split) shapes."""
     return _shape_factor((g.layers, g.hidden, g.kv_dim, g.ffn, g.gated, g.vocab), tp, fp8)
@@ -112,15 +138,31 @@ def _shape_factor(shape: tuple, tp: int, fp8: bool) -> float:
     return flops / slow if slow else 1.0
 
 
-def fp8_cast_bytes(g: GPTShape, tp: int, tokens: int) -> tuple[float, float]:
+def fp8_cast_bytes(g: GPTShape, tp: int, tokens: int, moe=None, ep: int = 1) -> tuple[float, float]:
     """Bytes one GPU's FP8 casts move, as Transformer Engine runs them (delayed scaling: the amax comes out of
     the cast kernel itself, its scale from earlier steps): (per micro-batch, per step). Each linear layer's
     input and output gradient are read in BF16 (2 B) and written in FP8 twice, as is and transposed for the
     weight-gradient GEMM (Hopper's FP8 tensor cores take only the TN layout): 4 B an element, every
     micro-batch; the weights likewise, once a step (TE casts them on the first micro-batch and keeps the FP8
-    copy: ``is_first_microbatch``). With tensor (and sequence) parallelism each rank casts its 1/tp share."""
+    copy: ``is_first_microbatch``). With tensor (and sequence) parallelism each rank casts its 1/tp share.
+    MoE (``moe``): each token's MLP casts run in its top_k routed (x capacity factor) and shared experts, and a
+    rank casts the weights of its experts / ep routed experts and the shared ones."""
     act = wt = 0.0
-    for M, K, N, n in _gemms((g.layers, g.hidden, g.kv_dim, g.ffn, g.gated, g.vocab), 1, tokens):
+    gemms = _gemms((g.layers, g.hidden, g.kv_dim, g.ffn, g.gated, g.vocab), 1, tokens)
+    if moe is not None:
+        b = moe.base
+        gemms = _gemms((b.layers, b.hidden, b.kv_dim, b.ffn, b.gated, b.vocab), 1, tokens)
+        mlp_act = moe.top_k * moe.capacity_factor + moe.shared
+        mlp_wt = moe.experts / ep + moe.shared
+        Lm, Ld = moe.moe_layers, b.layers - moe.moe_layers
+        up = (2 if b.gated else 1) * moe.expert_ffn
+        h = b.hidden
+        ex = [(tokens, h, up, Lm), (tokens, moe.expert_ffn, h, Lm)]
+        for M, K, N, n in ex:
+            act += n * mlp_act * FP8_CAST_BYTES * M * (K + N)
+            wt += n * mlp_wt * FP8_CAST_BYTES * K * N
+        gemms = gemms[:2] + [(M, K, N, Ld) for M, K, N, _ in gemms[2:4]] + gemms[4:]
+    for M, K, N, n in gemms:
         act += n * FP8_CAST_BYTES * M * (K + N)
         wt += n * FP8_CAST_BYTES * K * N
     return act / tp, wt / tp

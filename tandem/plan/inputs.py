@@ -50,6 +50,7 @@ class PlanArgs:
     overlap_param_gather: bool | None = None
     grad_reduce: str | None = None
     flash_attention: bool | None = None
+    attention_kernel: str | None = None
     cp_impl: str | None = None
     stage_layers: str | None = None
     compute_time: float | None = None
@@ -105,6 +106,7 @@ def from_job_spec(path: str) -> dict:
         out.update(layers=m.layers, hidden=m.hidden, heads=m.heads, kv_heads=m.kv_heads, ffn=m.ffn, seq=m.seq,
                    vocab=m.vocab)
         out["_tied"] = m.tied
+        out["_fused"] = True   # tandem/models/gpt.py runs torch's SDPA: fused kernels, no score matrix stored
     if spec.model.name in CNN_PRESETS and (spec.model.width != 64 or spec.model.small_input
                                            or spec.model.num_classes != 1000):
         out["_spec_model"] = spec.model
@@ -244,12 +246,20 @@ def resolve(a: PlanArgs) -> tuple[ModelStats, Cluster, Training, dict]:
     t = Training(global_batch=v["global_batch"], precision=v["precision"], optimizer=v["optimizer"],
                  efficiency=v.get("efficiency"), overlap=v["overlap"],
                  overlap_param_gather=bool(v.get("overlap_param_gather")), grad_reduce=v.get("grad_reduce"),
-                 flash_attention=bool(v.get("flash_attention")), compute_time_s=v.get("compute_time"),
-                 kernels=v.get("kernels") or "fused",
+                 flash_attention=fused_default(v, spec), attention_kernel=v.get("attention_kernel") or "",
+                 compute_time_s=v.get("compute_time"), kernels=v.get("kernels") or "fused",
                  steps=v.get("steps"), tokens=v.get("tokens"), samples=samples, ref_batch=v.get("ref_batch") or 0,
                  warmup_steps=v.get("warmup_steps") or 0, threads_per_worker=v.get("threads_per_worker"),
                  cp_impl=v.get("cp_impl") or "megatron")
     return m, c, t, v
+
+
+def fused_default(v: dict, spec: dict) -> bool:
+    """--flash-attention as given; else fused for tandem's own GPT (SDPA) and for ring attention (cp > 1: built on
+    fused kernels), unfused otherwise (Korthikanti et al.'s eager attention, the published baselines')."""
+    if v.get("flash_attention") is not None:
+        return bool(v["flash_attention"])
+    return bool(spec.get("_fused")) or (isinstance(v.get("cp"), int) and v["cp"] > 1)
 
 
 DEGREE_FLAGS = {"dp", "tp", "pp", "cp", "ep", "zero", "hsdp"}

@@ -311,7 +311,7 @@ def cp_ep_ops(m, c: Cluster, s, by: dict, mb: int, stage_layers: int, attn_rate:
     g = m.gpt
     if s.cp > 1:
         grp = layout(s.cp, s.tp, c.gpus_per_node)
-        rate = attn_rate * RING.block_share(c.gpu.name, impl, g.seq, s.cp)   # the ring's shorter blocks
+        rate = attn_rate   # at the ring's block length already (efficiency.attention_rate)
         r = cp_comm(replace(g, layers=stage_layers), s.micro_batch, s.cp, by["act"], rate, c,
                     grp.crosses_nodes, fwd_passes, s.tp, impl)
         out.append(dict(name="cp-ring", collective="send_recv", bytes=r["bytes_per_step"],

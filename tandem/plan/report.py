@@ -142,9 +142,9 @@ def assumptions(p: Plan, given: set[str], mb_auto: bool) -> list[str]:
                    f"({'given' if s.stage_layers else 'balanced split; --stage-layers to change'})")
     if p.attn_bf16_s:
         out.append("fp8 on the linear layers only, attention at the bf16 rate (Transformer Engine default)")
-    if p.gemm_roofline * p.gemm_shape < 0.9995:
-        out.append(f"linear layers at {p.gemm_roofline * p.gemm_shape:.3g} of the rate: their GEMM shapes "
-                   f"({p.gemm_shape:.3g}, measured GEMM speeds) and memory-bound GEMMs ({p.gemm_roofline:.3g}, roofline)")
+    if p.linear_share < 0.9995:
+        out.append(f"linear layers at {p.linear_share:.3g} of the rate: per GEMM the slower of their shape "
+                   f"(tiles {p.gemm_shape:.3g}, measured GEMM speeds) and memory (roofline {p.gemm_roofline:.3g})")
     if p.fp8_cast_s:
         out.append("fp8 casts of each linear layer's input and gradient timed at the memory bandwidth")
     if p.compute_measured:
@@ -154,13 +154,13 @@ def assumptions(p: Plan, given: set[str], mb_auto: bool) -> list[str]:
     else:
         ref = "calibrated" if t.precision in c.achieved_flops else "datasheet peak"
         arch = E.arch_of(c.gpu.name) if E.linear(c.gpu.name, p.model.kind) else None
-        why = (f"the {arch.arch} figure for a transformer's linear layers"
-               + (" x 0.942 for FP8" if t.precision == "fp8" else "") + ", efficiency.py") if arch else \
-            "default for a " + KINDS.get(p.model.kind, p.model.kind)
+        fp8 = f" x {E.FP8_OVER_BF16:.3f} for FP8" if t.precision == "fp8" and p.model.kind == "gpt" else ""
+        why = (f"the {arch.arch} figure for a transformer's linear layers{fp8}, efficiency.py" if arch else
+               "default for a " + KINDS.get(p.model.kind, p.model.kind) + fp8
+               + (", an end-to-end figure" if p.model.kind == "params" else ""))
         out.append(f"efficiency {p.efficiency:.2f} of {ref} {t.precision} FLOP/s ({how('efficiency', why)})")
-    if p.attn_ratio != 1.0:
-        out.append(f"attention at {p.attn_ratio:.3g} of the linear layers' rate ("
-                   + ("published FlashAttention utilization" if t.flash_attention else
-                      "unfused, FlashAttention-2 paper's baseline; --flash-attention for fused kernels")
-                   + "; --efficiency sets one rate for all)")
+    if p.attn_s and t.efficiency is None and p.attn_kernel:
+        out.append(f"attention kernel {p.attn_kernel} at {p.attn_ratio:.3g} of the linear layers' rate ("
+                   + ("given" if "attention_kernel" in given or "flash_attention" in given else
+                      "default; --attention-kernel unfused|fused|fa2|fa3|cudnn to change") + ")")
     return out

@@ -6,13 +6,13 @@ p2p ring (``moe_cp.cp_comm``).
 sequence: load-balanced causal ring attention (Megatron-core, torch) cuts the sequence in 2 x cp chunks, so a
 step pairs s/cp queries with s/(2 cp) keys or the reverse; the planner takes the geometric mean,
 s / (cp x sqrt 2). Fused attention kernels are slower on short sequences: Shah et al. 2024 (FlashAttention-3,
-arXiv:2407.08608), figure "Attention forward speed, head dim 128 (H100 80GB SXM5)", batch x length = 16k
-tokens (``FWD_HD128``, TFLOP/s). The attention FLOPs under cp run at speed(block) / speed(s) of the unsplit
-kernel's rate (lengths interpolated in log2, clamped to the figure's 512..16k), with the kernel each
-implementation runs: Transformer Engine's fused attention is cuDNN's; torch's context_parallel runs SDPA's
-flash or memory-efficient backend only (torchtitan's train context: ``sdpa_kernel([FLASH_ATTENTION,
-EFFICIENT_ATTENTION])``, "currently we only support these two SDP backends"), and PyTorch's flash backend is
-FlashAttention-2. The figure is an H100's: on other GPUs the factor is 1 (no such figure).
+arXiv:2407.08608), figures "Attention forward speed" and "Attention backward speed", head dim 128 (H100 80GB
+SXM5), batch x length = 16k tokens (``FWD_HD128``, ``BWD_HD128``, TFLOP/s). These curves are the attention-kernel
+model's (efficiency.py: absolute share of peak by kernel and length, forward and backward apart); under cp it
+reads them at the block length, with the kernel each implementation runs: Transformer Engine's fused attention
+is cuDNN's; torch's context_parallel runs SDPA's flash or memory-efficient backend only (torchtitan's train
+context: ``sdpa_kernel([FLASH_ATTENTION, EFFICIENT_ATTENTION])``, "currently we only support these two SDP
+backends"), and PyTorch's flash backend is FlashAttention-2.
 
 **torch's context_parallel** (``torch/distributed/tensor/experimental/_context_parallel/_attention.py``,
 torch 2.13; torchtitan's default ``context_parallel_rotate_method = "allgather"``):
@@ -36,37 +36,71 @@ import math
 
 CP_IMPLS = ("megatron", "torch")
 
-# Shah et al. 2024, FlashAttention-3, "Attention forward speed, head dim 128 (H100 80GB SXM5)", TFLOP/s
+# Shah et al. 2024, FlashAttention-3 (arXiv:2407.08608), H100 80GB SXM5, head dim 128, batch x length = 16k tokens,
+# TFLOP/s as the paper counts them (backward = 2.5 x forward FLOPs): figures "Attention forward speed" and
+# "Attention backward speed" (no causal mask). "unfused" is the figure's "Standard attention" (PyTorch, the s x s
+# scores in memory; out of memory at 16k: its 8k value held). The attention-kernel model (efficiency.py) reads
+# both directions; the ring's block-length factor below the same curves.
 LENGTHS = (512, 1024, 2048, 4096, 8192, 16384)
 FWD_HD128 = {"fa2": (309, 350, 362, 368, 370, 370),
              "cudnn": (497, 574, 617, 609, 600, 595),
-             "fa3": (467, 565, 625, 638, 646, 648)}
+             "fa3": (467, 565, 625, 638, 646, 648),
+             "unfused": (74, 100, 119, 133, 139, 139)}
+BWD_HD128 = {"fa2": (214, 260, 291, 310, 318, 322),
+             "cudnn": (305, 408, 465, 499, 518, 516),
+             "fa3": (316, 424, 501, 542, 559, 561),
+             "unfused": (104, 131, 159, 174, 181, 181)}
+# The same paper's causal forward figure (head dim 128): TFLOP/s counting the half of the s x s square a causal
+# kernel computes. No causal backward figure: backward's causal speed is taken as the non-causal one x forward's
+# causal / non-causal ratio at that length (causal_speed).
+FWD_CAUSAL_HD128 = {"fa2": (191, 260, 298, 319, 333, 335),
+                    "cudnn": (315, 410, 484, 518, 529, 539),
+                    "fa3": (292, 423, 521, 579, 602, 616)}
+BWD_FLOPS = 2.5   # the papers count backward as 2.5 x forward (recomputed scores); the planner 2 x
 KERNEL = {"megatron": "cudnn", "torch": "fa2"}
-HOPPER = ("h100-sxm", "h100-pcie", "h200")
+HOPPER = ("h100-sxm", "h100-sxm-500w", "h100-pcie", "h200")
 
 # torch's merges: HBM bytes per element per ring step (forward, backward), output elements and K/V elements
 MERGE_Q = (42, 16)
 MERGE_KV = (4, 26)
 
 
-def speed(kernel: str, length: float) -> float:
+def speed(kernel: str, length: float, backward: bool = False) -> float:
     """The kernel's TFLOP/s at ``length`` tokens (log2-interpolated in the figure, clamped to its range)."""
-    ys = FWD_HD128[kernel]
+    ys = (BWD_HD128 if backward else FWD_HD128)[kernel]
     x = min(max(math.log2(max(length, 1)), 9.0), 14.0) - 9.0
     i = min(int(x), 4)
     return ys[i] + (ys[i + 1] - ys[i]) * (x - i)
+
+
+def causal_speed(kernel: str, length: float, backward: bool = False) -> float:
+    """The kernel's TFLOP/s with a causal mask (on the half square it computes): the causal forward figure;
+    backward: the non-causal backward x that figure's causal / non-causal ratio."""
+    ys = FWD_CAUSAL_HD128[kernel]
+    x = min(max(math.log2(max(length, 1)), 9.0), 14.0) - 9.0
+    i = min(int(x), 4)
+    fwd = ys[i] + (ys[i + 1] - ys[i]) * (x - i)
+    return fwd * speed(kernel, length, True) / speed(kernel, length) if backward else fwd
+
+
+def train_speed(kernel: str, length: float) -> float:
+    """Forward + backward TFLOP/s in the planner's count (forward F, backward 2F): 3 / (1/fwd + 2.5/bwd)."""
+    return 3 / (1 / speed(kernel, length) + BWD_FLOPS / speed(kernel, length, True))
 
 
 def block_length(seq: int, cp: int) -> float:
     return seq / (cp * math.sqrt(2))
 
 
-def block_share(gpu: str, impl: str, seq: int, cp: int) -> float:
-    """Speed of the ring's per-step attention kernel over the same kernel on the whole sequence."""
-    if cp <= 1 or gpu not in HOPPER:
+def block_share(gpu: str, impl: str, seq: int, cp: int, kernel: str | None = None) -> float:
+    """Speed of the ring's per-step attention kernel over the same kernel on the whole sequence (forward and
+    backward together); 1.0 where the GPU has no such figure (efficiency.py's attention model decides)."""
+    from tandem.plan import efficiency as E
+
+    k = kernel or KERNEL[impl]
+    if cp <= 1 or not E.has_curve(gpu, k):
         return 1.0
-    k = KERNEL[impl]
-    return speed(k, block_length(seq, cp)) / speed(k, seq)
+    return train_speed(k, block_length(seq, cp)) / train_speed(k, seq)
 
 
 def kv_width(g, tp: int) -> int:
@@ -96,8 +130,9 @@ def torch_ring(kv: float, cp: int, link: tuple[float, float], block_f: float, bl
 
 
 def cp_attention(attn_s: float, g, s, c, impl: str, micro_batches: int) -> tuple[float, float]:
-    """(attention seconds on the ring's blocks, torch's merge seconds) of one step on one GPU; cp 1 as given."""
+    """(attention seconds, torch's merge seconds) of one step on one GPU. The blocks' shorter length is already in
+    ``attn_s`` (efficiency.attention_times reads the kernel's curve at block_length under cp)."""
     if s.cp <= 1:
         return attn_s, 0.0
     merge = merge_s(g, s, g.layers / s.pp, micro_batches, c.gpu.memory_Bps) if impl == "torch" else 0.0
-    return attn_s / block_share(c.gpu.name, impl, g.seq, s.cp), merge
+    return attn_s, merge

@@ -36,7 +36,8 @@ def test_each_alternative_with_memory_bytes_and_calls():
     # autocast keeps fp32 gradients: bf16 leaves the bytes alone; the compression hook halves them
     assert "exposed_comm_ms_if_bytes" not in rows["precision.dtype bf16"]
     assert rows["parallel.comm_hook bf16"]["exposed_comm_ms_if_bytes"] == pytest.approx(20.0)
-    assert rows["parallel.activation_checkpoint full"]["peak_mib"] < now["peak_mib"] - 2
+    # full checkpointing saves 1.75 MiB: tandem's GPT runs SDPA, so the plan stores no s x s scores without it
+    assert rows["parallel.activation_checkpoint full"]["peak_mib"] < now["peak_mib"] - 1.5
 
 
 def test_verdicts_that_propose_a_setting_get_the_planner_numbers():

@@ -85,5 +85,8 @@ def test_h100_share_is_the_end_to_end_figure_without_them():
     t = Training(global_batch=192, flash_attention=True, overlap_param_gather=True)
     p = evaluate(m, c, t, Strategy(dp=3, tp=4, pp=8, zero=1, micro_batch=1))
     mem = p.mem_bound_s / (p.compute_s - p.optimizer_s)
-    assert mem == pytest.approx(0.0145, abs=0.0005) and p.optimizer_s / p.step_s == pytest.approx(0.0013, abs=3e-4)
-    assert E.ARCHS["hopper"].linear == pytest.approx(0.50 / (1 - 0.0145 - 0.0013), abs=0.0005)
+    # 1.45% when the share was derived (attention then a factor of the linear rate); 1.50% with cuDNN's causal
+    # attention by length (faster attention, a larger memory-bound share): 0.50 / (1 - 0.0163) = 0.5083, the same
+    # 0.508 to the precision the sources carry
+    assert mem == pytest.approx(0.0150, abs=0.0005) and p.optimizer_s / p.step_s == pytest.approx(0.0013, abs=3e-4)
+    assert E.ARCHS["hopper"].linear == pytest.approx(0.50 / (1 - mem - p.optimizer_s / p.step_s), abs=0.0005)

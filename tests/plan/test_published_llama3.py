@@ -15,7 +15,8 @@ The paper's stated settings (§3.3, Table 4), given to the planner as stated:
   with the parameter gather overlapped.
 Assumptions (not stated in the paper): V, which the paper leaves open: the planner takes, per row, the
 fastest V from 2 to 7 (at 7 the 7-layer stages have one layer a chunk) that fits in 80 GB, as Meta tuned it;
-micro-batch 1; no recompute; fused (flash) attention; the default efficiency. Nothing fitted.
+micro-batch 1; no recompute; fused attention, cuDNN's (attention_kernel "cudnn": the kernel Transformer Engine runs
+on H100; the paper does not name Meta's kernel); the default efficiency. Nothing fitted.
 
 Measured when written (issue 14 asks 10% median, 25% max): -9.5% (V 5), -11.9% (V 4), -4.0% (V 7): median 9.5%,
 max 11.9%, all slow. With 1F1B (V 1) it was -28.0%, -40.5%, -37.2%: the bubble of 16 micro-batches on 16
@@ -35,6 +36,16 @@ hide behind. Term at fault: when the sharded gradients are reduced under a pipel
 defers FSDP's reduce-scatter to once a step (stage.py, perform_reduce_grad) at the cost of unsharded gradients
 between micro-batches; modelled that way the 8,192-GPU row no longer fits in 80 GB at any V, and torchtitan's
 405B 1F1B row goes to +55%, so the planner keeps the per-micro-batch reduction and this miss stands.
+
+With the attention-kernel model (efficiency.py: cuDNN's causal speed from the FlashAttention-3 paper, half the
+counted square): -7.1%, -9.6%, +31.8%: the two 8k-context rows improve and pass, the 131k-token CP 16 row is now
+FAST (+31.8%): on the ring the planner runs each causal half-block at the kernel's non-causal speed and leaves out
+the diagonal block's masking and the ring's load imbalance. Pinned at 9.6% / 31.8%; term at fault: ring
+attention's per-block kernel time at long context (ring.py / efficiency.kernel_shares with cp > 1).
+
+As merged (FP32 reduce-scatter, memory-bound ops, cuDNN attention by length): -15.7%, -17.6%, +31.5%: KNOWN MISS,
+pinned at 18% / 32%: the 8k rows slow by the FP32 reduce-scatter per micro-batch (above), the CP 16 row fast by
+the ring's per-block attention time (as torchtitan's CP rows).
 """
 
 from statistics import median
@@ -58,7 +69,7 @@ def _plan(gpus, tp, cp, pp, seq, _, virtual=None):
     """The row at ``virtual`` chunks a stage (1: plain 1F1B), else the fastest V that fits."""
     m = gpt_stats(GPTShape(seq=seq, **SHAPE), "llama3-405b")
     c = make_cluster("h100-sxm", 8, gpus // 8, inter="roce-400", nics_per_node=8)
-    t = Training(global_batch=TOKENS_PER_BATCH // seq, precision="bf16", optimizer="adamw", flash_attention=True,
+    t = Training(global_batch=TOKENS_PER_BATCH // seq, precision="bf16", optimizer="adamw", attention_kernel="cudnn",
                  overlap_param_gather=True)
     plans = []
     for v in (VIRTUAL if virtual is None else [virtual]):
@@ -73,7 +84,7 @@ def errors(virtual=None) -> dict[str, float]:
     return {f"{row[0]} cp{row[2]}": _plan(*row, virtual=virtual).tflops_per_gpu / row[-1] - 1 for row in TABLE_4}
 
 
-KNOWN_MISS = (0.17, 0.19)   # (median, max) pinned: see the docstring's last paragraph
+KNOWN_MISS = (0.18, 0.32)   # (median, max) pinned: see the docstring's last paragraph
 
 
 def test_model_tflops_per_gpu_known_miss():

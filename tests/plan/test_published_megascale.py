@@ -78,7 +78,11 @@ def test_step_time_known_miss():
     (-4.5% at 256 GPUs ... -16.5% at 12,288): a per-step time independent of dp is missing (next test), not
     data-parallel communication. With the memory-bound ops charged apart and the A100 linear share re-derived
     without them (memory_bound.py, efficiency.py 0.67 -> 0.71): median 15.0%, max 19.5%, every row fast (the time
-    a micro-batch now 4% short of the table's, the fixed part still a third). Pinned just above."""
+    a micro-batch now 4% short of the table's, the fixed part still a third). With the
+    attention-kernel model (FlashAttention-2 at its own 0.615 of A100 peak at 2048, where it ran at 0.615 / 0.8 x
+    the linear layers' 0.67 = 0.515 before; MegaScale runs FlashAttention-2): median 13.05%, max 19.6%, every row
+    a little faster (-5.4% at 256 GPUs to -19.6% at 12,288). With both: median 15.2%, max 19.8%
+    (-8.6% at 256 GPUs to -19.8% at 12,288). Pinned just above."""
     errs = {k: abs(e) for k, e in errors().items()}
     assert median(errs.values()) <= 0.16, errs
     assert max(errs.values()) <= 0.20, errs
@@ -116,5 +120,5 @@ def test_error_whatever_the_unstated_inputs_known_miss(virtual, recompute):
     # known miss under these alternatives (measured with the per-architecture compute model: median 2.8-11.7%,
     # max 10.4-18.9%; the selective-recompute rows within the issue's tolerance; with the memory-bound ops and the
     # A100 share re-derived without them, memory_bound.py: max up to 21.9%, median up to 16.0%)
-    assert max(errs.values()) <= 0.23, errs
-    assert median(errs.values()) <= 0.17, errs
+    assert max(errs.values()) <= 0.20, errs
+    assert median(errs.values()) <= 0.15, errs
