@@ -81,7 +81,8 @@ def plan_cmd(
                           "(world = dp x tp x pp x cp)."),
     ep: Optional[int] = O(None, help="Expert-parallel degree (MoE): experts split over ep of the dp ranks."),
     cp_impl: Optional[str] = O(None, "--cp-impl", help="Ring attention as megatron (Megatron-core/TE p2p ring, "
-                               "default) or torch (torch's context_parallel, as torchtitan runs it)."),
+                               "default), torch (torch's context_parallel, as torchtitan runs it) or allgather (Llama 3's "
+                               "all-gather CP)."),
     zero: Optional[int] = O(None, help="ZeRO stage 0-3 (3 = FSDP full shard)."),
     schedule: Optional[str] = O(None, help="Pipeline schedule: 1f1b | gpipe | interleaved."),
     virtual: Optional[int] = O(None, help="Interleaved: model chunks per stage (default 2)."),

@@ -57,8 +57,8 @@ class Training:
     warmup_steps: int = 0
     bucket_bytes: float = 25 * 1024**2       # DDP bucket_cap_mb (25 MiB default)
     threads_per_worker: int | None = None    # CPU workers' intra-op threads (None: cores / workers)
-    cp_impl: str = "megatron"                # ring attention: Megatron-core/TE's p2p ring, or torch's
-                                             # context_parallel as torchtitan runs it (tandem/plan/ring.py)
+    cp_impl: str = "megatron"                # ring attention: Megatron-core/TE's p2p ring, torch's context_parallel as
+                                             # torchtitan runs it, or Meta's all-gather CP (tandem/plan/ring.py)
     kernels: str = "fused"                   # what the framework fuses (memory_bound.py): fused (Megatron/NeMo/TE,
                                              # the default) | compiled (torch.compile) | eager (PyTorch eager)
     fused_loss: bool | None = None           # a fused cross-entropy kernel (None: as `kernels` has it; eager
@@ -70,7 +70,7 @@ class Training:
                               fix="give --global-batch >= 1")
         self.precision = _choice(self.precision, PRECISIONS, "precision")
         self.optimizer = _choice(self.optimizer.replace("_", "-"), OPTIMIZERS, "optimizer")
-        self.cp_impl = _choice(self.cp_impl, ("megatron", "torch"), "cp-impl")
+        self.cp_impl = _choice(self.cp_impl, ("megatron", "torch", "allgather"), "cp-impl")
         self.kernels = _choice(self.kernels, KERNELS, "kernels")
         if self.attention_kernel:
             self.attention_kernel = _choice(self.attention_kernel, ATTENTION_KERNELS, "attention-kernel")

@@ -183,16 +183,25 @@ def attention_source(gpu_name: str, k: str) -> str:
     return a.attention_source or "no published figure: as fast as the linear layers"
 
 
-def attention_times(c, t, s, flops_fwd: float, rc: int, rate: float, eff: float, length: float) -> tuple[float, str]:
+def attention_times(c, t, s, flops_fwd: float, rc: int, rate: float, eff: float, length: float,
+                    diagonal: float = 0.0) -> tuple[float, str]:
     """(seconds, kernel) of attention's QK^T and AV: ``flops_fwd`` one forward's FLOPs per GPU, run 1 + rc times
     forward and once backward (2 x), at the kernel's published share of the BF16 peak by length; with --efficiency
-    or no figure, at the linear layers' (BF16) rate x the row's factor."""
+    or no figure, at the linear layers' (BF16) rate x the row's factor. Under a ring (cp > 1, ``diagonal`` the
+    local chunk's s/cp tokens): 1/cp of the FLOPs are the diagonal step's causal block, at the causal speed at
+    s/cp (ring.diagonal_fraction), the rest the ring's unmasked blocks at ``length``."""
     k = kernel(c.gpu.name, t, s.cp)
     shares = kernel_shares(c.gpu.name, k, length, s.cp > 1) if t.efficiency is None else None
     prec = "bf16" if t.precision == "fp8" else t.precision
     if shares is not None and prec in ("bf16", "fp16"):   # a calibrated rate is a GEMM's at GEMM_SHARE of peak
+        from tandem.plan import ring as R
+
         peak = c.flops_ref(prec) / (GEMM_SHARE if prec in c.achieved_flops else 1.0)
-        return (1 + rc) * flops_fwd / (peak * shares[0]) + 2 * flops_fwd / (peak * shares[1]), k
+        d = R.diagonal_fraction(s.cp, t.cp_impl) if diagonal and s.cp > 1 else 0.0
+        diag = kernel_shares(c.gpu.name, k, diagonal, False) if d else None
+        parts = [(1 - d, shares)] + ([(d, diag)] if diag is not None else [])
+        return sum(w * ((1 + rc) * flops_fwd / (peak * sh[0]) + 2 * flops_fwd / (peak * sh[1]))
+                   for w, sh in parts), k
     if t.precision == "fp8":   # eff is the FP8 linear share (or --efficiency): attention runs at BF16's
         base = c.flops_ref("bf16") * (eff if t.efficiency is not None else eff / FP8_OVER_BF16)
     else:
@@ -230,7 +239,7 @@ def transformer_compute(m, c, t, s, hw_fpg: float, rate: float, eff: float) -> d
     elt = 1 if fp8 else t.bytes["act"]
     lin, roof, tiles = G.linear_factor(shape, s.tp, s.micro_batch, elt, rate, c.gpu.memory_Bps, fp8, tensor)
     attn_s, k = attention_times(c, t, s, attn_fwd, rc, rate, eff,
-                                R.block_length(g.seq, s.cp) if s.cp > 1 else g.seq)
+                                R.block_length(g.seq, s.cp) if s.cp > 1 else g.seq, g.seq / s.cp)
     cast_s = 0.0
     if fp8 and t.efficiency is None and c.gpu.memory_Bps > 0:
         micro = t.global_batch // s.dp // s.micro_batch

@@ -43,7 +43,7 @@ def cp_sentence(p: Plan, o, link: str) -> str:
     s, g, t = p.strategy, p.model.gpt, p.training
     sf, sb, bf, bb, passes, impl = o.detail
     chunk = g.seq // s.cp
-    layers = o.calls // max(1, (passes + 1) * (s.cp - 1) * p.grad_accum)
+    layers = o.calls // max(1, (passes + 1) * (1 if impl == "allgather" else s.cp - 1) * p.grad_accum)
     kvw = RING.kv_width(g, s.tp)
     head = (f"cp-ring: ring attention over cp {s.cp} GPUs on {link}: each holds s/cp = {g.seq}/{s.cp} = {chunk} "
             f"tokens; K and V of a chunk, 2 x b x s/cp x kv width (kv_dim / min(tp, kv heads)) = 2 x "
@@ -53,24 +53,45 @@ def cp_sentence(p: Plan, o, link: str) -> str:
         body = (f"; torch's context_parallel (all-gather rotation, torchtitan's default): forward all-gathers the "
                 f"{s.cp - 1} other chunks once ({ms(sf)}), hidden only behind the first block's attention "
                 f"(4 x b x (s/cp)^2 x h/tp FLOPs = {ms(bf)}), backward all-gathers them again (behind {ms(bb)}) and "
-                f"passes dK, dV in fp32 around the ring ({ms(sb)} a step, {s.cp - 1} steps, each behind {ms(bb)}): "
-                f"exposed = layers x (max(0, {ms(sf)} - {ms(bf)}){rc} + max(0, {ms(sf)} - {ms(bb)}) + {s.cp - 1} x "
-                f"max(0, {ms(sb)} - {ms(bb)}))")
+                f"passes dK, dV in fp32 around the ring ({ms(sb)} a step, {s.cp} sends: {s.cp - 1} each behind "
+                f"{ms(bb)}, the last waited for after the loop with nothing to hide it): exposed = layers x "
+                f"(max(0, {ms(sf)} - {ms(bf)}){rc} + max(0, {ms(sf)} - {ms(bb)}) + {s.cp - 1} x "
+                f"max(0, {ms(sb)} - {ms(bb)}) + {ms(sb)})")
+    elif impl == "allgather":
+        body = (f"; Meta's all-gather CP (Llama 3 paper §3.3.2): per layer and micro-batch one all-gather of the "
+                f"{s.cp} chunks' K and V ({ms(sf)}){rc} and one reduce-scatter of dK, dV backward ({ms(sb)}), "
+                f"both exposed (\"the all-gather communication latency is exposed in the critical path\"): "
+                f"layers x ({ms(sf)}{rc} + {ms(sb)})")
+        return (f"{head}{body} x {layers} layers x {p.grad_accum} micro-batches = {ms(o.exposed_s)}"
+                f"{_blocks(p, impl)}")
     else:
         body = (f"; per layer and micro-batch {s.cp - 1} steps pass them ({ms(sf)} a step forward, {ms(sb)} backward "
                 f"with dK, dV), each behind one block's attention, 4 x b x (s/cp)^2 x h/tp FLOPs = {ms(bf)} forward, "
                 f"{ms(bb)} backward: exposed = steps x (max(0, {ms(sf)} - {ms(bf)}){rc} + max(0, {ms(sb)} - "
                 f"{ms(bb)}))")
-    L = RING.block_length(g.seq, s.cp)
-    kern = p.attn_kernel or RING.KERNEL[impl]
-    share = RING.block_share(p.cluster.gpu.name, impl, g.seq, s.cp, kern)
-    blocks = (f". The ring's attention kernels run on blocks of s/(cp x sqrt 2) = {L:.0f} tokens: {kern} at "
-              f"{RING.train_speed(kern, L):.0f} against {RING.train_speed(kern, g.seq):.0f} TFLOP/s forward + "
-              f"backward on the whole {g.seq} (FlashAttention-3 paper, H100, head dim 128): x {share:.4g}, in "
-              f"attention's rate above" if share != 1 else "")
+    blocks = _blocks(p, impl)
     merge = (f"; torch merges the partial outputs in eager fp32 ops: (cp-1) x layers x micro-batches x ({passes} x "
              f"({RING.MERGE_Q[0]} B x b s/cp h/tp + {RING.MERGE_KV[0]} B x 2 b s/cp kv) + {RING.MERGE_Q[1]} B x "
              f"b s/cp h/tp + {RING.MERGE_KV[1]} B x 2 b s/cp kv) / {si(p.cluster.gpu.memory_Bps, 'B/s')} HBM = "
              f"{ms(p.cp_merge_s)} of compute" if p.cp_merge_s else "")
     return (f"{head}{body} over {s.cp - 1} steps x {layers} layers x {p.grad_accum} micro-batches = "
             f"{ms(o.exposed_s)} of {ms(o.time_s)}{blocks}{merge}")
+
+
+def _blocks(p: Plan, impl: str) -> str:
+    """The ring's kernels: unmasked blocks at s/(cp x sqrt 2) tokens, the diagonal step's causal block apart."""
+    s, g = p.strategy, p.model.gpt
+    L = RING.block_length(g.seq, s.cp)
+    kern = p.attn_kernel or RING.KERNEL[impl]
+    share = RING.block_share(p.cluster.gpu.name, impl, g.seq, s.cp, kern)
+    if share == 1:
+        return ""
+    d = RING.diagonal_fraction(s.cp, impl)
+    diag = (f"; the diagonal step (1/cp = {d:.4g} of the FLOPs: a causal block on s/cp = {g.seq / s.cp:.0f} tokens, "
+            f"torch's step i = 0 and TE's step 0 run with the causal mask) at the causal figure's "
+            f"{RING.causal_speed(kern, g.seq / s.cp):.0f} TFLOP/s forward" if d and kern in RING.FWD_CAUSAL_HD128
+            else "")
+    return (f". The ring's attention kernels run on blocks of s/(cp x sqrt 2) = {L:.0f} tokens: {kern} at "
+            f"{RING.train_speed(kern, L):.0f} against {RING.train_speed(kern, g.seq):.0f} TFLOP/s forward + "
+            f"backward on the whole {g.seq} (FlashAttention-3 paper, H100, head dim 128): x {share:.4g}{diag}, in "
+            f"attention's rate above")

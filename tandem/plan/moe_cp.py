@@ -165,6 +165,13 @@ def cp_comm(g: GPTShape, micro_batch: int, cp: int, act_bytes: int, block_rate: 
     if impl == "torch":
         r = RING.torch_ring(kv, cp, link, block_f, block_b, g.layers, fwd_passes)
         return {"bytes_per_step": kv, "steps": steps, **r, "block_f": block_f, "block_b": block_b}
+    if impl == "allgather":   # one all-gather of the cp chunks forward, one reduce-scatter of dK, dV backward
+        from tandem.plan.comm import collective, layout
+
+        grp = layout(cp, tp, c.gpus_per_node)
+        r = RING.allgather_cp(kv, cp, collective("all_gather", cp * kv, 1, grp, c)[0],
+                              collective("reduce_scatter", cp * kv, 1, grp, c)[0], g.layers, fwd_passes)
+        return {"bytes_per_step": kv, "steps": g.layers, **r, "block_f": block_f, "block_b": block_b}
     send_f = kv / link[0] + link[1]
     send_b = 2 * kv / link[0] + link[1]                           # K, V and dK, dV
     return {"bytes_per_step": kv, "steps": steps, "time_s": steps * (fwd_passes * send_f + send_b),
@@ -314,9 +321,10 @@ def cp_ep_ops(m, c: Cluster, s, by: dict, mb: int, stage_layers: int, attn_rate:
         rate = attn_rate   # at the ring's block length already (efficiency.attention_rate)
         r = cp_comm(replace(g, layers=stage_layers), s.micro_batch, s.cp, by["act"], rate, c,
                     grp.crosses_nodes, fwd_passes, s.tp, impl)
-        out.append(dict(name="cp-ring", collective="send_recv", bytes=r["bytes_per_step"],
-                        calls=r["steps"] * mb * (fwd_passes + 1), group=grp, link=link_name(grp, c),
-                        time_s=r["time_s"] * mb, exposed_s=r["exposed_s"] * mb, rule="ring-attention",
+        out.append(dict(name="cp-ring", collective="all_gather" if impl == "allgather" else "send_recv",
+                        bytes=r["bytes_per_step"], calls=r["steps"] * mb * (fwd_passes + 1), group=grp,
+                        link=link_name(grp, c), time_s=r["time_s"] * mb, exposed_s=r["exposed_s"] * mb,
+                        rule="none" if impl == "allgather" else "ring-attention",
                         window_s=r["block_f"], detail=(r["send_f"], r["send_b"], r["block_f"], r["block_b"],
                                                        fwd_passes, impl)))
     if s.ep > 1 and m.moe is not None:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 
-CP_IMPLS = ("megatron", "torch")
+CP_IMPLS = ("megatron", "torch", "allgather")
 
 # Shah et al. 2024, FlashAttention-3 (arXiv:2407.08608), H100 80GB SXM5, head dim 128, batch x length = 16k tokens,
 # TFLOP/s as the paper counts them (backward = 2.5 x forward FLOPs): figures "Attention forward speed" and
@@ -57,7 +57,7 @@ FWD_CAUSAL_HD128 = {"fa2": (191, 260, 298, 319, 333, 335),
                     "cudnn": (315, 410, 484, 518, 529, 539),
                     "fa3": (292, 423, 521, 579, 602, 616)}
 BWD_FLOPS = 2.5   # the papers count backward as 2.5 x forward (recomputed scores); the planner 2 x
-KERNEL = {"megatron": "cudnn", "torch": "fa2"}
+KERNEL = {"megatron": "cudnn", "torch": "fa2", "allgather": "cudnn"}
 HOPPER = ("h100-sxm", "h100-sxm-500w", "h100-pcie", "h200")
 
 # torch's merges: HBM bytes per element per ring step (forward, backward), output elements and K/V elements
@@ -92,6 +92,16 @@ def block_length(seq: int, cp: int) -> float:
     return seq / (cp * math.sqrt(2))
 
 
+def diagonal_fraction(cp: int, impl: str) -> float:
+    """Share of a GPU's ring attention FLOPs in the diagonal step's causal block. Both p2p rings (torch's
+    ``_templated_ring_attention``: step i = 0 runs SDPA with ``is_causal=True`` on both local chunks; Transformer
+    Engine's ``AttnFuncWithCPAndKVP2P``: step 0 with the causal mask) split the causal work in cp steps of equal
+    area (2 (s/2cp)^2 each: the diagonal's causal half of its (s/cp)^2 square, every other step a full
+    (s/cp) x (s/2cp) rectangle), so 1/cp of it runs masked, at the kernel's causal speed on s/cp tokens. Meta's
+    all-gather CP (``allgather``) runs each local query chunk once against the gathered prefix: no diagonal step."""
+    return 1.0 / cp if cp > 1 and impl in ("megatron", "torch") else 0.0
+
+
 def block_share(gpu: str, impl: str, seq: int, cp: int, kernel: str | None = None) -> float:
     """Speed of the ring's per-step attention kernel over the same kernel on the whole sequence (forward and
     backward together); 1.0 where the GPU has no such figure (efficiency.py's attention model decides)."""
@@ -120,13 +130,24 @@ def merge_s(g, s, layers: float, micro_batches: int, memory_Bps: float) -> float
 def torch_ring(kv: float, cp: int, link: tuple[float, float], block_f: float, block_b: float, layers: int,
                fwd_passes: int) -> dict:
     """torch's all-gather rotation of one micro-batch on one GPU over ``layers`` layers: ``kv`` the bf16 K and V
-    bytes of one chunk, ``link`` (bytes/s, latency), ``block_f``/``block_b`` one block's attention."""
+    bytes of one chunk, ``link`` (bytes/s, latency), ``block_f``/``block_b`` one block's attention. The backward
+    sends dK, dV at the end of every one of its cp steps (``dkv_rotater.exchange_buffers`` in the loop) and waits
+    for the last after the loop, with no block left to hide it (``dkv_rotater.next_buffer()`` before returning)."""
     gather = (cp - 1) * (kv / link[0] + link[1])              # (cp-1) chunks arrive, ring all-gather
     dkv = 2 * kv / link[0] + link[1]                          # dK, dV in fp32: twice the bf16 bytes
-    time = layers * (fwd_passes * gather + gather + (cp - 1) * dkv)
+    time = layers * (fwd_passes * gather + gather + cp * dkv)
     exposed = layers * (fwd_passes * max(0.0, gather - block_f) + max(0.0, gather - block_b)
-                        + (cp - 1) * max(0.0, dkv - block_b))
+                        + (cp - 1) * max(0.0, dkv - block_b) + dkv)
     return {"time_s": time, "exposed_s": exposed, "send_f": gather, "send_b": dkv}
+
+
+def allgather_cp(kv: float, cp: int, gather_s: float, scatter_s: float, layers: int, fwd_passes: int) -> dict:
+    """Meta's all-gather CP (Llama 3 paper, section 3.3.2): each layer all-gathers the cp chunks' K and V, then
+    computes attention of the local query chunks; "the all-gather communication latency is exposed in the
+    critical path". The backward reduce-scatters dK, dV back to their chunks (the all-gather's adjoint) before
+    the K/V projections' backward can use them: exposed too. ``gather_s``/``scatter_s`` one call's time."""
+    return {"time_s": layers * (fwd_passes * gather_s + scatter_s),
+            "exposed_s": layers * (fwd_passes * gather_s + scatter_s), "send_f": gather_s, "send_b": scatter_s}
 
 
 def cp_attention(attn_s: float, g, s, c, impl: str, micro_batches: int) -> tuple[float, float]:

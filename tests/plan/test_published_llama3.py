@@ -70,7 +70,7 @@ def _plan(gpus, tp, cp, pp, seq, _, virtual=None):
     m = gpt_stats(GPTShape(seq=seq, **SHAPE), "llama3-405b")
     c = make_cluster("h100-sxm", 8, gpus // 8, inter="roce-400", nics_per_node=8)
     t = Training(global_batch=TOKENS_PER_BATCH // seq, precision="bf16", optimizer="adamw", attention_kernel="cudnn",
-                 overlap_param_gather=True)
+                 overlap_param_gather=True, cp_impl="allgather")
     plans = []
     for v in (VIRTUAL if virtual is None else [virtual]):
         s = Strategy(dp=gpus // (tp * cp * pp), tp=tp, pp=pp, cp=cp, zero=2, micro_batch=1, ranks_per_node=8,
