@@ -59,6 +59,8 @@ class Training:
     threads_per_worker: int | None = None    # CPU workers' intra-op threads (None: cores / workers)
     cp_impl: str = "megatron"                # ring attention: Megatron-core/TE's p2p ring, torch's context_parallel as
                                              # torchtitan runs it, or Meta's all-gather CP (tandem/plan/ring.py)
+    kv_repeat: bool = False                  # K/V repeated to every query head before attention (GQA the kernel does
+                                             # not take: torchtitan's Llama, repeat_kv, Dec 2024): what the ring moves
     kernels: str = "fused"                   # what the framework fuses (memory_bound.py): fused (Megatron/NeMo/TE,
                                              # the default) | compiled (torch.compile) | eager (PyTorch eager)
     fused_loss: bool | None = None           # a fused cross-entropy kernel (None: as `kernels` has it; eager

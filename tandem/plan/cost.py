@@ -244,7 +244,7 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
     if m.gpt is not None and not measured and factors is None and rate:
         # linear layers at their GEMM shapes' rate, attention apart (FP8: attention stays BF16), FP8 casts
         cx = E.transformer_compute(m, c, t, s, hw_fpg, rate, eff)
-        attn_s, merge = RING.cp_attention(cx["attn_s"], m.gpt, s, c, t.cp_impl, mb)   # ring.py (cp > 1)
+        attn_s, merge = RING.cp_attention(cx["attn_s"], m.gpt, s, c, t.cp_impl, mb, t.kv_repeat)   # ring.py (cp > 1)
         compute, gemm = cx["compute"] - cx["attn_s"] + attn_s + merge, cx["roofline"]
         attn_bf16 = attn_s if t.precision == "fp8" else 0.0
     # the slowest pipeline stage sets the pace (compute x imbalance); fill and drain: the bubble (stages.py)
@@ -265,7 +265,8 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
     if m.gpt is not None and (s.cp > 1 or s.ep > 1):
         stage_n = max(counts) if counts else m.gpt.layers
         attn_rate = E.attention_rate(c, t, s, m.gpt.seq, rate, eff) if factors is None else rate
-        ops += [CommOp(**d) for d in MC.cp_ep_ops(m, c, s, by, mb, stage_n, attn_rate, s.recompute, t.cp_impl)]
+        ops += [CommOp(**d) for d in MC.cp_ep_ops(m, c, s, by, mb, stage_n, attn_rate, s.recompute, t.cp_impl,
+                                                         t.kv_repeat)]
     if m.gpt is not None and (s.tp > 1 or s.pp > 1):
         g = m.gpt
         act = s.micro_batch * g.seq // s.cp * g.hidden * by["act"]

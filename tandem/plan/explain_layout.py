@@ -44,9 +44,10 @@ def cp_sentence(p: Plan, o, link: str) -> str:
     sf, sb, bf, bb, passes, impl = o.detail
     chunk = g.seq // s.cp
     layers = o.calls // max(1, (passes + 1) * (1 if impl == "allgather" else s.cp - 1) * p.grad_accum)
-    kvw = RING.kv_width(g, s.tp)
+    kvw = RING.kv_width(g, s.tp, t.kv_repeat)
+    width = "h/tp: K/V repeated to the query heads" if t.kv_repeat else "kv_dim / min(tp, kv heads)"
     head = (f"cp-ring: ring attention over cp {s.cp} GPUs on {link}: each holds s/cp = {g.seq}/{s.cp} = {chunk} "
-            f"tokens; K and V of a chunk, 2 x b x s/cp x kv width (kv_dim / min(tp, kv heads)) = 2 x "
+            f"tokens; K and V of a chunk, 2 x b x s/cp x kv width ({width}) = 2 x "
             f"{s.micro_batch} x {chunk} x {kvw} x {t.bytes['act']} B = {si(o.bytes)}")
     rc = " x 2 (full recompute)" if passes > 1 else ""
     if impl == "torch":

@@ -149,14 +149,15 @@ def ep_comm(m: MoEShape, micro_batch: int, cp: int, ep: int, act_bytes: int, c: 
 
 
 def cp_comm(g: GPTShape, micro_batch: int, cp: int, act_bytes: int, block_rate: float, c: Cluster,
-            crosses_nodes: bool = False, fwd_passes: int = 1, tp: int = 1, impl: str = "megatron") -> dict:
+            crosses_nodes: bool = False, fwd_passes: int = 1, tp: int = 1, impl: str = "megatron",
+            kv_repeat: bool = False) -> dict:
     """Ring attention's K/V passing for one micro-batch on one GPU over all layers, and what the
     blocks' attention compute (at ``block_rate`` FLOP/s) leaves exposed; per GPU, tp splitting the heads
     (``impl`` "torch": torch's all-gather rotation, tandem/plan/ring.py)."""
     if cp <= 1:
         return {"bytes_per_step": 0.0, "steps": 0, "time_s": 0.0, "exposed_s": 0.0}
     chunk = g.seq / cp
-    kv = 2 * micro_batch * chunk * RING.kv_width(g, tp) * act_bytes   # K and V of one chunk on this GPU
+    kv = 2 * micro_batch * chunk * RING.kv_width(g, tp, kv_repeat) * act_bytes   # K and V of one chunk, this GPU
     link = (c.node_rate_Bps / c.gpus_per_node, c.inter.latency_s) if crosses_nodes else \
         (c.intra.rate_Bps, c.intra.latency_s)
     block_f = 4 * micro_batch * chunk * chunk * g.hidden / tp / block_rate
@@ -307,7 +308,7 @@ def check_cp_ep(m, s) -> str | None:
 
 
 def cp_ep_ops(m, c: Cluster, s, by: dict, mb: int, stage_layers: int, attn_rate: float, recompute: str,
-              impl: str = "megatron") -> list[dict]:
+              impl: str = "megatron", kv_repeat: bool = False) -> list[dict]:
     """Ring attention's K/V exchange and MoE token routing of one step on the slowest stage's GPU, as
     CommOp fields: every micro-batch, every layer the stage holds; with full recompute the forward's
     share runs twice."""
@@ -320,7 +321,7 @@ def cp_ep_ops(m, c: Cluster, s, by: dict, mb: int, stage_layers: int, attn_rate:
         grp = layout(s.cp, s.tp, c.gpus_per_node)
         rate = attn_rate   # at the ring's block length already (efficiency.attention_rate)
         r = cp_comm(replace(g, layers=stage_layers), s.micro_batch, s.cp, by["act"], rate, c,
-                    grp.crosses_nodes, fwd_passes, s.tp, impl)
+                    grp.crosses_nodes, fwd_passes, s.tp, impl, kv_repeat)
         out.append(dict(name="cp-ring", collective="all_gather" if impl == "allgather" else "send_recv",
                         bytes=r["bytes_per_step"], calls=r["steps"] * mb * (fwd_passes + 1), group=grp,
                         link=link_name(grp, c), time_s=r["time_s"] * mb, exposed_s=r["exposed_s"] * mb,

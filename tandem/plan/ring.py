@@ -113,15 +113,17 @@ def block_share(gpu: str, impl: str, seq: int, cp: int, kernel: str | None = Non
     return train_speed(k, block_length(seq, cp)) / train_speed(k, seq)
 
 
-def kv_width(g, tp: int) -> int:
-    """K (or V) values per token on one GPU: kv heads split by tp, one head each when tp exceeds them."""
-    return g.kv_dim // min(tp, g.kv_heads)
+def kv_width(g, tp: int, repeat: bool = False) -> int:
+    """K (or V) values per token on one GPU: kv heads split by tp, one head each when tp exceeds them; ``repeat``:
+    the model repeats them to the query heads before attention (torchtitan's Llama at the commit of its Dec 2024
+    performance report, 9dec370: ``repeat_kv`` then SDPA, so torch's ring moves and merges h/tp values)."""
+    return g.hidden // tp if repeat else g.kv_dim // min(tp, g.kv_heads)
 
 
-def merge_s(g, s, layers: float, micro_batches: int, memory_Bps: float) -> float:
+def merge_s(g, s, layers: float, micro_batches: int, memory_Bps: float, repeat: bool = False) -> float:
     """torch's eager fp32 merges of one step on one GPU: (cp-1) ring steps x layers x micro-batches."""
     tokens = s.micro_batch * g.seq / s.cp
-    q, kv = tokens * g.hidden / s.tp, 2 * tokens * kv_width(g, s.tp)
+    q, kv = tokens * g.hidden / s.tp, 2 * tokens * kv_width(g, s.tp, repeat)
     passes = 2 if s.recompute == "full" else 1
     per_step = passes * (MERGE_Q[0] * q + MERGE_KV[0] * kv) + MERGE_Q[1] * q + MERGE_KV[1] * kv
     return (s.cp - 1) * layers * micro_batches * per_step / memory_Bps
@@ -150,10 +152,10 @@ def allgather_cp(kv: float, cp: int, gather_s: float, scatter_s: float, layers: 
             "exposed_s": layers * (fwd_passes * gather_s + scatter_s), "send_f": gather_s, "send_b": scatter_s}
 
 
-def cp_attention(attn_s: float, g, s, c, impl: str, micro_batches: int) -> tuple[float, float]:
+def cp_attention(attn_s: float, g, s, c, impl: str, micro_batches: int, repeat: bool = False) -> tuple[float, float]:
     """(attention seconds, torch's merge seconds) of one step on one GPU. The blocks' shorter length is already in
     ``attn_s`` (efficiency.attention_times reads the kernel's curve at block_length under cp)."""
     if s.cp <= 1:
         return attn_s, 0.0
-    merge = merge_s(g, s, g.layers / s.pp, micro_batches, c.gpu.memory_Bps) if impl == "torch" else 0.0
+    merge = merge_s(g, s, g.layers / s.pp, micro_batches, c.gpu.memory_Bps, repeat) if impl == "torch" else 0.0
     return attn_s, merge

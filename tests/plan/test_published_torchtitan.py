@@ -110,7 +110,7 @@ def _plan(name, seq, gpu, gpus, inter, dp, tp, pp, cp, local, recompute, precisi
     # the Float8 rows ran with torch.compile (the report has no Float8 row without it), the BF16 rows without;
     # attention: PyTorch SDPA's flash backend (FlashAttention-2)
     t = Training(global_batch=local * dp, precision=precision, optimizer="adamw", attention_kernel="fa2",
-                 cp_impl="torch", grad_reduce="fp32",
+                 cp_impl="torch", grad_reduce="fp32", kv_repeat=True,
                  kernels=kernels or ("compiled" if precision == "fp8" else "eager"))
     # interleaved: 2 stages a rank, torchtitan's default for its multi-stage schedules (generate_split_points)
     pipe = dict(schedule="interleaved", virtual=2, stage_layers=torchtitan_chunks(m.gpt.layers, 2 * pp)) \
