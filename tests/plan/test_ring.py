@@ -2,6 +2,7 @@
 all-gather rotation, fp32 dK/dV and merges, against hand arithmetic."""
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -43,7 +44,8 @@ def test_kv_bytes_and_block_flops_are_per_gpu_under_tp():
 
 def test_torch_all_gather_rotation_is_hidden_only_behind_the_first_block():
     """Across 10 GbE the all-gather outlasts the first block: exposed = layers x (passes x (AG - f) + (AG - b)
-    + (cp-1) x max(0, dKV - b)), AG = (cp-1) x (kv/B + alpha), dKV = 2 kv/B + alpha (fp32)."""
+    + (cp-1) x max(0, dKV - b) + dKV), AG = (cp-1) x (kv/B + alpha), dKV = 2 kv/B + alpha (fp32): cp sends of
+    dK, dV backward, the last waited for after the loop (torch's _templated_ring_attention_backward)."""
     g = GPTShape(layers=2, hidden=4096, heads=32, kv_heads=8, seq=16384, vocab=32000, gated=True, bias=False,
                  norm="rmsnorm", tied=False, learned_pos=False)
     c = make_cluster("h100-sxm", 1, 4, inter="eth-10")
@@ -54,9 +56,12 @@ def test_torch_all_gather_rotation_is_hidden_only_behind_the_first_block():
     ag, dkv = 3 * (kv / B + a), 2 * kv / B + a
     f = 4 * 4096 * 4096 * 4096 / rate
     assert r["send_f"] == pytest.approx(ag) and r["send_b"] == pytest.approx(dkv)
-    want = 2 * (2 * max(0, ag - f) + max(0, ag - 2 * f) + 3 * max(0, dkv - 2 * f))
+    want = 2 * (2 * max(0, ag - f) + max(0, ag - 2 * f) + 3 * max(0, dkv - 2 * f) + dkv)
     assert r["exposed_s"] == pytest.approx(want) and r["exposed_s"] > 0
-    assert r["time_s"] == pytest.approx(2 * (3 * ag + 3 * dkv))
+    assert r["time_s"] == pytest.approx(2 * (3 * ag + 4 * dkv))
+    # on NVLink every send hides behind its block but the last dK/dV one: layers x dKV exposed
+    nv = M.cp_comm(g, 1, 4, 2, rate, make_cluster("h100-sxm", 4, 1), impl="torch")
+    assert nv["exposed_s"] == pytest.approx(2 * nv["send_b"])
 
 
 def test_torch_merges_cost_hbm_time_and_slow_the_cp_rows():
@@ -73,3 +78,54 @@ def test_torch_merges_cost_hbm_time_and_slow_the_cp_rows():
     assert torch.cp_merge_s == pytest.approx(want) and mega.cp_merge_s == 0.0
     assert torch.compute_s == pytest.approx(mega.compute_s + want)
     assert 0.01 < want / torch.step_s < 0.05    # 1-5% of a 262k-token step: not what the published rows miss
+
+
+def test_the_diagonal_step_runs_at_the_causal_speed():
+    """1/cp of the ring's FLOPs are the diagonal step's causal block on s/cp tokens (torch's step i = 0, TE's step 0),
+    the rest unmasked blocks of s/(cp sqrt 2): attention time = F x (1/cp / causal share(s/cp) + (cp-1)/cp /
+    ring share(block)), forward (1 + rc) F and backward 2 F apart; Meta's all-gather CP has no diagonal step."""
+    from tandem.plan import efficiency as E
+
+    assert R.diagonal_fraction(4, "torch") == R.diagonal_fraction(4, "megatron") == 0.25
+    assert R.diagonal_fraction(4, "allgather") == 0.0 and R.diagonal_fraction(1, "torch") == 0.0
+    m, c = gpt_stats(LLAMA3_8B), make_cluster("h100-sxm", 8, 1)
+    s = Strategy(dp=2, cp=4, zero=3, micro_batch=1)
+    t = Training(global_batch=2, precision="bf16", attention_kernel="fa2", cp_impl="torch")
+    flops = 1e15
+    ring = E.kernel_shares("h100-sxm", "fa2", R.block_length(262144, 4), True)
+    diag = E.kernel_shares("h100-sxm", "fa2", 65536, False)
+    peak = c.flops_ref("bf16")
+    want = sum(w * (flops / (peak * sh[0]) + 2 * flops / (peak * sh[1])) for w, sh in ((0.75, ring), (0.25, diag)))
+    got, k = E.attention_times(c, t, s, flops, 0, 0.0, 0.5, R.block_length(262144, 4), 65536)
+    assert k == "fa2" and got == pytest.approx(want)
+    # FlashAttention-2's causal forward at 16k is 335 against 370 unmasked (FlashAttention-3 paper): slower
+    assert got > E.attention_times(c, t, s, flops, 0, 0.0, 0.5, R.block_length(262144, 4))[0] * 1.02
+
+
+def test_allgather_cp_exposes_its_gather_and_scatter():
+    """Llama 3 §3.3.2: K/V all-gathered per layer, "exposed in the critical path"; dK/dV reduce-scattered back:
+    exposed = time = layers x (passes x AG(cp x kv) + RS(cp x kv)), comm.collective's times over the cp group."""
+    from tandem.plan.comm import collective, layout
+
+    g = replace(LLAMA3_8B, layers=4)
+    c = make_cluster("h100-sxm", 8, 2)
+    r = M.cp_comm(g, 1, 16, 2, 400e12, c, crosses_nodes=True, fwd_passes=2, tp=1, impl="allgather")
+    kv = 2 * (262144 // 16) * 1024 * 2
+    grp = layout(16, 1, 8)
+    ag, rs = collective("all_gather", 16 * kv, 1, grp, c)[0], collective("reduce_scatter", 16 * kv, 1, grp, c)[0]
+    assert r["bytes_per_step"] == kv and r["send_f"] == ag and r["send_b"] == rs
+    assert r["exposed_s"] == r["time_s"] == pytest.approx(4 * (2 * ag + rs))
+
+
+def test_kv_repeated_to_the_query_heads_moves_and_merges_h_over_tp():
+    """torchtitan's Llama (Dec 2024) repeats K/V to the 32 query heads before SDPA: torch's ring moves h/tp values
+    a token instead of kv_dim / min(tp, kv heads): 4x for Llama 3 8B, 16 heads of 128 under tp 8 for 405B."""
+    g = LLAMA3_8B
+    assert R.kv_width(g, 1, True) == 4096 and R.kv_width(g, 8, True) == 512 and R.kv_width(g, 8) == 128
+    c = make_cluster("h100-sxm", 8, 1)
+    plain, rep = (M.cp_comm(g, 1, 8, 2, 400e12, c, impl="torch", kv_repeat=x) for x in (False, True))
+    assert rep["bytes_per_step"] == 4 * plain["bytes_per_step"]
+    s = Strategy(dp=1, cp=8, zero=3, micro_batch=1)
+    q, kv = 32768 * 4096, 2 * 32768 * 4096
+    want = 7 * 32 * (42 * q + 4 * kv + 16 * q + 26 * kv) / c.gpu.memory_Bps
+    assert R.merge_s(g, s, 32, 1, c.gpu.memory_Bps, repeat=True) == pytest.approx(want)
