@@ -62,7 +62,7 @@ def cp_sentence(p: Plan, o, link: str) -> str:
         body = (f"; Meta's all-gather CP (Llama 3 paper §3.3.2): per layer and micro-batch one all-gather of the "
                 f"{s.cp} chunks' K and V ({ms(sf)}){rc} and one reduce-scatter of dK, dV backward ({ms(sb)}), "
                 f"both exposed (\"the all-gather communication latency is exposed in the critical path\"): "
-                f"layers x ({ms(sf)}{rc} + {ms(sb)})")
+                f"({ms(sf)}{rc} + {ms(sb)}) a layer")
         return (f"{head}{body} x {layers} layers x {p.grad_accum} micro-batches = {ms(o.exposed_s)}"
                 f"{_blocks(p, impl)}")
     else:
