@@ -17,7 +17,8 @@ generate_split_points (126 layers in 16 chunks: 7, 8 x 14, 7; chunk j on rank j 
 ScheduleInterleaved1F1B over 32 micro-batches. The CP rows run torch's context_parallel (`cp_impl="torch"`:
 all-gather K/V rotation, fp32 dK/dV ring and merges, SDPA's FlashAttention-2 kernel; tandem/plan/ring.py).
 Not checked: the memory column (see KNOWN MISSES); Table 6's CP 4 and CP 8 rows (131k, 262k tokens; left out
-when the file was written: +28.9% and +44.8% today).
+when the file was written: +28.9% and +44.8% then, +36.9% and +60.9% on bf33351, +31.0% and +49.2% with the ring's
+diagonal block, last dK/dV send and repeated K/V).
 
 KNOWN MISSES (issue 14 asks 10% median, 25% max). On main when written: H100 26.1% / 55.8% (all fast), A100 21.3% /
 26.6% (all slow). With the per-architecture compute model (efficiency.py, gemm.py; nothing fitted to this table)
