@@ -27,7 +27,14 @@ torch 2.13; torchtitan's default ``context_parallel_rotate_method = "allgather"`
   + half the steps' partial update (6 B on average): 16 B. Per element of K or V (b x s/cp x kv width):
   forward 4 B (K, V flattened and concatenated for the send), backward 26 B (dK += in fp32 10 B, partial
   update 4 B on average, the fp32 concatenation for the send 8 B, the K/V concatenation 4 B). Extra kernel
-  launches per step (tens of microseconds against milliseconds of attention a step) are left out.
+  launches per step (tens of microseconds against milliseconds of attention a step) are left out;
+- the backward's last dK/dV send is waited for after its loop: exposed whole.
+
+**The diagonal step** (``diagonal_fraction``): 1/cp of a GPU's ring FLOPs are step 0's causal block on s/cp
+tokens, at the kernel's causal speed (torch and Transformer Engine alike). **K/V repeated** to the query heads
+(``kv_width(repeat=True)``): torchtitan's Llama at its Dec 2024 report calls ``repeat_kv`` before SDPA, so the
+ring moves and merges h/tp values a token. **Meta's all-gather CP** (``allgather_cp``, Llama 3 paper section
+3.3.2): K/V all-gathered per layer, exposed, and dK/dV reduce-scattered back, exposed.
 """
 
 from __future__ import annotations
