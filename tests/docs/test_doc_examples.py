@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -53,21 +52,6 @@ def _run_blocks(seq: list[Block], box: Path) -> list[str]:
 # Sequences run at once (group= in doc_examples.py): on 2 cores a lone sequence keeps about one
 # busy (imports, process start-ups, rendezvous waits); three fill both without starving any.
 SIDE_BY_SIDE = 3
-STARTS_WORKERS = re.compile(r"^(?:\w+=\S+ )*tandem (demo|train|launch|generate|data)\b")
-WEIGHT = {"demo": 4, "train": 2}  # the rest: one process or one small worker group
-
-
-def _weight(seq: list[Block]) -> int:
-    """About how much a sequence runs (a training about twice a launch, the demo two trainings; a usage
-    error, exit 2, starts nothing): the heaviest sequences go first, so that no long one starts last
-    and runs alone on one core while the other idles."""
-    w = 0
-    for block in seq:
-        for cmd in block.commands():
-            m = STARTS_WORKERS.match(cmd.text)
-            if m and expected_exit(cmd, block) != 2:
-                w += WEIGHT.get(m.group(1), 1)
-    return w
 
 
 @pytest.mark.slow
@@ -77,8 +61,7 @@ def test_console_examples_run_and_print_what_the_doc_says(doc, tmp_path):
     runnable = [b for b in blocks(doc) if b.lang == "console" and not b.skip
                 and not b.plan_block]  # plan blocks: tests/plan/test_docs.py
     with ThreadPoolExecutor(max_workers=SIDE_BY_SIDE) as pool:
-        seqs = sorted(sequences(runnable), key=_weight, reverse=True)  # stable: document order among equals
-        problems = [p for found in pool.map(lambda seq: _run_blocks(seq, box), seqs) for p in found]
+        problems = [p for found in pool.map(lambda seq: _run_blocks(seq, box), sequences(runnable)) for p in found]
     assert not problems, "\n\n".join(problems)
 
 
