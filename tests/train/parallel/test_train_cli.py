@@ -4,6 +4,7 @@ refused before any process starts."""
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -49,9 +50,13 @@ def test_pp_run_prints_held_out_accuracy_equal_to_ddp(tmp_path):
     common = ["--model.tied", "false", "--schedule.micro_batch", "16", "--schedule.max_steps", "40",
               "--data.num_samples", "4096"]  # 57 steps an epoch: no short last step (pp leaves it out)
     out = {}
-    for name, extra in (("pp", ["--parallel.pp", "2"]), ("ddp", [])):
-        run = tmp_path / name
-        r = run_tandem("train", str(SPEC), *common, *extra, "--launch.run_dir", str(run))
+    jobs = {"pp": ["--parallel.pp", "2"], "ddp": []}
+    # side by side: independent runs (1 thread per worker either way), whose start-ups leave a core idle
+    with ThreadPoolExecutor(2) as pool:
+        done = {name: pool.submit(run_tandem, "train", str(SPEC), *common, *extra, "--launch.run_dir",
+                                  str(tmp_path / name)) for name, extra in jobs.items()}
+    for name, fut in done.items():
+        run, r = tmp_path / name, fut.result()
         assert r.returncode == 0, r.stderr[-3000:]
         result = json.loads((run / "result.json").read_text())
         line = next(x for x in r.stdout.splitlines() if x.startswith("done: "))
