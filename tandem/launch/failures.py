@@ -49,6 +49,13 @@ class Failure:
     def secondary(self) -> bool:
         return bool(_PEER_LOSS.search(self.message + self.traceback[-2000:]))
 
+    @property
+    def stopped(self) -> bool:
+        """Ended by SIGTERM/SIGKILL with no record of its own: how torchrun stops the other workers once one
+        has failed. Its time is torch's whole-second timestamp of when the agent noticed, which can sort it
+        ahead of the rank that really failed first (an EADDRINUSE seen in the README doc test)."""
+        return self.exitcode in (-signal.SIGTERM, -signal.SIGKILL) and not os.path.isfile(self.error_file)
+
 
 def from_child_failed(err, node: int, run_dir: Path, stderr_of: dict[int, str] | None = None) -> list[Failure]:
     """Failures of one agent's workers, from torch's ChildFailedError; ``stderr_of``: each rank's
@@ -126,7 +133,7 @@ def read_failures(run_dir: Path) -> list[Failure]:
 def root_cause(failures: list[Failure]) -> Failure | None:
     if not failures:
         return None
-    return min(failures, key=lambda f: (f.secondary, f.time_ns, f.rank))
+    return min(failures, key=lambda f: (f.secondary, f.stopped, f.time_ns, f.rank))
 
 
 def summarize(failures: list[Failure]) -> str:
@@ -148,7 +155,7 @@ def render(failures: list[Failure], console: Console) -> None:
     table = Table(title="Worker failures (root cause first)", show_lines=False)
     for col in ("rank", "node", "local", "exit", "message"):
         table.add_column(col)
-    ordered = sorted(failures, key=lambda f: (f is not first, f.secondary, f.time_ns))
+    ordered = sorted(failures, key=lambda f: (f is not first, f.secondary, f.stopped, f.time_ns))
     for f in ordered:
         mark = "[bold red]root cause[/] " if f is first else ""
         table.add_row(str(f.rank), str(f.node), str(f.local_rank),

@@ -32,6 +32,17 @@ def test_a_lost_peer_ranks_after_any_own_error_even_when_earlier():
     assert fl.root_cause(fs2).rank == 1
 
 
+def test_a_rank_stopped_by_the_agent_ranks_after_one_that_failed_on_its_own():
+    """torchrun SIGTERMs the other workers once one fails; the stopped rank's time is a whole-second timestamp
+    that can be earlier than the real first failure's error file (EADDRINUSE on rank 0 in a doc-test run)."""
+    fs = [fail(1, 1_000_000_000, "Signal 15 (SIGTERM) received by PID 101", exitcode=-signal.SIGTERM),
+          fail(0, 1_400_000_000, "RuntimeError: The server socket has failed to listen on any local network "
+                                 "address. port: 29500, useIpv6: false, code: -98, name: EADDRINUSE")]
+    assert fl.root_cause(fs).rank == 0
+    # a rank SIGKILLed on its own (the OOM killer), with only peer losses after it, is still the root cause
+    assert fl.root_cause([fail(2, 500, PEER), fail(3, 900, "", exitcode=-signal.SIGKILL)]).rank == 3
+
+
 def test_only_peer_losses_then_the_earliest_and_ties_by_rank():
     assert fl.root_cause([fail(2, 300, PEER), fail(1, 200, PEER), fail(0, 200, PEER)]).rank == 0
     assert fl.root_cause([fail(5, 7), fail(4, 7)]).rank == 4
