@@ -157,8 +157,7 @@ def explain(p) -> list[str]:
     m, c, t, s = p.model, p.cluster, p.training, p.strategy
     if m.gpt is None or not (p.mem_bound_s or p.optimizer_s):
         return []
-    from tandem.plan.cost import stage_psi
-    from tandem.plan.memory import shard_group
+    from tandem.plan.cost import updated_params
 
     g, bw = m.gpt, c.gpu.memory_Bps * BANDWIDTH_SHARE
     fp8 = t.precision == "fp8"
@@ -173,11 +172,11 @@ def explain(p) -> list[str]:
            f"{si(c.gpu.memory_Bps, 'B/s')} = {ms(p.mem_bound_s / p.stage_imbalance)} (memory_bound.py; norms, "
            "residual adds, activation, rotary, loss: memory-bound, so FLOPs do not time them)."]
     if p.optimizer_s:
-        params = stage_psi(m, s) / (shard_group(s, c) if s.zero else 1)
+        params = updated_params(m, s, c)
         impl = OPTIMIZER_IMPL[t.kernels]
         out.append(f"Optimizer step: AdamW {impl} {ADAM_BYTES[impl]} B + 16-bit copy {CAST_BYTES} B + gradient "
                    f"clipping {CLIP_BYTES} B = {optimizer_bytes_per_param(t)} B per parameter x {si(params, '')} "
-                   f"parameters this GPU updates{' (ZeRO-sharded)' if s.zero else ''} at {BANDWIDTH_SHARE} x "
+                   f"parameters this GPU updates{' (experts included)' if m.moe is not None else ''}{' (ZeRO-sharded)' if s.zero else ''} at {BANDWIDTH_SHARE} x "
                    f"{si(c.gpu.memory_Bps, 'B/s')} = {ms(p.optimizer_s)}.")
     return out
 

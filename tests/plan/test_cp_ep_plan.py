@@ -67,6 +67,12 @@ def test_expert_parallel_memory_and_routing():
     assert a2a.calls == 6 * 32 * p.grad_accum                # full recompute: the forward's 2 run again
     assert a2a.exposed_s == a2a.time_s and a2a.link == "nvlink4"
     assert "ep-grad" not in ops(p)                           # dp / ep = 1: each GPU owns its experts
+    # the optimizer step updates the experts too: non-expert / dp 8 + this GPU's experts / (dp / ep = 1)
+    ne, e = M.stage_states(m.moe, (32,), 1, 8)
+    assert e > 20 * ne / 8
+    from tandem.plan import memory_bound as MB
+    assert p.optimizer_s == pytest.approx(MB.optimizer_seconds(ne / 8 + e, c, t))
+    assert "parameters this GPU updates (experts included)" in "\n".join(to_dict(p)["explain"])
     # two nodes, dp 16: the experts' gradients reduce over the 2 GPUs holding the same experts (8 apart,
     # so across nodes), the rest over all 16
     c2 = make_cluster(**{**H100x8, "nodes": 2})
