@@ -327,11 +327,13 @@ def _activation_sentence(p: Plan) -> str:
                         f"({e.top_k} x {e.capacity_factor:g} + {e.shared}) x (2 + {k * e.expert_ffn / g.hidden:.4g})"
                         f" = {mlp:.4g}")
         lin = (7 + 4 * g.kv_heads / g.heads) + mlp + 4
-        scores = s.recompute == "none" and not t.flash_attention
+        fused = t.flash_attention or s.cp > 1   # ring attention runs fused kernels (memory.py)
+        scores = s.recompute == "none" and not fused
         form = f"{sbh} x ({lin:.4g}{mlp_note}" + (f" + 5as/h, 5as/h = {5 * g.heads * sq / g.hidden:.4g}"
                                                   if scores else "") + f") bytes / tp {s.tp}" \
-            + (" (--flash-attention: no score matrix stored, no recompute)" if s.recompute == "none"
-               and t.flash_attention else "") \
+            + ((" (--flash-attention: no score matrix stored, no recompute)" if t.flash_attention else
+                " (ring attention under cp runs fused kernels: no score matrix stored, no recompute)")
+               if s.recompute == "none" and fused else "") \
             + (f" (selective recompute: the score matrix, s x b x h x 5as/h with 5as/h = "
                  f"{5 * g.heads * sq / g.hidden:.4g}, is recomputed, not stored)"
                if s.recompute == "selective" else "")

@@ -37,7 +37,7 @@ def to_dict(p: Plan, with_explain: bool = True) -> dict[str, Any]:
                      "micro_batch": s.micro_batch, "global_batch": t.global_batch, "grad_accum": p.grad_accum,
                      "schedule": s.schedule, "virtual": s.virtual, "recompute": s.recompute,
                      "precision": t.precision, "optimizer": t.optimizer,
-                     "flash_attention": t.flash_attention, "cp_impl": t.cp_impl, "kernels": t.kernels},
+                     "flash_attention": t.flash_attention or s.cp > 1, "cp_impl": t.cp_impl, "kernels": t.kernels},
         "memory_per_gpu": {"params": mem.params, "grads": mem.grads, "optimizer": mem.optimizer,
                            "activations": mem.activations, "other": mem.other, "total": mem.total,
                            "capacity": mem.capacity, "fits": mem.fits},
