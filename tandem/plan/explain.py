@@ -8,6 +8,7 @@ from tandem.plan import comm as C
 from tandem.plan import efficiency as E
 from tandem.plan import memory_bound as MB
 from tandem.plan import nccl_algos as NA
+from tandem.plan import stages as ST
 from tandem.plan.cost import Plan
 from tandem.plan.host import default_threads
 
@@ -358,10 +359,17 @@ def _inflight_arithmetic(p: Plan, stage: str) -> str:
         return ""
     if s.schedule == "gpipe":
         return f" (GPipe: {p.grad_accum} micro-batches x {p.stage_layers[0]} layers)"
-    note = f" (1F1B: {min(s.pp, p.grad_accum)} micro-batches x {p.stage_layers[0]} layers"
-    if s.schedule == "interleaved":
-        note += f" x (1 + (p-1)/(p x v)) = 1 + {s.pp - 1}/{s.pp * s.virtual}, interleaved"
-    return note + ")"
+    if s.schedule != "interleaved":
+        return f" (1F1B: {min(s.pp, p.grad_accum)} micro-batches x {p.stage_layers[0]} layers)"
+    # the warm-up simulation stages.stage_inflight runs (Korthikanti et al.'s 1 + (p-1)/(p x v) only for equal
+    # chunks and many micro-batches)
+    g, m, v = p.model.gpt, p.grad_accum, s.virtual
+    held = ST.chunks(g, s.pp, v, s.stage_layers)[0]
+    rnd = m // ST.rounds(m, s.pp)
+    n = min(m * v, (v - 1) * rnd + 2 * (s.pp - 1) + 1)
+    return (f" (interleaved 1F1B: min(m x v, (v-1) x round + 2(p-1) + 1) = min({m} x {v}, {v - 1} x {rnd} + "
+            f"2 x {s.pp - 1} + 1) = {n} chunk forwards before the first backward, the j-th on chunk "
+            f"(j // {rnd}) mod {v} of {'/'.join(map(str, held))} layers)")
 
 
 def warnings(p: Plan) -> list[str]:

@@ -183,8 +183,10 @@ def test_layer_time_within_the_issue_tolerance():
     assert median(errs.values()) <= 0.10 and max(errs.values()) <= 0.25, errs
 
 
-@pytest.mark.parametrize("name,inflight", [("175B", "8 micro-batches x 12 layers x (1 + (p-1)/(p x v)) = "
-                                                    "1 + 7/24, interleaved"), ("1T", "64 micro-batches x 2 layers")])
+@pytest.mark.parametrize("name,inflight", [("175B", "min(m x v, (v-1) x round + 2(p-1) + 1) = min(64 x 3, 2 x 8 + "
+                                                    "2 x 7 + 1) = 31 chunk forwards before the first backward, the "
+                                                    "j-th on chunk (j // 8) mod 3 of 4/4/4 layers"),
+                                            ("1T", "64 micro-batches x 2 layers")])
 def test_explain_shows_the_per_layer_arithmetic_and_the_layers_in_flight(name, inflight):
     from tandem.plan.explain import explain
 
@@ -193,3 +195,5 @@ def test_explain_shows_the_per_layer_arithmetic_and_the_layers_in_flight(name, i
     assert f"s x b x h = 2048 x 1 x {h} x (34) bytes / tp 8" in line, line
     assert f"5as/h = {5 * a * 2048 / h:.4g}, is recomputed, not stored" in line, line
     assert inflight in line, line
+    if name == "175B":   # the printed rule reproduces the number: 31 chunk forwards of 4 layers
+        assert "x 124 layers in flight" in line, line
