@@ -42,8 +42,8 @@ def human_time(sec: float) -> str:
     return f"{sec:.3g} s"
 
 
-LEFT_OUT = ("data loading and preprocessing", "stragglers and network congestion", "kernel launch and "
-            "optimizer-step time", "framework differences (eager PyTorch vs fused kernels: one figure per architecture)")
+LEFT_OUT = ("data loading and preprocessing", "stragglers and network congestion", "kernel launch time",
+            "framework differences beyond what --kernels says (one linear-layer figure per architecture)")
 
 
 def _cp_ep_sentence(p: Plan, o) -> str:
@@ -282,7 +282,8 @@ def explain(p: Plan) -> list[str]:
                 if c.price_per_gpu_hour is not None else "")
         out.append(f"Training: {p.steps:,} steps x {ms(step)} = {human_time(secs)} = "
                    f"{secs * s.world / 3600:,.0f} GPU-hours{cost}.")
-    out.append("Left out: " + "; ".join(LEFT_OUT) + ".")
+    # the optimizer step is timed (its own line) unless --efficiency/--compute-time gave the compute
+    out.append("Left out: " + "; ".join(LEFT_OUT + (() if p.optimizer_s else ("optimizer-step time",))) + ".")
     return out
 
 

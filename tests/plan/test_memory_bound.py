@@ -72,6 +72,13 @@ def test_not_charged_where_the_rate_already_holds_them():
     for t in (Training(global_batch=8, efficiency=0.4), Training(global_batch=8, compute_time_s=1.0)):
         p = evaluate(m, c, t, s)
         assert p.mem_bound_s == p.optimizer_s == 0
+        left = next(x for x in explain(p) if x.startswith("Left out:"))
+        assert "optimizer-step time" in left
+    # timed: its own line, so "Left out" does not name it (nor fused kernels, which --kernels covers)
+    text = explain(evaluate(m, c, Training(global_batch=8), s))
+    left = next(x for x in text if x.startswith("Left out:"))
+    assert any(x.startswith("Optimizer step:") for x in text)
+    assert "optimizer-step" not in left and "kernel launch time" in left and "beyond what --kernels says" in left
     # no memory bandwidth known (a CPU host or a custom GPU): nothing to time them with
     assert MB.optimizer_seconds(1e9, make_cluster("h100-sxm", 8, 1, ), Training(optimizer="sgd")) == 0
     cpu = type("C", (), {"gpu": type("G", (), {"memory_Bps": 0.0})()})()
