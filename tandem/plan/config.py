@@ -57,6 +57,10 @@ class Training:
     warmup_steps: int = 0
     bucket_bytes: float = 25 * 1024**2       # DDP bucket_cap_mb (25 MiB default)
     threads_per_worker: int | None = None    # CPU workers' intra-op threads (None: cores / workers)
+    clip_grad: bool = True                   # gradient clipping by norm in the optimizer step (Megatron's default;
+                                             # a job spec: optim.clip_grad_norm > 0)
+    autocast: bool = False                   # 16-bit compute under autocast, weights kept in fp32 (tandem's
+                                             # trainer): the step writes no 16-bit copy
     cp_impl: str = "megatron"                # ring attention: Megatron-core/TE's p2p ring, or torch's
                                              # context_parallel as torchtitan runs it (tandem/plan/ring.py)
     kernels: str = "fused"                   # what the framework fuses (memory_bound.py): fused (Megatron/NeMo/TE,
