@@ -228,10 +228,10 @@ def explain(p: Plan) -> list[str]:
                    + (f", + FP8 casts {ms(p.fp8_cast_s / p.stage_imbalance)} (4 B per element of each linear "
                       f"layer's input and output gradient, every micro-batch, and of the weights once, at "
                       f"{si(c.gpu.memory_Bps, 'B/s')})" if p.fp8_cast_s else "")
+                   + (f", + torch's fp32 merges of ring attention's partial outputs "
+                      f"{ms(p.cp_merge_s / p.stage_imbalance)}" if p.cp_merge_s else "")
                    + (f", + memory-bound ops {ms(p.mem_bound_s / p.stage_imbalance)}" if p.mem_bound_s else "")
-                   + (f", + optimizer step {ms(p.optimizer_s)}" if p.optimizer_s else "")
-                   + " = " + (f"{ms(p.compute_s / p.stage_imbalance)}, x {p.stage_imbalance:.4g} on the slowest "
-                              "pipeline stage = " if p.stage_imbalance != 1 else "") + f"{ms(p.compute_s)}.")
+                   + _compute_total(p))
     else:
         out.append("Compute: unknown for a bare --params model; give --compute-time or a model shape.")
     out += MB.explain(p)
@@ -351,6 +351,18 @@ def _activation_sentence(p: Plan) -> str:
             + (f" + fp32 logits 4 x s x b x V / tp = 4 x {sq} x {s.micro_batch} x {g.vocab} / {s.tp} = {gib(logits)}"
                if logits else "")
             + f" = {gib(parts['total'])}.")
+
+
+def _compute_total(p: Plan) -> str:
+    """The sum: (linear + attention + casts + merges + memory-bound) x the slowest stage's imbalance, + the
+    optimizer step (once, not scaled: it runs after the last backward on each stage's own parameters)."""
+    per_stage = p.compute_s - p.optimizer_s
+    out = f" = {ms(per_stage / p.stage_imbalance)}" if (p.optimizer_s or p.stage_imbalance != 1) else ""
+    if p.stage_imbalance != 1:
+        out += f", x {p.stage_imbalance:.4g} on the slowest pipeline stage = {ms(per_stage)}"
+    if p.optimizer_s:
+        out += f", + optimizer step {ms(p.optimizer_s)}"
+    return out + f" = {ms(p.compute_s)}."
 
 
 def _inflight_arithmetic(p: Plan, stage: str) -> str:
