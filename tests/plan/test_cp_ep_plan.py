@@ -112,6 +112,12 @@ def test_cli_cp_ep(tmp_path):
     d = json.loads(r.output)
     assert (d["strategy"]["dp"], d["strategy"]["cp"], d["strategy"]["ep"]) == (4, 2, 4)
     assert d["model"]["moe"]["experts"] == 8 and {"cp-ring", "ep-all-to-all"} <= {o["name"] for o in d["comm"]}
+    # the resolved kernel and reduction dtype, and compute_s's parts
+    st, tm = d["strategy"], d["time"]
+    assert (st["attention_kernel"], st["grad_reduce"], st["kernels"], st["flash_attention"]) == \
+        ("cudnn", "fp32", "fused", True)
+    assert 0 < tm["attn_s"] < tm["compute_s"] and tm["mem_bound_s"] > 0 and tm["optimizer_s"] > 0
+    assert tm["cp_merge_s"] == 0    # Megatron's ring merges inside the kernel; torch's would be > 0
     bad = CliRunner().invoke(app, ["plan", "llama2-7b", "--cp", "3"])
     assert isinstance(bad.exception, ConfigError) and bad.exception.field == "cp"
     assert "tp 1 x pp 1 x cp 3 = 3 does not divide the 8 GPUs (8 % 3 = 2)" in str(bad.exception)
