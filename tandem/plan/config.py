@@ -84,6 +84,8 @@ class Training:
         if self.efficiency is not None and not 0 < self.efficiency <= 1:
             raise ConfigError("must be in (0, 1]", field="efficiency", value=self.efficiency,
                               fix="give the fraction of peak FLOP/s the model sustains, e.g. 0.4")
+        if self.grad_reduce is not None:   # case as --precision and --attention-kernel take it
+            self.grad_reduce = str(self.grad_reduce).lower()
         if self.grad_reduce is not None and self.grad_reduce not in ("fp32", "bf16", "fp16"):
             raise ConfigError("must be fp32, bf16 or fp16", field="grad-reduce", value=self.grad_reduce,
                               fix="give --grad-reduce fp32 (Megatron-LM's default for bf16) or bf16")

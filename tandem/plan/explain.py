@@ -215,11 +215,10 @@ def explain(p: Plan) -> list[str]:
                    f"{s.world} GPUs) at {si(c.flops_ref(t.precision), 'FLOP/s')} "
                    f"{'achieved (calibration)' if t.precision in c.achieved_flops else 'peak'} x "
                    f"{p.efficiency:.2f} efficiency"
-                   + (f", except attention (QK^T, AV: {ms(p.attn_bf16_s / p.stage_imbalance)}) at the bf16 rate "
-                      f"(Transformer Engine runs only the linear layers in FP8)" if p.attn_bf16_s else "")
-                   + (f"; attention (QK^T, AV: {ms(p.attn_s / p.stage_imbalance)}, {p.attn_kernel}) at "
-                      f"{p.attn_ratio:.3g} of that rate ({E.attention_source(c.gpu.name, p.attn_kernel)})"
-                      if abs(p.attn_ratio - 1.0) > 5e-4 else "")
+                   + (f"; attention (QK^T, AV: {ms(p.attn_s / p.stage_imbalance)}, {p.attn_kernel}"
+                      + (", in BF16: Transformer Engine runs only the linear layers in FP8" if p.attn_bf16_s else "")
+                      + f") at {p.attn_ratio:.3g} of that rate ({E.attention_source(c.gpu.name, p.attn_kernel)})"
+                      if abs(p.attn_ratio - 1.0) > 5e-4 or p.attn_bf16_s else "")
                    + (f", the linear layers at {p.linear_share:.3g} of it ({p.gemm_shape:.3g} for "
                       f"their GEMM shapes at tp {s.tp}: measured {'FP8' if t.precision == 'fp8' else 'BF16'} GEMM "
                       f"speeds by N and K, gemm.py; x {p.gemm_roofline:.3g} roofline at micro-batch {s.micro_batch}"

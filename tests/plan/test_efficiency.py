@@ -200,3 +200,12 @@ def test_cpu_calibration_of_gpt_reverse_plans_compute_as_flops_over_the_measured
     assert c.gpu.name == "cpu" and p.host_factors is None and t.precision == "fp32"
     assert p.gemm_shape == 1.0 and p.linear_share == 1.0 and p.attn_ratio == pytest.approx(1.0)
     assert p.compute_s == pytest.approx(p.hw_flops_per_gpu / p.rate)
+
+
+def test_fp8_explain_names_attention_once_and_grad_reduce_takes_any_case():
+    p = _plan("h100-sxm", precision="fp8", flash_attention=True)
+    comp = next(x for x in explain(p) if x.startswith("Compute:"))
+    assert comp.count("attention (QK^T, AV") == 1 and "in BF16: Transformer Engine runs only" in comp
+    assert f"at {p.attn_ratio:.3g} of that rate" in comp
+    assert Training(grad_reduce="FP32").grad_reduce == "fp32"      # as --attention-kernel FA3 is taken
+    assert Training(attention_kernel="FA3").attention_kernel == "fa3"
