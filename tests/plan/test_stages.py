@@ -121,6 +121,11 @@ def test_per_chunk_counts_and_impossible_splits():
                      stage_layers=given or (4, 10, 10, 8))
         with pytest.raises(ConfigError, match=re.escape(why)):
             validate(m, c, t, s)
+    # per-chunk counts without --schedule interleaved: say so, not "takes 4 or 4"
+    s = Strategy(dp=1, tp=2, pp=4, micro_batch=1, stage_layers=(4,) * 8)
+    with pytest.raises(ConfigError, match="per-chunk counts need --schedule interleaved") as e:
+        validate(m, c, t, s)
+    assert "takes 4 (one per stage) or 4" not in str(e.value)
 
 
 def test_micro_batches_follow_torchs_rounds():
