@@ -38,6 +38,10 @@ peak, from the FlashAttention-2 paper's end-to-end runs; nothing fitted to this 
 - Table 5 throughput increase: median 6.0%, max 8.7%: full recompute's extra forward and selective recompute's
   3 x attention-core FLOPs (model.py SELECTIVE_FACTOR) reproduce the paper's 29.0-32.1%.
 - Table 4, one 22B layer: median 5.1%, max 13.4%.
+As merged (memory-bound ops apart, A100 linear 0.71, unfused attention 0.163 of peak): Table 5 iteration 4.8% /
+11.4%, increase 6.1% / 9.5%, Table 4 2.6% / 10.5% (median / max). With unfused attention at its measured 0.156 of
+A100 peak: iteration 5.5% / 11.9% (1T present work +11.9%), increase 6.4% / 10.0% (22B -10.0%), Table 4 3.1% /
+12.0% ("Selective + Sequence" +12.0%): all within issue 14's tolerance.
 """
 
 from statistics import median
