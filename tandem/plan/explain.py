@@ -288,7 +288,6 @@ def explain(p: Plan) -> list[str]:
 
 def _moe_states_sentence(p: Plan) -> str:
     """Where an MoE model's parameters sit: the non-expert ones as a dense model's, the experts over ep."""
-    from tandem.plan import stages as ST
     from tandem.plan.memory import expert_shard_group, shard_group
     from tandem.plan.moe_cp import stage_states
 
