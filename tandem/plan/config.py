@@ -57,6 +57,10 @@ class Training:
     warmup_steps: int = 0
     bucket_bytes: float = 25 * 1024**2       # DDP bucket_cap_mb (25 MiB default)
     threads_per_worker: int | None = None    # CPU workers' intra-op threads (None: cores / workers)
+    clip_grad: bool = True                   # gradient clipping by norm in the optimizer step (Megatron's default;
+                                             # a job spec: optim.clip_grad_norm > 0)
+    autocast: bool = False                   # 16-bit compute under autocast, weights kept in fp32 (tandem's
+                                             # trainer): the step writes no 16-bit copy
     cp_impl: str = "megatron"                # ring attention: Megatron-core/TE's p2p ring, torch's context_parallel as
                                              # torchtitan runs it, or Meta's all-gather CP (tandem/plan/ring.py)
     kv_repeat: bool = False                  # K/V repeated to every query head before attention (GQA the kernel does
@@ -82,6 +86,8 @@ class Training:
         if self.efficiency is not None and not 0 < self.efficiency <= 1:
             raise ConfigError("must be in (0, 1]", field="efficiency", value=self.efficiency,
                               fix="give the fraction of peak FLOP/s the model sustains, e.g. 0.4")
+        if self.grad_reduce is not None:   # case as --precision and --attention-kernel take it
+            self.grad_reduce = str(self.grad_reduce).lower()
         if self.grad_reduce is not None and self.grad_reduce not in ("fp32", "bf16", "fp16"):
             raise ConfigError("must be fp32, bf16 or fp16", field="grad-reduce", value=self.grad_reduce,
                               fix="give --grad-reduce fp32 (Megatron-LM's default for bf16) or bf16")

@@ -284,7 +284,7 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
             ops.append(CommOp("pp-p2p", "send_recv", act / s.tp, calls, ppg,
                               c.inter.name if cross else c.intra.name, tm, tm))
     mem = mem or memory(m, c, t, s, mb)
-    opt_s = MB.optimizer_seconds(stage_psi(m, s) / (shard_group(s, c) if s.zero else 1), c, t) \
+    opt_s = MB.optimizer_seconds(updated_params(m, s, c), c, t) \
         if cx and t.efficiency is None else 0.0
     compute += opt_s   # after the last backward: no collective hides behind it, no bubble repeats it
     return Plan(m, c, t, s, mb, mem, ops, eff, rate, hw_fpg, model_fpg, compute, bubble, measured,
@@ -303,6 +303,17 @@ def stage_psi(m: ModelStats, s: Strategy) -> float:
     if m.gpt is None or s.pp == 1:
         return m.params / (s.tp * s.pp)
     return ST.max_stage_params(m.gpt, ST.split(m.gpt, s.pp, s.stage_layers)) / s.tp
+
+
+def updated_params(m: ModelStats, s: Strategy, c: Cluster) -> float:
+    """Parameters the optimizer step updates on the busiest GPU: its stage's, / the ZeRO shard group; an MoE
+    model's experts too (split over ep x tp, sharded over the expert-data-parallel ranks)."""
+    from tandem.plan.memory import expert_shard_group
+
+    if m.moe is None:
+        return stage_psi(m, s) / (shard_group(s, c) if s.zero else 1)
+    ne, e = MC.stage_states(m.moe, ST.split(m.gpt, s.pp, s.stage_layers), s.tp, s.ep)
+    return ne / (shard_group(s, c) if s.zero else 1) + e / (expert_shard_group(s, c) if s.zero else 1)
 
 
 def _fsdp_units(m: ModelStats, s: Strategy, psi: float) -> tuple[int, float]:

@@ -8,6 +8,7 @@ from tandem.plan import comm as C
 from tandem.plan import efficiency as E
 from tandem.plan import memory_bound as MB
 from tandem.plan import nccl_algos as NA
+from tandem.plan import stages as ST
 from tandem.plan.cost import Plan
 from tandem.plan.host import default_threads
 
@@ -41,8 +42,8 @@ def human_time(sec: float) -> str:
     return f"{sec:.3g} s"
 
 
-LEFT_OUT = ("data loading and preprocessing", "stragglers and network congestion", "kernel launch and "
-            "optimizer-step time", "framework differences (eager PyTorch vs fused kernels: one figure per architecture)")
+LEFT_OUT = ("data loading and preprocessing", "stragglers and network congestion", "kernel launch time",
+            "framework differences beyond what --kernels says (one linear-layer figure per architecture)")
 
 
 def _cp_ep_sentence(p: Plan, o) -> str:
@@ -214,11 +215,10 @@ def explain(p: Plan) -> list[str]:
                    f"{s.world} GPUs) at {si(c.flops_ref(t.precision), 'FLOP/s')} "
                    f"{'achieved (calibration)' if t.precision in c.achieved_flops else 'peak'} x "
                    f"{p.efficiency:.2f} efficiency"
-                   + (f", except attention (QK^T, AV: {ms(p.attn_bf16_s / p.stage_imbalance)}) at the bf16 rate "
-                      f"(Transformer Engine runs only the linear layers in FP8)" if p.attn_bf16_s else "")
-                   + (f"; attention (QK^T, AV: {ms(p.attn_s / p.stage_imbalance)}, {p.attn_kernel}) at "
-                      f"{p.attn_ratio:.3g} of that rate ({E.attention_source(c.gpu.name, p.attn_kernel)})"
-                      if abs(p.attn_ratio - 1.0) > 5e-4 else "")
+                   + (f"; attention (QK^T, AV: {ms(p.attn_s / p.stage_imbalance)}, {p.attn_kernel}"
+                      + (", in BF16: Transformer Engine runs only the linear layers in FP8" if p.attn_bf16_s else "")
+                      + f") at {p.attn_ratio:.3g} of that rate ({E.attention_source(c.gpu.name, p.attn_kernel)})"
+                      if abs(p.attn_ratio - 1.0) > 5e-4 or p.attn_bf16_s else "")
                    + (f", the linear layers at {p.linear_share:.3g} of it ({p.gemm_shape:.3g} for "
                       f"their GEMM shapes at tp {s.tp}: measured {'FP8' if t.precision == 'fp8' else 'BF16'} GEMM "
                       f"speeds by N and K, gemm.py; x {p.gemm_roofline:.3g} roofline at micro-batch {s.micro_batch}"
@@ -227,10 +227,10 @@ def explain(p: Plan) -> list[str]:
                    + (f", + FP8 casts {ms(p.fp8_cast_s / p.stage_imbalance)} (4 B per element of each linear "
                       f"layer's input and output gradient, every micro-batch, and of the weights once, at "
                       f"{si(c.gpu.memory_Bps, 'B/s')})" if p.fp8_cast_s else "")
+                   + (f", + torch's fp32 merges of ring attention's partial outputs "
+                      f"{ms(p.cp_merge_s / p.stage_imbalance)}" if p.cp_merge_s else "")
                    + (f", + memory-bound ops {ms(p.mem_bound_s / p.stage_imbalance)}" if p.mem_bound_s else "")
-                   + (f", + optimizer step {ms(p.optimizer_s)}" if p.optimizer_s else "")
-                   + " = " + (f"{ms(p.compute_s / p.stage_imbalance)}, x {p.stage_imbalance:.4g} on the slowest "
-                              "pipeline stage = " if p.stage_imbalance != 1 else "") + f"{ms(p.compute_s)}.")
+                   + _compute_total(p))
     else:
         out.append("Compute: unknown for a bare --params model; give --compute-time or a model shape.")
     out += MB.explain(p)
@@ -281,13 +281,13 @@ def explain(p: Plan) -> list[str]:
                 if c.price_per_gpu_hour is not None else "")
         out.append(f"Training: {p.steps:,} steps x {ms(step)} = {human_time(secs)} = "
                    f"{secs * s.world / 3600:,.0f} GPU-hours{cost}.")
-    out.append("Left out: " + "; ".join(LEFT_OUT) + ".")
+    # the optimizer step is timed (its own line) unless --efficiency/--compute-time gave the compute
+    out.append("Left out: " + "; ".join(LEFT_OUT + (() if p.optimizer_s else ("optimizer-step time",))) + ".")
     return out
 
 
 def _moe_states_sentence(p: Plan) -> str:
     """Where an MoE model's parameters sit: the non-expert ones as a dense model's, the experts over ep."""
-    from tandem.plan import stages as ST
     from tandem.plan.memory import expert_shard_group, shard_group
     from tandem.plan.moe_cp import stage_states
 
@@ -327,11 +327,13 @@ def _activation_sentence(p: Plan) -> str:
                         f"({e.top_k} x {e.capacity_factor:g} + {e.shared}) x (2 + {k * e.expert_ffn / g.hidden:.4g})"
                         f" = {mlp:.4g}")
         lin = (7 + 4 * g.kv_heads / g.heads) + mlp + 4
-        scores = s.recompute == "none" and not t.flash_attention
+        fused = t.flash_attention or s.cp > 1   # ring attention runs fused kernels (memory.py)
+        scores = s.recompute == "none" and not fused
         form = f"{sbh} x ({lin:.4g}{mlp_note}" + (f" + 5as/h, 5as/h = {5 * g.heads * sq / g.hidden:.4g}"
                                                   if scores else "") + f") bytes / tp {s.tp}" \
-            + (" (--flash-attention: no score matrix stored, no recompute)" if s.recompute == "none"
-               and t.flash_attention else "") \
+            + ((" (--flash-attention: no score matrix stored, no recompute)" if t.flash_attention else
+                " (ring attention under cp runs fused kernels: no score matrix stored, no recompute)")
+               if s.recompute == "none" and fused else "") \
             + (f" (selective recompute: the score matrix, s x b x h x 5as/h with 5as/h = "
                  f"{5 * g.heads * sq / g.hidden:.4g}, is recomputed, not stored)"
                if s.recompute == "selective" else "")
@@ -349,6 +351,18 @@ def _activation_sentence(p: Plan) -> str:
             + f" = {gib(parts['total'])}.")
 
 
+def _compute_total(p: Plan) -> str:
+    """The sum: (linear + attention + casts + merges + memory-bound) x the slowest stage's imbalance, + the
+    optimizer step (once, not scaled: it runs after the last backward on each stage's own parameters)."""
+    per_stage = p.compute_s - p.optimizer_s
+    out = f" = {ms(per_stage / p.stage_imbalance)}" if (p.optimizer_s or p.stage_imbalance != 1) else ""
+    if p.stage_imbalance != 1:
+        out += f", x {p.stage_imbalance:.4g} on the slowest pipeline stage = {ms(per_stage)}"
+    if p.optimizer_s:
+        out += f", + optimizer step {ms(p.optimizer_s)}"
+    return out + f" = {ms(p.compute_s)}."
+
+
 def _inflight_arithmetic(p: Plan, stage: str) -> str:
     """Where the first stage's layers in flight come from (Korthikanti et al. 2022, Section 4.2.3)."""
     s = p.strategy
@@ -356,10 +370,17 @@ def _inflight_arithmetic(p: Plan, stage: str) -> str:
         return ""
     if s.schedule == "gpipe":
         return f" (GPipe: {p.grad_accum} micro-batches x {p.stage_layers[0]} layers)"
-    note = f" (1F1B: {min(s.pp, p.grad_accum)} micro-batches x {p.stage_layers[0]} layers"
-    if s.schedule == "interleaved":
-        note += f" x (1 + (p-1)/(p x v)) = 1 + {s.pp - 1}/{s.pp * s.virtual}, interleaved"
-    return note + ")"
+    if s.schedule != "interleaved":
+        return f" (1F1B: {min(s.pp, p.grad_accum)} micro-batches x {p.stage_layers[0]} layers)"
+    # the warm-up simulation stages.stage_inflight runs (Korthikanti et al.'s 1 + (p-1)/(p x v) only for equal
+    # chunks and many micro-batches)
+    g, m, v = p.model.gpt, p.grad_accum, s.virtual
+    held = ST.chunks(g, s.pp, v, s.stage_layers)[0]
+    rnd = m // ST.rounds(m, s.pp)
+    n = min(m * v, (v - 1) * rnd + 2 * (s.pp - 1) + 1)
+    return (f" (interleaved 1F1B: min(m x v, (v-1) x round + 2(p-1) + 1) = min({m} x {v}, {v - 1} x {rnd} + "
+            f"2 x {s.pp - 1} + 1) = {n} chunk forwards before the first backward, the j-th on chunk "
+            f"(j // {rnd}) mod {v} of {'/'.join(map(str, held))} layers)")
 
 
 def warnings(p: Plan) -> list[str]:

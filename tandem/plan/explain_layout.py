@@ -15,7 +15,8 @@ def pipeline_line(p: Plan) -> str:
     v = s.virtual if s.schedule == "interleaved" else 1
     hc = g.logits_fwd_flops_per_token() / g.layer_fwd_flops_per_token()
     imb, mb = p.stage_imbalance, p.grad_accum
-    per_mb = p.compute_s / imb / mb if p.compute_s else 0.0
+    # the mean stage's micro-batch time, without the optimizer step (it is not repeated per micro-batch)
+    per_mb = (p.compute_s - p.optimizer_s) / imb / mb if p.compute_s else 0.0
     fill = p.bubble_s / per_mb if per_mb else 0.0
     src = "given (--stage-layers)" if s.stage_layers else "the planner's balanced split"
     ch = ""

@@ -99,6 +99,10 @@ def from_job_spec(path: str) -> dict:
     # `strategy` lays the spec's parallel section out as the trainer does (ParallelDims, "_job")
     out.update(tp=par.tp, pp=par.pp, zero=ZERO_STAGE.get(par.strategy, 0), hsdp=par.strategy == "hsdp",
                schedule=par.pp_schedule, virtual=par.pp_virtual, _job=spec)
+    # tandem's trainer: eager PyTorch (or torch.compile), foreach AdamW, autocast over fp32 weights
+    out["kernels"] = "compiled" if par.compile else "eager"
+    out["_clip_grad"] = spec.optim.clip_grad_norm > 0
+    out["_autocast"] = spec.precision.dtype in ("bf16", "fp16")
     if par.activation_checkpoint == "full":  # tandem's "selective" (every ac_every-th block) has no planner twin
         out["recompute"] = "full"
     if spec.model.name == "gpt":  # tandem's own GPT (tandem/models/gpt.py): biases, LayerNorm, learned positions
@@ -250,7 +254,8 @@ def resolve(a: PlanArgs) -> tuple[ModelStats, Cluster, Training, dict]:
                  compute_time_s=v.get("compute_time"), kernels=v.get("kernels") or "fused",
                  steps=v.get("steps"), tokens=v.get("tokens"), samples=samples, ref_batch=v.get("ref_batch") or 0,
                  warmup_steps=v.get("warmup_steps") or 0, threads_per_worker=v.get("threads_per_worker"),
-                 cp_impl=v.get("cp_impl") or "megatron")
+                 cp_impl=v.get("cp_impl") or "megatron", clip_grad=spec.get("_clip_grad", True),
+                 autocast=spec.get("_autocast", False))
     return m, c, t, v
 
 

@@ -72,7 +72,8 @@ def gpt_layer_act_bytes(m: ModelStats, s: Strategy, t: Training, b: int, recompu
         mlp = mlp_act_coeff(m.moe)
     linear = (7 + 4 * g.kv_heads / g.heads) + mlp + 4
     per = sq * b * h * linear / tp
-    if rc == "none" and not t.flash_attention:   # fused attention kernels store no score matrix
+    # fused attention kernels store no score matrix; ring attention (cp > 1) runs fused kernels whatever the flag
+    if rc == "none" and not (t.flash_attention or s.cp > 1):
         per += 5 * a * sq * sq * b / tp
     return per * scale
 

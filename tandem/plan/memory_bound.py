@@ -135,11 +135,24 @@ def step_seconds(m, c, t, s) -> float:
     return tokens * (g.layers * per_layer + per_model) / s.world / bw
 
 
+def optimizer_parts(t) -> dict[str, int]:
+    """Bytes per parameter the optimizer step moves, by part: the update; the 16-bit copy only where the
+    weights are not already in the working dtype (fp32/tf32, or fp32 weights under autocast); clipping only when
+    it is on."""
+    if t.optimizer not in ("adam", "adamw"):
+        return {}
+    impl = OPTIMIZER_IMPL[t.kernels]
+    out = {f"AdamW {impl}": ADAM_BYTES[impl]}
+    if t.bytes["master"] and not t.autocast:
+        out["16-bit copy"] = CAST_BYTES
+    if t.clip_grad:
+        out["gradient clipping"] = CLIP_BYTES
+    return out
+
+
 def optimizer_bytes_per_param(t) -> float:
     """Bytes the optimizer step (with the 16-bit copy and gradient clipping) moves per parameter it updates."""
-    if t.optimizer not in ("adam", "adamw"):
-        return 0.0
-    return ADAM_BYTES[OPTIMIZER_IMPL[t.kernels]] + CAST_BYTES + CLIP_BYTES
+    return sum(optimizer_parts(t).values())
 
 
 def optimizer_seconds(params_per_gpu: float, c, t) -> float:
@@ -157,8 +170,7 @@ def explain(p) -> list[str]:
     m, c, t, s = p.model, p.cluster, p.training, p.strategy
     if m.gpt is None or not (p.mem_bound_s or p.optimizer_s):
         return []
-    from tandem.plan.cost import stage_psi
-    from tandem.plan.memory import shard_group
+    from tandem.plan.cost import updated_params
 
     g, bw = m.gpt, c.gpu.memory_Bps * BANDWIDTH_SHARE
     fp8 = t.precision == "fp8"
@@ -173,11 +185,10 @@ def explain(p) -> list[str]:
            f"{si(c.gpu.memory_Bps, 'B/s')} = {ms(p.mem_bound_s / p.stage_imbalance)} (memory_bound.py; norms, "
            "residual adds, activation, rotary, loss: memory-bound, so FLOPs do not time them)."]
     if p.optimizer_s:
-        params = stage_psi(m, s) / (shard_group(s, c) if s.zero else 1)
-        impl = OPTIMIZER_IMPL[t.kernels]
-        out.append(f"Optimizer step: AdamW {impl} {ADAM_BYTES[impl]} B + 16-bit copy {CAST_BYTES} B + gradient "
-                   f"clipping {CLIP_BYTES} B = {optimizer_bytes_per_param(t)} B per parameter x {si(params, '')} "
-                   f"parameters this GPU updates{' (ZeRO-sharded)' if s.zero else ''} at {BANDWIDTH_SHARE} x "
+        params = updated_params(m, s, c)
+        parts = " + ".join(f"{k} {b} B" for k, b in optimizer_parts(t).items())
+        out.append(f"Optimizer step: {parts} = {optimizer_bytes_per_param(t)} B per parameter x {si(params, '')} "
+                   f"parameters this GPU updates{' (experts included)' if m.moe is not None else ''}{' (ZeRO-sharded)' if s.zero else ''} at {BANDWIDTH_SHARE} x "
                    f"{si(c.gpu.memory_Bps, 'B/s')} = {ms(p.optimizer_s)}.")
     return out
 

@@ -12,6 +12,19 @@ SCHEMA = "tandem.plan/1"
 KINDS = {"gpt": "transformer", "cnn": "CNN", "net": "measured token model", "params": "bare parameter count"}
 
 
+def grad_reduce(t, s) -> str | None:
+    """The dtype data-parallel gradients are reduced in (comm.grad_reduce_bytes); None without dp."""
+    from tandem.plan.comm import grad_reduce_bytes
+
+    if s.dp <= 1:
+        return None
+    stored = t.bytes["grad"]
+    gb = grad_reduce_bytes(t.precision, s.zero, stored, t.grad_reduce)
+    if t.grad_reduce:
+        return t.grad_reduce
+    return "fp32" if gb == 4 else ("fp16" if t.precision == "fp16" else "bf16")
+
+
 def to_dict(p: Plan, with_explain: bool = True) -> dict[str, Any]:
     m, c, t, s, mem = p.model, p.cluster, p.training, p.strategy, p.memory
     steps = p.steps
@@ -37,7 +50,8 @@ def to_dict(p: Plan, with_explain: bool = True) -> dict[str, Any]:
                      "micro_batch": s.micro_batch, "global_batch": t.global_batch, "grad_accum": p.grad_accum,
                      "schedule": s.schedule, "virtual": s.virtual, "recompute": s.recompute,
                      "precision": t.precision, "optimizer": t.optimizer,
-                     "flash_attention": t.flash_attention, "cp_impl": t.cp_impl, "kernels": t.kernels},
+                     "flash_attention": t.flash_attention or s.cp > 1, "cp_impl": t.cp_impl, "kernels": t.kernels,
+                     "attention_kernel": p.attn_kernel or None, "grad_reduce": grad_reduce(t, s)},
         "memory_per_gpu": {"params": mem.params, "grads": mem.grads, "optimizer": mem.optimizer,
                            "activations": mem.activations, "other": mem.other, "total": mem.total,
                            "capacity": mem.capacity, "fits": mem.fits},
@@ -48,7 +62,8 @@ def to_dict(p: Plan, with_explain: bool = True) -> dict[str, Any]:
         "time": {"compute_s": p.compute_s, "comm_s": p.comm_s, "exposed_comm_s": p.exposed_comm_s,
                  "bubble_s": p.bubble_s, "step_s": p.step_s, "efficiency": p.efficiency,
                  "serial_comm_share": p.serial_comm_share,
-                 "compute_measured": p.compute_measured,
+                 "compute_measured": p.compute_measured, "attn_s": p.attn_s, "mem_bound_s": p.mem_bound_s,
+                 "optimizer_s": p.optimizer_s, "cp_merge_s": p.cp_merge_s,
                  "host_core_slowdown": p.host_factors[0] if p.host_factors else None,
                  "host_straggler_factor": p.host_factors[1] if p.host_factors else None},
         "throughput": {"samples_per_s": p.samples_per_s,

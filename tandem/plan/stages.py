@@ -158,6 +158,11 @@ _CHUNKS: dict[tuple, tuple[tuple[int, ...], ...] | ConfigError] = {}
 
 def _chunks(g: GPTShape, pp: int, v: int, given: tuple[int, ...] | None) -> tuple[tuple[int, ...], ...]:
     value = ",".join(map(str, given)) if given else None
+    if given and v == 1 and len(given) != pp:
+        raise ConfigError(f"{len(given)} counts, but pp {pp} takes {pp} (one per stage); per-chunk counts need "
+                          "--schedule interleaved", field="stage-layers", value=value,
+                          fix=f"give {pp} per-stage layer counts, or --schedule interleaved --virtual V with "
+                              f"{pp} x V per-chunk counts")
     if given and len(given) not in (pp, pp * v):
         raise ConfigError(f"{len(given)} counts, but pp {pp} x virtual {v} takes {pp} (one per stage) or "
                           f"{pp * v} (one per chunk)", field="stage-layers", value=value,

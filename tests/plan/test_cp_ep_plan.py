@@ -67,6 +67,12 @@ def test_expert_parallel_memory_and_routing():
     assert a2a.calls == 6 * 32 * p.grad_accum                # full recompute: the forward's 2 run again
     assert a2a.exposed_s == a2a.time_s and a2a.link == "nvlink4"
     assert "ep-grad" not in ops(p)                           # dp / ep = 1: each GPU owns its experts
+    # the optimizer step updates the experts too: non-expert / dp 8 + this GPU's experts / (dp / ep = 1)
+    ne, e = M.stage_states(m.moe, (32,), 1, 8)
+    assert e > 20 * ne / 8
+    from tandem.plan import memory_bound as MB
+    assert p.optimizer_s == pytest.approx(MB.optimizer_seconds(ne / 8 + e, c, t))
+    assert "parameters this GPU updates (experts included)" in "\n".join(to_dict(p)["explain"])
     # two nodes, dp 16: the experts' gradients reduce over the 2 GPUs holding the same experts (8 apart,
     # so across nodes), the rest over all 16
     c2 = make_cluster(**{**H100x8, "nodes": 2})
@@ -106,6 +112,12 @@ def test_cli_cp_ep(tmp_path):
     d = json.loads(r.output)
     assert (d["strategy"]["dp"], d["strategy"]["cp"], d["strategy"]["ep"]) == (4, 2, 4)
     assert d["model"]["moe"]["experts"] == 8 and {"cp-ring", "ep-all-to-all"} <= {o["name"] for o in d["comm"]}
+    # the resolved kernel and reduction dtype, and compute_s's parts
+    st, tm = d["strategy"], d["time"]
+    assert (st["attention_kernel"], st["grad_reduce"], st["kernels"], st["flash_attention"]) == \
+        ("cudnn", "fp32", "fused", True)
+    assert 0 < tm["attn_s"] < tm["compute_s"] and tm["mem_bound_s"] > 0 and tm["optimizer_s"] > 0
+    assert tm["cp_merge_s"] == 0    # Megatron's ring merges inside the kernel; torch's would be > 0
     bad = CliRunner().invoke(app, ["plan", "llama2-7b", "--cp", "3"])
     assert isinstance(bad.exception, ConfigError) and bad.exception.field == "cp"
     assert "tp 1 x pp 1 x cp 3 = 3 does not divide the 8 GPUs (8 % 3 = 2)" in str(bad.exception)
@@ -119,7 +131,12 @@ def test_flash_attention_drops_the_score_matrix_without_recompute():
     fused = evaluate(m, c, Training(global_batch=8, flash_attention=True), s)
     sel = evaluate(m, c, Training(global_batch=8), Strategy(dp=4, cp=2, micro_batch=1, recompute="selective"))
     assert fused.memory.activations == pytest.approx(sel.memory.activations)
-    assert fused.memory.activations < eager.memory.activations / 3
+    # ring attention (cp > 1) runs fused kernels: sized as it is timed, no s x s scores, whatever the flag
+    assert eager.memory.activations == pytest.approx(fused.memory.activations)
+    assert to_dict(eager)["strategy"]["flash_attention"] is True
+    one = Strategy(dp=8, micro_batch=1)     # without cp the flag decides
+    plain, flash = (evaluate(m, c, Training(global_batch=8, flash_attention=f), one) for f in (False, True))
+    assert flash.memory.activations < plain.memory.activations / 3
     # no recompute FLOPs; under cp ring attention runs fused kernels whatever the flag (efficiency.kernel; the CLI
     # turns --flash-attention on for cp > 1 unless told otherwise)
     assert fused.attn_kernel == eager.attn_kernel == "cudnn" and fused.attn_s == pytest.approx(eager.attn_s)

@@ -72,6 +72,13 @@ def test_not_charged_where_the_rate_already_holds_them():
     for t in (Training(global_batch=8, efficiency=0.4), Training(global_batch=8, compute_time_s=1.0)):
         p = evaluate(m, c, t, s)
         assert p.mem_bound_s == p.optimizer_s == 0
+        left = next(x for x in explain(p) if x.startswith("Left out:"))
+        assert "optimizer-step time" in left
+    # timed: its own line, so "Left out" does not name it (nor fused kernels, which --kernels covers)
+    text = explain(evaluate(m, c, Training(global_batch=8), s))
+    left = next(x for x in text if x.startswith("Left out:"))
+    assert any(x.startswith("Optimizer step:") for x in text)
+    assert "optimizer-step" not in left and "kernel launch time" in left and "beyond what --kernels says" in left
     # no memory bandwidth known (a CPU host or a custom GPU): nothing to time them with
     assert MB.optimizer_seconds(1e9, make_cluster("h100-sxm", 8, 1, ), Training(optimizer="sgd")) == 0
     cpu = type("C", (), {"gpu": type("G", (), {"memory_Bps": 0.0})()})()
@@ -90,3 +97,27 @@ def test_h100_share_is_the_end_to_end_figure_without_them():
     # 0.508 to the precision the sources carry
     assert mem == pytest.approx(0.0150, abs=0.0005) and p.optimizer_s / p.step_s == pytest.approx(0.0013, abs=3e-4)
     assert E.ARCHS["hopper"].linear == pytest.approx(0.50 / (1 - mem - p.optimizer_s / p.step_s), abs=0.0005)
+
+
+def test_a_tandem_job_spec_is_planned_as_tandems_trainer_runs(tmp_path):
+    """tandem's trainer is eager PyTorch (torch.compile with parallel.compile), foreach AdamW, autocast over fp32
+    weights (no 16-bit copy), clipping only with optim.clip_grad_norm > 0."""
+    from pathlib import Path
+
+    from tandem.plan.inputs import from_job_spec
+
+    src = Path(__file__).resolve().parents[2] / "examples" / "gpt_stdlib.toml"
+    spec = from_job_spec(str(src))
+    assert spec["kernels"] == "eager" and spec["_clip_grad"] is False and spec["_autocast"] is False
+    t = Training(precision="fp32", kernels=spec["kernels"], clip_grad=False)
+    assert MB.optimizer_parts(t) == {"AdamW foreach": 80} and MB.optimizer_bytes_per_param(t) == 80
+    text = src.read_text().replace('[optim]\n', '[optim]\nclip_grad_norm = 1.0\n')
+    text = text.replace('[launch]\n', '[parallel]\ncompile = true\n[precision]\ndtype = "bf16"\n[launch]\n')
+    (tmp_path / "j.toml").write_text(text)
+    spec = from_job_spec(str(tmp_path / "j.toml"))
+    assert spec["kernels"] == "compiled" and spec["_clip_grad"] is True and spec["_autocast"] is True
+    t = Training(precision="bf16", kernels="compiled", autocast=True)
+    assert MB.optimizer_bytes_per_param(t) == 80 + 12
+    # a Megatron-style plan (flags): 16-bit weights with an fp32 master, fused, clipped
+    assert MB.optimizer_bytes_per_param(Training()) == 28 + 6 + 12
+    assert MB.optimizer_bytes_per_param(Training(precision="fp32")) == 28 + 12

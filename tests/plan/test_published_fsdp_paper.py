@@ -25,6 +25,8 @@ KNOWN MISS since the memory-bound ops were charged apart (memory_bound.py: minGP
 loss, 1-2% of this step) and the A100 linear share re-derived without them from the same FlashAttention-2 runs
 (0.67 -> 0.71): median 11.1%, max 14.8% (batch 1 +14.8%, batch 2 +7.4%, both FAST). minGPT's dropout (0.1 on the
 residuals and embeddings, separate eager kernels) is not modelled (memory_bound.py takes dropout as off).
+With A100 unfused attention at its measured 0.156 of peak (was 0.163): median 10.5%, max 14.2% (batch 1 +14.2%,
+batch 2 +6.8%), pinned at 11% / 15%.
 """
 
 from statistics import median
@@ -64,7 +66,7 @@ def SCOREBOARD() -> dict[str, dict[str, float]]:
 
 def test_tflops_per_gpu_known_miss():
     errs = {k: abs(e) for k, e in errors().items()}
-    assert median(errs.values()) <= 0.12 and max(errs.values()) <= 0.16, errs   # pinned: see KNOWN MISS above
+    assert median(errs.values()) <= 0.11 and max(errs.values()) <= 0.15, errs   # pinned: see KNOWN MISS above
 
 
 def test_it_fits_and_the_miss_is_not_communication():

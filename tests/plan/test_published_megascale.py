@@ -20,6 +20,10 @@ gradients reduce-scattered in FP32 (comm.grad_reduce_bytes: its arguments.py for
 accumulate_allreduce_grads_in_fp32 for --bf16): median 11.5%, max 16.5%, all rows fast, -4.5% at 256 GPUs to
 -16.5% at 12,288 (see the known miss below). The median rests on the two unstated choices (2 or 12 virtual
 stages: 10.6%, 10.5%; selective recompute: 3.7-4.2%, max 10.8-12.2%).
+With A100 unfused attention at its measured 0.156 of peak and the selective rows timed with FlashAttention-2 as
+MegaScale runs it (they were timed unfused before): 6 virtual stages 15.2% / 19.8%; 2 and 12: 14.4% / 17.4%,
+14.2% / 19.4%; selective recompute at 2, 6, 12: 12.2% / 15.4%, 13.1% / 17.9%, 12.1% / 17.5% (median / max), so
+the unstated choices no longer carry the median: selective recompute was close only because it ran slow attention.
 
 Where the error that grows with scale comes from (test_fixed_time_per_step_known_miss): fit step = a x m + b over
 the four batch-768 rows (m = 768 / dp micro-batches per step, 192 down to 48; tp, pp and the stage's work fixed).
@@ -59,8 +63,9 @@ def errors(virtual: int = 6, recompute: str = "none") -> dict[int, float]:
     out = {}
     for batch, gpus, iter_s, _ in TABLE_2:
         c = make_cluster("a100-80gb", 8, gpus // 8, inter="roce-200", nics_per_node=8)
-        t = Training(global_batch=batch, precision="bf16", optimizer="adam", overlap=0.0,
-                     flash_attention=recompute == "none")
+        # MegaScale runs FlashAttention-2 whatever the recompute: the kernel sets the time (and, fused, no s x s
+        # scores are stored; selective recompute would drop them anyway)
+        t = Training(global_batch=batch, precision="bf16", optimizer="adam", overlap=0.0, attention_kernel="fa2")
         s = Strategy(dp=gpus // 64, tp=8, pp=8, zero=1, micro_batch=1, schedule="interleaved", virtual=virtual,
                      recompute=recompute, ranks_per_node=8)
         validate(m, c, t, s)
@@ -119,6 +124,7 @@ def test_error_whatever_the_unstated_inputs_known_miss(virtual, recompute):
     errs = {k: abs(e) for k, e in errors(virtual, recompute).items()}
     # known miss under these alternatives (measured with the per-architecture compute model: median 2.8-11.7%,
     # max 10.4-18.9%; the selective-recompute rows within the issue's tolerance; with the memory-bound ops and the
-    # A100 share re-derived without them, memory_bound.py: max up to 21.9%, median up to 16.0%)
+    # A100 share re-derived without them, memory_bound.py: max up to 21.9%, median up to 16.0%; with the selective
+    # rows at FlashAttention-2's speed, as MegaScale runs it: median 12.1-14.4%, max 15.4-19.4%)
     assert max(errs.values()) <= 0.20, errs
     assert median(errs.values()) <= 0.15, errs

@@ -13,7 +13,10 @@ of A100 peak as well (efficiency.py; Megatron-LM in 2021 ran unfused attention, 
 exposed tensor-parallel traffic it counts in full, one linear-layer efficiency for every large GEMM).
 With the per-architecture compute model (efficiency.py: A100 linear layers at 0.67 of peak and unfused attention
 at 0.24 of their rate, both from the FlashAttention-2 paper's Table 3; gemm.py: measured GEMM speeds by shape):
-median 3.9%, max 7.8% (+7% 1.7B ... -3% 529.6B)."""
+median 3.9%, max 7.8% (+7% 1.7B ... -3% 529.6B).
+As merged (memory-bound ops charged apart, A100 linear layers at 0.71, unfused attention at 0.23 x 0.71 = 0.163 of
+peak): median 6.1%, max 11.0%. With unfused attention at its measured 0.156 of A100 peak (the mean of Table 3's
+0.162 / 0.149): median 5.0%, max 10.5% (+4.6% 1.7B, +10.5% 76.1B, +0.7% 529.6B; every row fast)."""
 
 from statistics import median
 

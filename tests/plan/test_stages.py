@@ -6,7 +6,7 @@ import pytest
 
 from tandem.plan.config import Strategy, Training
 from tandem.plan.cost import evaluate, validate
-from tandem.plan.explain import explain
+from tandem.plan.explain import explain, ms
 from tandem.plan.hardware import make_cluster
 from tandem.plan.model import GPTShape, gpt_stats, preset
 from tandem.plan.stages import balanced, head_cost, split, stage_params
@@ -121,6 +121,11 @@ def test_per_chunk_counts_and_impossible_splits():
                      stage_layers=given or (4, 10, 10, 8))
         with pytest.raises(ConfigError, match=re.escape(why)):
             validate(m, c, t, s)
+    # per-chunk counts without --schedule interleaved: say so, not "takes 4 or 4"
+    s = Strategy(dp=1, tp=2, pp=4, micro_batch=1, stage_layers=(4,) * 8)
+    with pytest.raises(ConfigError, match="per-chunk counts need --schedule interleaved") as e:
+        validate(m, c, t, s)
+    assert "takes 4 (one per stage) or 4" not in str(e.value)
 
 
 def test_micro_batches_follow_torchs_rounds():
@@ -140,3 +145,27 @@ def test_last_stage_holds_its_warm_up_under_interleaving():
     assert stage_inflight((2, 2, 2, 1), 16, 32, 15) == 3 * 16 * 2 + 1
     assert stage_inflight((4, 4), 16, 32, 15) == 16 * 4 + 4
     assert stage_inflight((7,), 16, 32, 15) == 7 and stage_inflight((7,), 16, 32, 0) == 7 * 16
+
+
+def test_compute_and_fill_arithmetic_keep_the_optimizer_step_out_of_the_imbalance():
+    """The optimizer step runs once after the last backward: the Compute line adds it after x imbalance, and the
+    pipeline line's mean-stage micro-batch time leaves it out (its fill is stages.fill_units')."""
+    import re
+
+    from tandem.plan import stages as ST
+
+    m = gpt_stats(LLAMA3_405B)
+    c = make_cluster("h100-sxm", 8, 16, inter="ib-ndr", nics_per_node=8)
+    s = Strategy(dp=1, tp=8, pp=16, micro_batch=1)
+    p = evaluate(m, c, Training(global_batch=32, flash_attention=True), s)
+    assert p.optimizer_s > 0 and p.stage_imbalance > 1
+    text = explain(p)
+    comp = next(x for x in text if x.startswith("Compute:"))
+    per_stage = p.compute_s - p.optimizer_s
+    assert (f"x {p.stage_imbalance:.4g} on the slowest pipeline stage = {ms(per_stage)}, + optimizer step "
+            f"{ms(p.optimizer_s)} = {ms(p.compute_s)}.") in comp
+    g = m.gpt
+    f, h = g.layer_fwd_flops_per_token(), g.logits_fwd_flops_per_token()
+    fill = ST.fill_units(ST.chunks(g, 16, 1), f, 2 * f, h, 2 * h, p.grad_accum)
+    line = next(x for x in text if x.startswith("Pipeline stages"))
+    assert float(re.search(r"fill and drain ([0-9.]+) mean-stage", line).group(1)) == pytest.approx(fill, rel=1e-3)
