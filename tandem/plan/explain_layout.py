@@ -76,8 +76,10 @@ def cp_sentence(p: Plan, o, link: str) -> str:
              f"({RING.MERGE_Q[0]} B x b s/cp h/tp + {RING.MERGE_KV[0]} B x 2 b s/cp kv) + {RING.MERGE_Q[1]} B x "
              f"b s/cp h/tp + {RING.MERGE_KV[1]} B x 2 b s/cp kv) / {si(p.cluster.gpu.memory_Bps, 'B/s')} HBM = "
              f"{ms(p.cp_merge_s)} of compute" if p.cp_merge_s else "")
-    return (f"{head}{body} over {s.cp - 1} steps x {layers} layers x {p.grad_accum} micro-batches = "
-            f"{ms(o.exposed_s)} of {ms(o.time_s)}{blocks}{merge}")
+    # torch's body already counts the steps inside each layer's term; the p2p ring's is per step
+    over = f" x {layers} layers" if impl == "torch" else f" over {s.cp - 1} steps x {layers} layers"
+    return (f"{head}{body}{over} x {p.grad_accum} micro-batches = {ms(o.exposed_s)} of {ms(o.time_s)}"
+            f"{blocks}{merge}")
 
 
 def _blocks(p: Plan, impl: str) -> str:

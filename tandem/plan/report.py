@@ -13,10 +13,10 @@ KINDS = {"gpt": "transformer", "cnn": "CNN", "net": "measured token model", "par
 
 
 def grad_reduce(t, s) -> str | None:
-    """The dtype data-parallel gradients are reduced in (comm.grad_reduce_bytes); None without dp."""
+    """The dtype data-parallel gradients are reduced in (comm.grad_reduce_bytes); None without dp x cp."""
     from tandem.plan.comm import grad_reduce_bytes
 
-    if s.dp <= 1:
+    if s.dp * s.cp <= 1:   # cp ranks reduce gradients too (cost.py: dp x cp)
         return None
     stored = t.bytes["grad"]
     gb = grad_reduce_bytes(t.precision, s.zero, stored, t.grad_reduce)

@@ -118,6 +118,11 @@ def test_cli_cp_ep(tmp_path):
         ("cudnn", "fp32", "fused", True)
     assert 0 < tm["attn_s"] < tm["compute_s"] and tm["mem_bound_s"] > 0 and tm["optimizer_s"] > 0
     assert tm["cp_merge_s"] == 0    # Megatron's ring merges inside the kernel; torch's would be > 0
+    # dp 1 x cp 2: the cp ranks still reduce gradients, in FP32 (BF16 at ZeRO-1)
+    one = CliRunner().invoke(app, ["plan", "llama2-7b", "--gpu", "h100-sxm", "--tp", "4", "--cp", "2", "--zero", "1",
+                                   "--global-batch", "8", "--json"])
+    d1 = json.loads(one.output)
+    assert d1["strategy"]["dp"] == 1 and d1["strategy"]["grad_reduce"] == "fp32"
     bad = CliRunner().invoke(app, ["plan", "llama2-7b", "--cp", "3"])
     assert isinstance(bad.exception, ConfigError) and bad.exception.field == "cp"
     assert "tp 1 x pp 1 x cp 3 = 3 does not divide the 8 GPUs (8 % 3 = 2)" in str(bad.exception)

@@ -116,6 +116,13 @@ def test_a_tandem_job_spec_is_planned_as_tandems_trainer_runs(tmp_path):
     (tmp_path / "j.toml").write_text(text)
     spec = from_job_spec(str(tmp_path / "j.toml"))
     assert spec["kernels"] == "compiled" and spec["_clip_grad"] is True and spec["_autocast"] is True
+    assert spec["fused_loss"] is False and spec["grad_reduce"] == "fp32"   # fp32 gradients under autocast
+    from tandem.plan.inputs import PlanArgs, resolve
+
+    _, _, t, _ = resolve(PlanArgs(config=str(tmp_path / "j.toml")))
+    assert (t.autocast, t.clip_grad, t.fused_loss, t.grad_reduce, t.kernels) == (True, True, False, "fp32", "compiled")
+    _, _, t, _ = resolve(PlanArgs(config=str(src), precision="bf16"))   # fp32 spec, --precision bf16: autocast
+    assert t.autocast and not t.clip_grad
     t = Training(precision="bf16", kernels="compiled", autocast=True)
     assert MB.optimizer_bytes_per_param(t) == 80 + 12
     # a Megatron-style plan (flags): 16-bit weights with an fp32 master, fused, clipped
