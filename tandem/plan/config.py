@@ -200,3 +200,9 @@ class Strategy:
         if self.stage_layers:
             s += " stages " + ",".join(map(str, self.stage_layers))
         return s
+
+
+def fused_attention(t: Training, s: Strategy) -> bool:
+    """Attention runs fused kernels (no s x s score matrix stored): --flash-attention, or ring attention (cp > 1),
+    which is built on fused kernels whatever the flag. The one rule memory, explain and the report share."""
+    return t.flash_attention or s.cp > 1

@@ -9,6 +9,7 @@ from tandem.plan import efficiency as E
 from tandem.plan import memory_bound as MB
 from tandem.plan import nccl_algos as NA
 from tandem.plan import stages as ST
+from tandem.plan.config import fused_attention
 from tandem.plan.cost import Plan
 from tandem.plan.host import default_threads
 
@@ -327,7 +328,7 @@ def _activation_sentence(p: Plan) -> str:
                         f"({e.top_k} x {e.capacity_factor:g} + {e.shared}) x (2 + {k * e.expert_ffn / g.hidden:.4g})"
                         f" = {mlp:.4g}")
         lin = (7 + 4 * g.kv_heads / g.heads) + mlp + 4
-        fused = t.flash_attention or s.cp > 1   # ring attention runs fused kernels (memory.py)
+        fused = fused_attention(t, s)
         scores = s.recompute == "none" and not fused
         form = f"{sbh} x ({lin:.4g}{mlp_note}" + (f" + 5as/h, 5as/h = {5 * g.heads * sq / g.hidden:.4g}"
                                                   if scores else "") + f") bytes / tp {s.tp}" \

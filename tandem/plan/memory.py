@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tandem.plan.config import Strategy, Training
+from tandem.plan.config import Strategy, Training, fused_attention
 from tandem.plan.hardware import Cluster
 from tandem.plan.model import ModelStats
 from tandem.plan.stages import chunks, first_stage_inflight, max_stage_params, split, stage_inflight
@@ -72,8 +72,7 @@ def gpt_layer_act_bytes(m: ModelStats, s: Strategy, t: Training, b: int, recompu
         mlp = mlp_act_coeff(m.moe)
     linear = (7 + 4 * g.kv_heads / g.heads) + mlp + 4
     per = sq * b * h * linear / tp
-    # fused attention kernels store no score matrix; ring attention (cp > 1) runs fused kernels whatever the flag
-    if rc == "none" and not (t.flash_attention or s.cp > 1):
+    if rc == "none" and not fused_attention(t, s):   # fused kernels store no score matrix
         per += 5 * a * sq * sq * b / tp
     return per * scale
 

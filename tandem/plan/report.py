@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tandem.plan import efficiency as E
+from tandem.plan.config import fused_attention
 from tandem.plan.cost import Plan
 from tandem.plan.explain import explain, gib, ms, overlap_rule, si, warnings
 
@@ -50,7 +51,7 @@ def to_dict(p: Plan, with_explain: bool = True) -> dict[str, Any]:
                      "micro_batch": s.micro_batch, "global_batch": t.global_batch, "grad_accum": p.grad_accum,
                      "schedule": s.schedule, "virtual": s.virtual, "recompute": s.recompute,
                      "precision": t.precision, "optimizer": t.optimizer,
-                     "flash_attention": t.flash_attention or s.cp > 1, "cp_impl": t.cp_impl, "kernels": t.kernels,
+                     "flash_attention": fused_attention(t, s), "cp_impl": t.cp_impl, "kernels": t.kernels,
                      "attention_kernel": p.attn_kernel or None, "grad_reduce": grad_reduce(t, s)},
         "memory_per_gpu": {"params": mem.params, "grads": mem.grads, "optimizer": mem.optimizer,
                            "activations": mem.activations, "other": mem.other, "total": mem.total,
