@@ -1,0 +1,115 @@
+"""Step time at 2,240 to 3,360 GPUs: Smith et al., "Using DeepSpeed and Megatron to Train Megatron-Turing NLG
+530B, A Large-Scale Generative Language Model" (Microsoft and NVIDIA, arXiv:2201.11990), §2.4 (system throughput):
+the 530B model (§3.2: 105 layers, hidden 20480, 128 heads, sequence 2048, global batch 1920; 8-way tensor slicing
+inside a node, 35-way pipeline across nodes, data parallelism the rest) on 280, 350 and 420 DGX A100 servers
+(Selene: 8 x A100 80GB on NVLink/NVSwitch, 8 x HDR InfiniBand a server), iteration times 60.1, 50.2 and 44.4 s,
+i.e. 126, 121 and 113 teraFLOP/s per GPU. The numbers were read from two transcriptions in the stored corpus: the
+llm-analysis example for MT-NLG (cli99/llm-analysis, examples/megatron-turing-nlg/README.md, "Section 2.4 ... 60.1,
+50.2, and 44.4 seconds ... 126, 121, and 113 TFLOP/s per GPU") and a dataset of published runs quoting the paper's
+page 7 (find_string "60.1, 50.2, and 44.4"), which also quotes the PaLM paper's App. B for the 280-server row:
+65.43K tokens/s = 1920 x 2048 / 60.1 s.
+
+The planner gets the stated layout: A100-80GB, 8 a node, 8 x ib-hdr, TP 8 / PP 35 / dp 8, 10, 12, batch 1920,
+Adam. From DeepSpeed's pipeline engine, which MT-NLG ran (deepspeed/runtime/pipe/schedule.py, TrainSchedule):
+plain 1F1B (no interleaving), and ReduceTiedGrads / ReduceGrads / OptimizerStep issued after the last micro-batch,
+so the data-parallel reduction is not overlapped (--overlap 0); ZeRO stage 1 for the data-parallel optimizer
+states (DeepSpeed's ZeRO tutorial on MT-NLG). Unstated, chosen before comparing and named here: micro-batch 1
+(Megatron-LM's 529.6B row, Narayanan et al. 2021 Table 1); vocabulary 51200 (GPT-2's 50257 padded by Megatron to a
+multiple of 128 x tp, as Korthikanti et al. §6 give for this model); full activation recomputation, which the
+paper's FLOP count implies (126 TFLOP/s x 60.1 s is the planner's hardware FLOPs with one recomputed forward, to
+0.2%: test below); unfused attention (2021, before FlashAttention); bf16 (the paper says mixed precision; fp16
+moves every row by 0.3%).
+
+Measured when written: -21.7%, -22.8%, -25.1% (280, 350, 420 servers): median 22.8%, max 25.1%, every row FAST.
+KNOWN MISS on both bounds (test_step_time_known_miss, pinned just above). Sensitivity: ZeRO 0 or BF16 gradient
+reduction move a row by 0.3%; FlashAttention-2 -25.5..-28.7%; selective recompute -37..-40%: no unstated choice
+closes it.
+
+Where the miss is (test_miss_is_the_framework_known_miss): the planner times Megatron-LM. On the same model and
+machine Megatron-LM measured 163 TFLOP/s on 2,520 GPUs (Narayanan et al. 2021, Table 1, 529.6B, batch 2520, 1F1B,
+full recompute) and the planner says 164 (+0.7%); MT-NLG's own 126 is 23% under that. Fitting step = a x m + b
+over the three rows (m = 1920 / dp micro-batches, 240 down to 160): the table's a = 0.197 s a micro-batch and
+b = 12.7 s a step, the planner's a = 0.172 s and b = 5.7 s (of which 5.15 s is the 1F1B fill/drain). So DeepSpeed's
+engine as run in 2021 costs ~14% more a micro-batch and ~7 s more a step than the planner's Megatron-LM model.
+Term at fault: the framework (DeepSpeed's PipelineEngine: its blocking p2p send/recv in
+deepspeed/runtime/pipe/p2p.py, its lock-step schedule, its end-of-step reductions), which the planner does not
+describe; nothing in it was fitted to close the gap.
+"""
+
+from statistics import median
+
+import pytest
+
+from tandem.plan.config import Strategy, Training
+from tandem.plan.cost import evaluate, validate
+from tandem.plan.hardware import make_cluster
+from tandem.plan.model import GPTShape, gpt_stats
+
+MT_NLG = GPTShape(layers=105, hidden=20480, heads=128, seq=2048, vocab=51200)
+TP, PP, BATCH = 8, 35, 1920
+# DGX A100 servers, iteration time (s), teraFLOP/s per GPU (§2.4)
+ROWS = [(280, 60.1, 126), (350, 50.2, 121), (420, 44.4, 113)]
+MEGATRON_530B = (2520, 2520, 163)   # Narayanan et al. 2021 Table 1: GPUs, batch, TFLOP/s (same shape)
+
+
+def _plan(servers: int):
+    m = gpt_stats(MT_NLG, "mt-nlg-530b")
+    c = make_cluster("a100-80gb", 8, servers, inter="ib-hdr", nics_per_node=8)
+    # DeepSpeed's TrainSchedule reduces gradients after the last micro-batch: nothing overlapped
+    t = Training(global_batch=BATCH, precision="bf16", optimizer="adam", overlap=0.0)
+    s = Strategy(dp=servers * 8 // (TP * PP), tp=TP, pp=PP, zero=1, micro_batch=1, recompute="full",
+                 ranks_per_node=8)
+    validate(m, c, t, s)
+    return evaluate(m, c, t, s)
+
+
+def errors() -> dict[int, float]:
+    return {servers * 8: _plan(servers).step_s / it - 1 for servers, it, _ in ROWS}
+
+
+def SCOREBOARD() -> dict[str, dict]:
+    return {"mt-nlg 530B": errors()}
+
+
+def test_hardware_flops_per_step_match_the_paper():
+    """TFLOP/s x iteration time (the paper's FLOPs per GPU per step) against the planner's hardware FLOPs with
+    full recompute: the shape, batch and FLOP accounting agree before any time is compared."""
+    for servers, it, tflops in ROWS:
+        p = _plan(servers)
+        assert p.hw_flops_per_gpu == pytest.approx(tflops * 1e12 * it, rel=0.01), servers
+        assert p.memory.fits, (servers, p.memory.total / 2**30)
+
+
+def test_step_time_known_miss():
+    """KNOWN MISS: median 22.8%, max 25.1% (every row fast), pinned just above. Term at fault: the framework
+    (DeepSpeed's 2021 pipeline engine against the planner's Megatron-LM model; module docstring)."""
+    errs = {k: abs(e) for k, e in errors().items()}
+    assert all(e < 0 for e in errors().values())
+    assert median(errs.values()) <= 0.24, errs
+    assert max(errs.values()) <= 0.26, errs
+
+
+def _fit(ms, ts):
+    """Least squares t = a x m + b."""
+    n = len(ms)
+    mm, mt = sum(ms) / n, sum(ts) / n
+    a = sum((m - mm) * (t - mt) for m, t in zip(ms, ts)) / sum((m - mm) ** 2 for m in ms)
+    return a, mt - a * mm
+
+
+def test_miss_is_the_framework_known_miss():
+    """KNOWN MISS, located: the planner meets Megatron-LM's own measurement of this shape on this machine, and
+    the MT-NLG table is slower than both per micro-batch and per step."""
+    gpus, batch, tflops = MEGATRON_530B
+    m = gpt_stats(MT_NLG, "mt-nlg-530b")
+    c = make_cluster("a100-80gb", 8, gpus // 8, inter="ib-hdr", nics_per_node=8)
+    p = evaluate(m, c, Training(global_batch=batch, precision="fp16", optimizer="adam"),
+                 Strategy(dp=gpus // (TP * PP), tp=TP, pp=PP, micro_batch=1, recompute="full"))
+    assert p.hw_flops_per_gpu / p.step_s / 1e12 == pytest.approx(tflops, rel=0.03)   # 164 against 163
+    assert ROWS[0][2] / tflops == pytest.approx(0.773, abs=0.005)   # MT-NLG's 126 against Megatron-LM's 163
+    ms = [BATCH // (s * 8 // (TP * PP)) for s, _, _ in ROWS]
+    a_t, b_t = _fit(ms, [it for _, it, _ in ROWS])
+    a_p, b_p = _fit(ms, [_plan(s).step_s for s, _, _ in ROWS])
+    assert a_t == pytest.approx(0.197, abs=0.001) and b_t == pytest.approx(12.7, abs=0.1)   # the table alone
+    assert 0.85 <= a_p / a_t <= 0.90, (a_p, a_t)   # 0.172 / 0.197: ~13% under a micro-batch
+    assert 0.42 <= b_p / b_t <= 0.48, (b_p, b_t)   # 5.7 / 12.7: ~7 s a step missing
