@@ -116,6 +116,15 @@ class Training:
         mixed-precision Adam)."""
         return self.bytes["master"] + OPTIMIZERS[self.optimizer]
 
+    @property
+    def gather_bytes(self) -> int:
+        """Bytes per parameter a ZeRO/FSDP parameter all-gather moves: the stored weights' dtype. Under autocast
+        (tandem's trainer) the parameters stay fp32: its FSDP2 ``fully_shard`` has no MixedPrecisionPolicy
+        (tandem/train/parallel/fsdp.py), so it gathers the fp32 shards as stored, and ZeRO-1's
+        ZeroRedundancyOptimizer broadcasts fp32 slices; else the 16-bit working copy (Megatron, FSDP with
+        param_dtype=bf16)."""
+        return 4 if self.autocast else self.bytes["param"]
+
 
 @dataclass(init=False)
 class Strategy:

@@ -1,0 +1,57 @@
+"""Bytes and rates the plan prints, each reproduced from its explain[] arithmetic: parameter all-gathers under
+autocast, the ring's attention kernels (A100 and H100), the all-gather CP op's gathered bytes."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tandem.plan.config import Strategy, Training
+from tandem.plan.cost import evaluate, stage_psi
+from tandem.plan.explain import explain
+from tandem.plan.hardware import make_cluster
+from tandem.plan.inputs import PlanArgs, resolve, strategy
+from tandem.plan.model import preset
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gpt_stdlib.toml"
+
+
+def _job(tmp_path, parallel: str, dtype: str = "bf16") -> str:
+    text = EXAMPLE.read_text().replace("[launch]\n", f"[parallel]\n{parallel}\n[precision]\ndtype = \"{dtype}\"\n"
+                                                      "[launch]\n")
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def _plan(**kw):
+    m, c, t, v = resolve(PlanArgs(gpu="a100-80gb", **kw))
+    return evaluate(m, c, t, strategy(v, c, t))
+
+
+@pytest.mark.parametrize("strat,op", [("zero3", "fsdp-params"), ("zero2", "dp-params"), ("zero1", "dp-params")])
+def test_a_job_spec_under_autocast_gathers_fp32_parameters(tmp_path, strat, op):
+    """tandem's trainer keeps fp32 parameters under autocast and its FSDP2 has no MixedPrecisionPolicy
+    (tandem/train/parallel/fsdp.py): the all-gather moves 4 B a parameter, not the 16-bit 2 B; the same shape
+    given as flags (Megatron-style bf16 working weights) still gathers 2 B."""
+    p = _plan(config=_job(tmp_path, f'strategy = "{strat}"'))
+    assert p.training.autocast and p.training.gather_bytes == 4
+    psi = stage_psi(p.model, p.strategy)
+    ag = next(o for o in p.comm if o.name == op)
+    assert ag.bytes == pytest.approx(psi * 4)
+    line = next(x for x in explain(p) if x.startswith(op))
+    # the printed arithmetic reproduces the printed bytes: 470.5 k parameters x 4 B = 1.882 MB
+    total, n, b = re.search(r"all_gather of ([\d.]+) MB \(([\d.]+) k parameters x (\d) B: fp32", line).groups()
+    assert int(b) == 4 and float(total) == pytest.approx(float(n) * 4 / 1e3, rel=1e-3)
+    flags = _plan(model="gpt", layers=2, hidden=128, heads=4, seq=64, vocab=256, global_batch=32, micro_batch=16,
+                  gpus_per_node=2, zero=int(strat[-1]), precision="bf16")
+    assert not flags.training.autocast
+    assert next(o for o in flags.comm if o.name == op).bytes == pytest.approx(stage_psi(flags.model, flags.strategy) * 2)
+
+
+def test_the_fsdp_gathered_layer_buffer_follows_the_gathered_dtype():
+    """ZeRO-3 memory holds the gathered layer and the prefetched next one at the bytes the gather moves."""
+    m, c = preset("llama2-7b"), make_cluster("a100-80gb", 8, 1)
+    s = Strategy(dp=8, zero=3, micro_batch=1)
+    half, full = (evaluate(m, c, Training(global_batch=8, autocast=a), s).memory.other for a in (False, True))
+    assert full - half == pytest.approx(2 * m.largest_layer_params * (4 - 2))
