@@ -25,7 +25,7 @@ def _job(tmp_path, parallel: str, dtype: str = "bf16") -> str:
 
 
 def _plan(**kw):
-    m, c, t, v = resolve(PlanArgs(gpu="a100-80gb", **kw))
+    m, c, t, v = resolve(PlanArgs(**{"gpu": "a100-80gb", **kw}))
     return evaluate(m, c, t, strategy(v, c, t))
 
 
@@ -55,3 +55,33 @@ def test_the_fsdp_gathered_layer_buffer_follows_the_gathered_dtype():
     s = Strategy(dp=8, zero=3, micro_batch=1)
     half, full = (evaluate(m, c, Training(global_batch=8, autocast=a), s).memory.other for a in (False, True))
     assert full - half == pytest.approx(2 * m.largest_layer_params * (4 - 2))
+
+
+def _ring_line(gpu: str, impl: str) -> tuple[str, object]:
+    p = _plan(model="llama2-7b", gpu=gpu, gpus_per_node=8, cp=4, seq=32768, global_batch=8, zero=3, cp_impl=impl)
+    return next(x for x in explain(p) if x.startswith("cp-ring")), p
+
+
+@pytest.mark.parametrize("gpu,impl", [("a100-80gb", "torch"), ("a100-80gb", "megatron"), ("h100-sxm", "torch"),
+                                      ("h100-sxm", "allgather")])
+def test_the_ring_kernels_line_reproduces_attention_time(gpu, impl):
+    """The ring's kernel line prints the shares attention_times uses (A100: FlashAttention-2's 0.615 at 2k along
+    its curve, no causal figure, so the diagonal block runs on the unmasked curve; H100: the FlashAttention-3
+    paper's figures, causal for the diagonal) and sums them to the Compute line's attention seconds."""
+    line, p = _ring_line(gpu, impl)
+    peak = float(re.search(r"share of the ([\d.]+) TFLOP/s peak", line).group(1)) * 1e12
+    terms, f, total = re.search(r"attention = F x \((.*?)\) / peak, F = ([\d.]+) TFLOP of QK\^T and AV forward "
+                                r"per GPU a step = ([\d.]+) s, the Compute line's attention", line).groups()
+    value = eval(terms.replace(" x ", " * "), {}) * float(f) * 1e12 / peak   # the printed sum, recomputed
+    assert value == pytest.approx(p.attn_s, rel=2e-3) and float(total) == pytest.approx(p.attn_s, rel=1e-3)
+    if gpu.startswith("a100"):
+        # every share printed is 0.615 x curve(L) / curve(2048), and no H100 causal TFLOP/s is named
+        shares = re.findall(r"0\.615 x (\d+)/(\d+) = ([\d.]+)", line)
+        assert len(shares) == (4 if impl != "allgather" else 2)
+        assert all(0.615 * int(a) / int(b) == pytest.approx(float(c), rel=2e-3) for a, b, c in shares)
+        assert "causal figure's" not in line and "no causal figure on A100: the unmasked curve" in line
+    else:
+        shares = re.findall(r"2 x (\d+) / 989\.4 = ([\d.]+) and 2 x (\d+) x 2/2\.5 / 989\.4 = ([\d.]+)", line)
+        assert len(shares) == (2 if impl != "allgather" else 1)
+        assert all(2 * int(a) / 989.4 == pytest.approx(float(fa), rel=2e-3)
+                   and 2 * int(b) * 0.8 / 989.4 == pytest.approx(float(fb), rel=2e-3) for a, fa, b, fb in shares)
