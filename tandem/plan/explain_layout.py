@@ -46,10 +46,11 @@ def cp_sentence(p: Plan, o, link: str) -> str:
     chunk = g.seq // s.cp
     layers = o.calls // max(1, (passes + 1) * (1 if impl == "allgather" else s.cp - 1) * p.grad_accum)
     kvw = RING.kv_width(g, s.tp, t.kv_repeat)
+    kv = o.bytes / (s.cp if impl == "allgather" else 1)   # all-gather CP's bytes are the gathered cp chunks
     width = "h/tp: K/V repeated to the query heads" if t.kv_repeat else "kv_dim / min(tp, kv heads)"
     head = (f"cp-ring: ring attention over cp {s.cp} GPUs on {link}: each holds s/cp = {g.seq}/{s.cp} = {chunk} "
             f"tokens; K and V of a chunk, 2 x b x s/cp x kv width ({width}) = 2 x "
-            f"{s.micro_batch} x {chunk} x {kvw} x {t.bytes['act']} B = {si(o.bytes)}")
+            f"{s.micro_batch} x {chunk} x {kvw} x {t.bytes['act']} B = {si(kv)}")
     rc = " x 2 (full recompute)" if passes > 1 else ""
     if impl == "torch":
         body = (f"; torch's context_parallel (all-gather rotation, torchtitan's default): forward all-gathers the "
@@ -61,7 +62,9 @@ def cp_sentence(p: Plan, o, link: str) -> str:
                 f"max(0, {ms(sb)} - {ms(bb)}) + {ms(sb)})")
     elif impl == "allgather":
         body = (f"; Meta's all-gather CP (Llama 3 paper §3.3.2): per layer and micro-batch one all-gather of the "
-                f"{s.cp} chunks' K and V ({ms(sf)}){rc} and one reduce-scatter of dK, dV backward ({ms(sb)}), "
+                f"{s.cp} chunks' K and V, {s.cp} x {si(kv)} = {si(o.bytes)} gathered (the JSON's bytes; "
+                f"({s.cp}-1)/{s.cp} of it, {si(o.bytes * (s.cp - 1) / s.cp)}, reaches each GPU) ({ms(sf)}){rc} and "
+                f"one reduce-scatter of dK, dV of the same {si(o.bytes)} backward ({ms(sb)}), "
                 f"both exposed (\"the all-gather communication latency is exposed in the critical path\"): "
                 f"({ms(sf)}{rc} + {ms(sb)}) a layer")
         return (f"{head}{body} x {layers} layers x {p.grad_accum} micro-batches = {ms(o.exposed_s)}"
@@ -106,7 +109,8 @@ def _blocks(p: Plan, impl: str) -> str:
     diag_txt = (f", and the diagonal step's causal block (1/cp = {d:.4g} of the FLOPs, on s/cp = {g.seq / s.cp:.0f} "
                 f"tokens: torch's step i = 0 and TE's step 0 run with the causal mask)" if diag is not None else "")
     return (f". The ring's attention kernels ({kern}): unmasked blocks of s/(cp x sqrt 2) = {L:.0f} tokens"
-            f"{diag_txt}, at their share of the {si(peak, 'FLOP/s')} peak forward / backward in the planner's full-square count ({where}): attention = "
+            f"{diag_txt}, at their share of the {si(peak, 'FLOP/s')} peak forward / backward in the planner's "
+            f"full-square count ({where}): attention = "
             f"F x ({terms}) / peak, F = {si(flops, 'FLOP')} of QK^T and AV forward per GPU a step = {ms(total)}, "
             f"the Compute line's attention")
 

@@ -46,7 +46,8 @@ def test_a_job_spec_under_autocast_gathers_fp32_parameters(tmp_path, strat, op):
     flags = _plan(model="gpt", layers=2, hidden=128, heads=4, seq=64, vocab=256, global_batch=32, micro_batch=16,
                   gpus_per_node=2, zero=int(strat[-1]), precision="bf16")
     assert not flags.training.autocast
-    assert next(o for o in flags.comm if o.name == op).bytes == pytest.approx(stage_psi(flags.model, flags.strategy) * 2)
+    psi = stage_psi(flags.model, flags.strategy)
+    assert next(o for o in flags.comm if o.name == op).bytes == pytest.approx(psi * 2)
 
 
 def test_the_fsdp_gathered_layer_buffer_follows_the_gathered_dtype():
@@ -85,3 +86,24 @@ def test_the_ring_kernels_line_reproduces_attention_time(gpu, impl):
         assert len(shares) == (2 if impl != "allgather" else 1)
         assert all(2 * int(a) / 989.4 == pytest.approx(float(fa), rel=2e-3)
                    and 2 * int(b) * 0.8 / 989.4 == pytest.approx(float(fb), rel=2e-3) for a, fa, b, fb in shares)
+
+
+def test_allgather_cp_reports_the_gathered_bytes():
+    """Meta's all-gather CP: the JSON's bytes per call are the gathered K/V of all cp chunks (the all-gather's
+    output, the reduce-scatter's input: comm.all_gather's convention, as fsdp-params), not one chunk; the collective
+    times are those of exactly these bytes, and the explain line prints cp x chunk = gathered."""
+    from tandem.plan.comm import collective
+    from tandem.plan.explain import si
+
+    line, p = _ring_line("h100-sxm", "allgather")
+    o = next(x for x in p.comm if x.name == "cp-ring")
+    g = p.model.gpt
+    chunk = 2 * p.strategy.micro_batch * (32768 // 4) * g.kv_dim * 2    # K and V of one chunk, bf16
+    assert o.bytes == 4 * chunk
+    per_layer = collective("all_gather", o.bytes, 1, o.group, p.cluster)[0] \
+        + collective("reduce_scatter", o.bytes, 1, o.group, p.cluster)[0]
+    assert o.time_s == pytest.approx(g.layers * p.grad_accum * per_layer)
+    assert f"4 x {si(chunk)} = {si(4 * chunk)} gathered" in line and f"(4-1)/4 of it, {si(3 * chunk)}" in line
+    # the p2p rings keep one chunk per send
+    mega = _ring_line("h100-sxm", "megatron")[1]
+    assert next(x for x in mega.comm if x.name == "cp-ring").bytes == chunk
