@@ -61,6 +61,9 @@ class Training:
                                              # a job spec: optim.clip_grad_norm > 0)
     autocast: bool = False                   # 16-bit compute under autocast, weights kept in fp32 (tandem's
                                              # trainer): the step writes no 16-bit copy
+    weight_decay: bool = False               # SGD's coupled weight decay is on, and Nesterov momentum (a job spec:
+    nesterov: bool = False                   # optim.weight_decay > 0, optim.nesterov): a foreach pass each
+                                             # (memory_bound.py; torch's defaults, the flags' plans: off)
     cp_impl: str = "megatron"                # ring attention: Megatron-core/TE's p2p ring, torch's context_parallel as
                                              # torchtitan runs it, or Meta's all-gather CP (tandem/plan/ring.py)
     kv_repeat: bool = False                  # K/V repeated to every query head before attention (GQA the kernel does
