@@ -56,9 +56,9 @@ ADAM_BYTES = {"fused": 28, "foreach": 80}
 # weight, 12 B; momentum adds _foreach_mul_(bufs) (8 B) and _foreach_add_(bufs, grads) (12 B) before it: 32 B.
 # fused (_fused_sgd: one multi_tensor_apply kernel, aten/src/ATen/native/cuda/FusedSgdKernel.cu, reading weight,
 # gradient and buffer and storing weight and buffer): 12 B, 20 B with momentum (apex's multi_tensor_sgd_kernel.cu
-# the same 20 B with momentum; it loads the buffer even without). SGD's
-# (coupled) weight decay and Nesterov momentum are free inside the fused kernel; foreach spends a pass on each:
-# _foreach_add(grads, params) out of place and _foreach_add_(grads, bufs), 12 B each.
+# the same 20 B with momentum; it loads the buffer even without). SGD's (coupled) weight decay and Nesterov
+# momentum are free inside the fused kernel; foreach spends a pass on each: _foreach_add(grads, params) out of
+# place and _foreach_add_(grads, bufs), 12 B each.
 SGD_BYTES = {("fused", False): 12, ("fused", True): 20, ("foreach", False): 12, ("foreach", True): 32}
 SGD_PASS_BYTES = 12
 CAST_BYTES, CLIP_BYTES = 6, 12
