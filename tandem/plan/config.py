@@ -60,7 +60,7 @@ class Training:
     clip_grad: bool = True                   # gradient clipping by norm in the optimizer step (Megatron's default;
                                              # a job spec: optim.clip_grad_norm > 0)
     autocast: bool = False                   # 16-bit compute under autocast, weights kept in fp32 (tandem's
-                                             # trainer): the step writes no 16-bit copy
+                                             # trainer): the step writes no 16-bit copy, ZeRO/FSDP gather fp32
     weight_decay: bool = False               # SGD's coupled weight decay is on, and Nesterov momentum (a job spec:
     nesterov: bool = False                   # optim.weight_decay > 0, optim.nesterov): a foreach pass each
                                              # (memory_bound.py; torch's defaults, the flags' plans: off)
