@@ -28,5 +28,5 @@ def gather_note(p: Plan, o) -> str:
         why = (": fp32, the weights as stored: tandem's trainer keeps them in fp32 under autocast and its FSDP2 "
                "has no MixedPrecisionPolicy")
     else:
-        why = f": the {t.precision} working weights" if pb != 4 else ""
+        why = f": the {'bf16' if t.precision == 'fp8' else t.precision} working weights" if pb != 4 else ""
     return f" ({si(psi, '')} parameters x {pb} B{why})"
