@@ -60,7 +60,10 @@ class Training:
     clip_grad: bool = True                   # gradient clipping by norm in the optimizer step (Megatron's default;
                                              # a job spec: optim.clip_grad_norm > 0)
     autocast: bool = False                   # 16-bit compute under autocast, weights kept in fp32 (tandem's
-                                             # trainer): the step writes no 16-bit copy
+                                             # trainer): the step writes no 16-bit copy, ZeRO/FSDP gather fp32
+    weight_decay: bool = False               # SGD's coupled weight decay is on, and Nesterov momentum (a job spec:
+    nesterov: bool = False                   # optim.weight_decay > 0, optim.nesterov): a foreach pass each
+                                             # (memory_bound.py; torch's defaults, the flags' plans: off)
     cp_impl: str = "megatron"                # ring attention: Megatron-core/TE's p2p ring, torch's context_parallel as
                                              # torchtitan runs it, or Meta's all-gather CP (tandem/plan/ring.py)
     kv_repeat: bool = False                  # K/V repeated to every query head before attention (GQA the kernel does
@@ -115,6 +118,15 @@ class Training:
         """Optimizer bytes per parameter incl. the FP32 master copy (K in the ZeRO paper: 12 for
         mixed-precision Adam)."""
         return self.bytes["master"] + OPTIMIZERS[self.optimizer]
+
+    @property
+    def gather_bytes(self) -> int:
+        """Bytes per parameter a ZeRO/FSDP parameter all-gather moves: the stored weights' dtype. Under autocast
+        (tandem's trainer) the parameters stay fp32: its FSDP2 ``fully_shard`` has no MixedPrecisionPolicy
+        (tandem/train/parallel/fsdp.py), so it gathers the fp32 shards as stored, and ZeRO-1's
+        ZeroRedundancyOptimizer broadcasts fp32 slices; else the 16-bit working copy (Megatron, FSDP with
+        param_dtype=bf16)."""
+        return 4 if self.autocast else self.bytes["param"]
 
 
 @dataclass(init=False)

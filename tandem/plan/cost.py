@@ -334,7 +334,8 @@ def dp_ops(m: ModelStats, c: Cluster, t: Training, s: Strategy, mb: int, compute
     by = t.bytes
     psi = stage_psi(m, s)
     gb = C.grad_reduce_bytes(t.precision, s.zero, by["grad"], t.grad_reduce)   # FP32 for BF16 at ZeRO-1/2 (comm.py)
-    gbytes, pbytes = psi * gb, psi * by["param"]
+    pb = t.gather_bytes   # the stored weights' dtype: fp32 under autocast (config.Training.gather_bytes)
+    gbytes, pbytes = psi * gb, psi * pb
     fwd_share = f_model / 3 / f_hw if f_hw > 0 else 1 / 3
     fwd = compute / mb * fwd_share       # one micro-batch's forward
     bwd = compute / mb - fwd             # ... and backward (with any recompute)
@@ -371,9 +372,9 @@ def dp_ops(m: ModelStats, c: Cluster, t: Training, s: Strategy, mb: int, compute
     else:
         units, root = _fsdp_units(m, s, psi)
         block = (psi - root) / units
-        a = C.collective("all_gather", block * by["param"], 1, shard_g, c)[0]
+        a = C.collective("all_gather", block * pb, 1, shard_g, c)[0]
         r = C.collective("reduce_scatter", block * gb, 1, shard_g, c)[0]
-        ra = C.collective("all_gather", root * by["param"], 1, shard_g, c)[0] if root else 0.0
+        ra = C.collective("all_gather", root * pb, 1, shard_g, c)[0] if root else 0.0
         rr = C.collective("reduce_scatter", root * gb, 1, shard_g, c)[0] if root else 0.0
         ex = O.fsdp(units, a, r, fwd / units, bwd / units, ra, rr)
         chunks = units + (1 if root else 0)
@@ -409,12 +410,12 @@ def dp_ops(m: ModelStats, c: Cluster, t: Training, s: Strategy, mb: int, compute
                 ops.append(op("ep-grad", "reduce_scatter", psi_e * gb, 1 if s.zero == 1 else mb, eg, eb,
                               "buckets", left, lambda tm: O.pipelined(tm, eb, left)))
                 if s.zero == 3:   # gathered before forward and backward, prefetched behind compute
-                    ops.append(op("ep-params", "all_gather", psi_e * by["param"], 2 * mb, eg, eb, "prefetch",
+                    ops.append(op("ep-params", "all_gather", psi_e * pb, 2 * mb, eg, eb, "prefetch",
                                   fwd, lambda tm: O.pipelined(tm, eb, fwd)))
                 elif t.overlap_param_gather:
-                    ops.append(op("ep-params", "all_gather", psi_e * by["param"], 1, eg, eb, "prefetch", fwd,
+                    ops.append(op("ep-params", "all_gather", psi_e * pb, 1, eg, eb, "prefetch", fwd,
                                   lambda tm: O.pipelined(tm, eb, fwd)))
                 else:
-                    ops.append(op("ep-params", "all_gather", psi_e * by["param"], 1, eg, eb, "none", 0.0,
+                    ops.append(op("ep-params", "all_gather", psi_e * pb, 1, eg, eb, "none", 0.0,
                                   lambda tm: tm))
     return ops

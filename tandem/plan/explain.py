@@ -11,6 +11,7 @@ from tandem.plan import nccl_algos as NA
 from tandem.plan import stages as ST
 from tandem.plan.config import fused_attention
 from tandem.plan.cost import Plan
+from tandem.plan.explain_terms import gather_note
 from tandem.plan.host import default_threads
 
 
@@ -77,8 +78,8 @@ def _comm_sentence(p: Plan, o) -> str:
     g = o.group
     per = o.time_s / max(1, o.calls)
     chunked = f" in {o.chunks} {'buckets' if o.rule in ('buckets', 'prefetch') else 'calls'}" if o.chunks > 1 else ""
-    head = (f"{o.name}: {o.collective} of {si(o.bytes)} x {o.calls} call(s) per step{chunked} over {g.size} GPUs, "
-            f"{C.describe(g, c)}")
+    head = (f"{o.name}: {o.collective} of {si(o.bytes)}{gather_note(p, o)} x {o.calls} call(s) per step{chunked} "
+            f"over {g.size} GPUs, {C.describe(g, c)}")
     algo, _, proto = o.algorithm.partition("/")
     how = (f" with NCCL's {proto} protocol ({proto_note(proto)})" if proto else "")
     if o.collective == "all_reduce" and algo == "nvls":

@@ -46,10 +46,11 @@ def cp_sentence(p: Plan, o, link: str) -> str:
     chunk = g.seq // s.cp
     layers = o.calls // max(1, (passes + 1) * (1 if impl == "allgather" else s.cp - 1) * p.grad_accum)
     kvw = RING.kv_width(g, s.tp, t.kv_repeat)
+    kv = o.bytes / (s.cp if impl == "allgather" else 1)   # all-gather CP's bytes are the gathered cp chunks
     width = "h/tp: K/V repeated to the query heads" if t.kv_repeat else "kv_dim / min(tp, kv heads)"
     head = (f"cp-ring: ring attention over cp {s.cp} GPUs on {link}: each holds s/cp = {g.seq}/{s.cp} = {chunk} "
             f"tokens; K and V of a chunk, 2 x b x s/cp x kv width ({width}) = 2 x "
-            f"{s.micro_batch} x {chunk} x {kvw} x {t.bytes['act']} B = {si(o.bytes)}")
+            f"{s.micro_batch} x {chunk} x {kvw} x {t.bytes['act']} B = {si(kv)}")
     rc = " x 2 (full recompute)" if passes > 1 else ""
     if impl == "torch":
         body = (f"; torch's context_parallel (all-gather rotation, torchtitan's default): forward all-gathers the "
@@ -61,7 +62,9 @@ def cp_sentence(p: Plan, o, link: str) -> str:
                 f"max(0, {ms(sb)} - {ms(bb)}) + {ms(sb)})")
     elif impl == "allgather":
         body = (f"; Meta's all-gather CP (Llama 3 paper §3.3.2): per layer and micro-batch one all-gather of the "
-                f"{s.cp} chunks' K and V ({ms(sf)}){rc} and one reduce-scatter of dK, dV backward ({ms(sb)}), "
+                f"{s.cp} chunks' K and V, {s.cp} x {si(kv)} = {si(o.bytes)} gathered (the JSON's bytes; "
+                f"({s.cp}-1)/{s.cp} of it, {si(o.bytes * (s.cp - 1) / s.cp)}, reaches each GPU) ({ms(sf)}){rc} and "
+                f"one reduce-scatter of dK, dV of the same {si(o.bytes)} backward ({ms(sb)}), "
                 f"both exposed (\"the all-gather communication latency is exposed in the critical path\"): "
                 f"({ms(sf)}{rc} + {ms(sb)}) a layer")
         return (f"{head}{body} x {layers} layers x {p.grad_accum} micro-batches = {ms(o.exposed_s)}"
@@ -83,19 +86,50 @@ def cp_sentence(p: Plan, o, link: str) -> str:
 
 
 def _blocks(p: Plan, impl: str) -> str:
-    """The ring's kernels: unmasked blocks at s/(cp x sqrt 2) tokens, the diagonal step's causal block apart."""
-    s, g = p.strategy, p.model.gpt
-    L = RING.block_length(g.seq, s.cp)
-    kern = p.attn_kernel or RING.KERNEL[impl]
-    share = RING.block_share(p.cluster.gpu.name, impl, g.seq, s.cp, kern)
-    if share == 1:
+    """The ring's kernels as efficiency.attention_times computes them: the unmasked blocks at s/(cp x sqrt 2) tokens
+    and the diagonal step's causal block on s/cp tokens, each at its (forward, backward) share of peak, summed
+    to attention's seconds in the Compute line; '' where attention runs at the linear rate (no curve, --efficiency)."""
+    from tandem.plan import efficiency as E
+
+    s, g, t, c = p.strategy, p.model.gpt, p.training, p.cluster
+    L, kern = RING.block_length(g.seq, s.cp), p.attn_kernel or RING.KERNEL[impl]
+    prec = "bf16" if t.precision == "fp8" else t.precision
+    ring = E.kernel_shares(c.gpu.name, kern, L, True) if t.efficiency is None else None
+    if ring is None or prec not in ("bf16", "fp16"):
         return ""
-    d = RING.diagonal_fraction(s.cp, impl)
-    diag = (f"; the diagonal step (1/cp = {d:.4g} of the FLOPs: a causal block on s/cp = {g.seq / s.cp:.0f} tokens, "
-            f"torch's step i = 0 and TE's step 0 run with the causal mask) at the causal figure's "
-            f"{RING.causal_speed(kern, g.seq / s.cp):.0f} TFLOP/s forward" if d and kern in RING.FWD_CAUSAL_HD128
-            else "")
-    return (f". The ring's attention kernels run on blocks of s/(cp x sqrt 2) = {L:.0f} tokens: {kern} at "
-            f"{RING.train_speed(kern, L):.0f} against {RING.train_speed(kern, g.seq):.0f} TFLOP/s forward + "
-            f"backward on the whole {g.seq} (FlashAttention-3 paper, H100, head dim 128): x {share:.4g}{diag}, in "
-            f"attention's rate above")
+    peak = c.flops_ref(prec) / (E.GEMM_SHARE if prec in c.achieved_flops else 1.0)
+    rc = {"none": 0, "selective": 3, "full": 1}[s.recompute]
+    flops = g.seq * g.layers * g.attn_score_fwd_flops_per_token() * t.global_batch / s.world
+    d = RING.diagonal_fraction(s.cp, t.cp_impl)
+    diag = E.kernel_shares(c.gpu.name, kern, g.seq / s.cp, False) if d else None
+    parts = [(1 - d, ring, L, True)] + ([(d, diag, g.seq / s.cp, False)] if diag is not None else [])
+    total = sum(w * ((1 + rc) * flops / (peak * sh[0]) + 2 * flops / (peak * sh[1])) for w, sh, _, _ in parts)
+    terms = " + ".join(f"{w:.4g} x ({1 + rc}/{sh[0]:.4g} + 2/{sh[1]:.4g})" for w, sh, _, _ in parts)
+    where = "; ".join(_share_source(c.gpu.name, kern, n, unmasked, sh) for _, sh, n, unmasked in parts)
+    diag_txt = (f", and the diagonal step's causal block (1/cp = {d:.4g} of the FLOPs, on s/cp = {g.seq / s.cp:.0f} "
+                f"tokens: torch's step i = 0 and TE's step 0 run with the causal mask)" if diag is not None else "")
+    return (f". The ring's attention kernels ({kern}): unmasked blocks of s/(cp x sqrt 2) = {L:.0f} tokens"
+            f"{diag_txt}, at their share of the {si(peak, 'FLOP/s')} peak forward / backward in the planner's "
+            f"full-square count ({where}): attention = "
+            f"F x ({terms}) / peak, F = {si(flops, 'FLOP')} of QK^T and AV forward per GPU a step = {ms(total)}, "
+            f"the Compute line's attention")
+
+
+def _share_source(gpu: str, kern: str, length: float, unmasked: bool, sh: tuple[float, float]) -> str:
+    """Where one block's (forward, backward) shares come from, with the arithmetic that gives them."""
+    from tandem.plan import efficiency as E
+
+    what = f"{'unmasked' if unmasked else 'causal'} at {length:.0f}"
+    if E.arch_of(gpu).arch == "hopper":   # the FlashAttention-3 paper's TFLOP/s, backward counted as 2.5 F
+        f = RING.speed(kern, length) if unmasked else RING.causal_speed(kern, length)
+        b = RING.speed(kern, length, True) if unmasked else RING.causal_speed(kern, length, True)
+        fig = "figures" if unmasked else "causal forward figure; backward x its causal/unmasked ratio"
+        return (f"{what}: {f:.0f} / {b:.0f} TFLOP/s (FlashAttention-3 paper's {fig}), 2 x {f:.0f} / "
+                f"{E.H100_PEAK} = {sh[0]:.4g} and 2 x {b:.0f} x 2/{RING.BWD_FLOPS} / {E.H100_PEAK} = {sh[1]:.4g}")
+    if kern == "fa2":   # Ampere / Ada: the A100 share at 2k along the H100 curve; no causal figure on A100
+        ref = E.A100_REF_LEN
+        return (f"{what}: {E.A100_FA2} x fa2 curve({length:.0f}) / curve({ref}) = {E.A100_FA2} x "
+                f"{RING.speed(kern, length):.0f}/{RING.speed(kern, ref):.0f} = {sh[0]:.4g} forward, {E.A100_FA2} x "
+                f"{RING.speed(kern, length, True):.0f}/{RING.speed(kern, ref, True):.0f} = {sh[1]:.4g} backward"
+                + ("" if unmasked else "; no causal figure on A100: the unmasked curve"))
+    return f"{what}: {sh[0]:.4g} / {sh[1]:.4g}"

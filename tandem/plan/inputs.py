@@ -103,6 +103,7 @@ def from_job_spec(path: str) -> dict:
     out["kernels"] = "compiled" if par.compile else "eager"
     out["fused_loss"] = False   # it compiles the blocks only; the loss is a plain F.cross_entropy
     out["_clip_grad"] = spec.optim.clip_grad_norm > 0
+    out["_weight_decay"], out["_nesterov"] = spec.optim.weight_decay > 0, bool(spec.optim.nesterov)  # SGD's passes
     out["_autocast"] = spec.precision.dtype in ("bf16", "fp16")
     if out["_autocast"]:   # fp32 gradients, reduced in fp32 unless a 16-bit comm hook compresses them
         out["grad_reduce"] = {"bf16": "bf16", "fp16": "fp16"}.get(par.comm_hook, "fp32")
@@ -258,6 +259,7 @@ def resolve(a: PlanArgs) -> tuple[ModelStats, Cluster, Training, dict]:
                  steps=v.get("steps"), tokens=v.get("tokens"), samples=samples, ref_batch=v.get("ref_batch") or 0,
                  warmup_steps=v.get("warmup_steps") or 0, threads_per_worker=v.get("threads_per_worker"),
                  cp_impl=v.get("cp_impl") or "megatron", clip_grad=spec.get("_clip_grad", True),
+                 weight_decay=spec.get("_weight_decay", False), nesterov=spec.get("_nesterov", False),
                  fused_loss=v.get("fused_loss"),
                  # tandem's trainer keeps fp32 weights: a 16-bit precision (the spec's or --precision) is autocast
                  autocast="_job" in spec and v["precision"] in ("bf16", "fp16"))

@@ -148,7 +148,7 @@ def memory(m: ModelStats, c: Cluster, t: Training, s: Strategy, micro_batches: i
         notes.append("activations unknown for a bare --params model: left out of the total")
     other = CONTEXT_BYTES
     if s.zero >= 3 and d > 1:   # gathered layer + prefetched next (an MoE layer's experts: / ep)
-        other += 2 * m.largest_layer_params / (s.tp * (s.ep if m.moe is not None else 1)) * by["param"]
+        other += 2 * m.largest_layer_params / (s.tp * (s.ep if m.moe is not None else 1)) * t.gather_bytes
     elif s.dp > 1:
         other += 2 * t.bucket_bytes if by["grad"] == 4 else 2 * t.bucket_bytes / 2
     return Memory(params, grads, optim, act, other, c.gpu.memory_bytes, notes)

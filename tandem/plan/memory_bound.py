@@ -1,5 +1,5 @@
 """Memory-bound work outside the GEMMs: a transformer's elementwise and normalisation kernels, its loss over the
-vocabulary, and the optimizer step, timed as bytes moved at the GPU's achievable memory bandwidth.
+vocabulary, and the optimizer step (AdamW, SGD), timed as bytes moved at the GPU's achievable memory bandwidth.
 
 A layer norm, a residual add, GeLU, SwiGLU or a rotary embedding does a few FLOPs per element it reads, far below
 any GPU's ops:byte ratio, so it runs at the memory bandwidth whatever its FLOP count (NVIDIA, *GPU Performance
@@ -51,6 +51,16 @@ BANDWIDTH_SOURCE = "0.9 of the datasheet memory bandwidth (a STREAM triad reache
 # Megatron's multi_tensor_l2norm + multi_tensor_scale). PyTorch's docs (torch.optim, "Algorithms"): foreach and
 # fused are faster than the for-loop; fused is "theoretically fastest with both vertical and horizontal fusion".
 ADAM_BYTES = {"fused": 28, "foreach": 80}
+# SGD, bytes per parameter (fp32 weight, gradient and momentum buffer; torch 2.13 torch/optim/sgd.py). foreach
+# (_multi_tensor_sgd): the update _foreach_add_(params, grads, alpha=-lr) reads weight and gradient and writes the
+# weight, 12 B; momentum adds _foreach_mul_(bufs) (8 B) and _foreach_add_(bufs, grads) (12 B) before it: 32 B.
+# fused (_fused_sgd: one multi_tensor_apply kernel, aten/src/ATen/native/cuda/FusedSgdKernel.cu, reading weight,
+# gradient and buffer and storing weight and buffer): 12 B, 20 B with momentum (apex's multi_tensor_sgd_kernel.cu
+# the same 20 B with momentum; it loads the buffer even without). SGD's (coupled) weight decay and Nesterov
+# momentum are free inside the fused kernel; foreach spends a pass on each: _foreach_add(grads, params) out of
+# place and _foreach_add_(grads, bufs), 12 B each.
+SGD_BYTES = {("fused", False): 12, ("fused", True): 20, ("foreach", False): 12, ("foreach", True): 32}
+SGD_PASS_BYTES = 12
 CAST_BYTES, CLIP_BYTES = 6, 12
 OPTIMIZER_IMPL = {"fused": "fused", "compiled": "foreach", "eager": "foreach"}
 
@@ -139,10 +149,16 @@ def optimizer_parts(t) -> dict[str, int]:
     """Bytes per parameter the optimizer step moves, by part: the update; the 16-bit copy only where the
     weights are not already in the working dtype (fp32/tf32, or fp32 weights under autocast); clipping only when
     it is on."""
-    if t.optimizer not in ("adam", "adamw"):
-        return {}
     impl = OPTIMIZER_IMPL[t.kernels]
-    out = {f"AdamW {impl}": ADAM_BYTES[impl]}
+    if t.optimizer in ("adam", "adamw"):
+        out = {f"AdamW {impl}": ADAM_BYTES[impl]}
+    else:
+        momentum = t.optimizer == "sgd-momentum"
+        out = {f"SGD{' momentum' if momentum else ''} {impl}": SGD_BYTES[(impl, momentum)]}
+        if impl == "foreach" and t.weight_decay:
+            out["weight decay (foreach)"] = SGD_PASS_BYTES
+        if impl == "foreach" and t.nesterov and momentum:
+            out["Nesterov (foreach)"] = SGD_PASS_BYTES
     if t.bytes["master"] and not t.autocast:
         out["16-bit copy"] = CAST_BYTES
     if t.clip_grad:

@@ -322,8 +322,11 @@ def cp_ep_ops(m, c: Cluster, s, by: dict, mb: int, stage_layers: int, attn_rate:
         rate = attn_rate   # at the ring's block length already (efficiency.attention_rate)
         r = cp_comm(replace(g, layers=stage_layers), s.micro_batch, s.cp, by["act"], rate, c,
                     grp.crosses_nodes, fwd_passes, s.tp, impl, kv_repeat)
+        # bytes per call as the JSON counts them (comm.all_gather's convention, nccl-tests' size): one chunk per
+        # send of the p2p rings; the gathered K/V of all cp chunks (the reduce-scatter's input) for all-gather CP
         out.append(dict(name="cp-ring", collective="all_gather" if impl == "allgather" else "send_recv",
-                        bytes=r["bytes_per_step"], calls=r["steps"] * mb * (fwd_passes + 1), group=grp,
+                        bytes=r["bytes_per_step"] * (s.cp if impl == "allgather" else 1),
+                        calls=r["steps"] * mb * (fwd_passes + 1), group=grp,
                         link=link_name(grp, c), time_s=r["time_s"] * mb, exposed_s=r["exposed_s"] * mb,
                         rule="none" if impl == "allgather" else "ring-attention",
                         window_s=r["block_f"], detail=(r["send_f"], r["send_b"], r["block_f"], r["block_b"],

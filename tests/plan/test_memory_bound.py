@@ -80,7 +80,6 @@ def test_not_charged_where_the_rate_already_holds_them():
     assert any(x.startswith("Optimizer step:") for x in text)
     assert "optimizer-step" not in left and "kernel launch time" in left and "beyond what --kernels says" in left
     # no memory bandwidth known (a CPU host or a custom GPU): nothing to time them with
-    assert MB.optimizer_seconds(1e9, make_cluster("h100-sxm", 8, 1, ), Training(optimizer="sgd")) == 0
     cpu = type("C", (), {"gpu": type("G", (), {"memory_Bps": 0.0})()})()
     assert MB.step_seconds(m, cpu, Training(), s) == 0 and MB.optimizer_seconds(1e9, cpu, Training()) == 0
 
@@ -128,3 +127,46 @@ def test_a_tandem_job_spec_is_planned_as_tandems_trainer_runs(tmp_path):
     # a Megatron-style plan (flags): 16-bit weights with an fp32 master, fused, clipped
     assert MB.optimizer_bytes_per_param(Training()) == 28 + 6 + 12
     assert MB.optimizer_bytes_per_param(Training(precision="fp32")) == 28 + 12
+
+
+@pytest.mark.parametrize("kernels,opt,update", [("fused", "sgd", 12), ("fused", "sgd-momentum", 20),
+                                                ("eager", "sgd", 12), ("compiled", "sgd-momentum", 32)])
+def test_sgd_step_is_timed_as_torch_moves_it(kernels, opt, update):
+    """torch 2.13's SGD: fused (FusedSgdKernel.cu: reads weight, gradient (and buffer), writes weight (and buffer))
+    12 / 20 B; foreach (_multi_tensor_sgd: the update 12 B, momentum's mul_ 8 + add_ 12 before it) 12 / 32 B; plus
+    the 16-bit copy (6 B) and gradient clipping (12 B) as for AdamW."""
+    c = make_cluster("h100-sxm", 8, 1)
+    t = Training(optimizer=opt, kernels=kernels)
+    impl = "fused" if kernels == "fused" else "foreach"
+    assert MB.optimizer_parts(t) == {f"SGD{' momentum' if opt == 'sgd-momentum' else ''} {impl}": update,
+                                     "16-bit copy": 6, "gradient clipping": 12}
+    bw = c.gpu.memory_Bps * MB.BANDWIDTH_SHARE
+    assert MB.optimizer_seconds(1e9, c, t) == pytest.approx(1e9 * (update + 18) / bw)
+    # torch's foreach spends a pass each on SGD's coupled weight decay and on Nesterov; fused does them in-kernel
+    extra = Training(optimizer=opt, kernels=kernels, weight_decay=True, nesterov=True)
+    passes = 0 if impl == "fused" else 12 * (1 + (opt == "sgd-momentum"))
+    assert MB.optimizer_bytes_per_param(extra) == update + 18 + passes
+
+
+def test_a_tandem_sgd_job_spec_times_its_step(tmp_path):
+    """tandem's SGD defaults (momentum 0.9, weight decay 5e-4, eager foreach, autocast over fp32 weights): 32 B +
+    12 B of weight decay a parameter; the explain line's arithmetic gives the step's optimizer seconds."""
+    import re
+    from pathlib import Path
+
+    from tandem.plan.inputs import PlanArgs, resolve, strategy
+
+    src = Path(__file__).resolve().parents[2] / "examples" / "gpt_stdlib.toml"
+    text = src.read_text().replace('name = "adamw"', 'name = "sgd"').replace("weight_decay = 0.0\n", "")
+    text = text.replace("[launch]\n", '[precision]\ndtype = "bf16"\n[launch]\n')
+    (tmp_path / "j.toml").write_text(text)
+    m, c, t, v = resolve(PlanArgs(config=str(tmp_path / "j.toml"), gpu="a100-80gb"))
+    assert (t.optimizer, t.weight_decay, t.nesterov, t.autocast, t.clip_grad) == ("sgd-momentum", True, False,
+                                                                                   True, False)
+    p = evaluate(m, c, t, strategy(v, c, t))
+    line = next(x for x in explain(p) if x.startswith("Optimizer step:"))
+    assert "SGD momentum foreach 32 B + weight decay (foreach) 12 B = 44 B per parameter" in line
+    n, total = re.search(r"x ([\d.]+) k parameters this GPU updates.* = ([\d.]+) ms", line).groups()
+    bw = c.gpu.memory_Bps * MB.BANDWIDTH_SHARE
+    assert p.optimizer_s > 0 and float(total) * 1e-3 == pytest.approx(44 * float(n) * 1e3 / bw, rel=5e-3)  # 3 digits
+    assert p.optimizer_s == pytest.approx(float(total) * 1e-3, rel=5e-3)
