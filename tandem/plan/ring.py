@@ -35,6 +35,14 @@ tokens, at the kernel's causal speed (torch and Transformer Engine alike). **K/V
 (``kv_width(repeat=True)``): torchtitan's Llama at its Dec 2024 report calls ``repeat_kv`` before SDPA, so the
 ring moves and merges h/tp values a token. **Meta's all-gather CP** (``allgather_cp``, Llama 3 paper section
 3.3.2): K/V all-gathered per layer, exposed, and dK/dV reduce-scattered back, exposed.
+
+**Load balancing is assumed on**, as torch runs it by default: ``_ContextParallelOptions.enable_load_balance =
+True`` in torch 2.6.0's ``_attention.py`` (the release around the torchtitan report's torch commit of
+2024-12-23) with the head-tail ``_RoundRobinLoadBalancer`` (rank r holds chunks r and 2cp-1-r), still the default
+in torch 2.13's ``context_parallel`` (``_create_default_load_balancer``: head-tail when 2 x cp divides the
+sequence, else sequential sharding, which the planner refuses: ``cost.check``). Without it
+(``_is_causal_behavior``: SKIP for later ranks' K/V) the last rank would run cp-1 full blocks and the diagonal,
+(2cp-1)/cp of the balanced work; torchtitan 9dec370 calls ``context_parallel`` without changing the option.
 """
 
 from __future__ import annotations

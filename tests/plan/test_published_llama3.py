@@ -55,6 +55,13 @@ Pinned at 18% / 28%. Still at fault in the CP 16 row: the attention time at 131k
 cuDNN's published speed). Not changed, for want of a source: which FLOPs Meta's 380 TFLOP/s counts. The planner
 counts attention over the full s x s square (4 s h a token and layer, as Megatron and torchtitan's MFU do); at
 131k that is 8.6 of 15.0 GFLOPs a token forward, so a causal (half-square) count would put this row 29% lower.
+
+CP 16 row, checked in session 8 (nothing adopted, pin unchanged): read as attention time it is 1.74x cuDNN's
+published figure, as torchtitan's long-context CP rows read 1.5-1.7x FlashAttention-2's (test_published_torchtitan,
+docs/plan.md *Ring attention*), where load imbalance, the ring's per-step waits, the FLOP formula and the SDPA
+backend were each ruled out against torch's and torchtitan's source. Two independent stacks (Meta's all-gather
+CP, torch's ring) agree on it; no source found says why. Meta's FLOP count is still unstated (torchtitan's MFU,
+by Meta's PyTorch team, counts the full square: "we follow the convention and do not account for sparsity").
 """
 
 from statistics import median

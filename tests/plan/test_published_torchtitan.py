@@ -64,6 +64,16 @@ same shape at CP 2, 4 and 8 (a 32k x 16k or 16k x 32k rectangle, the causal 32k 
 token grows 2.37x from CP 2 to CP 4 for 2x the attention FLOPs (1.78x predicted) and 1.95x from CP 4 to CP 8: a
 cost that grows faster than the ring's steps at a fixed block, which no source read here (torch's ring, torchtitan's
 train loop, its TPS accounting: labels.numel() / (time x cp x tp x pp), as the test computes) accounts for.
+
+Checked in session 8, nothing adopted (pins unchanged; docs/plan.md, *Ring attention*): read as attention time, the
+table's steps give 1.27x the FlashAttention-2 figure at CP 1 and 1.15x / 1.62x / 1.68x at CP 2 / 4 / 8 (the 405B
+rows, CP across nodes: 1.16x at CP 1, 1.59x / 1.51x / 1.70x at CP 2 / 4 / 8, the last two not in this table). Not
+the cause: load balancing (on by default: torch 2.6.0's enable_load_balance = True with head-tail chunks; off, the
+last rank's work would be 1.5x at CP 2, which the CP 2 row rules out), the ring's per-step waits (one K/V
+all-gather a layer forward; backward dK/dV sends between ranks of equal work per step, a few ms on NVLink against
+~70 ms of a block's backward), a FLOP formula (the table is tokens a second; torchtitan's MFU counts the full
+square, as the planner), the SDPA backend (flash on every block: torchtitan allows flash/efficient under CP,
+torch 2.6's ring maps only those). Open: why rings of 4+ steps, or across nodes, run their blocks ~1.6x slower.
 """
 
 from statistics import median

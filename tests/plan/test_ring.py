@@ -129,3 +129,23 @@ def test_kv_repeated_to_the_query_heads_moves_and_merges_h_over_tp():
     q, kv = 32768 * 4096, 2 * 32768 * 4096
     want = 7 * 32 * (42 * q + 4 * kv + 16 * q + 26 * kv) / c.gpu.memory_Bps
     assert R.merge_s(g, s, 32, 1, c.gpu.memory_Bps, repeat=True) == pytest.approx(want)
+
+
+def test_torch_balances_the_causal_ring_by_default():
+    """The torch ring model (ring.py: every rank the same work a step, the diagonal first, K/V all-gathered) is
+    what the pinned torch's ``context_parallel`` runs by default: load balancing on, head-tail chunks (rank r
+    holds chunks r and 2cp-1-r), the all-gather rotation, and no step skipped on any rank; when 2 x cp does not
+    divide the sequence torch shards sequentially (unbalanced), and the planner refuses that cp instead."""
+    from torch.distributed.tensor.experimental._context_parallel import _attention as A
+    from torch.distributed.tensor.experimental._context_parallel import _load_balancer as L
+
+    assert A._cp_options.enable_load_balance and A._cp_options.rotate_method.name == "ALL_GATHER"
+    idx = L._create_default_load_balancer(16, 4, "cpu")._generate_indices()[0].tolist()   # 8 chunks of 2 tokens
+    for r in range(4):
+        assert idx[4 * r:4 * r + 4] == [2 * r, 2 * r + 1, 2 * (7 - r), 2 * (7 - r) + 1]
+    steps = {A._is_causal_behavior(rank=r, world_size=4, i=i, is_causal=True) for r in range(4) for i in range(1, 4)}
+    assert steps == {A._CausalBehavior.NOT_IS_CAUSAL}
+    assert L._create_default_load_balancer(12, 4, "cpu") is None
+    m = gpt_stats(replace(LLAMA3_8B, seq=12), "odd")
+    assert "2 x cp = 8 equal chunks" in M.check_cp_ep(m, Strategy(cp=4))
+    assert M.check_cp_ep(gpt_stats(replace(LLAMA3_8B, seq=16), "even"), Strategy(cp=4)) is None
