@@ -59,7 +59,7 @@ def errors() -> dict[str, float]:
         m = gpt_stats(GPTShape(**SHAPES[name]), f"llama2-{name}")
         c = make_cluster("a100-80gb", 8, 16, inter="ib-hdr", nics_per_node=8)
         t = Training(global_batch=batch * 128, precision="bf16", optimizer="adamw", attention_kernel="fa2",
-                     kernels="eager")
+                     kernels="eager", fsdp="fsdp1")
         s = Strategy(dp=128, zero=3, hsdp=hsdp, micro_batch=batch, recompute="full" if ckpt else "none",
                      ranks_per_node=8)
         validate(m, c, t, s)

@@ -45,7 +45,8 @@ GPUS = 512
 def _plan(batch: int, gpus: int = GPUS):
     m = gpt_stats(GPTShape(**GPT_175B), "mingpt-175b")
     c = make_cluster("a100-80gb", 8, gpus // 8, inter="roce-200", nics_per_node=8)
-    t = Training(global_batch=batch * gpus, precision="bf16", optimizer="adam", kernels="eager")
+    t = Training(global_batch=batch * gpus, precision="bf16", optimizer="adam", kernels="eager",
+                 fsdp="fsdp1")
     s = Strategy(dp=gpus, zero=3, micro_batch=batch, recompute="full", ranks_per_node=8)
     validate(m, c, t, s)
     return evaluate(m, c, t, s)

@@ -104,7 +104,7 @@ def _tokens_per_gpu(row, gpu, inter, precision):
     m = _model(name, seq)
     c = make_cluster(gpu, 8, gpus // 8, inter=inter, nics_per_node=8)
     t = Training(global_batch=gbs, precision=precision, optimizer="adamw", attention_kernel="fa2", kernels="eager",
-                 fused_loss=True)
+                 fused_loss=True, fsdp="fsdp1")
     s = Strategy(dp=gpus, zero=3, micro_batch=mbs, recompute="full" if ckpt else "none", ranks_per_node=8)
     p = evaluate(m, c, t, s)
     assert p.memory.fits, (row, p.memory.total / 2**30)   # every row ran, so it must fit
