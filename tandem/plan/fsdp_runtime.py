@@ -31,8 +31,7 @@ Left out: the shard-sized casts and copy-ins (1/shard of these bytes), the optim
 from __future__ import annotations
 
 IMPLS = ("fsdp1", "fsdp2")
-SOURCE = {"fsdp1": "FSDP1: split's backward concatenates the views' gradients; pre-divide before the reduce-scatter",
-          "fsdp2": "FSDP2: all-gather copy-out at each gather; reduce-scatter copy-in"}
+NAME = {"fsdp1": "torch's FullyShardedDataParallel", "fsdp2": "torch's fully_shard"}
 
 
 def copy_bytes(impl: str, p: float, r: float, fp16_reduce: bool = False, gathers: int = 2) -> tuple[float, float]:
@@ -48,12 +47,12 @@ def copy_bytes(impl: str, p: float, r: float, fp16_reduce: bool = False, gathers
 def plan_seconds(m, c, t, s, micro_batches: int) -> tuple[float, float]:
     """(compute-stream seconds a step, reduce-stream seconds per unsharded parameter a micro-batch) of a ZeRO-3 plan
     whose data-parallel ranks shard (0, 0 otherwise)."""
+    if s.zero != 3 or s.dp * s.cp <= 1 or c.gpu.memory_Bps <= 0:
+        return 0.0, 0.0
     from tandem.plan.cost import stage_psi
     from tandem.plan.memory_bound import BANDWIDTH_SHARE
 
     bw = c.gpu.memory_Bps * BANDWIDTH_SHARE
-    if s.zero != 3 or s.dp * s.cp <= 1 or bw <= 0:
-        return 0.0, 0.0
     comp, side = copy_bytes(t.fsdp, *_dtypes(t, s))
     return stage_psi(m, s) * comp / bw * micro_batches, side / bw
 
@@ -62,24 +61,25 @@ def explain(p) -> list[str]:
     """The arithmetic of the FSDP copies' line (tandem.plan.explain), reproducing ``p.fsdp_copy_s``."""
     if not p.fsdp_copy_s:
         return []
-    from tandem.plan.cost import stage_psi
-    from tandem.plan.explain import ms, si
+    from tandem.plan.cost import _fsdp_units, stage_psi
+    from tandem.plan.explain import ms
     from tandem.plan.memory_bound import BANDWIDTH_SHARE
 
     t, s, c = p.training, p.strategy, p.cluster
-    psi = stage_psi(p.model, s)
+    psi, bw = stage_psi(p.model, s), c.gpu.memory_Bps * BANDWIDTH_SHARE
     pb, rb, fp16 = _dtypes(t, s)
     comp, side = copy_bytes(t.fsdp, pb, rb, fp16)
-    how = ("split's backward concatenates the views' gradients into the flat gradient, 2 x p"
-           if t.fsdp == "fsdp1" else
-           f"all-gather copy-out 2 x p at each of 2 gathers + reduce-scatter copy-in p + r")
-    line = (f"FSDP copies ({SOURCE[t.fsdp]}; fsdp_runtime.py, --fsdp {t.fsdp}): {how} = {comp:g} B per unsharded "
-            f"parameter (p = {pb} B, r = {rb} B) x {psi / 1e6:.4g}M parameters x {p.grad_accum} micro-batch(es) at "
-            f"{BANDWIDTH_SHARE} x {si(c.gpu.memory_Bps, 'B/s')} = {ms(p.fsdp_copy_s)} on the compute stream")
+    how = ("backward concatenates the views' gradients into the flat gradient (split's backward), 2 x p"
+           if t.fsdp == "fsdp1" else "all-gather copy-out 2 x p at each of 2 gathers + reduce-scatter copy-in p + r")
+    line = (f"FSDP copies (--fsdp {t.fsdp}: {NAME[t.fsdp]}; fsdp_runtime.py): {how} = {comp:g} B per unsharded "
+            f"parameter (p = {pb} B, r = {rb} B) x {psi / 1e9:.4g}B parameters x {p.grad_accum} micro-batch(es) "
+            f"at {BANDWIDTH_SHARE} x {c.gpu.memory_Bps / 1e12:.4g} TB/s = {ms(p.fsdp_copy_s)}, on the compute stream")
     if side:
-        line += (f"; {side:g} B per parameter ({'cast to the reduce dtype, ' if rb != pb else ''}in-place pre-divide)"
-                 f" on the reduce-scatter stream = {ms(psi * side / (c.gpu.memory_Bps * BANDWIDTH_SHARE))} a "
-                 f"micro-batch, ahead of each block's reduce-scatter (timed with it)")
+        units, root = _fsdp_units(p.model, s, psi)
+        block = (psi - root) / units
+        what = ("cast to the reduce dtype p + r and " if t.fsdp == "fsdp1" and rb != pb else "") + "in-place divide 2 x r"
+        line += (f"; the {what} = {side:g} B per parameter run on the reduce-scatter stream ahead of each "
+                 f"collective: {block / 1e9:.4g}B parameters a block = {ms(block * side / bw)}, counted in its r")
     return [line + "."]
 
 

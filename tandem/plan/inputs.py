@@ -55,6 +55,7 @@ class PlanArgs:
     stage_layers: str | None = None
     compute_time: float | None = None
     kernels: str | None = None
+    fsdp: str | None = None
     dp: int | None = None
     tp: int | None = None
     pp: int | None = None
@@ -258,7 +259,7 @@ def resolve(a: PlanArgs) -> tuple[ModelStats, Cluster, Training, dict]:
                  steps=v.get("steps"), tokens=v.get("tokens"), samples=samples, ref_batch=v.get("ref_batch") or 0,
                  warmup_steps=v.get("warmup_steps") or 0, threads_per_worker=v.get("threads_per_worker"),
                  cp_impl=v.get("cp_impl") or "megatron", clip_grad=spec.get("_clip_grad", True),
-                 fused_loss=v.get("fused_loss"),
+                 fused_loss=v.get("fused_loss"), fsdp=v.get("fsdp") or "fsdp2",
                  # tandem's trainer keeps fp32 weights: a 16-bit precision (the spec's or --precision) is autocast
                  autocast="_job" in spec and v["precision"] in ("bf16", "fp16"))
     return m, c, t, v
