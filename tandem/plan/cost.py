@@ -287,8 +287,7 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
             ops.append(CommOp("pp-p2p", "send_recv", act / s.tp, calls, ppg,
                               c.inter.name if cross else c.intra.name, tm, tm))
     mem = mem or memory(m, c, t, s, mb)
-    opt_s = MB.optimizer_seconds(updated_params(m, s, c), c, t) \
-        if cx and t.efficiency is None else 0.0
+    opt_s = MB.optimizer_seconds(updated_params(m, s, c), c, t) if cx and t.efficiency is None else 0.0
     compute += opt_s + copy_s   # the step: after the last backward; the copies: not in the windows dp_ops used
     return Plan(m, c, t, s, mb, mem, ops, eff, rate, hw_fpg, model_fpg, compute, bubble, measured,
                 host_factors=factors, stage_layers=counts, stage_imbalance=imbalance,
@@ -319,22 +318,9 @@ def updated_params(m: ModelStats, s: Strategy, c: Cluster) -> float:
     return ne / (shard_group(s, c) if s.zero else 1) + e / (expert_shard_group(s, c) if s.zero else 1)
 
 
-def _fsdp_units(m: ModelStats, s: Strategy, psi: float) -> tuple[int, float]:
-    """FSDP wraps one unit per transformer block (the root holds embeddings and head); other models one
-    unit per largest layer. Returns (units, root parameters per GPU before sharding)."""
-    if m.gpt is not None:
-        units = max(1, m.gpt.layers // s.pp)
-        lp = m.gpt.layer_params() if m.moe is None else MC.dense_layer_params(m.moe)
-        return units, max(0.0, psi - units * lp / s.tp)
-    if m.largest_layer_params:
-        return max(1, int(-(-psi // m.largest_layer_params))), 0.0
-    return 1, 0.0
-
-
 def dp_ops(m: ModelStats, c: Cluster, t: Training, s: Strategy, mb: int, compute: float, f_model: float,
            f_hw: float, dpg: C.Group, shard_g: C.Group, repl_g: C.Group, side: float = 0.0) -> list[CommOp]:
-    """Data-parallel collectives with the framework's chunking (buckets, blocks) and overlap; ``side``: seconds per
-    parameter FSDP's own kernels take on the reduce-scatter stream ahead of each collective (fsdp_runtime.py)."""
+    """Data-parallel collectives with the framework's chunking (buckets, blocks) and overlap."""
     by = t.bytes
     psi = stage_psi(m, s)
     gb = C.grad_reduce_bytes(t.precision, s.zero, by["grad"], t.grad_reduce)   # FP32 for BF16 at ZeRO-1/2 (comm.py)
@@ -373,9 +359,10 @@ def dp_ops(m: ModelStats, c: Cluster, t: Training, s: Strategy, mb: int, compute
         else:
             ops.append(op("dp-params", "all_gather", pbytes, 1, shard_g, buckets, "none", 0.0, lambda tm: tm))
     else:
-        units, root = _fsdp_units(m, s, psi)
+        units, root = FR.units(m, s, psi)
         block = (psi - root) / units
         a = C.collective("all_gather", block * by["param"], 1, shard_g, c)[0]
+        # side: seconds a parameter of FSDP's own kernels ahead of each reduce-scatter on its stream (fsdp_runtime.py)
         r = C.collective("reduce_scatter", block * gb, 1, shard_g, c)[0] + block * side
         ra = C.collective("all_gather", root * by["param"], 1, shard_g, c)[0] if root else 0.0
         rr = C.collective("reduce_scatter", root * gb, 1, shard_g, c)[0] + root * side if root else 0.0

@@ -30,8 +30,22 @@ Left out: the shard-sized casts and copy-ins (1/shard of these bytes), the optim
 
 from __future__ import annotations
 
+from tandem.plan import moe_cp as MC
+
 IMPLS = ("fsdp1", "fsdp2")
 NAME = {"fsdp1": "torch's FullyShardedDataParallel", "fsdp2": "torch's fully_shard"}
+
+
+def units(m, s, psi: float) -> tuple[int, float]:
+    """FSDP wraps one unit per transformer block (the root holds embeddings and head); other models one
+    unit per largest layer. Returns (units, root parameters per GPU before sharding)."""
+    if m.gpt is not None:
+        n = max(1, m.gpt.layers // s.pp)
+        lp = m.gpt.layer_params() if m.moe is None else MC.dense_layer_params(m.moe)
+        return n, max(0.0, psi - n * lp / s.tp)
+    if m.largest_layer_params:
+        return max(1, int(-(-psi // m.largest_layer_params))), 0.0
+    return 1, 0.0
 
 
 def copy_bytes(impl: str, p: float, r: float, fp16_reduce: bool = False, gathers: int = 2) -> tuple[float, float]:
@@ -61,7 +75,7 @@ def explain(p) -> list[str]:
     """The arithmetic of the FSDP copies' line (tandem.plan.explain), reproducing ``p.fsdp_copy_s``."""
     if not p.fsdp_copy_s:
         return []
-    from tandem.plan.cost import _fsdp_units, stage_psi
+    from tandem.plan.cost import stage_psi
     from tandem.plan.explain import ms
     from tandem.plan.memory_bound import BANDWIDTH_SHARE
 
@@ -75,8 +89,8 @@ def explain(p) -> list[str]:
             f"parameter (p = {pb} B, r = {rb} B) x {psi / 1e9:.4g}B parameters x {p.grad_accum} micro-batch(es) "
             f"at {BANDWIDTH_SHARE} x {c.gpu.memory_Bps / 1e12:.4g} TB/s = {ms(p.fsdp_copy_s)}, on the compute stream")
     if side:
-        units, root = _fsdp_units(p.model, s, psi)
-        block = (psi - root) / units
+        n, root = units(p.model, s, psi)
+        block = (psi - root) / n
         what = ("cast to the reduce dtype p + r and " if t.fsdp == "fsdp1" and rb != pb else "") + "in-place divide 2 x r"
         line += (f"; the {what} = {side:g} B per parameter run on the reduce-scatter stream ahead of each "
                  f"collective: {block / 1e9:.4g}B parameters a block = {ms(block * side / bw)}, counted in its r")
