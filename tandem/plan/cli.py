@@ -73,6 +73,8 @@ def plan_cmd(
                                         "attention kernel's published speed (fused: the GPU's usual one)."),
     kernels: Optional[str] = O(None, help="fused (Megatron/NeMo/TE, default) | compiled (torch.compile) | eager: "
                                "which norms, adds, activations and loss run as separate memory-bound passes."),
+    fsdp: Optional[str] = O(None, help="fsdp2 (torch's fully_shard, default) | fsdp1 (FullyShardedDataParallel): "
+                            "which ZeRO-3 copies of unsharded parameters and gradients are timed."),
     compute_time: Optional[float] = O(None, "--compute-time", help="Measured compute seconds per step per GPU."),
     dp: Optional[int] = O(None, help="Data-parallel degree (default: GPUs / (tp x pp x cp))."),
     tp: Optional[int] = O(None, help="Tensor-parallel degree."),

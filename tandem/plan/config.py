@@ -72,6 +72,8 @@ class Training:
                                              # the default) | compiled (torch.compile) | eager (PyTorch eager)
     fused_loss: bool | None = None           # a fused cross-entropy kernel (None: as `kernels` has it; eager
                                              # stacks may still use one, e.g. llm-foundry's flash-attn loss)
+    fsdp: str = "fsdp2"                      # ZeRO-3 as torch's fully_shard (FSDP2, tandem's trainer, torchtitan) or
+                                             # FullyShardedDataParallel (fsdp1): its copies (fsdp_runtime.py)
 
     def __post_init__(self):
         if not isinstance(self.global_batch, int) or self.global_batch <= 0:
@@ -81,6 +83,7 @@ class Training:
         self.optimizer = _choice(self.optimizer.replace("_", "-"), OPTIMIZERS, "optimizer")
         self.cp_impl = _choice(self.cp_impl, ("megatron", "torch", "allgather"), "cp-impl")
         self.kernels = _choice(self.kernels, KERNELS, "kernels")
+        self.fsdp = _choice(self.fsdp, ("fsdp1", "fsdp2"), "fsdp")
         if self.attention_kernel:
             self.attention_kernel = _choice(self.attention_kernel, ATTENTION_KERNELS, "attention-kernel")
             self.flash_attention = self.attention_kernel != "unfused"

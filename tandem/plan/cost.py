@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from tandem.core.errors import ConfigError
 from tandem.plan import comm as C
 from tandem.plan import efficiency as E
+from tandem.plan import fsdp_runtime as FR
 from tandem.plan import memory_bound as MB
 from tandem.plan import moe_cp as MC
 from tandem.plan import overlap as O
@@ -83,6 +84,7 @@ class Plan:
     cp_merge_s: float = 0.0              # torch's ring attention: fp32 merges of partial outputs (in compute_s)
     mem_bound_s: float = 0.0             # norms, adds, activations, loss at the memory bandwidth (in compute_s)
     optimizer_s: float = 0.0             # optimizer step + clipping at the memory bandwidth (in compute_s)
+    fsdp_copy_s: float = 0.0             # FSDP's copies of unsharded params/grads, compute stream (fsdp_runtime.py)
 
     @property
     def comm_s(self) -> float:
@@ -260,8 +262,9 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
         repl_g = C.layout(s.dp * s.cp // shard, s.tp * shard, gpn)
     else:
         shard_g, repl_g = dpg, C.Group(1, 1, 1)
+    copy_s, side = FR.plan_seconds(m, c, t, s, mb) if cx and t.efficiency is None else (0.0, 0.0)
     if s.dp * s.cp > 1:
-        ops += dp_ops(m, c, t, s, mb, compute, f_model, f_hw, dpg, shard_g, repl_g)
+        ops += dp_ops(m, c, t, s, mb, compute, f_model, f_hw, dpg, shard_g, repl_g, side)
     if m.gpt is not None and (s.cp > 1 or s.ep > 1):
         stage_n = max(counts) if counts else m.gpt.layers
         attn_rate = E.attention_rate(c, t, s, m.gpt.seq, rate, eff) if factors is None else rate
@@ -284,15 +287,14 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
             ops.append(CommOp("pp-p2p", "send_recv", act / s.tp, calls, ppg,
                               c.inter.name if cross else c.intra.name, tm, tm))
     mem = mem or memory(m, c, t, s, mb)
-    opt_s = MB.optimizer_seconds(updated_params(m, s, c), c, t) \
-        if cx and t.efficiency is None else 0.0
-    compute += opt_s   # after the last backward: no collective hides behind it, no bubble repeats it
+    opt_s = MB.optimizer_seconds(updated_params(m, s, c), c, t) if cx and t.efficiency is None else 0.0
+    compute += opt_s + copy_s   # the step: after the last backward; the copies: not in the windows dp_ops used
     return Plan(m, c, t, s, mb, mem, ops, eff, rate, hw_fpg, model_fpg, compute, bubble, measured,
                 host_factors=factors, stage_layers=counts, stage_imbalance=imbalance,
                 attn_bf16_s=attn_bf16 * imbalance, gemm_roofline=gemm, attn_s=attn_s * imbalance,
                 attn_ratio=cx.get("attn_ratio", 1.0), attn_kernel=cx.get("kernel", ""), linear_share=cx.get("gemm", 1.0),
                 gemm_shape=cx.get("tiles", 1.0), fp8_cast_s=cx.get("cast_s", 0.0) * imbalance, cp_merge_s=merge * imbalance,
-                mem_bound_s=cx.get("mem_s", 0.0) * imbalance, optimizer_s=opt_s)
+                mem_bound_s=cx.get("mem_s", 0.0) * imbalance, optimizer_s=opt_s, fsdp_copy_s=copy_s)
 
 
 def stage_psi(m: ModelStats, s: Strategy) -> float:
@@ -316,20 +318,8 @@ def updated_params(m: ModelStats, s: Strategy, c: Cluster) -> float:
     return ne / (shard_group(s, c) if s.zero else 1) + e / (expert_shard_group(s, c) if s.zero else 1)
 
 
-def _fsdp_units(m: ModelStats, s: Strategy, psi: float) -> tuple[int, float]:
-    """FSDP wraps one unit per transformer block (the root holds embeddings and head); other models one
-    unit per largest layer. Returns (units, root parameters per GPU before sharding)."""
-    if m.gpt is not None:
-        units = max(1, m.gpt.layers // s.pp)
-        lp = m.gpt.layer_params() if m.moe is None else MC.dense_layer_params(m.moe)
-        return units, max(0.0, psi - units * lp / s.tp)
-    if m.largest_layer_params:
-        return max(1, int(-(-psi // m.largest_layer_params))), 0.0
-    return 1, 0.0
-
-
 def dp_ops(m: ModelStats, c: Cluster, t: Training, s: Strategy, mb: int, compute: float, f_model: float,
-           f_hw: float, dpg: C.Group, shard_g: C.Group, repl_g: C.Group) -> list[CommOp]:
+           f_hw: float, dpg: C.Group, shard_g: C.Group, repl_g: C.Group, side: float = 0.0) -> list[CommOp]:
     """Data-parallel collectives with the framework's chunking (buckets, blocks) and overlap."""
     by = t.bytes
     psi = stage_psi(m, s)
@@ -370,12 +360,13 @@ def dp_ops(m: ModelStats, c: Cluster, t: Training, s: Strategy, mb: int, compute
         else:
             ops.append(op("dp-params", "all_gather", pbytes, 1, shard_g, buckets, "none", 0.0, lambda tm: tm))
     else:
-        units, root = _fsdp_units(m, s, psi)
+        units, root = FR.units(m, s, psi)
         block = (psi - root) / units
         a = C.collective("all_gather", block * pb, 1, shard_g, c)[0]
-        r = C.collective("reduce_scatter", block * gb, 1, shard_g, c)[0]
+        # side: seconds a parameter of FSDP's own kernels ahead of each reduce-scatter on its stream (fsdp_runtime.py)
+        r = C.collective("reduce_scatter", block * gb, 1, shard_g, c)[0] + block * side
         ra = C.collective("all_gather", root * pb, 1, shard_g, c)[0] if root else 0.0
-        rr = C.collective("reduce_scatter", root * gb, 1, shard_g, c)[0] if root else 0.0
+        rr = C.collective("reduce_scatter", root * gb, 1, shard_g, c)[0] + root * side if root else 0.0
         ex = O.fsdp(units, a, r, fwd / units, bwd / units, ra, rr)
         chunks = units + (1 if root else 0)
         # gathered before forward and again before backward (the root once), every micro-batch

@@ -6,6 +6,7 @@ import math
 
 from tandem.plan import comm as C
 from tandem.plan import efficiency as E
+from tandem.plan import fsdp_runtime as FR
 from tandem.plan import memory_bound as MB
 from tandem.plan import nccl_algos as NA
 from tandem.plan import stages as ST
@@ -235,7 +236,7 @@ def explain(p: Plan) -> list[str]:
                    + _compute_total(p))
     else:
         out.append("Compute: unknown for a bare --params model; give --compute-time or a model shape.")
-    out += MB.explain(p)
+    out += MB.explain(p) + FR.explain(p)
     if s.pp > 1 and p.stage_layers and m.gpt is not None:
         from tandem.plan.explain_layout import pipeline_line
 
@@ -356,12 +357,13 @@ def _activation_sentence(p: Plan) -> str:
 def _compute_total(p: Plan) -> str:
     """The sum: (linear + attention + casts + merges + memory-bound) x the slowest stage's imbalance, + the
     optimizer step (once, not scaled: it runs after the last backward on each stage's own parameters)."""
-    per_stage = p.compute_s - p.optimizer_s
-    out = f" = {ms(per_stage / p.stage_imbalance)}" if (p.optimizer_s or p.stage_imbalance != 1) else ""
+    per_stage = p.compute_s - p.optimizer_s - p.fsdp_copy_s
+    out = f" = {ms(per_stage / p.stage_imbalance)}" if (p.optimizer_s or p.fsdp_copy_s or p.stage_imbalance != 1) else ""
     if p.stage_imbalance != 1:
         out += f", x {p.stage_imbalance:.4g} on the slowest pipeline stage = {ms(per_stage)}"
     if p.optimizer_s:
         out += f", + optimizer step {ms(p.optimizer_s)}"
+    out += f", + FSDP copies {ms(p.fsdp_copy_s)}" if p.fsdp_copy_s else ""
     return out + f" = {ms(p.compute_s)}."
 
 

@@ -55,6 +55,7 @@ class PlanArgs:
     stage_layers: str | None = None
     compute_time: float | None = None
     kernels: str | None = None
+    fsdp: str | None = None
     dp: int | None = None
     tp: int | None = None
     pp: int | None = None
@@ -260,7 +261,7 @@ def resolve(a: PlanArgs) -> tuple[ModelStats, Cluster, Training, dict]:
                  warmup_steps=v.get("warmup_steps") or 0, threads_per_worker=v.get("threads_per_worker"),
                  cp_impl=v.get("cp_impl") or "megatron", clip_grad=spec.get("_clip_grad", True),
                  weight_decay=spec.get("_weight_decay", False), nesterov=spec.get("_nesterov", False),
-                 fused_loss=v.get("fused_loss"),
+                 fused_loss=v.get("fused_loss"), fsdp=v.get("fsdp") or "fsdp2",
                  # tandem's trainer keeps fp32 weights: a 16-bit precision (the spec's or --precision) is autocast
                  autocast="_job" in spec and v["precision"] in ("bf16", "fp16"))
     return m, c, t, v

@@ -7,8 +7,10 @@ SDPA flash attention, token/gpu/sec as the expected number.
 The planner gets each row's shape, 128 A100-80GB (16 nodes of 8), the sharding strategy (HSDP as --zero 3
 --hsdp: shard inside a node, replicate across; FSDP as --zero 3 over all 128), the per-GPU batch as the
 micro-batch, activation checkpointing True as full recompute (the README's selective_checkpointing default of 1
-checkpoints every block), AdamW and its default efficiency: nothing fitted. The interconnect is not stated:
-8 x HDR 200 assumed; 4 x 100 Gb/s gives the same numbers to 1%, 2 x 100 Gb/s moves only 13B (-13% instead of +5%).
+checkpoints every block), AdamW and its default efficiency: nothing fitted. The interconnect: "128 A100 GPUs with
+400Gbps network connectivity and GPU direct RDMA" (the PyTorch blog's Training Details; the README's later table
+headers say "A100 80G 128 GPUs with 400Gbps"): 2 x RoCE 200 Gb/s a node (4 x 100 gives the same rates). Until
+session 8 the test assumed 8 x HDR 200 (1.6 Tb/s): 13B +27.1% then, +25.8% at 400 Gb/s.
 
 KNOWN MISS (issue 14 asks 10% median, 25% max). On main when written: median 20.5%, max 31.1%; after the achievable
 link rates and the per-architecture attention factor: 23.1% / 32.9% (7B -10.4%, 13B +4.5%, 34B -31.1%, 70B
@@ -31,6 +33,18 @@ faster rows, the 13B miss larger; pinned just above.
 With both the memory-bound ops and the attention-kernel model, as merged: median 9.8%, max 29.1% (7B +11.5%,
 13B +29.1%, 34B -8.1%, 70B -7.0%): KNOWN MISS on the max, pinned at 10% / 30%; the 13B row (40% MFU published
 against 7B's 48%) is still not explained.
+With FSDP1's own copies timed (fsdp_runtime.py, fsdp="fsdp1": fms-fsdp wraps the model in FullyShardedDataParallel,
+use_orig_params only with compile; backward concatenates the flat parameter's views' gradients, 4 B per unsharded
+parameter per micro-batch, and pre-divides the unsharded gradient before each reduce-scatter, hidden with it) and
+the blog's 400 Gb/s a node: median 9.2%, max 25.8% (7B +9.9%, 13B +25.8%, 34B -8.5%, 70B -7.3%): KNOWN MISS on the
+max by 0.8 points, pinned at 10% / 26%. HSDP's replica all-reduce of the 13B row (3.25 GB a GPU across 16 nodes,
+1.03 s at 400 Gb/s) now nearly fills its 1.2 s backward; its exposed communication is 2.0% of the step (was under
+1% at 1.6 Tb/s; asserted under 3%). Not modelled, and each a candidate for the rest: fms's RMSNorm upcasts to fp32
+(fms/modules/layernorm.py, use_high_precision_pow=True in fms's LLaMA block, as Meta's and HF's RMSNorm do): counted
+op by op through autograd as 18 passes forward and 46 backward a norm where the planner's eager RMSNorm has 7 and 18,
+it gives median 10.4%, max 21.3% (7B +5.1%, 13B +21.3%, 34B -11.2%, 70B -9.6%): the miss moves from the max to the
+median, and torchtitan's eager rows move with it, so it was not adopted in this change; NCCL kernels slowing the
+GEMMs they overlap (no source with a figure read); the step's two host syncs (loss.item(), clip_grad_norm_().item()).
 """
 
 from statistics import median
@@ -50,23 +64,23 @@ SHAPES = {
 # Model Size, Sharding Strategy HSDP?, Activation Checkpointing, Batch Size (per GPU), token/gpu/sec
 ROWS = [("7b", True, False, 2, 3760), ("13b", True, False, 1, 1700), ("34b", False, True, 8, 772),
         ("70b", False, True, 6, 380)]
-KNOWN_MISS = (0.10, 0.30)   # (median, max) pinned: see KNOWN MISS above
+KNOWN_MISS = (0.10, 0.26)   # (median, max) pinned: see KNOWN MISS above
 
 
 def errors() -> dict[str, float]:
     out = {}
     for name, hsdp, ckpt, batch, tps in ROWS:
         m = gpt_stats(GPTShape(**SHAPES[name]), f"llama2-{name}")
-        c = make_cluster("a100-80gb", 8, 16, inter="ib-hdr", nics_per_node=8)
+        c = make_cluster("a100-80gb", 8, 16, inter="roce-200", nics_per_node=2)
         t = Training(global_batch=batch * 128, precision="bf16", optimizer="adamw", attention_kernel="fa2",
-                     kernels="eager")
+                     kernels="eager", fsdp="fsdp1")
         s = Strategy(dp=128, zero=3, hsdp=hsdp, micro_batch=batch, recompute="full" if ckpt else "none",
                      ranks_per_node=8)
         validate(m, c, t, s)
         p = evaluate(m, c, t, s)
         assert p.memory.fits, (name, p.memory.total / 2**30)   # they ran
         exposed = sum(o.exposed_s for o in p.comm)
-        assert exposed < 0.02 * p.step_s, (name, exposed, p.step_s)   # the miss is not communication
+        assert exposed < 0.03 * p.step_s, (name, exposed, p.step_s)   # the miss is not communication
         out[name] = batch * 4096 / p.step_s / tps - 1
     return out
 
@@ -80,4 +94,4 @@ def test_tokens_per_gpu_known_miss():
 def test_rows_but_13b_within_the_issue_tolerance():
     e = errors()
     assert all(abs(e[k]) <= 0.25 for k in ("7b", "34b", "70b")), e
-    assert abs(e["13b"]) <= 0.30, e   # known miss, see above
+    assert abs(e["13b"]) <= 0.26, e   # known miss, see above

@@ -27,6 +27,17 @@ loss, 1-2% of this step) and the A100 linear share re-derived without them from 
 residuals and embeddings, separate eager kernels) is not modelled (memory_bound.py takes dropout as off).
 With A100 unfused attention at its measured 0.156 of peak (was 0.163): median 10.5%, max 14.2% (batch 1 +14.2%,
 batch 2 +6.8%), pinned at 11% / 15%.
+PASSES since FSDP1's own copies are timed (fsdp_runtime.py, fsdp="fsdp1": the paper's FullyShardedDataParallel;
+read in torch's source): backward concatenates the flat parameter's split views' gradients into the flat gradient,
+4 B per unsharded parameter per micro-batch on the compute stream, 175.2B x 4 B / (0.9 x 2.039 TB/s) = 382 ms a
+micro-batch, a fixed cost per micro-batch that weighs twice as much at batch 1 (the paper's batch 1 runs 7% below
+batch 2 per FLOP); the in-place pre-divide (factor 32 at 512 GPUs) before each reduce-scatter, 3.95 ms a block,
+hides with it. Measured: median 8.4%, max 11.3% (batch 1 +11.3%, batch 2 +5.4%, both still fast: minGPT's
+dropout remains unmodelled). Communication exposed: 0.99% of the batch-1 step (asserted under 1%).
+Checked against the paper's other statement: with backward prefetch off (FSDP1 then gathers block i only after
+block i+1's reduce-scatter, both serial with compute) the planner's blocks give 22% at batch 2 and 44% at batch
+1 against the "approximately 18% speedup" of Section 5.2 (Figure 6 (b), batch not stated): communication is not
+too fast here, so a slower network is no explanation for the fast rows.
 """
 
 from statistics import median
@@ -45,7 +56,8 @@ GPUS = 512
 def _plan(batch: int, gpus: int = GPUS):
     m = gpt_stats(GPTShape(**GPT_175B), "mingpt-175b")
     c = make_cluster("a100-80gb", 8, gpus // 8, inter="roce-200", nics_per_node=8)
-    t = Training(global_batch=batch * gpus, precision="bf16", optimizer="adam", kernels="eager")
+    t = Training(global_batch=batch * gpus, precision="bf16", optimizer="adam", kernels="eager",
+                 fsdp="fsdp1")
     s = Strategy(dp=gpus, zero=3, micro_batch=batch, recompute="full", ranks_per_node=8)
     validate(m, c, t, s)
     return evaluate(m, c, t, s)
@@ -64,9 +76,16 @@ def SCOREBOARD() -> dict[str, dict[str, float]]:
     return {"fsdp paper 175B": errors()}
 
 
-def test_tflops_per_gpu_known_miss():
+def test_tflops_per_gpu_within_the_issue_tolerance():
     errs = {k: abs(e) for k, e in errors().items()}
-    assert median(errs.values()) <= 0.11 and max(errs.values()) <= 0.15, errs   # pinned: see KNOWN MISS above
+    assert median(errs.values()) <= 0.10 and max(errs.values()) <= 0.25, errs   # issue 14: 10% median, 25% max
+
+
+def test_fsdp1_copies_are_what_moved_it():
+    """4 B per unsharded parameter a micro-batch at 0.9 of the A100's bandwidth; without it batch 1 is +14%."""
+    p = _plan(1)
+    assert abs(p.fsdp_copy_s - 175.2e9 * 4 / (0.9 * 2.039e12)) < 0.01 * p.fsdp_copy_s, p.fsdp_copy_s
+    assert hw_tflops(1) * p.step_s / (p.step_s - p.fsdp_copy_s) > ROWS[1] * 1.12, p.fsdp_copy_s
 
 
 def test_it_fits_and_the_miss_is_not_communication():

@@ -1,0 +1,106 @@
+"""FSDP's own memory traffic: the copies and divisions each implementation runs on every unsharded parameter and
+gradient of every micro-batch, timed at the memory bandwidth (memory_bound.BANDWIDTH_SHARE).
+
+Both implementations move the gathered parameters and the unsharded gradients through extra kernels besides the
+collectives; which ones, and on which stream, differs (read in torch 2.13's source, torch/distributed/fsdp/):
+
+- ``fsdp1`` (FullyShardedDataParallel, one FlatParameter per unit). The all-gather writes straight into the
+  unsharded flat parameter, so forward copies nothing. The module's parameters are views made by ``torch.split``
+  of the flat parameter under autograd (_flat_param.py, ``_get_unflat_views_unaligned`` called from
+  ``_use_unsharded_views`` with grad enabled), so backward assembles the flat gradient from the views' gradients
+  (split's backward is a concatenation): read and write of every unsharded gradient element, on the compute
+  stream. The post-backward hook then casts it to the reduce dtype if that differs, and divides it in place by the
+  pre-divide factor before the reduce-scatter (_runtime_utils.py ``_reduce_grad``: ``_div_if_needed(
+  padded_unsharded_grad, _gradient_predivide_factor)``; the factor, _init_utils.py with default_hooks.py, is the
+  largest power of two f with world % f == 0 and world / f > f, so it is > 1 for any world of 2 or more, HSDP
+  counting shard x replica): a read and a write of every element on the post-backward stream, ahead of the
+  reduce-scatter on that stream.
+- ``fsdp2`` (fully_shard, one parameter group per unit). The all-gather output is one buffer that
+  ``split_with_sizes_copy`` copies out into the unsharded parameters on the compute stream
+  (_fully_shard/_fsdp_collectives.py ``foreach_all_gather_copy_out``): read and write of every element, at each
+  gather (forward and, resharded after forward, again for backward). The gradients are copied into one
+  reduce-scatter buffer by ``torch._chunk_cat`` (``foreach_reduce_scatter_copy_in``, before the reduce-scatter
+  stream waits on the compute stream: on the compute stream), cast to the reduce dtype on the way. BF16 and FP32
+  reductions divide inside NCCL (ReduceOp.AVG: ``_get_gradient_divide_factors``, "use NCCL's built-in division to
+  avoid separate div kernels"); FP16 pre-divides the buffer on the reduce-scatter stream.
+
+Left out: the shard-sized casts and copy-ins (1/shard of these bytes), the optimizer step's own passes
+(memory_bound.py), CPU time of the hooks.
+"""
+
+from __future__ import annotations
+
+from tandem.plan import moe_cp as MC
+
+IMPLS = ("fsdp1", "fsdp2")
+NAME = {"fsdp1": "torch's FullyShardedDataParallel", "fsdp2": "torch's fully_shard"}
+
+
+def units(m, s, psi: float) -> tuple[int, float]:
+    """FSDP wraps one unit per transformer block (the root holds embeddings and head); other models one
+    unit per largest layer. Returns (units, root parameters per GPU before sharding)."""
+    if m.gpt is not None:
+        n = max(1, m.gpt.layers // s.pp)
+        lp = m.gpt.layer_params() if m.moe is None else MC.dense_layer_params(m.moe)
+        return n, max(0.0, psi - n * lp / s.tp)
+    if m.largest_layer_params:
+        return max(1, int(-(-psi // m.largest_layer_params))), 0.0
+    return 1, 0.0
+
+
+def copy_bytes(impl: str, p: float, r: float, fp16_reduce: bool = False, gathers: int = 2) -> tuple[float, float]:
+    """Bytes per unsharded parameter per micro-batch: (on the compute stream, on the reduce-scatter stream ahead of
+    the collective). ``p``: bytes of a gathered parameter (and of its gradient as autograd makes it), ``r``: of the
+    reduced gradient, ``gathers``: all-gathers per micro-batch (2 when resharded after forward)."""
+    if impl == "fsdp1":
+        cast = p + r if r != p else 0.0
+        return 2 * p, cast + 2 * r
+    return gathers * 2 * p + (p + r), (2 * r if fp16_reduce else 0.0)
+
+
+def plan_seconds(m, c, t, s, micro_batches: int) -> tuple[float, float]:
+    """(compute-stream seconds a step, reduce-stream seconds per unsharded parameter a micro-batch) of a ZeRO-3 plan
+    whose data-parallel ranks shard (0, 0 otherwise)."""
+    if s.zero != 3 or s.dp * s.cp <= 1 or c.gpu.memory_Bps <= 0:
+        return 0.0, 0.0
+    from tandem.plan.cost import stage_psi
+    from tandem.plan.memory_bound import BANDWIDTH_SHARE
+
+    bw = c.gpu.memory_Bps * BANDWIDTH_SHARE
+    comp, side = copy_bytes(t.fsdp, *_dtypes(t, s))
+    return stage_psi(m, s) * comp / bw * micro_batches, side / bw
+
+
+def explain(p) -> list[str]:
+    """The arithmetic of the FSDP copies' line (tandem.plan.explain), reproducing ``p.fsdp_copy_s``."""
+    if not p.fsdp_copy_s:
+        return []
+    from tandem.plan.cost import stage_psi
+    from tandem.plan.explain import ms
+    from tandem.plan.memory_bound import BANDWIDTH_SHARE
+
+    t, s, c = p.training, p.strategy, p.cluster
+    psi, bw = stage_psi(p.model, s), c.gpu.memory_Bps * BANDWIDTH_SHARE
+    pb, rb, fp16 = _dtypes(t, s)
+    comp, side = copy_bytes(t.fsdp, pb, rb, fp16)
+    how = ("backward concatenates the views' gradients into the flat gradient (split's backward), 2 x p"
+           if t.fsdp == "fsdp1" else "all-gather copy-out 2 x p at each of 2 gathers + reduce-scatter copy-in p + r")
+    line = (f"FSDP copies (--fsdp {t.fsdp}: {NAME[t.fsdp]}; fsdp_runtime.py): {how} = {comp:g} B per unsharded "
+            f"parameter (p = {pb} B, r = {rb} B) x {psi / 1e9:.4g}B parameters x {p.grad_accum} micro-batch(es) "
+            f"at {BANDWIDTH_SHARE} x {c.gpu.memory_Bps / 1e12:.4g} TB/s = {ms(p.fsdp_copy_s)}, on the compute stream")
+    if side:
+        n, root = units(p.model, s, psi)
+        block = (psi - root) / n
+        what = ("cast to the reduce dtype p + r and " if t.fsdp == "fsdp1" and rb != pb else "") + "in-place divide 2 x r"
+        line += (f"; the {what} = {side:g} B per parameter run on the reduce-scatter stream ahead of each "
+                 f"collective: {block / 1e9:.4g}B parameters a block = {ms(block * side / bw)}, counted in its r")
+    return [line + "."]
+
+
+def _dtypes(t, s) -> tuple[int, int, bool]:
+    """(gathered parameter bytes, reduced gradient bytes, fp16 reduction) of this plan."""
+    from tandem.plan import comm as C
+
+    r = C.grad_reduce_bytes(t.precision, s.zero, t.bytes["grad"], t.grad_reduce)
+    fp16 = (t.grad_reduce or ("fp16" if t.precision == "fp16" else "")) == "fp16"
+    return t.bytes["param"], r, fp16
