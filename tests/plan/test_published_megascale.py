@@ -55,7 +55,7 @@ from tandem.plan.model import GPTShape, gpt_stats
 TABLE_2 = [(768, 256, 40.0, 0.530), (768, 512, 21.2, 0.499), (768, 768, 15.2, 0.467), (768, 1024, 11.9, 0.447),
            (6144, 3072, 29.02, 0.487), (6144, 6144, 14.78, 0.478), (6144, 8192, 12.24, 0.433),
            (6144, 12288, 8.57, 0.412)]
-GPT_175B = GPTShape(layers=96, hidden=12288, heads=128, seq=2048, vocab=51200)
+GPT_175B = GPTShape(layers=96, hidden=12288, heads=128, seq=2048, vocab=64000)
 
 
 def errors(virtual: int = 6, recompute: str = "none") -> dict[int, float]:
