@@ -55,6 +55,10 @@ Pinned at 18% / 28%. Still at fault in the CP 16 row: the attention time at 131k
 cuDNN's published speed). Not changed, for want of a source: which FLOPs Meta's 380 TFLOP/s counts. The planner
 counts attention over the full s x s square (4 s h a token and layer, as Megatron and torchtitan's MFU do); at
 131k that is 8.6 of 15.0 GFLOPs a token forward, so a causal (half-square) count would put this row 29% lower.
+
+With the fill and drain repeating each micro-batch's tensor-parallel (and ring) communication (model_parallel.py:
+the bubble is in micro-batch times, and a micro-batch's time on a stage includes its exposed TP all-reduces) and the
+tied-embedding all-reduce (none here: Llama 3 unties them): -16.3%, -18.8%, +25.8%. Pinned at 19% / 26%.
 """
 
 from statistics import median
@@ -93,7 +97,7 @@ def errors(virtual=None) -> dict[str, float]:
     return {f"{row[0]} cp{row[2]}": _plan(*row, virtual=virtual).tflops_per_gpu / row[-1] - 1 for row in TABLE_4}
 
 
-KNOWN_MISS = (0.18, 0.28)   # (median, max) pinned: see the docstring's last paragraph
+KNOWN_MISS = (0.19, 0.26)   # (median, max) pinned: see the docstring's last paragraph
 
 
 def test_model_tflops_per_gpu_known_miss():
