@@ -42,7 +42,8 @@ What Megatron-LM 285068c8 (the commit §6.1 names) does once a step, read in its
 - the distributed optimizer's reduce-scatter (FP32 grad buffer, one call a model chunk) and bf16 all-gather, not
   overlapped in that version: charged in full (0.53 s at dp 4, 0.70 s at dp 192);
 - the tied embedding's gradient all-reduce between the first and last stage (optimizer.py
-  allreduce_word_embedding_grads, FP32 main_grad, 393 MB): 16 ms, now charged; the fill's TP all-reduces: 24 ms, now charged;
+  allreduce_word_embedding_grads, FP32 main_grad, 393 MB): 16 ms, now charged; the fill's TP all-reduces: 24 ms,
+  now charged;
 - the optimizer step on the ZeRO shard: 18 ms at dp 4 (memory_bound.py); the grad-norm all-reduce of one float over
   the world and the layer-norm grads over tp: microseconds to a millisecond;
 - data: get_batch runs per micro-batch and chunk (next() and a broadcast over tp), so it is per micro-batch. §3.4
