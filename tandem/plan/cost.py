@@ -13,6 +13,7 @@ from tandem.plan import comm as C
 from tandem.plan import efficiency as E
 from tandem.plan import fsdp_runtime as FR
 from tandem.plan import memory_bound as MB
+from tandem.plan import model_parallel as MP
 from tandem.plan import moe_cp as MC
 from tandem.plan import overlap as O
 from tandem.plan import ring as RING
@@ -85,6 +86,7 @@ class Plan:
     mem_bound_s: float = 0.0             # norms, adds, activations, loss at the memory bandwidth (in compute_s)
     optimizer_s: float = 0.0             # optimizer step + clipping at the memory bandwidth (in compute_s)
     fsdp_copy_s: float = 0.0             # FSDP's copies of unsharded params/grads, compute stream (fsdp_runtime.py)
+    bubble_comm_s: float = 0.0           # tp / cp / ep communication the fill and drain repeat (in bubble_s)
 
     @property
     def comm_s(self) -> float:
@@ -251,7 +253,7 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
         attn_bf16 = attn_s if t.precision == "fp8" else 0.0
     # the slowest pipeline stage sets the pace (compute x imbalance); fill and drain: the bubble (stages.py)
     counts, imbalance, bubble = ST.pipeline(m, s, compute, mb)
-    compute *= imbalance
+    mean_compute, compute = compute, compute * imbalance
 
     # ---- communication
     ops: list[CommOp] = []
@@ -270,22 +272,11 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
         attn_rate = E.attention_rate(c, t, s, m.gpt.seq, rate, eff) if factors is None else rate
         ops += [CommOp(**d) for d in MC.cp_ep_ops(m, c, s, by, mb, stage_n, attn_rate, s.recompute, t.cp_impl,
                                                          t.kv_repeat)]
-    if m.gpt is not None and (s.tp > 1 or s.pp > 1):
-        g = m.gpt
-        act = s.micro_batch * g.seq // s.cp * g.hidden * by["act"]
-        if s.tp > 1:
-            tpg = C.layout(s.tp, 1, gpn)
-            per_layer = 4 + (2 if s.recompute == "full" else 0)   # 2 fwd + 2 bwd (+2 recomputed fwd)
-            calls = per_layer * (max(counts) if counts else g.layers // s.pp) * mb
-            tm = C.collective("all_reduce", act, 1, tpg, c)[0] * calls
-            ops.append(CommOp("tp-activations", "all_reduce", act, calls, tpg, C.link_name(tpg, c), tm, tm))
-        if s.pp > 1:
-            cross = s.tp * s.dp >= gpn
-            ppg = C.Group(s.pp, 1 if cross else s.pp, s.pp if cross else 1)
-            calls = 2 * (mb + s.pp - 1) * s.virtual
-            tm = C.p2p(act / s.tp, cross, c) * calls
-            ops.append(CommOp("pp-p2p", "send_recv", act / s.tp, calls, ppg,
-                              c.inter.name if cross else c.intra.name, tm, tm))
+    if m.gpt is not None and (s.tp > 1 or s.pp > 1):   # tp activations, pp p2p, tied embedding (model_parallel.py)
+        ops += [CommOp(**d) for d in MP.mp_ops(m, c, t, s, counts, mb)]
+    # the fill and drain repeat each micro-batch's tp / cp / ep communication as they repeat its compute
+    bubble_comm = MP.bubble_comm(ops, counts, m.gpt.layers, s.pp, bubble, mean_compute) if m.gpt else 0.0
+    bubble += bubble_comm
     mem = mem or memory(m, c, t, s, mb)
     opt_s = MB.optimizer_seconds(updated_params(m, s, c), c, t) if cx and t.efficiency is None else 0.0
     compute += opt_s + copy_s   # the step: after the last backward; the copies: not in the windows dp_ops used
@@ -294,7 +285,8 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
                 attn_bf16_s=attn_bf16 * imbalance, gemm_roofline=gemm, attn_s=attn_s * imbalance,
                 attn_ratio=cx.get("attn_ratio", 1.0), attn_kernel=cx.get("kernel", ""), linear_share=cx.get("gemm", 1.0),
                 gemm_shape=cx.get("tiles", 1.0), fp8_cast_s=cx.get("cast_s", 0.0) * imbalance, cp_merge_s=merge * imbalance,
-                mem_bound_s=cx.get("mem_s", 0.0) * imbalance, optimizer_s=opt_s, fsdp_copy_s=copy_s)
+                mem_bound_s=cx.get("mem_s", 0.0) * imbalance, optimizer_s=opt_s, fsdp_copy_s=copy_s,
+                bubble_comm_s=bubble_comm)
 
 
 def stage_psi(m: ModelStats, s: Strategy) -> float:

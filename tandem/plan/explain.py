@@ -8,6 +8,7 @@ from tandem.plan import comm as C
 from tandem.plan import efficiency as E
 from tandem.plan import fsdp_runtime as FR
 from tandem.plan import memory_bound as MB
+from tandem.plan import model_parallel as MP
 from tandem.plan import nccl_algos as NA
 from tandem.plan import stages as ST
 from tandem.plan.config import fused_attention
@@ -80,7 +81,7 @@ def _comm_sentence(p: Plan, o) -> str:
     per = o.time_s / max(1, o.calls)
     chunked = f" in {o.chunks} {'buckets' if o.rule in ('buckets', 'prefetch') else 'calls'}" if o.chunks > 1 else ""
     head = (f"{o.name}: {o.collective} of {si(o.bytes)}{gather_note(p, o)} x {o.calls} call(s) per step{chunked} "
-            f"over {g.size} GPUs, {C.describe(g, c)}")
+            f"over {g.size} GPUs, {C.describe(g, c)}{MP.WHY.get(o.name, '')}")
     algo, _, proto = o.algorithm.partition("/")
     how = (f" with NCCL's {proto} protocol ({proto_note(proto)})" if proto else "")
     if o.collective == "all_reduce" and algo == "nvls":

@@ -17,7 +17,8 @@ def pipeline_line(p: Plan) -> str:
     imb, mb = p.stage_imbalance, p.grad_accum
     # the mean stage's micro-batch time, without the optimizer step (it is not repeated per micro-batch)
     per_mb = (p.compute_s - p.optimizer_s) / imb / mb if p.compute_s else 0.0
-    fill = p.bubble_s / per_mb if per_mb else 0.0
+    fill = (p.bubble_s - p.bubble_comm_s) / per_mb if per_mb else 0.0
+    comm_mb = p.bubble_comm_s / fill if fill else 0.0   # the mean stage's tp / cp / ep seconds a micro-batch
     src = "given (--stage-layers)" if s.stage_layers else "the planner's balanced split"
     ch = ""
     if v > 1:
@@ -32,8 +33,11 @@ def pipeline_line(p: Plan) -> str:
     return (f"Pipeline stages hold {','.join(map(str, p.stage_layers))} layers ({src}){ch}, the embedding on the "
             f"first and the logits ({hc:.3g} of a layer's FLOPs) on the last: the slowest stage has {imb:.4g}x the "
             f"mean stage's FLOPs and sets the pace: compute {ms(p.compute_s)} (m = {mb} micro-batches on the slowest "
-            f"stage) + fill and drain {fill:.4g} mean-stage micro-batch times ({wait}) x {ms(per_mb)} = "
-            f"{ms(p.bubble_s)}, {p.bubble_s / (p.compute_s + p.bubble_s):.1%} of compute+bubble (equal stages: "
+            f"stage) + fill and drain {fill:.4g} mean-stage micro-batch times ({wait}) x {ms(per_mb)}"
+            + (f" compute, + the same times of its tensor-parallel / ring / all-to-all communication, {fill:.4g} x "
+               f"{ms(comm_mb)} = {ms(p.bubble_comm_s)}: {ms(p.bubble_s - p.bubble_comm_s)} + "
+               f"{ms(p.bubble_comm_s)}" if p.bubble_comm_s else "")
+            + f" = {ms(p.bubble_s)}, {p.bubble_s / (p.compute_s + p.bubble_s):.1%} of compute+bubble (equal stages: "
             f"(p-1)/({'v x ' if v > 1 else ''}m+p-1) = {(s.pp - 1) / (v * mb + s.pp - 1):.1%}; Narayanan et al. "
             f"2021 §2.2).")
 

@@ -66,6 +66,7 @@ def to_dict(p: Plan, with_explain: bool = True) -> dict[str, Any]:
                  "serial_comm_share": p.serial_comm_share,
                  "compute_measured": p.compute_measured, "attn_s": p.attn_s, "mem_bound_s": p.mem_bound_s,
                  "optimizer_s": p.optimizer_s, "cp_merge_s": p.cp_merge_s, "fsdp_copy_s": p.fsdp_copy_s,
+                 "bubble_comm_s": p.bubble_comm_s,
                  "host_core_slowdown": p.host_factors[0] if p.host_factors else None,
                  "host_straggler_factor": p.host_factors[1] if p.host_factors else None},
         "throughput": {"samples_per_s": p.samples_per_s,

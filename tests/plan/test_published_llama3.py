@@ -62,6 +62,10 @@ docs/plan.md *Ring attention*), where load imbalance, the ring's per-step waits,
 backend were each ruled out against torch's and torchtitan's source. Two independent stacks (Meta's all-gather
 CP, torch's ring) agree on it; no source found says why. Meta's FLOP count is still unstated (torchtitan's MFU,
 by Meta's PyTorch team, counts the full square: "we follow the convention and do not account for sparsity").
+
+With the fill and drain repeating each micro-batch's tensor-parallel (and ring) communication (model_parallel.py:
+the bubble is in micro-batch times, and a micro-batch's time on a stage includes its exposed TP all-reduces) and the
+tied-embedding all-reduce (none here: Llama 3 unties them): -16.3%, -18.8%, +25.8%. Pinned at 19% / 26%.
 """
 
 from statistics import median
@@ -100,7 +104,7 @@ def errors(virtual=None) -> dict[str, float]:
     return {f"{row[0]} cp{row[2]}": _plan(*row, virtual=virtual).tflops_per_gpu / row[-1] - 1 for row in TABLE_4}
 
 
-KNOWN_MISS = (0.18, 0.28)   # (median, max) pinned: see the docstring's last paragraph
+KNOWN_MISS = (0.19, 0.26)   # (median, max) pinned: see the docstring's last paragraph
 
 
 def test_model_tflops_per_gpu_known_miss():

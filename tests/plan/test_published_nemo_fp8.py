@@ -19,6 +19,9 @@ square): median 7.7%, max 22.5%, within the tolerance. The model FLOPs per token
 tokens/s) match the planner's count to 0.1% on every row.
 As merged (memory-bound ops and the optimizer step charged apart, H100 linear share 0.508): median 8.4%, max 16.7%
 (+16.7% LLAMA3-8B, -14.3% LLAMA2-70B, -13.7% GPT3-175B on 512), within the tolerance.
+With the pipeline's fill and drain repeating each micro-batch's TP and ring communication and the tied embedding's
+gradient all-reduce (model_parallel.py): median 8.7%, max 14.9% (+14.9% LLAMA3-8B, -14.3% LLAMA2-70B, -13.9%
+GPT3-175B on 512).
 """
 
 from statistics import median

@@ -100,7 +100,8 @@ def test_last_stage_sets_the_pace():
 
 @pytest.mark.parametrize("virtual", [2, 4])
 def test_other_virtual_stages_known_miss(virtual):
-    """The unstated V: 4 gives +13.9/+14.0/+12.7%, 2 gives +17.7..+17.9% (still every row slow)."""
+    """The unstated V: 4 gives +13.9/+14.0/+12.7%, 2 gives +17.7..+17.9% (still every row slow); with the fill's
+    tensor-parallel communication (model_parallel.py) V 2 gives +18.6..+19.1%, its bubble being the largest."""
     errs = errors(virtual)
     assert all(e > 0 for e in errs.values()), errs
-    assert max(errs.values()) <= {2: 0.19, 4: 0.15}[virtual], errs
+    assert max(errs.values()) <= {2: 0.20, 4: 0.15}[virtual], errs

@@ -1,0 +1,72 @@
+"""Model-parallel communication of a transformer step: tensor-parallel activations, pipeline p2p, the tied
+embedding's gradient between the first and the last stage, and the per-micro-batch communication the pipeline's
+fill and drain repeat. Returns CommOp fields as dicts (cost.py builds them), as moe_cp.cp_ep_ops does.
+
+Sources, read in Megatron-LM at commit 285068c8 (MegaScale's baseline, its §6.1) and on main:
+- tensor parallel: 2 all-reduces forward + 2 backward a layer (Shoeybi et al. 2019), +2 with full recompute.
+- pipeline p2p: b·s·h/t a boundary (megatron/p2p_communication.py sends s/t x b x h under sequence parallelism,
+  or splits the tensor over the tp ranks, ``scatter_gather_tensors_in_pipeline``); 2·(m + p − 1)·v sends on the
+  critical path: each warm-up forward, 1F1B pair and cool-down backward ends in one blocking call
+  (tests/plan/megatron_schedule.py models that schedule; the count bounds it).
+- the embedding's gradient: with a pipeline, the last stage holds a copy of the tied word embedding and after
+  the last backward both copies' gradients are all-reduced over the 2-rank embedding group before the optimizer
+  step (285068c8: megatron/optimizer/optimizer.py ``allreduce_word_embedding_grads``, on the main_grad buffer,
+  FP32 under BF16; main: megatron/core/distributed/finalize_model_grads.py ``_allreduce_word_embedding_grads``,
+  after the data-parallel gradient sync): exposed, once a step.
+- fill and drain: stages.fill_units counts them in mean-stage micro-batch times; a micro-batch's time on a stage
+  includes its exposed tensor-parallel (and ring-attention / expert all-to-all) communication, which runs inside
+  each chunk as it does in the steady state, so the bubble repeats that communication too.
+"""
+
+from __future__ import annotations
+
+from tandem.plan import comm as C
+
+WHY = {"embedding-grad": " (the tied word embedding's gradient: its copies on the first and the last pipeline stage "
+                         "summed once a step after the last backward, in the data-parallel reduction's dtype; "
+                         "Megatron-LM's allreduce_word_embedding_grads)"}
+
+# per-micro-batch, per-layer communication on the stage's critical path: the fill and drain repeat it
+PER_MICRO_BATCH = ("tp-activations", "cp-ring", "ep-all-to-all")
+
+
+def mp_ops(m, c, t, s, counts: tuple[int, ...], mb: int) -> list[dict]:
+    """tp-activations, pp-p2p and embedding-grad for a transformer ``m`` (ModelStats) under strategy ``s``."""
+    g, by, gpn = m.gpt, t.bytes, c.gpus_per_node
+    act = s.micro_batch * g.seq // s.cp * g.hidden * by["act"]
+    ops: list[dict] = []
+    if s.tp > 1:
+        tpg = C.layout(s.tp, 1, gpn)
+        per_layer = 4 + (2 if s.recompute == "full" else 0)   # 2 fwd + 2 bwd (+2 recomputed fwd)
+        calls = per_layer * (max(counts) if counts else g.layers // s.pp) * mb
+        tm = C.collective("all_reduce", act, 1, tpg, c)[0] * calls
+        ops.append(_op("tp-activations", "all_reduce", act, calls, tpg, C.link_name(tpg, c), tm))
+    if s.pp > 1:
+        cross = s.tp * s.dp >= gpn
+        ppg = C.Group(s.pp, 1 if cross else s.pp, s.pp if cross else 1)
+        calls = 2 * (mb + s.pp - 1) * s.virtual
+        tm = C.p2p(act / s.tp, cross, c) * calls
+        ops.append(_op("pp-p2p", "send_recv", act / s.tp, calls, ppg, c.inter.name if cross else c.intra.name, tm))
+        if g.tied:
+            # one GPU of the first stage and its peer on the last: other nodes unless the whole pipeline fits in one
+            eg = C.Group(2, 1, 2) if cross else C.Group(2, 2, 1)
+            nbytes = g.vocab * g.hidden / s.tp * C.grad_reduce_bytes(t.precision, s.zero, by["grad"], t.grad_reduce)
+            tm = C.collective("all_reduce", nbytes, 1, eg, c)[0]
+            ops.append(_op("embedding-grad", "all_reduce", nbytes, 1, eg, C.link_name(eg, c), tm))
+    return ops
+
+
+def _op(name, collective, nbytes, calls, group, link, tm) -> dict:
+    return dict(name=name, collective=collective, bytes=nbytes, calls=calls, group=group, link=link, time_s=tm,
+                exposed_s=tm)
+
+
+def bubble_comm(ops, counts: tuple[int, ...], layers: int, pp: int, bubble: float, compute: float) -> float:
+    """Seconds of per-micro-batch communication inside the fill and drain: the mean stage's share of the slowest
+    stage's exposed per-micro-batch communication (ops are charged on the slowest stage's layers) x the fill in
+    micro-batch times (bubble / compute = fill / m, compute the mean stage's before the imbalance)."""
+    if bubble <= 0 or compute <= 0:
+        return 0.0
+    per_mb = sum(o.exposed_s for o in ops if o.name in PER_MICRO_BATCH)
+    mean_over_max = layers / pp / max(counts) if counts else 1.0
+    return per_mb * mean_over_max * bubble / compute
