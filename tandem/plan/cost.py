@@ -16,6 +16,7 @@ from tandem.plan import moe_cp as MC
 from tandem.plan import overlap as O
 from tandem.plan import ring as RING
 from tandem.plan import stages as ST
+from tandem.plan import tp_overlap as TPO
 from tandem.plan.config import Strategy, Training
 from tandem.plan.hardware import Cluster
 from tandem.plan.host import default_threads
@@ -270,12 +271,9 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
     if m.gpt is not None and (s.tp > 1 or s.pp > 1):
         g = m.gpt
         act = s.micro_batch * g.seq // s.cp * g.hidden * by["act"]
-        if s.tp > 1:
-            tpg = C.layout(s.tp, 1, gpn)
-            per_layer = 4 + (2 if s.recompute == "full" else 0)   # 2 fwd + 2 bwd (+2 recomputed fwd)
-            calls = per_layer * (max(counts) if counts else g.layers // s.pp) * mb
-            tm = C.collective("all_reduce", act, 1, tpg, c)[0] * calls
-            ops.append(CommOp("tp-activations", "all_reduce", act, calls, tpg, C.link_name(tpg, c), tm, tm))
+        if s.tp > 1:   # all-reduces (AG + RS with sequence parallelism), --tp-overlap: tp_overlap.py
+            ops.append(CommOp(**TPO.tp_op(m, c, t, s, max(counts) if counts else g.layers // s.pp, mb, act,
+                                          rate * cx.get("gemm", 1.0))))
         if s.pp > 1:
             cross = s.tp * s.dp >= gpn
             ppg = C.Group(s.pp, 1 if cross else s.pp, s.pp if cross else 1)

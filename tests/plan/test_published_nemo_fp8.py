@@ -50,13 +50,19 @@ ROWS = [
     ("llama3-70b", 64, 128, 1, 4, 4, 2, 5, 1533, 738),
 ]
 
+# Transformer Engine's userbuffers TP overlap (ub_tp_comm_overlap) as the NeMo-Framework-Launcher's 24.07 training
+# configs set it (launcher_scripts/conf/training/llama/llama2_70b.yaml, llama3_70b.yaml: true; gpt3/175b.yaml and
+# 175b_fp8.yaml: false; the tp 1 rows have none to overlap)
+TP_OVERLAP = {"llama2-70b": "ring", "llama3-70b": "ring"}
+
 
 def _row(name, gpus, gbs, mbs, tp, pp, cp, vp, tokens, tflops):
     m = gpt_stats(GPTShape(**SHAPES[name]), name)
     c = make_cluster("h100-sxm", 8, gpus // 8, inter="ib-ndr", nics_per_node=8)
     s = Strategy(dp=gpus // (tp * pp * cp), tp=tp, pp=pp, cp=cp, zero=1, micro_batch=mbs,
                  schedule="interleaved" if vp > 1 else "1f1b", virtual=vp, ranks_per_node=8)
-    t = Training(global_batch=gbs, precision="fp8", optimizer="adam", overlap_param_gather=True, attention_kernel="cudnn")
+    t = Training(global_batch=gbs, precision="fp8", optimizer="adam", overlap_param_gather=True, attention_kernel="cudnn",
+                 tp_overlap=TP_OVERLAP.get(name, "none"))
     p = evaluate(m, c, t, s)
     return m, p, gbs * m.gpt.seq / p.step_s / gpus
 
