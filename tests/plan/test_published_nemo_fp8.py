@@ -19,6 +19,12 @@ square): median 7.7%, max 22.5%, within the tolerance. The model FLOPs per token
 tokens/s) match the planner's count to 0.1% on every row.
 As merged (memory-bound ops and the optimizer step charged apart, H100 linear share 0.508): median 8.4%, max 16.7%
 (+16.7% LLAMA3-8B, -14.3% LLAMA2-70B, -13.7% GPT3-175B on 512), within the tolerance.
+Tensor-parallel overlap (--tp-overlap, tandem/plan/tp_overlap.py) as the NeMo-Framework-Launcher's 24.07 training
+configs set ub_tp_comm_overlap (TP_OVERLAP below): on (ring) for LLAMA2-70B (llama2_70b.yaml: TP 4, PP 4, VP 20 as
+the row) and LLAMA3-70B (llama3_70b.yaml: TP 4, PP 4, CP 2; VP 10 where the row has 5); off for GPT3-175B
+(gpt3/175b.yaml and 175b_fp8.yaml both False; neither has the rows' TP 4 / PP 8 / VP 6 exactly); the tp 1 rows
+have nothing to overlap. LLAMA2-70B -14.3% -> -3.4%, LLAMA3-70B -6.7% -> +5.5%: median 5.5%, max 14.9%
+(+14.9% LLAMA3-8B, -13.7% GPT3-175B on 512).
 """
 
 from statistics import median

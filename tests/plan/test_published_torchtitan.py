@@ -64,6 +64,13 @@ same shape at CP 2, 4 and 8 (a 32k x 16k or 16k x 32k rectangle, the causal 32k 
 token grows 2.37x from CP 2 to CP 4 for 2x the attention FLOPs (1.78x predicted) and 1.95x from CP 4 to CP 8: a
 cost that grows faster than the ring's steps at a fixed block, which no source read here (torch's ring, torchtitan's
 train loop, its TPS accounting: labels.numel() / (time x cp x tp x pp), as the test computes) accounts for.
+
+Async TP: Tables 5 and 6 ran it ("+ AsyncTP" in their captions), Table 4's "2D" row did not. The rows are planned
+with --tp-overlap none all the same: the planner's ring rule (tandem/plan/tp_overlap.py) over-states torch's async
+TP on this very report's Table 4 pair (2D 829 -> 2D + AsyncTP 876, 1.057x; the planner 1.188x;
+tests/plan/test_tp_overlap.py), and with it the T5/T6 rows go +8.4 -> +17.2% (1F1B), -10.8 -> -3.1%
+(interleaved), +5.3 -> +11.3% and +26.9 -> +32.2% (CP 1 / CP 2): median 8.4% -> 10.7%, a passing median traded
+for a term the same table says is too optimistic.
 """
 
 from statistics import median
