@@ -46,7 +46,7 @@ class CommOp:
     exposed_s: float
     chunks: int = 1       # framework calls per logical call (DDP buckets, FSDP blocks)
     algorithm: str = "ring"
-    rule: str = "none"    # what hides it: buckets | prefetch | fsdp | manual | none
+    rule: str = "none"    # what hides it: buckets | prefetch | fsdp | manual | tp-bulk | tp-ring | none
     window_s: float = 0.0 # compute it can hide behind, per logical call
     detail: tuple = ()    # fsdp: (blocks, gather, scatter, block fwd, block bwd, root gather, root scatter) s
 
