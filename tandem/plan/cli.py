@@ -85,6 +85,8 @@ def plan_cmd(
     cp_impl: Optional[str] = O(None, "--cp-impl", help="Ring attention as megatron (Megatron-core/TE p2p ring, "
                                "default), torch (torch's context_parallel, as torchtitan runs it) or allgather (Llama 3's "
                                "all-gather CP)."),
+    tp_overlap: Optional[str] = O(None, "--tp-overlap", help="none (default) | bulk | ring: tensor-parallel AG/RS "
+                                  "hidden behind their GEMMs (TE userbuffers' tp_comm_overlap, torch's async TP)."),
     zero: Optional[int] = O(None, help="ZeRO stage 0-3 (3 = FSDP full shard)."),
     schedule: Optional[str] = O(None, help="Pipeline schedule: 1f1b | gpipe | interleaved."),
     virtual: Optional[int] = O(None, help="Interleaved: model chunks per stage (default 2)."),

@@ -23,6 +23,7 @@ ATTENTION_KERNELS = ("unfused", "fused", "fa2", "fa3", "cudnn")   # tandem/plan/
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 KERNELS = ("fused", "compiled", "eager")   # tandem.plan.memory_bound
+TP_OVERLAP = ("none", "bulk", "ring")      # tandem.plan.tp_overlap
 
 
 def _choice(value: str, valid, field: str) -> str:
@@ -74,6 +75,8 @@ class Training:
                                              # stacks may still use one, e.g. llm-foundry's flash-attn loss)
     fsdp: str = "fsdp2"                      # ZeRO-3 as torch's fully_shard (FSDP2, tandem's trainer, torchtitan) or
                                              # FullyShardedDataParallel (fsdp1): its copies (fsdp_runtime.py)
+    tp_overlap: str = "none"                 # tensor-parallel AG/RS behind their GEMMs: none | bulk | ring
+                                             # (TE userbuffers, torch async TP: tandem/plan/tp_overlap.py)
 
     def __post_init__(self):
         if not isinstance(self.global_batch, int) or self.global_batch <= 0:
@@ -84,6 +87,7 @@ class Training:
         self.cp_impl = _choice(self.cp_impl, ("megatron", "torch", "allgather"), "cp-impl")
         self.kernels = _choice(self.kernels, KERNELS, "kernels")
         self.fsdp = _choice(self.fsdp, ("fsdp1", "fsdp2"), "fsdp")
+        self.tp_overlap = _choice(self.tp_overlap, TP_OVERLAP, "tp-overlap")
         if self.attention_kernel:
             self.attention_kernel = _choice(self.attention_kernel, ATTENTION_KERNELS, "attention-kernel")
             self.flash_attention = self.attention_kernel != "unfused"

@@ -11,6 +11,7 @@ from tandem.plan import memory_bound as MB
 from tandem.plan import model_parallel as MP
 from tandem.plan import nccl_algos as NA
 from tandem.plan import stages as ST
+from tandem.plan import tp_overlap as TPO
 from tandem.plan.config import fused_attention
 from tandem.plan.cost import Plan
 from tandem.plan.explain_terms import gather_note
@@ -164,6 +165,8 @@ def _exposed_sentence(o) -> str:
         return (f"per micro-batch: r + (n-1) x (max(0, a + r - b) - max(0, a - b)) = {ms(r)} + {n - 1} x "
                 f"(max(0, {ms(a)} + {ms(r)} - {ms(b)}) - max(0, {ms(a)} - {ms(b)})) + root {ms(rr)} = "
                 f"{ms(o.exposed_s / mb)} exposed, x {mb} micro-batches = {ms(o.exposed_s)}.")
+    if o.rule.startswith("tp-"):
+        return TPO.sentence(o, o.group.size)
     if o.rule == "manual":
         return f"--overlap hides part of {ms(o.window_s * o.calls)}: {ms(o.exposed_s)} of it exposed."
     return f"{ms(o.exposed_s)} of it exposed."

@@ -52,6 +52,7 @@ class PlanArgs:
     flash_attention: bool | None = None
     attention_kernel: str | None = None
     cp_impl: str | None = None
+    tp_overlap: str | None = None
     stage_layers: str | None = None
     compute_time: float | None = None
     kernels: str | None = None
@@ -259,7 +260,8 @@ def resolve(a: PlanArgs) -> tuple[ModelStats, Cluster, Training, dict]:
                  compute_time_s=v.get("compute_time"), kernels=v.get("kernels") or "fused",
                  steps=v.get("steps"), tokens=v.get("tokens"), samples=samples, ref_batch=v.get("ref_batch") or 0,
                  warmup_steps=v.get("warmup_steps") or 0, threads_per_worker=v.get("threads_per_worker"),
-                 cp_impl=v.get("cp_impl") or "megatron", clip_grad=spec.get("_clip_grad", True),
+                 cp_impl=v.get("cp_impl") or "megatron", tp_overlap=v.get("tp_overlap") or "none",
+                 clip_grad=spec.get("_clip_grad", True),
                  weight_decay=spec.get("_weight_decay", False), nesterov=spec.get("_nesterov", False),
                  fused_loss=v.get("fused_loss"), fsdp=v.get("fsdp") or "fsdp2",
                  # tandem's trainer keeps fp32 weights: a 16-bit precision (the spec's or --precision) is autocast

@@ -21,6 +21,7 @@ Sources, read in Megatron-LM at commit 285068c8 (MegaScale's baseline, its §6.1
 from __future__ import annotations
 
 from tandem.plan import comm as C
+from tandem.plan import tp_overlap as TPO
 
 WHY = {"embedding-grad": " (the tied word embedding's gradient: its copies on the first and the last pipeline stage "
                          "summed once a step after the last backward, in the data-parallel reduction's dtype; "
@@ -30,17 +31,14 @@ WHY = {"embedding-grad": " (the tied word embedding's gradient: its copies on th
 PER_MICRO_BATCH = ("tp-activations", "cp-ring", "ep-all-to-all")
 
 
-def mp_ops(m, c, t, s, counts: tuple[int, ...], mb: int) -> list[dict]:
-    """tp-activations, pp-p2p and embedding-grad for a transformer ``m`` (ModelStats) under strategy ``s``."""
+def mp_ops(m, c, t, s, counts: tuple[int, ...], mb: int, linear_rate: float) -> list[dict]:
+    """tp-activations, pp-p2p and embedding-grad for a transformer ``m`` (ModelStats) under strategy ``s``;
+    ``linear_rate`` the GEMMs' FLOP/s, which --tp-overlap hides the tp collectives behind (tp_overlap.py)."""
     g, by, gpn = m.gpt, t.bytes, c.gpus_per_node
     act = s.micro_batch * g.seq // s.cp * g.hidden * by["act"]
     ops: list[dict] = []
-    if s.tp > 1:
-        tpg = C.layout(s.tp, 1, gpn)
-        per_layer = 4 + (2 if s.recompute == "full" else 0)   # 2 fwd + 2 bwd (+2 recomputed fwd)
-        calls = per_layer * (max(counts) if counts else g.layers // s.pp) * mb
-        tm = C.collective("all_reduce", act, 1, tpg, c)[0] * calls
-        ops.append(_op("tp-activations", "all_reduce", act, calls, tpg, C.link_name(tpg, c), tm))
+    if s.tp > 1:   # all-reduces (AG + RS with sequence parallelism), --tp-overlap: tp_overlap.py
+        ops.append(TPO.tp_op(m, c, t, s, max(counts) if counts else g.layers // s.pp, mb, act, linear_rate))
     if s.pp > 1:
         cross = s.tp * s.dp >= gpn
         ppg = C.Group(s.pp, 1 if cross else s.pp, s.pp if cross else 1)

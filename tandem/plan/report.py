@@ -155,6 +155,9 @@ def assumptions(p: Plan, given: set[str], mb_auto: bool) -> list[str]:
         out.append(f"overlap {t.overlap:g} of DP communication hidden (given)")
     elif any(o.rule != "none" or o.name.startswith(("dp", "fsdp", "hsdp")) for o in p.comm):
         out.append(f"overlap {overlap_rule(p)} (default; --overlap F to override)")
+    if any(o.name == "tp-activations" for o in p.comm):
+        why = how("tp_overlap", "default, as plain Megatron and torch run it")
+        out.append(f"tensor-parallel communication: overlap {t.tp_overlap} ({why}: none|bulk|ring)")
     if p.stage_layers:
         out.append(f"pipeline stages of {','.join(map(str, p.stage_layers))} layers, embedding first, logits last "
                    f"({'given' if s.stage_layers else 'balanced split; --stage-layers to change'})")

@@ -77,6 +77,13 @@ torch 2.6's ring maps only those). Open: why rings of 4+ steps, or across nodes,
 
 With the pipeline's fill and drain repeating each micro-batch's TP and ring communication (model_parallel.py):
 H100 median 7.0%, max 59.1% (405B 1F1B +6.5%, interleaved -11.6%, CP 2 +20.2%); A100 unchanged (no pipeline).
+
+Async TP: Tables 5 and 6 ran it ("+ AsyncTP" in their captions), Table 4's "2D" row did not. The rows are planned
+with --tp-overlap none all the same: the planner's ring rule (tandem/plan/tp_overlap.py) over-states torch's async
+TP on this very report's Table 4 pair (2D 829 -> 2D + AsyncTP 876, 1.057x; the planner 1.188x;
+tests/plan/test_tp_overlap.py), and with it the T5/T6 rows go +8.4 -> +17.2% (1F1B), -10.8 -> -3.1%
+(interleaved), +5.3 -> +11.3% and +26.9 -> +32.2% (CP 1 / CP 2): median 8.4% -> 10.7%, a passing median traded
+for a term the same table says is too optimistic.
 """
 
 from statistics import median
