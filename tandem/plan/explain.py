@@ -327,7 +327,8 @@ def _activation_sentence(p: Plan) -> str:
             mlp_note = (f", MoE MLP 3 + (top_k x capacity + shared) x (2 + {k} x expert_ffn/h) = 3 + "
                         f"({e.top_k} x {e.capacity_factor:g} + {e.shared}) x (2 + {k * e.expert_ffn / g.hidden:.4g})"
                         f" = {mlp:.4g}")
-        lin = (7 + 4 * g.kv_heads / g.heads) + mlp + 4
+        lin = (7 + 4 * g.kv_heads / g.heads) + mlp + 4 - (0 if g.dropout else 2)   # no dropout: no masks
+        mlp_note += "" if g.dropout else ", without the two 1-byte dropout masks"
         fused = fused_attention(t, s)
         scores = s.recompute == "none" and not fused
         form = f"{sbh} x ({lin:.4g}{mlp_note}" + (f" + 5as/h, 5as/h = {5 * g.heads * sq / g.hidden:.4g}"
@@ -342,7 +343,9 @@ def _activation_sentence(p: Plan) -> str:
     logits, working = parts["logits"], parts["working"]
     last = {"1f1b": " (1F1B: it holds one micro-batch)", "gpipe": "",
             "interleaved": " (interleaved: its warm-up's chunk forwards)"}[s.schedule]
-    where = {"first": " on the first stage", "last": " on the last stage" + last, "only": ""}[parts["stage"]]
+    where = {"first": " on the first stage", "last": " on the last stage" + last, "only": ""}.get(
+        parts["stage"], f" on pipeline {parts['stage']} (more layers than the first stage's, 2(p-1-r) fewer "
+                        f"warm-up chunk forwards: stages.stage_inflight)")
     return (f"Activations: {form}{f' x {scale:g} ({t.precision})' if scale != 1 else ''} = {gib(per)} per layer "
             f"x {layers:.4g} layers in flight{where}{_inflight_arithmetic(p, parts['stage'])}"
             + (f" + the recomputed layer's working set {gib(working)} (its bytes without the score matrix, "
