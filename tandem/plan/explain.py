@@ -6,6 +6,7 @@ import math
 
 from tandem.plan import comm as C
 from tandem.plan import efficiency as E
+from tandem.plan import grad_sync as GS
 from tandem.plan import memory_bound as MB
 from tandem.plan import nccl_algos as NA
 from tandem.plan import stages as ST
@@ -88,7 +89,8 @@ def _comm_sentence(p: Plan, o) -> str:
                 f"{ms(per)} per step")
     if algo == "pat":
         return (f"{head}: PAT (NCCL's parallel aggregated trees, one GPU per node: the ring's bytes, "
-                f"log2({g.nodes}) network hops instead of {g.nodes}-1) = {ms(per)} per step")
+                f"log2({g.nodes}) network hops instead of {g.nodes}-1) = {ms(per)} per "
+                + ("step" if o.calls == 1 else f"call, x {o.calls} = {ms(o.time_s)} per step"))
     if o.collective == "all_reduce" and g.nodes > 1 and algo == "tree":
         nn, l = g.nodes, g.local
         p_ = proto or "Simple"
@@ -130,6 +132,10 @@ def overlap_rule(p: Plan) -> str:
         return "none: CPU workers' gloo threads share the cores compute runs on"
     if s.zero == 0:
         return "as DDP: gradient buckets all-reduced during backward, the last bucket exposed"
+    if GS.deferred(t, s):
+        return (f"as FSDP under torch's pipelining (pp_grad_sync {t.pp_grad_sync}): gradients accumulated unsharded "
+                f"and reduce-scattered once a {'round' if t.pp_grad_sync == 'round' else 'step'}, exposed; "
+                "parameters gathered once, behind the first forward")
     if s.zero <= 2:
         gather = ("during the next forward (--overlap-param-gather, Megatron)" if t.overlap_param_gather
                   else "after the step, exposed (--overlap-param-gather to hide it as Megatron does)")
@@ -264,7 +270,7 @@ def explain(p: Plan) -> list[str]:
     if m.moe is not None:
         out.append(_moe_states_sentence(p))
     if m.gpt is not None:
-        out.append(_activation_sentence(p))
+        out += [x for x in (_activation_sentence(p), GS.sentence(p)) if x]
     if step > 0 and p.compute_model_s > 0 and s.world > 1:
         why = ""
         if p.speedup / s.world < 0.75:
@@ -382,9 +388,12 @@ def _inflight_arithmetic(p: Plan, stage: str) -> str:
     held = ST.chunks(g, s.pp, v, s.stage_layers)[0]
     rnd = m // ST.rounds(m, s.pp)
     n = min(m * v, (v - 1) * rnd + 2 * (s.pp - 1) + 1)
+    warm = sum(held[(j // rnd) % v] for j in range(n))
+    grow = ("" if warm >= ST.stage_inflight(held, s.pp, m, 0) else f", {warm} layers; the steady state's forwards "
+            f"on larger chunks pair with backwards on smaller ones (stages.schedule_order) up to the peak")
     return (f" (interleaved 1F1B: min(m x v, (v-1) x round + 2(p-1) + 1) = min({m} x {v}, {v - 1} x {rnd} + "
             f"2 x {s.pp - 1} + 1) = {n} chunk forwards before the first backward, the j-th on chunk "
-            f"(j // {rnd}) mod {v} of {'/'.join(map(str, held))} layers)")
+            f"(j // {rnd}) mod {v} of {'/'.join(map(str, held))} layers{grow})")
 
 
 def warnings(p: Plan) -> list[str]:

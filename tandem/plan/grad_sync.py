@@ -73,3 +73,28 @@ def peak(held: tuple[int, ...], pp: int, m: int, rank: int, act_layer: float, gr
             if every and done[c] % every == 0:
                 grads -= size[c]
     return best
+
+
+def sentence(p) -> str:
+    """The explain[] line: when the stage's gradients are reduced and what that holds at the memory peak."""
+    from tandem.plan.comm import grad_reduce_bytes
+    from tandem.plan.memory import shard_group
+
+    t, s, mem = p.training, p.strategy, p.memory
+    if not deferred(t, s) or p.model.gpt is None or p.model.moe is not None:
+        return ""
+    by = t.bytes
+    gb = grad_reduce_bytes(t.precision, s.zero, by["grad"], t.grad_reduce)
+    n, d = reductions(t, s, p.grad_accum), shard_group(s, p.cluster)
+    psi = mem.params / by["param"]
+    shard = psi * by["grad"] / d
+    when = (f"after its last backward of each of the {n} rounds of the interleaved schedule" if n > 1 else
+            "after its last backward of the step")
+    g = 1024**3
+    return (f"Gradient sync under the pipeline (pp_grad_sync {t.pp_grad_sync}): each chunk's gradients accumulate "
+            f"unsharded at {gb} B a parameter and are reduce-scattered {when} ({n} call(s) per step, the compute "
+            f"waiting for each, as torch's pipelining does); parameters held unsharded, {psi / 1e9:.4g}B x "
+            f"{by['param']} B = {mem.params / g:.3g} GiB. At the busiest rank's peak of activations + gradients: "
+            f"activations {mem.activations / g:.3g} GiB + the live chunks' gradients {(mem.grads - shard) / g:.3g} "
+            f"GiB (of {psi * gb / g:.3g} GiB for the whole stage) + their shard {psi / 1e9:.4g}B x {by['grad']} B / "
+            f"{d} = {shard / 2**20:.4g} MiB: grads {mem.grads / g:.3g} GiB.")
