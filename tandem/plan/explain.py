@@ -133,9 +133,7 @@ def overlap_rule(p: Plan) -> str:
     if s.zero == 0:
         return "as DDP: gradient buckets all-reduced during backward, the last bucket exposed"
     if GS.deferred(t, s):
-        return (f"as FSDP under torch's pipelining (pp_grad_sync {t.pp_grad_sync}): gradients accumulated unsharded "
-                f"and reduce-scattered once a {'round' if t.pp_grad_sync == 'round' else 'step'}, exposed; "
-                "parameters gathered once, behind the first forward")
+        return GS.overlap_rule(t)
     if s.zero <= 2:
         gather = ("during the next forward (--overlap-param-gather, Megatron)" if t.overlap_param_gather
                   else "after the step, exposed (--overlap-param-gather to hide it as Megatron does)")

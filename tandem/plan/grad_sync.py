@@ -40,6 +40,13 @@ def reductions(t: Training, s: Strategy, mb: int) -> int:
     return rounds(mb, s.pp) if t.pp_grad_sync == "round" and s.schedule == "interleaved" else 1
 
 
+def overlap_rule(t: Training) -> str:
+    """explain's overlap rule when ``deferred``."""
+    return (f"as FSDP under torch's pipelining (pp_grad_sync {t.pp_grad_sync}): gradients accumulated unsharded "
+            f"and reduce-scattered once a {'round' if t.pp_grad_sync == 'round' else 'step'}, exposed; "
+            "parameters gathered once, behind the first forward")
+
+
 def model_state_bytes(t: Training, s: Strategy, psi: float, d: int, reduce_bytes: int) -> tuple[float, float]:
     """(parameter, gradient) bytes per GPU of ``psi`` stage parameters when ``deferred``: parameters unsharded
     (kept from the first forward to the reduction), gradients unsharded in the reduce dtype + their shard."""

@@ -203,7 +203,8 @@ def test_pipeline_rows_memory_says_gradients_are_reduced_once_a_step():
     for label, name, seq, gpus, dp, tp, pp, cp, local, rc, prec, _ in H100:
         if label not in PUBLISHED_MEMORY_GIB:
             continue
-        micro = _plan(name, seq, "h100-sxm-500w", gpus, "ib-ndr", dp, tp, pp, cp, local, rc, prec, "Interleaved" in label)
+        micro = _plan(name, seq, "h100-sxm-500w", gpus, "ib-ndr", dp, tp, pp, cp, local, rc, prec,
+                      "Interleaved" in label)
         t = dataclasses.replace(micro.training, pp_grad_sync="step")
         step = evaluate(micro.model, micro.cluster, t, micro.strategy)
         pub = PUBLISHED_MEMORY_GIB[label] * 1024**3
