@@ -359,9 +359,9 @@ def dp_ops(m: ModelStats, c: Cluster, t: Training, s: Strategy, mb: int, compute
         buckets = max(1, int(-(-gbytes // t.bucket_bytes)))
         ops.append(op("dp-grad", "all_reduce", gbytes, 1, dpg, buckets, "buckets", bwd,
                       lambda tm: O.pipelined(tm, buckets, bwd)))
-    elif s.zero <= 2 or GS.deferred(t, s):
+    elif s.zero <= 2 or GS.deferred(t, s) and m.moe is None:
         buckets = max(1, int(-(-psi // bucket)))
-        if GS.deferred(t, s):   # once a step or round, the compute stream waiting on it (grad_sync.py)
+        if GS.deferred(t, s) and m.moe is None:   # once a step or round, the compute waiting on it (grad_sync.py)
             ops.append(op("dp-grad", "reduce_scatter", gbytes, GS.reductions(t, s, mb), shard_g, buckets, "none",
                           0.0, lambda tm: tm))
         else:   # sharded grads cannot accumulate locally: every micro-batch (ZeRO-2)

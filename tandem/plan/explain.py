@@ -132,7 +132,7 @@ def overlap_rule(p: Plan) -> str:
         return "none: CPU workers' gloo threads share the cores compute runs on"
     if s.zero == 0:
         return "as DDP: gradient buckets all-reduced during backward, the last bucket exposed"
-    if GS.deferred(t, s):
+    if GS.deferred(t, s) and p.model.moe is None:
         return GS.overlap_rule(t)
     if s.zero <= 2:
         gather = ("during the next forward (--overlap-param-gather, Megatron)" if t.overlap_param_gather
