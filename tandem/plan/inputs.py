@@ -255,7 +255,6 @@ def resolve(a: PlanArgs) -> tuple[ModelStats, Cluster, Training, dict]:
                  efficiency=v.get("efficiency"), overlap=v["overlap"],
                  overlap_param_gather=bool(v.get("overlap_param_gather")), grad_reduce=v.get("grad_reduce"),
                  pp_grad_sync=v.get("pp_grad_sync") or "microbatch",
-                 pp_grad_sync=v.get("pp_grad_sync") or "microbatch",
                  flash_attention=fused_default(v, spec), attention_kernel=v.get("attention_kernel") or "",
                  compute_time_s=v.get("compute_time"), kernels=v.get("kernels") or "fused",
                  steps=v.get("steps"), tokens=v.get("tokens"), samples=samples, ref_batch=v.get("ref_batch") or 0,
