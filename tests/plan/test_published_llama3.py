@@ -36,7 +36,7 @@ stages (V 2 to 7, the fastest that fits) "round"/"step" give -7.8% (no V fits), 
 Memory, checked term by term for the 8,192-GPU row (rank 1, 8 layers of 1/8 of 3.19B parameters): activations
 Korthikanti et al. with sequence parallelism, s b h (7 + 4 x 8/128 + 3 + 6 x 53248/16384 + 4 - 2) / tp = 31.75 x
 8192 x 16384 / 8 = 533 MB a layer (the - 2: no dropout masks), x 141 layers in flight (7 x 16 + 2 x 14 + 1 warm-up
-chunk forwards of one layer) = 69.9 GiB; + BF16 parameters 6.0 GiB + optimizer 0.6 + other 1.1 + the round's live
+chunk forwards of one layer) = 69.9 GiB; + BF16 parameters 5.94 GiB + optimizer 0.56 + other 1.02 + the round's live
 FP32 chunk gradients 1.6 GiB = 79.0 GiB. Two memory bugs were fixed on the way: the planner counted only the
 first and last ranks (a middle rank holds more when the first stage has fewer layers) and took the end of the
 warm-up as the peak (with uneven chunks the steady state grows past it; stages.stage_inflight now runs the schedule).
@@ -44,8 +44,8 @@ warm-up as the peak (with uneven chunks the steady state grows past it; stages.s
 Known miss: median 7.1%, max 34.9%, pinned at 8% / 35%: the 8k rows pass; the CP 16 row is FAST by the ring's
 long-context attention time (the other CP rows too; see below), more so once the paper's V 8 halves its bubble.
 
-History. Measured when written (issue 14 asks 10% median, 25% max): -9.5% (V 5), -11.9% (V 4), -4.0% (V 7): median 9.5%,
-max 11.9%, all slow. With 1F1B (V 1) it was -28.0%, -40.5%, -37.2%: the bubble of 16 micro-batches on 16
+History. Measured when written (issue 14 asks 10% median, 25% max): -9.5% (V 5), -11.9% (V 4), -4.0% (V 7):
+median 9.5%, max 11.9%, all slow. With 1F1B (V 1) it was -28.0%, -40.5%, -37.2%: the bubble of 16 micro-batches on 16
 stages, (p-1)/(m+p-1) = 48% of the step at 16,384 GPUs. Sensitivity to the unstated V: V 2 gives -16.2%, -23.9%,
 -18.7% (and the 8,192-GPU row would need 98 GiB: 32 micro-batches are two rounds, and the first stage holds
 47 chunk forwards), V 3 -12.8%, -18.4%, -12.1%; from V 4 on the 8-layer stages' largest chunk is 2 layers and
