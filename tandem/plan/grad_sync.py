@@ -19,9 +19,10 @@
   micro-batches" (nothing to accumulate during backward if every micro-batch were reduce-scattered), and the 8k
   rows run in 80 GB without activation checkpointing (which ``step`` does not, by the planner's memory).
 Under 1F1B (one chunk a stage) ``round`` is ``step``. MoE models stay per micro-batch (not modelled). tandem's own
-trainer refuses ZeRO with pp > 1, so its job specs never plan these modes. Memory under ``step``/``round``: the chunks' unsharded gradients in the reduce dtype that are live at the rank's
-peak (``peak``: each allocated at the chunk's first backward of the step or round, while that backward still
-holds its activations), + the sharded gradients, + the parameters unsharded.
+trainer refuses ZeRO with pp > 1, so its job specs never plan these modes. Memory under ``step``/``round``: the
+chunks' unsharded gradients in the reduce dtype that are live at the rank's peak (``peak``: each allocated at the
+chunk's first backward of the step or round, while that backward still holds its activations), + the sharded
+gradients, + the parameters unsharded.
 """
 
 from __future__ import annotations
