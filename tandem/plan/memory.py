@@ -135,8 +135,9 @@ def middle_inflight(m: ModelStats, s: Strategy, micro_batches: int) -> tuple[int
     """(rank, layers in flight) of the middle pipeline rank that holds the most under (interleaved) 1F1B."""
     v = s.virtual if s.schedule == "interleaved" else 1
     held = chunks(m.gpt, s.pp, v, s.stage_layers)
-    return max(((r, stage_inflight(held[r], s.pp, micro_batches, r)) for r in range(1, s.pp - 1)),
-               key=lambda x: x[1])
+    # of the ranks with the same chunks the first holds the most (2 warm-up chunk forwards more than the next)
+    firsts = {held[r]: r for r in range(s.pp - 2, 0, -1)}.values()
+    return max(((r, stage_inflight(held[r], s.pp, micro_batches, r)) for r in firsts), key=lambda x: (x[1], -x[0]))
 
 
 def memory(m: ModelStats, c: Cluster, t: Training, s: Strategy, micro_batches: int) -> Memory:

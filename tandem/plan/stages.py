@@ -240,7 +240,7 @@ def schedule_order(v: int, pp: int, m: int, rank: int) -> list[tuple[str, int]]:
     return out + bwd[m * v - warm:]
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=65536)
 def stage_inflight(held: tuple[int, ...], pp: int, m: int, rank: int = 0) -> float:
     """Layers of activations pipeline rank ``rank`` (chunks ``held``) holds at its peak under (interleaved)
     1F1B, over its whole schedule (``schedule_order``): the warm-up's chunk forwards, (v-1) x round +
@@ -248,8 +248,13 @@ def stage_inflight(held: tuple[int, ...], pp: int, m: int, rank: int = 0) -> flo
     grow it further, a forward on a larger chunk pairing with a backward on a smaller one. One chunk: min(p -
     rank, m) micro-batches. Equal chunks on the first stage give L/p x p (1 + (p-1)/(p v)) (Korthikanti et
     al. 2022, §4.2.3)."""
+    v = len(held)
+    if v == 1:
+        return float(held[0] * min(pp - rank, m))
+    if len(set(held)) == 1:   # equal chunks: the warm-up's end is the peak (steady pairs add and free a chunk)
+        return float(held[0] * min(m * v, (v - 1) * (m // rounds(m, pp)) + 2 * (pp - 1 - rank) + 1))
     act = best = 0
-    for kind, c in schedule_order(len(held), pp, m, rank):
+    for kind, c in schedule_order(v, pp, m, rank):
         act += held[c] if kind == "F" else -held[c]
         best = max(best, act)
     return float(best)
