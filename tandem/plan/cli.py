@@ -65,6 +65,10 @@ def plan_cmd(
     grad_reduce: Optional[str] = O(None, "--grad-reduce", help="fp32 | bf16 | fp16: dtype of the data-parallel "
                                    "gradient reduction (default: fp32 for bf16 at ZeRO-1/2, as Megatron-LM; "
                                    "else the model's)."),
+    pp_grad_sync: Optional[str] = O(None, "--pp-grad-sync", help="microbatch | step | round: when ZeRO-2/3 "
+                                    "gradients are reduce-scattered under a pipeline (default microbatch; step: "
+                                    "torch.distributed.pipelining; round: Llama 3's, once a round of the interleaved "
+                                    "schedule)."),
     flash_attention: Optional[bool] = O(None, "--flash-attention/--no-flash-attention",
                                         help="Fused attention (FlashAttention/cuDNN): no s x s scores stored, "
                                              "so --recompute none keeps selective's memory (default: off, "

@@ -50,6 +50,10 @@ class Training:
                                              # (Megatron --overlap-param-gather); else exposed
     grad_reduce: str | None = None           # dtype gradients are reduced in: fp32 | bf16 | fp16 (None: the
                                              # framework's, comm.grad_reduce_bytes)
+    pp_grad_sync: str = "microbatch"         # ZeRO-2/3 under a pipeline: gradients reduce-scattered every micro-batch
+                                             # | "step": accumulated unsharded in the reduce dtype, reduced once a step
+                                             # (torch.distributed.pipelining) | "round": once a round of the
+                                             # interleaved schedule (Llama 3); tandem/plan/grad_sync.py
     compute_time_s: float | None = None      # measured compute time per step per GPU (replaces FLOPs/rate)
     steps: int | None = None                 # length of the run, one of steps / tokens / samples
     tokens: float | None = None
@@ -88,6 +92,7 @@ class Training:
         self.kernels = _choice(self.kernels, KERNELS, "kernels")
         self.fsdp = _choice(self.fsdp, ("fsdp1", "fsdp2"), "fsdp")
         self.tp_overlap = _choice(self.tp_overlap, TP_OVERLAP, "tp-overlap")
+        self.pp_grad_sync = _choice(self.pp_grad_sync, ("microbatch", "step", "round"), "pp-grad-sync")
         if self.attention_kernel:
             self.attention_kernel = _choice(self.attention_kernel, ATTENTION_KERNELS, "attention-kernel")
             self.flash_attention = self.attention_kernel != "unfused"

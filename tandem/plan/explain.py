@@ -7,6 +7,7 @@ import math
 from tandem.plan import comm as C
 from tandem.plan import efficiency as E
 from tandem.plan import fsdp_runtime as FR
+from tandem.plan import grad_sync as GS
 from tandem.plan import memory_bound as MB
 from tandem.plan import model_parallel as MP
 from tandem.plan import nccl_algos as NA
@@ -92,7 +93,8 @@ def _comm_sentence(p: Plan, o) -> str:
                 f"{ms(per)} per step")
     if algo == "pat":
         return (f"{head}: PAT (NCCL's parallel aggregated trees, one GPU per node: the ring's bytes, "
-                f"log2({g.nodes}) network hops instead of {g.nodes}-1) = {ms(per)} per step")
+                f"log2({g.nodes}) network hops instead of {g.nodes}-1) = {ms(per)} per "
+                + ("step" if o.calls == 1 else f"call, x {o.calls} = {ms(o.time_s)} per step"))
     if o.collective == "all_reduce" and g.nodes > 1 and algo == "tree":
         nn, l = g.nodes, g.local
         p_ = proto or "Simple"
@@ -134,6 +136,8 @@ def overlap_rule(p: Plan) -> str:
         return "none: CPU workers' gloo threads share the cores compute runs on"
     if s.zero == 0:
         return "as DDP: gradient buckets all-reduced during backward, the last bucket exposed"
+    if GS.deferred(t, s) and p.model.moe is None:
+        return GS.overlap_rule(t)
     if s.zero <= 2:
         gather = ("during the next forward (--overlap-param-gather, Megatron)" if t.overlap_param_gather
                   else "after the step, exposed (--overlap-param-gather to hide it as Megatron does)")
@@ -270,7 +274,7 @@ def explain(p: Plan) -> list[str]:
     if m.moe is not None:
         out.append(_moe_states_sentence(p))
     if m.gpt is not None:
-        out.append(_activation_sentence(p))
+        out += [x for x in (_activation_sentence(p), GS.sentence(p)) if x]
     if step > 0 and p.compute_model_s > 0 and s.world > 1:
         why = ""
         if p.speedup / s.world < 0.75:
@@ -333,7 +337,8 @@ def _activation_sentence(p: Plan) -> str:
             mlp_note = (f", MoE MLP 3 + (top_k x capacity + shared) x (2 + {k} x expert_ffn/h) = 3 + "
                         f"({e.top_k} x {e.capacity_factor:g} + {e.shared}) x (2 + {k * e.expert_ffn / g.hidden:.4g})"
                         f" = {mlp:.4g}")
-        lin = (7 + 4 * g.kv_heads / g.heads) + mlp + 4
+        lin = (7 + 4 * g.kv_heads / g.heads) + mlp + 4 - (0 if g.dropout else 2)   # no dropout: no masks
+        mlp_note += "" if g.dropout else ", without the two 1-byte dropout masks"
         fused = fused_attention(t, s)
         scores = s.recompute == "none" and not fused
         form = f"{sbh} x ({lin:.4g}{mlp_note}" + (f" + 5as/h, 5as/h = {5 * g.heads * sq / g.hidden:.4g}"
@@ -348,7 +353,9 @@ def _activation_sentence(p: Plan) -> str:
     logits, working = parts["logits"], parts["working"]
     last = {"1f1b": " (1F1B: it holds one micro-batch)", "gpipe": "",
             "interleaved": " (interleaved: its warm-up's chunk forwards)"}[s.schedule]
-    where = {"first": " on the first stage", "last": " on the last stage" + last, "only": ""}[parts["stage"]]
+    where = {"first": " on the first stage", "last": " on the last stage" + last, "only": ""}.get(
+        parts["stage"], f" on pipeline {parts['stage']} (more layers than the first stage's, 2(p-1-r) fewer "
+                        f"warm-up chunk forwards: stages.stage_inflight)")
     return (f"Activations: {form}{f' x {scale:g} ({t.precision})' if scale != 1 else ''} = {gib(per)} per layer "
             f"x {layers:.4g} layers in flight{where}{_inflight_arithmetic(p, parts['stage'])}"
             + (f" + the recomputed layer's working set {gib(working)} (its bytes without the score matrix, "
@@ -386,9 +393,12 @@ def _inflight_arithmetic(p: Plan, stage: str) -> str:
     held = ST.chunks(g, s.pp, v, s.stage_layers)[0]
     rnd = m // ST.rounds(m, s.pp)
     n = min(m * v, (v - 1) * rnd + 2 * (s.pp - 1) + 1)
+    warm = sum(held[(j // rnd) % v] for j in range(n))
+    grow = ("" if warm >= ST.stage_inflight(held, s.pp, m, 0) else f", {warm} layers; the steady state's forwards "
+            f"on larger chunks pair with backwards on smaller ones (stages.schedule_order) up to the peak")
     return (f" (interleaved 1F1B: min(m x v, (v-1) x round + 2(p-1) + 1) = min({m} x {v}, {v - 1} x {rnd} + "
             f"2 x {s.pp - 1} + 1) = {n} chunk forwards before the first backward, the j-th on chunk "
-            f"(j // {rnd}) mod {v} of {'/'.join(map(str, held))} layers)")
+            f"(j // {rnd}) mod {v} of {'/'.join(map(str, held))} layers{grow})")
 
 
 def warnings(p: Plan) -> list[str]:

@@ -49,6 +49,7 @@ class PlanArgs:
     overlap: float | None = None
     overlap_param_gather: bool | None = None
     grad_reduce: str | None = None
+    pp_grad_sync: str | None = None
     flash_attention: bool | None = None
     attention_kernel: str | None = None
     cp_impl: str | None = None
@@ -256,6 +257,7 @@ def resolve(a: PlanArgs) -> tuple[ModelStats, Cluster, Training, dict]:
     t = Training(global_batch=v["global_batch"], precision=v["precision"], optimizer=v["optimizer"],
                  efficiency=v.get("efficiency"), overlap=v["overlap"],
                  overlap_param_gather=bool(v.get("overlap_param_gather")), grad_reduce=v.get("grad_reduce"),
+                 pp_grad_sync=v.get("pp_grad_sync") or "microbatch",
                  flash_attention=fused_default(v, spec), attention_kernel=v.get("attention_kernel") or "",
                  compute_time_s=v.get("compute_time"), kernels=v.get("kernels") or "fused",
                  steps=v.get("steps"), tokens=v.get("tokens"), samples=samples, ref_batch=v.get("ref_batch") or 0,

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tandem.plan import grad_sync as GS
+from tandem.plan.comm import grad_reduce_bytes
 from tandem.plan.config import Strategy, Training, fused_attention
 from tandem.plan.hardware import Cluster
 from tandem.plan.model import ModelStats
-from tandem.plan.stages import chunks, first_stage_inflight, max_stage_params, split, stage_inflight
+from tandem.plan.stages import chunks, first_stage_inflight, max_stage_params, split, stage_inflight, stage_params
 
 CONTEXT_BYTES = 1.0 * 1024**3   # CUDA context, cuBLAS/cuDNN workspaces, allocator slack (rough)
 
@@ -56,7 +58,8 @@ def gpt_layer_act_bytes(m: ModelStats, s: Strategy, t: Training, b: int, recompu
 
     Korthikanti et al. 2022, Table 2, with sequence parallelism (assumed whenever tp > 1):
     s*b*h*(34/t + 5*a*s/(h*t)) at 16-bit; generalised here: attention 7 + 4*kv/heads (11 for MHA),
-    MLP 3 + 4*ffn/h (19 for ffn = 4h; 3 + 6*ffn/h gated), layer norms 4. Selective recompute drops the
+    MLP 3 + 4*ffn/h (19 for ffn = 4h; 3 + 6*ffn/h gated), layer norms 4; without dropout the two 1-byte masks
+    (one in the attention's 7, one in the MLP's 3) go. Selective recompute drops the
     5*a*s/h term (what FlashAttention also avoids); full recompute keeps only the layer input, 2*s*b*h/t.
     """
     g = m.gpt
@@ -70,7 +73,9 @@ def gpt_layer_act_bytes(m: ModelStats, s: Strategy, t: Training, b: int, recompu
         from tandem.plan.moe_cp import mlp_act_coeff
 
         mlp = mlp_act_coeff(m.moe)
-    linear = (7 + 4 * g.kv_heads / g.heads) + mlp + 4
+    # the two 1-byte dropout masks (after attention's projection and after the MLP), 1 each in the 7 and the 3:
+    # none in a model trained without dropout (Llama 3)
+    linear = (7 + 4 * g.kv_heads / g.heads) + mlp + 4 - (0 if g.dropout else 2)
     per = sq * b * h * linear / tp
     if rc == "none" and not fused_attention(t, s):   # fused kernels store no score matrix
         per += 5 * a * sq * sq * b / tp
@@ -97,7 +102,9 @@ def activation_parts(m: ModelStats, s: Strategy, t: Training, micro_batches: int
       runs a fused attention kernel, which never stores it);
     - ``logits``: the loss's FP32 logits, 4 x s x b x V / tp (Korthikanti et al. eq. 3), on the last stage;
     - with a pipeline the last stage (its layers x the micro-batches it holds: 1 under 1F1B, all under
-      GPipe, + the logits) wins when it holds more than the first.
+      GPipe, + the logits) wins when it holds more than the first; so does a middle rank when the first
+      stage has fewer layers than it (Llama 3's 7, 8 x 14, 7): rank r runs 2(p-1-r) fewer warm-up chunk
+      forwards than rank 0, but each may hold more layers (stages.stage_inflight, rank by rank).
     """
     g, b = m.gpt, s.micro_batch
     per = gpt_layer_act_bytes(m, s, t, b)
@@ -117,7 +124,20 @@ def activation_parts(m: ModelStats, s: Strategy, t: Training, micro_batches: int
     last = per * last_layers + working + logits
     if last > first:
         out.update(layers=last_layers, logits=logits, total=last, stage="last")
+    if s.schedule != "gpipe" and 2 < s.pp:
+        r, mid = middle_inflight(m, s, micro_batches)
+        if per * mid + working > out["total"]:
+            out.update(layers=mid, logits=0.0, total=per * mid + working, stage=f"rank {r}")
     return out
+
+
+def middle_inflight(m: ModelStats, s: Strategy, micro_batches: int) -> tuple[int, float]:
+    """(rank, layers in flight) of the middle pipeline rank that holds the most under (interleaved) 1F1B."""
+    v = s.virtual if s.schedule == "interleaved" else 1
+    held = chunks(m.gpt, s.pp, v, s.stage_layers)
+    # of the ranks with the same chunks the first holds the most (2 warm-up chunk forwards more than the next)
+    firsts = {held[r]: r for r in range(s.pp - 2, 0, -1)}.values()
+    return max(((r, stage_inflight(held[r], s.pp, micro_batches, r)) for r in firsts), key=lambda x: (x[1], -x[0]))
 
 
 def memory(m: ModelStats, c: Cluster, t: Training, s: Strategy, micro_batches: int) -> Memory:
@@ -134,9 +154,16 @@ def memory(m: ModelStats, c: Cluster, t: Training, s: Strategy, micro_batches: i
     d, de = shard_group(s, c), expert_shard_group(s, c)
     params = psi * by["param"] / (d if s.zero >= 3 else 1) + psi_e * by["param"] / (de if s.zero >= 3 else 1)
     grads = psi * by["grad"] / (d if s.zero >= 2 else 1) + psi_e * by["grad"] / (de if s.zero >= 2 else 1)
+    deferred = GS.deferred(t, s) and m.moe is None and m.gpt is not None
+    if deferred:   # reduced once a step: unsharded until then (grad_sync.py)
+        params, grads = GS.model_state_bytes(t, s, psi, d, grad_reduce_bytes(t.precision, s.zero, by["grad"],
+                                                                              t.grad_reduce))
     optim = psi * t.optimizer_bytes / (d if s.zero >= 1 else 1) + psi_e * t.optimizer_bytes / (de if s.zero >= 1 else 1)
     b = s.micro_batch
-    if m.gpt is not None:
+    if deferred:   # the rank whose activations + gradients accumulated so far peak highest
+        act, grads = deferred_peak(m, t, s, micro_batches, grads - psi * by["grad"] / d)
+        grads += psi * by["grad"] / d
+    elif m.gpt is not None:
         act = activation_parts(m, s, t, micro_batches)["total"]
     elif m.act_bytes_per_sample_fp32 is not None:
         act = m.act_bytes_per_sample_fp32 * b * by["act"] / 4
@@ -152,3 +179,24 @@ def memory(m: ModelStats, c: Cluster, t: Training, s: Strategy, micro_batches: i
     elif s.dp > 1:
         other += 2 * t.bucket_bytes if by["grad"] == 4 else 2 * t.bucket_bytes / 2
     return Memory(params, grads, optim, act, other, c.gpu.memory_bytes, notes)
+
+
+def deferred_peak(m: ModelStats, t: Training, s: Strategy, micro_batches: int, full: float) -> tuple[float, float]:
+    """(activations, unsharded gradients) at the peak of their sum over the pipeline ranks when gradients
+    are reduced once a step (grad_sync.peak); ``full``: the busiest stage's whole unsharded gradient bytes."""
+    g = m.gpt
+    parts = activation_parts(m, s, t, micro_batches)
+    v = s.virtual if s.schedule == "interleaved" else 1
+    held = chunks(g, s.pp, v, s.stage_layers)
+    layers = split(g, s.pp, s.stage_layers)
+    per_param = full / max_stage_params(g, layers)   # gradient bytes per parameter of a stage (/ tp inside)
+    grad_layer, sp = g.layer_params() * per_param, stage_params(g, layers)
+    n = GS.reductions(t, s, micro_batches)
+    every, best = (micro_batches // n if n > 1 else 0), (0.0, 0.0)
+    for r in range(s.pp):   # extra: the embedding (first rank), the output layer and final norm (last)
+        extra = (sp[r] - layers[r] * g.layer_params()) * per_param
+        a, gr = GS.peak(held[r], s.pp, micro_batches, r, parts["per_layer"], grad_layer, extra, every)
+        a += parts["working"] + (4 * (g.seq // s.cp) * s.micro_batch * g.vocab / s.tp if r == s.pp - 1 else 0.0)
+        if a + gr > sum(best):
+            best = (a, gr)
+    return best

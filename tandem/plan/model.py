@@ -33,6 +33,7 @@ class GPTShape:
     norm: str = "layernorm"  # layernorm (weight+bias) | rmsnorm (weight)
     tied: bool = True        # output layer shares the embedding matrix
     learned_pos: bool = True # learned position embeddings (GPT-2/3, Megatron) vs rotary
+    dropout: bool = True     # trained with dropout (its masks are activations); Llama 3 and torchtitan: none
 
     def __post_init__(self):
         for k in ("layers", "hidden", "heads", "seq", "vocab"):

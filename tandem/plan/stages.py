@@ -174,16 +174,26 @@ def _chunks(g: GPTShape, pp: int, v: int, given: tuple[int, ...] | None) -> tupl
         out = tuple(even_chunks(n, v) for n in counts)
     if v > 1:
         for i, c in enumerate(out):
-            if min(c) < 1:
-                k, per_chunk = c.index(min(c)), bool(given) and len(given) == pp * v
+            # the first chunk of the first stage may hold the embedding alone and the last chunk of the last
+            # stage the output layer and loss alone (Llama 3, §3.3.2: one layer fewer on the first and last)
+            ends = [k for k in range(v) if (i, k) not in ((0, 0), (pp - 1, v - 1))] if per_chunk_given(given, pp, v) \
+                else range(v)
+            if min(c[k] for k in ends) < 1:
+                k = min(ends, key=lambda k: c[k])
+                per_chunk = per_chunk_given(given, pp, v)
                 why = (f"chunk {i + k * pp} (stage {i}) has no layer" if per_chunk else
                        f"stage {i} holds {counts[i]} layer(s), fewer than its {v} interleaved chunks")
                 raise ConfigError(f"{why}: every chunk needs at least one layer", value=value or v,
                                   field="stage-layers" if given else "virtual",
-                                  fix="give every chunk at least one layer" if per_chunk else
+                                  fix="give every chunk at least one layer (the first and the last chunk of the "
+                                      "model may hold none: the embedding, the output layer alone)" if per_chunk else
                                   f"use --virtual {max(1, min(counts))} or less, or give per-stage counts of "
                                   f"at least {v} (--stage-layers)")
     return out
+
+
+def per_chunk_given(given: tuple[int, ...] | None, pp: int, v: int) -> bool:
+    return bool(given) and len(given) == pp * v
 
 
 @lru_cache(maxsize=4096)
@@ -215,19 +225,39 @@ def fill_units(per_stage: tuple[tuple[int, ...], ...], layer_f: float, layer_b: 
     return wait / mean
 
 
-@lru_cache(maxsize=4096)
+def schedule_order(v: int, pp: int, m: int, rank: int) -> list[tuple[str, int]]:
+    """Rank ``rank``'s forwards ("F") and backwards ("B") with their chunk, in torch's (interleaved) 1F1B
+    (_get_warmup_ops; Megatron's num_warmup_microbatches): (v-1) x round + 2(p-1-rank) warm-up forwards (one
+    chunk: p-1-rank), then forward/backward pairs, then the cool-down backwards; the j-th forward on chunk
+    (j // round) mod v, the k-th backward on chunk v-1 - (k // round) mod v."""
+    rnd = m // rounds(m, pp) if v > 1 else m
+    warm = min(m * v, (v - 1) * rnd + 2 * (pp - 1 - rank)) if v > 1 else min(m, pp - 1 - rank)
+    fwd = [("F", (j // rnd) % v) for j in range(m * v)]
+    bwd = [("B", v - 1 - (k // rnd) % v) for k in range(m * v)]
+    out = fwd[:warm]
+    for j in range(warm, m * v):
+        out += [fwd[j], bwd[j - warm]]
+    return out + bwd[m * v - warm:]
+
+
+@lru_cache(maxsize=65536)
 def stage_inflight(held: tuple[int, ...], pp: int, m: int, rank: int = 0) -> float:
     """Layers of activations pipeline rank ``rank`` (chunks ``held``) holds at its peak under (interleaved)
-    1F1B: the forwards it runs before its first backward, (v-1) x round + 2(p-1-rank) chunk forwards + the first
-    steady-state one (torch's _get_warmup_ops, Megatron's num_warmup_microbatches), at most all m x v, the j-th
-    on chunk (j // round) mod v; one chunk: min(p - rank, m) micro-batches. Equal chunks on the first stage give
-    L/p x p (1 + (p-1)/(p v)) (Korthikanti et al. 2022, §4.2.3)."""
+    1F1B, over its whole schedule (``schedule_order``): the warm-up's chunk forwards, (v-1) x round +
+    2(p-1-rank) + the first steady-state one (at most all m x v); with uneven chunks the steady state can
+    grow it further, a forward on a larger chunk pairing with a backward on a smaller one. One chunk: min(p -
+    rank, m) micro-batches. Equal chunks on the first stage give L/p x p (1 + (p-1)/(p v)) (Korthikanti et
+    al. 2022, §4.2.3)."""
     v = len(held)
     if v == 1:
-        return held[0] * min(pp - rank, m)
-    rnd = m // rounds(m, pp)
-    n = min(m * v, (v - 1) * rnd + 2 * (pp - 1 - rank) + 1)
-    return float(sum(held[(j // rnd) % v] for j in range(n)))
+        return float(held[0] * min(pp - rank, m))
+    if len(set(held)) == 1:   # equal chunks: the warm-up's end is the peak (steady pairs add and free a chunk)
+        return float(held[0] * min(m * v, (v - 1) * (m // rounds(m, pp)) + 2 * (pp - 1 - rank) + 1))
+    act = best = 0
+    for kind, c in schedule_order(v, pp, m, rank):
+        act += held[c] if kind == "F" else -held[c]
+        best = max(best, act)
+    return float(best)
 
 
 def first_stage_inflight(first: tuple[int, ...], pp: int, m: int) -> float:

@@ -88,6 +88,7 @@ def test_does_not_fit_suggests_accumulation():
     (["--params", "-5"], "params"),
     (["gpt", "--layers", "2", "--hidden", "64"], "heads"),
     (["resnet50", "--tp", "2"], "tp"),                                   # no TP for a CNN
+    (["gpt3-175b", "--pp-grad-sync", "sometimes"], "pp-grad-sync"),
 ])
 def test_bad_input_is_a_config_error(args, field):
     r = invoke(*args)
@@ -127,3 +128,15 @@ def test_new_assumptions_are_printed():
     assert "pipeline stages of 8,8,8,8 layers, embedding first, logits last (balanced split" in assumed
     assert "fp8 on the linear layers only, attention at the bf16 rate" in assumed
     assert "parameter all-gather during the next forward (--overlap-param-gather, Megatron)" in assumed
+
+
+def test_pp_grad_sync_step_holds_the_stage_gradients_unsharded():
+    """--pp-grad-sync step (torch's pipelining): one reduce-scatter a step and the stage's FP32 gradients held
+    unsharded; the default reduce-scatters every micro-batch and keeps them sharded."""
+    base = ["gpt3-175b", "--nodes", "32", "--nics-per-node", "8", "--tp", "8", "--pp", "8", "--zero", "2",
+            "--global-batch", "64", "--micro-batch", "1", "--json"]
+    d = {k: json.loads(invoke(*base, *(["--pp-grad-sync", k] if k else [])).output) for k in ("", "step")}
+    calls = {k: next(o["calls"] for o in v["comm"] if o["name"] == "dp-grad") for k, v in d.items()}
+    assert calls == {"": 16, "step": 1}
+    assert d["step"]["memory_per_gpu"]["grads"] > 8 * d[""]["memory_per_gpu"]["grads"]   # 4 B unsharded vs 2 B / dp 4
+    assert any("Gradient sync under the pipeline (pp_grad_sync step)" in x for x in d["step"]["explain"])

@@ -84,6 +84,21 @@ TP on this very report's Table 4 pair (2D 829 -> 2D + AsyncTP 876, 1.057x; the p
 tests/plan/test_tp_overlap.py), and with it the T5/T6 rows go +8.4 -> +17.2% (1F1B), -10.8 -> -3.1%
 (interleaved), +5.3 -> +11.3% and +26.9 -> +32.2% (CP 1 / CP 2): median 8.4% -> 10.7%, a passing median traded
 for a term the same table says is too optimistic.
+
+Gradient sync under the pipeline (grad_sync.py; issue 14, session 8). torchtitan's 405B rows (Tables 5, 6) run
+torch.distributed.pipelining over FSDP2 built with reshard_after_forward=False when PP is on (parallelize_llama.py at
+eaea6f6a: "to avoid per-microbatch all-gathers"), and the pipeline stage runs every backward with
+set_requires_gradient_sync(False), reducing once after the stage's last backward (torch's stage.py): parameters
+gathered once a step, gradients accumulated unsharded in FP32 (reduce_dtype) and reduce-scattered once
+(pp_grad_sync "step"). The published memory agrees: 82.5 / 72.7 / 75.3 / 75.9 GiB against the planner's 52.5 /
+54.3 / 65.1 / 65.1 GiB under "step" and 18.6 / 20.2 / 31.5 / 31.5 GiB under the per-micro-batch FSDP these rows are
+still planned with (test below). Under "step" the T5 rows come out +54.5% (1F1B) and +30.1% (interleaved), the
+table 10.7% / 59.1%: the per-micro-batch all-gathers and reduce-scatters (11.8 s exposed of the 1F1B row's 37.8 s)
+stand in for a cost these runs have that the planner does not model (about 14 s for 1F1B, 7 s interleaved: ~3.5x
+each row's bubble). Planned as they ran ("step", merged by the lead: a setting chosen to keep a median in
+tolerance would be a fit): with every other session-8 term, T5 1F1B +43.7%, interleaved +21.9%, the table median
+10.2%, max 58.9% (the CP 8 row), pinned at 11% / 60%. The term at fault is that missing pipeline cost, not the
+gradient sync.
 """
 
 from statistics import median
@@ -125,7 +140,7 @@ A100 = [
     ("llama3.1-8b", 1, "selective", 2904), ("llama3.1-70b", 1, "full", 331), ("llama2-13b", 2, "none", 2162),
     ("llama2-13b", 2, "selective", 1914), ("llama2-70b", 1, "selective", 355), ("llama2-70b", 2, "full", 353),
 ]
-KNOWN_MISS = {"h100": (0.09, 0.60)}   # (median, max) pinned: see KNOWN MISSES
+KNOWN_MISS = {"h100": (0.11, 0.60)}   # (median, max) pinned: see KNOWN MISSES
 
 
 def torchtitan_chunks(layers: int, chunks: int) -> tuple[int, ...]:
@@ -144,7 +159,9 @@ def _plan(name, seq, gpu, gpus, inter, dp, tp, pp, cp, local, recompute, precisi
     # attention: PyTorch SDPA's flash backend (FlashAttention-2)
     t = Training(global_batch=local * dp, precision=precision, optimizer="adamw", attention_kernel="fa2",
                  cp_impl="torch", grad_reduce="fp32", kv_repeat=True,
-                 kernels=kernels or ("compiled" if precision == "fp8" else "eager"))
+                 kernels=kernels or ("compiled" if precision == "fp8" else "eager"),
+                 # under PP, torch's pipelining reduces FSDP2's gradients once a step (docstring: gradient sync)
+                 pp_grad_sync="step")
     # interleaved: 2 stages a rank, torchtitan's default for its multi-stage schedules (generate_split_points)
     pipe = dict(schedule="interleaved", virtual=2, stage_layers=torchtitan_chunks(m.gpt.layers, 2 * pp)) \
         if interleaved else {}
@@ -197,3 +214,23 @@ def test_float8_speedup_over_bf16_is_predicted_within_the_tolerance():
         bf16 = _plan(*row[1:3], "h100-sxm-500w", row[3], "ib-ndr", *row[4:10], "bf16", kernels="compiled")
         predicted = bf16.step_s / fp8.step_s
         assert abs(predicted / (row[-1] / compiled) - 1) <= 0.10, (t, predicted)
+
+
+PUBLISHED_MEMORY_GIB = {"T5 1F1B": 82.5, "T5 Interleaved 1F1B": 72.7, "T6 FSDP 8 CP 1": 75.3, "T6 FSDP 4 CP 2": 75.9}
+
+
+def test_pipeline_rows_memory_says_gradients_are_reduced_once_a_step():
+    """The 405B pipeline rows' published memory is far closer to FSDP2 under torch's pipelining (unsharded
+    parameters and FP32 gradients, one reduction a step) than to per-micro-batch FSDP, which misses 50+ GiB."""
+    import dataclasses
+
+    for label, name, seq, gpus, dp, tp, pp, cp, local, rc, prec, _ in H100:
+        if label not in PUBLISHED_MEMORY_GIB:
+            continue
+        micro = _plan(name, seq, "h100-sxm-500w", gpus, "ib-ndr", dp, tp, pp, cp, local, rc, prec,
+                      "Interleaved" in label)
+        t = dataclasses.replace(micro.training, pp_grad_sync="step")
+        step = evaluate(micro.model, micro.cluster, t, micro.strategy)
+        pub = PUBLISHED_MEMORY_GIB[label] * 1024**3
+        assert micro.memory.total < step.memory.total < pub, label
+        assert pub - step.memory.total < (pub - micro.memory.total) / 2, label

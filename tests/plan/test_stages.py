@@ -92,8 +92,11 @@ def test_126_layers_interleave_on_16_stages():
     from tandem.plan.stages import chunks, first_stage_inflight
     c = chunks(LLAMA3_405B, 16, 4)
     assert c[0] == (2, 2, 2, 1) and c[1] == (2, 2, 2, 2) and c[-1] == (2, 2, 2, 1)
-    # the first stage's warm-up: (v-1) x 16 + 2 x 15 + 1 = 79 chunk forwards at m = 32 (two rounds of 16)
-    assert first_stage_inflight(c[0], 16, 32) == 16 * (2 + 2 + 2 + 1) + 15 * 2
+    # the first stage's warm-up: (v-1) x 16 + 2 x 15 + 1 = 79 chunk forwards at m = 32 (two rounds of 16),
+    # 16 x 7 + 15 x 2 = 142 layers; then the steady state's 16 forwards on chunk 0 (2 layers) pair with backwards
+    # on chunk 3 (1 layer): + 16, a peak of 158 (stages.schedule_order)
+    assert first_stage_inflight(c[0], 16, 32) == 16 * (2 + 2 + 2 + 1) + 15 * 2 + 16
+    assert first_stage_inflight((2, 2, 2, 2), 16, 32) == 158   # equal chunks: the warm-up's end is the peak
     # equal chunks: Korthikanti et al.'s L/p x p x (1 + (p-1)/(p v)) = 8 x 16 x (1 + 15/32) = 188
     assert first_stage_inflight((4, 4), 16, 32) == 188
     m = gpt_stats(LLAMA3_405B)
@@ -142,8 +145,9 @@ def test_micro_batches_follow_torchs_rounds():
 def test_last_stage_holds_its_warm_up_under_interleaving():
     from tandem.plan.stages import stage_inflight
     # rank p-1 runs (v-1) x round + 1 chunk forwards before its first backward: 3 x 16 + 1 = 49 on 16 stages,
-    # rounds of 16 micro-batches: 16 on each of chunks 2, 2, 2 and one on the last chunk (1 layer)
-    assert stage_inflight((2, 2, 2, 1), 16, 32, 15) == 3 * 16 * 2 + 1
+    # rounds of 16 micro-batches: 16 on each of chunks 2, 2, 2 and one on the last chunk (1 layer); the steady
+    # state's first forward on chunk 0 (2 layers) pairs with a backward on chunk 2 (2): one layer more, 98
+    assert stage_inflight((2, 2, 2, 1), 16, 32, 15) == 3 * 16 * 2 + 2
     assert stage_inflight((4, 4), 16, 32, 15) == 16 * 4 + 4
     assert stage_inflight((7,), 16, 32, 15) == 7 and stage_inflight((7,), 16, 32, 0) == 7 * 16
 

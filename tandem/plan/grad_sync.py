@@ -1,0 +1,109 @@
+"""When sharded gradients are reduced under a pipeline (``Training.pp_grad_sync``), and what that holds in memory.
+
+- ``microbatch`` (the default): ZeRO-2/3 keep gradients sharded, so every micro-batch's backward reduce-scatters
+  the stage's gradients (cost.dp_ops: ``mb`` calls, each hidden behind its own backward). Memory: the gradients
+  / the shard group.
+- ``step``: torch.distributed.pipelining (torchtitan's pipeline). Every micro-batch's backward runs with
+  ``set_requires_gradient_sync(False)`` (stage.py, ``backward_one_chunk``); FSDP2 then keeps each parameter's
+  unsharded gradient, upcast to the reduce dtype and summed over the micro-batches
+  (fsdp/_fully_shard/_fsdp_param.py, ``to_accumulated_grad_if_needed`` / ``accumulate_unsharded_grad_if_needed``);
+  one REDUCE_GRAD action after a stage's last backward reduce-scatters them once (schedules.py,
+  ``_add_reduce_grad``; stage.py, ``perform_reduce_grad``), and its ``_root_post_backward_final_callback`` with
+  ``is_last_backward`` makes the compute stream wait for that reduce-scatter (``finalize_backward``): exposed.
+  torchtitan builds its pipeline's FSDP with ``reshard_after_forward=False`` (parallelize_llama.py, "to avoid
+  per-microbatch all-gathers"), so a ZeRO-3 stage gathers its parameters once a step and holds them unsharded.
+- ``round``: as ``step``, but each chunk's accumulated gradients are reduce-scattered after its last backward of
+  every round of the interleaved schedule (stages.rounds: max(1, m // p) rounds), so they are held unsharded only
+  within a round. Llama 3 (Dubey et al. 2024, §3.3.2) states the three things this is the one reading of: FSDP
+  "shards optimizer states and gradients", "FP32 gradient accumulation during backward computation over multiple
+  micro-batches" (nothing to accumulate during backward if every micro-batch were reduce-scattered), and the 8k
+  rows run in 80 GB without activation checkpointing (which ``step`` does not, by the planner's memory).
+Under 1F1B (one chunk a stage) ``round`` is ``step``. MoE models stay per micro-batch (not modelled). tandem's own
+trainer refuses ZeRO with pp > 1, so its job specs never plan these modes. Memory under ``step``/``round``: the
+chunks' unsharded gradients in the reduce dtype that are live at the rank's peak (``peak``: each allocated at the
+chunk's first backward of the step or round, while that backward still holds its activations), + the sharded
+gradients, + the parameters unsharded.
+"""
+
+from __future__ import annotations
+
+from tandem.plan.config import Strategy, Training
+
+
+def deferred(t: Training, s: Strategy) -> bool:
+    """Sharded gradients accumulated unsharded and reduced per step or round: ZeRO-2/3 with pp > 1."""
+    return t.pp_grad_sync in ("step", "round") and s.pp > 1 and s.zero >= 2
+
+
+def reductions(t: Training, s: Strategy, mb: int) -> int:
+    """Reduce-scatters of the stage's gradients per step when ``deferred``: 1, or one a round (interleaved)."""
+    from tandem.plan.stages import rounds
+
+    return rounds(mb, s.pp) if t.pp_grad_sync == "round" and s.schedule == "interleaved" else 1
+
+
+def overlap_rule(t: Training) -> str:
+    """explain's overlap rule when ``deferred``."""
+    return (f"as FSDP under torch's pipelining (pp_grad_sync {t.pp_grad_sync}): gradients accumulated unsharded "
+            f"and reduce-scattered once a {'round' if t.pp_grad_sync == 'round' else 'step'}, exposed; "
+            "parameters gathered once, behind the first forward")
+
+
+def model_state_bytes(t: Training, s: Strategy, psi: float, d: int, reduce_bytes: int) -> tuple[float, float]:
+    """(parameter, gradient) bytes per GPU of ``psi`` stage parameters when ``deferred``: parameters unsharded
+    (kept from the first forward to the reduction), gradients unsharded in the reduce dtype + their shard."""
+    by = t.bytes
+    return psi * by["param"], psi * reduce_bytes + psi * by["grad"] / d
+
+
+def peak(held: tuple[int, ...], pp: int, m: int, rank: int, act_layer: float, grad_layer: float,
+         grad_extra: float = 0.0, every: int = 0) -> tuple[float, float]:
+    """(activation, gradient) bytes at rank ``rank``'s peak of their sum when gradients are accumulated
+    unsharded: a chunk's buffer (``grad_layer`` a layer, + ``grad_extra`` on chunk 0 of the first rank or the
+    last chunk of the last: embedding, output layer) is allocated at its first backward and held until it is
+    reduced, after its last backward of the step (``every`` 0) or after every ``every`` backwards (a round),
+    while that backward still holds its activations; ``act_layer`` a layer per micro-batch."""
+    from tandem.plan.stages import schedule_order
+
+    v, act, grads, best = len(held), 0.0, 0.0, (0.0, 0.0)
+    done = [0] * v
+    extra_chunk = 0 if rank == 0 else v - 1 if rank == pp - 1 else -1
+    size = [held[c] * grad_layer + (grad_extra if c == extra_chunk else 0.0) for c in range(v)]
+    for kind, c in schedule_order(v, pp, m, rank):
+        if kind == "F":
+            act += held[c] * act_layer
+        elif done[c] % (every or m) == 0:
+            grads += size[c]
+        if act + grads > sum(best):
+            best = (act, grads)
+        if kind == "B":
+            act -= held[c] * act_layer
+            done[c] += 1
+            if every and done[c] % every == 0:
+                grads -= size[c]
+    return best
+
+
+def sentence(p) -> str:
+    """The explain[] line: when the stage's gradients are reduced and what that holds at the memory peak."""
+    from tandem.plan.comm import grad_reduce_bytes
+    from tandem.plan.memory import shard_group
+
+    t, s, mem = p.training, p.strategy, p.memory
+    if not deferred(t, s) or p.model.gpt is None or p.model.moe is not None:
+        return ""
+    by = t.bytes
+    gb = grad_reduce_bytes(t.precision, s.zero, by["grad"], t.grad_reduce)
+    n, d = reductions(t, s, p.grad_accum), shard_group(s, p.cluster)
+    psi = mem.params / by["param"]
+    shard = psi * by["grad"] / d
+    when = (f"after its last backward of each of the {n} rounds of the interleaved schedule" if n > 1 else
+            "after its last backward of the step")
+    g = 1024**3
+    return (f"Gradient sync under the pipeline (pp_grad_sync {t.pp_grad_sync}): each chunk's gradients accumulate "
+            f"unsharded at {gb} B a parameter and are reduce-scattered {when} ({n} call(s) per step, the compute "
+            f"waiting for each, as torch's pipelining does); parameters held unsharded, {psi / 1e9:.4g}B x "
+            f"{by['param']} B = {mem.params / g:.3g} GiB. At the busiest rank's peak of activations + gradients: "
+            f"activations {mem.activations / g:.3g} GiB + the live chunks' gradients {(mem.grads - shard) / g:.3g} "
+            f"GiB (of {psi * gb / g:.3g} GiB for the whole stage) + their shard {psi / 1e9:.4g}B x {by['grad']} B / "
+            f"{d} = {shard / 2**20:.4g} MiB: grads {mem.grads / g:.3g} GiB.")
