@@ -227,10 +227,10 @@ def test_pipeline_rows_memory_says_gradients_are_reduced_once_a_step():
     for label, name, seq, gpus, dp, tp, pp, cp, local, rc, prec, _ in H100:
         if label not in PUBLISHED_MEMORY_GIB:
             continue
-        micro = _plan(name, seq, "h100-sxm-500w", gpus, "ib-ndr", dp, tp, pp, cp, local, rc, prec,
-                      "Interleaved" in label)
-        t = dataclasses.replace(micro.training, pp_grad_sync="step")
-        step = evaluate(micro.model, micro.cluster, t, micro.strategy)
+        step = _plan(name, seq, "h100-sxm-500w", gpus, "ib-ndr", dp, tp, pp, cp, local, rc, prec,
+                     "Interleaved" in label)
+        t = dataclasses.replace(step.training, pp_grad_sync="microbatch")
+        micro = evaluate(step.model, step.cluster, t, step.strategy)
         pub = PUBLISHED_MEMORY_GIB[label] * 1024**3
         assert micro.memory.total < step.memory.total < pub, label
         assert pub - step.memory.total < (pub - micro.memory.total) / 2, label
