@@ -73,7 +73,7 @@ def plan_cmd(
                                         help="Fused attention (FlashAttention/cuDNN): no s x s scores stored, "
                                              "so --recompute none keeps selective's memory (default: off, "
                                              "Korthikanti et al.'s eager attention; on for tandem's GPT and cp > 1)."),
-    attention_kernel: Optional[str] = O(None, "--attention-kernel", help="unfused | fused | fa2 | fa3 | cudnn: the "
+    attention_kernel: Optional[str] = O(None, "--attention-kernel", help="unfused | fused | fa1 | triton | fa2 | fa3 | cudnn: the "
                                         "attention kernel's published speed (fused: the GPU's usual one)."),
     kernels: Optional[str] = O(None, help="fused (Megatron/NeMo/TE, default) | compiled (torch.compile) | eager: "
                                "which norms, adds, activations and loss run as separate memory-bound passes."),

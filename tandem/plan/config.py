@@ -19,7 +19,7 @@ PRECISIONS = {
 
 # Optimizer state bytes per parameter, besides the master copy: Adam keeps m and v in FP32.
 OPTIMIZERS = {"adam": 8, "adamw": 8, "sgd-momentum": 4, "sgd": 0}
-ATTENTION_KERNELS = ("unfused", "fused", "fa2", "fa3", "cudnn")   # tandem/plan/efficiency.py
+ATTENTION_KERNELS = ("unfused", "fused", "fa1", "triton", "fa2", "fa3", "cudnn")   # tandem/plan/efficiency.py
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 KERNELS = ("fused", "compiled", "eager")   # tandem.plan.memory_bound
@@ -44,7 +44,7 @@ class Training:
                                              # communication (None: as the framework schedules it)
     flash_attention: bool = False            # fused attention (FlashAttention, cuDNN/TE): no s x s score matrix
                                              # stored, so no 5as/h term without recompute
-    attention_kernel: str = ""               # unfused | fused | fa2 | fa3 | cudnn (efficiency.py); "": from
+    attention_kernel: str = ""               # unfused | fused | fa1 | triton | fa2 | fa3 | cudnn (efficiency.py); "": from
                                              # flash_attention (fused: the architecture's usual kernel)
     overlap_param_gather: bool = False       # ZeRO-1/2: gather updated params during the next forward
                                              # (Megatron --overlap-param-gather); else exposed

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tandem.plan import attn_v1 as V1
 from tandem.plan import gemm as G
 
 # A large GEMM's share of peak (cuBLAS-class kernels): the reference attention kernels are compared with.
@@ -95,7 +96,7 @@ GPU_ARCH = {"p100": "pascal", "v100-32gb": "volta", "a100-40gb": "ampere", "a100
             "b200": "blackwell", "gb200": "blackwell", "mi300x": "cdna3"}
 
 # ---- Attention kernels: absolute share of the BF16 peak, forward and backward (planner's count: backward 2F)
-KERNELS = ("unfused", "fused", "fa2", "fa3", "cudnn")
+KERNELS = ("unfused", "fused", "fa1", "triton", "fa2", "fa3", "cudnn")
 H100_PEAK = 989.4   # TFLOP/s, dense BF16, H100 SXM5: the FlashAttention-3 paper's GPU
 # FlashAttention-2 on A100 (Dao 2023, arXiv 2307.08691): "50-73% of the theoretical maximum FLOPs/s" (abstract);
 # its midpoint, 0.615, at sequence 2048 (Table 3's), forward and backward alike; other lengths follow the same
@@ -111,6 +112,9 @@ KERNEL_SOURCE = {
     ("ampere", "unfused"): ("unfused attention (s x s scores in memory) at 0.156 of A100 peak: FlashAttention-2 "
                             "paper Table 3's runs without it (142 / 149 TFLOP/s, 0.162 / 0.149 of peak, their mean)"),
 }
+for _k in V1.KERNELS:   # first-generation FlashAttention: a share of FlashAttention-2's (attn_v1.py)
+    KERNEL_SOURCE[("hopper", _k)] = KERNEL_SOURCE[("ampere", _k)] = V1.SOURCE[_k]
+    KERNEL_SOURCE[("ada", _k)] = "no published figure for Ada: Ampere's " + V1.SOURCE[_k]
 KERNEL_SOURCE[("ada", "fa2")] = "no published figure for Ada: " + KERNEL_SOURCE[("ampere", "fa2")]
 KERNEL_SOURCE[("ada", "unfused")] = "no published figure for Ada: " + KERNEL_SOURCE[("ampere", "unfused")]
 
@@ -153,12 +157,18 @@ def has_curve(gpu_name: str, k: str) -> bool:
     return _figure(arch_of(gpu_name), k) is not None and k != "unfused"
 
 
-def kernel_shares(gpu_name: str, k: str, length: float, ring: bool = False) -> tuple[float, float] | None:
+def kernel_shares(gpu_name: str, k: str, length: float, ring: bool = False,
+                  head_dim: int = 128) -> tuple[float, float] | None:
     """(forward, backward) share of the BF16 peak in the planner's FLOP count (backward 2 x forward), or None
-    where no figure is published (attention then runs at the linear layers' rate x the row's factor)."""
+    where no figure is published (attention then runs at the linear layers' rate x the row's factor).
+    FlashAttention-1 and its Triton kernel: FlashAttention-2's shares x their speed over it (attn_v1.py)."""
     from tandem.plan import ring as R
 
     fig = _figure(arch_of(gpu_name), k)
+    if fig is not None and k in V1.KERNELS:
+        fa2 = kernel_shares(gpu_name, "fa2", length, ring)
+        r = V1.over_fa2(k, fig, length, head_dim)
+        return fa2[0] * r, fa2[1] * r
     if fig == "hopper" and k == "unfused":   # the s x s square computed whole, then masked
         return R.speed(k, length) / H100_PEAK, R.speed(k, length, True) * 2 / R.BWD_FLOPS / H100_PEAK
     if fig == "hopper":
@@ -175,10 +185,14 @@ def kernel_shares(gpu_name: str, k: str, length: float, ring: bool = False) -> t
     return None
 
 
-def attention_source(gpu_name: str, k: str) -> str:
+def attention_source(gpu_name: str, k: str, length: float = 0.0, head_dim: int = 128) -> str:
+    """Where the kernel's speed comes from; a first-generation kernel on one sequence (``length``) with the
+    arithmetic of its share of FlashAttention-2's speed."""
     a = arch_of(gpu_name)
     if a is None:
         return ""
+    if _figure(a, k) and k in V1.KERNELS and length:
+        return KERNEL_SOURCE[(a.arch, k)] + ": " + V1.arithmetic(k, _figure(a, k), length, head_dim)
     if _figure(a, k):
         return KERNEL_SOURCE[(a.arch, k)]
     if k == "unfused" and a.unfused != 1.0:
@@ -187,21 +201,21 @@ def attention_source(gpu_name: str, k: str) -> str:
 
 
 def attention_times(c, t, s, flops_fwd: float, rc: int, rate: float, eff: float, length: float,
-                    diagonal: float = 0.0) -> tuple[float, str]:
+                    diagonal: float = 0.0, head_dim: int = 128) -> tuple[float, str]:
     """(seconds, kernel) of attention's QK^T and AV: ``flops_fwd`` one forward's FLOPs per GPU, run 1 + rc times
     forward and once backward (2 x), at the kernel's published share of the BF16 peak by length; with --efficiency
     or no figure, at the linear layers' (BF16) rate x the row's factor. Under a ring (cp > 1, ``diagonal`` the
     local chunk's s/cp tokens): 1/cp of the FLOPs are the diagonal step's causal block, at the causal speed at
     s/cp (ring.diagonal_fraction), the rest the ring's unmasked blocks at ``length``."""
     k = kernel(c.gpu.name, t, s.cp)
-    shares = kernel_shares(c.gpu.name, k, length, s.cp > 1) if t.efficiency is None else None
+    shares = kernel_shares(c.gpu.name, k, length, s.cp > 1, head_dim) if t.efficiency is None else None
     prec = "bf16" if t.precision == "fp8" else t.precision
     if shares is not None and prec in ("bf16", "fp16"):   # a calibrated rate is a GEMM's at GEMM_SHARE of peak
         from tandem.plan import ring as R
 
         peak = c.flops_ref(prec) / (GEMM_SHARE if prec in c.achieved_flops else 1.0)
         d = R.diagonal_fraction(s.cp, t.cp_impl) if diagonal and s.cp > 1 else 0.0
-        diag = kernel_shares(c.gpu.name, k, diagonal, False) if d else None
+        diag = kernel_shares(c.gpu.name, k, diagonal, False, head_dim) if d else None
         parts = [(1 - d, shares)] + ([(d, diag)] if diag is not None else [])
         return sum(w * ((1 + rc) * flops_fwd / (peak * sh[0]) + 2 * flops_fwd / (peak * sh[1]))
                    for w, sh in parts), k
@@ -242,7 +256,7 @@ def transformer_compute(m, c, t, s, hw_fpg: float, rate: float, eff: float) -> d
     elt = 1 if fp8 else t.bytes["act"]
     lin, roof, tiles = G.linear_factor(shape, s.tp, s.micro_batch, elt, rate, c.gpu.memory_Bps, fp8, tensor)
     attn_s, k = attention_times(c, t, s, attn_fwd, rc, rate, eff,
-                                R.block_length(g.seq, s.cp) if s.cp > 1 else g.seq, g.seq / s.cp)
+                                R.block_length(g.seq, s.cp) if s.cp > 1 else g.seq, g.seq / s.cp, g.hidden // g.heads)
     cast_s = 0.0
     if fp8 and t.efficiency is None and c.gpu.memory_Bps > 0:
         micro = t.global_batch // s.dp // s.micro_batch

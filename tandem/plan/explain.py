@@ -15,7 +15,7 @@ from tandem.plan import stages as ST
 from tandem.plan import tp_overlap as TPO
 from tandem.plan.config import fused_attention
 from tandem.plan.cost import Plan
-from tandem.plan.explain_terms import gather_note
+from tandem.plan.explain_terms import attn_seq, gather_note
 from tandem.plan.host import default_threads
 
 
@@ -228,7 +228,7 @@ def explain(p: Plan) -> list[str]:
                    f"{p.efficiency:.2f} efficiency"
                    + (f"; attention (QK^T, AV: {ms(p.attn_s / p.stage_imbalance)}, {p.attn_kernel}"
                       + (", in BF16: Transformer Engine runs only the linear layers in FP8" if p.attn_bf16_s else "")
-                      + f") at {p.attn_ratio:.3g} of that rate ({E.attention_source(c.gpu.name, p.attn_kernel)})"
+                      + f") at {p.attn_ratio:.3g} of that rate ({E.attention_source(c.gpu.name, p.attn_kernel, *attn_seq(p))})"
                       if abs(p.attn_ratio - 1.0) > 5e-4 or p.attn_bf16_s else "")
                    + (f", the linear layers at {p.linear_share:.3g} of it ({p.gemm_shape:.3g} for "
                       f"their GEMM shapes at tp {s.tp}: measured {'FP8' if t.precision == 'fp8' else 'BF16'} GEMM "

@@ -98,14 +98,14 @@ def _blocks(p: Plan, impl: str) -> str:
     s, g, t, c = p.strategy, p.model.gpt, p.training, p.cluster
     L, kern = RING.block_length(g.seq, s.cp), p.attn_kernel or RING.KERNEL[impl]
     prec = "bf16" if t.precision == "fp8" else t.precision
-    ring = E.kernel_shares(c.gpu.name, kern, L, True) if t.efficiency is None else None
+    ring = E.kernel_shares(c.gpu.name, kern, L, True, g.hidden // g.heads) if t.efficiency is None else None
     if ring is None or prec not in ("bf16", "fp16"):
         return ""
     peak = c.flops_ref(prec) / (E.GEMM_SHARE if prec in c.achieved_flops else 1.0)
     rc = {"none": 0, "selective": 3, "full": 1}[s.recompute]
     flops = g.seq * g.layers * g.attn_score_fwd_flops_per_token() * t.global_batch / s.world
     d = RING.diagonal_fraction(s.cp, t.cp_impl)
-    diag = E.kernel_shares(c.gpu.name, kern, g.seq / s.cp, False) if d else None
+    diag = E.kernel_shares(c.gpu.name, kern, g.seq / s.cp, False, g.hidden // g.heads) if d else None
     parts = [(1 - d, ring, L, True)] + ([(d, diag, g.seq / s.cp, False)] if diag is not None else [])
     total = sum(w * ((1 + rc) * flops / (peak * sh[0]) + 2 * flops / (peak * sh[1])) for w, sh, _, _ in parts)
     terms = " + ".join(f"{w:.4g} x ({1 + rc}/{sh[0]:.4g} + 2/{sh[1]:.4g})" for w, sh, _, _ in parts)

@@ -30,3 +30,12 @@ def gather_note(p: Plan, o) -> str:
     else:
         why = f": the {'bf16' if t.precision == 'fp8' else t.precision} working weights" if pb != 4 else ""
     return f" ({si(psi, '')} parameters x {pb} B{why})"
+
+
+def attn_seq(p) -> tuple[float, int]:
+    """(sequence, head dim) one attention call runs on, for the attention kernel's arithmetic; (0, 128) where
+    there is no single sequence (no transformer shape, or ring attention, whose blocks explain_layout prices)."""
+    g = p.model.gpt
+    if g is None or p.strategy.cp > 1:
+        return 0.0, 128
+    return float(g.seq), g.hidden // g.heads

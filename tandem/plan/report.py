@@ -183,5 +183,5 @@ def assumptions(p: Plan, given: set[str], mb_auto: bool) -> list[str]:
     if p.attn_s and t.efficiency is None and p.attn_kernel:
         out.append(f"attention kernel {p.attn_kernel} at {p.attn_ratio:.3g} of the linear layers' rate ("
                    + ("given" if "attention_kernel" in given or "flash_attention" in given else
-                      "default; --attention-kernel unfused|fused|fa2|fa3|cudnn to change") + ")")
+                      "default; --attention-kernel unfused|fused|fa1|triton|fa2|fa3|cudnn to change") + ")")
     return out

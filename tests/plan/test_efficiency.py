@@ -209,3 +209,22 @@ def test_fp8_explain_names_attention_once_and_grad_reduce_takes_any_case():
     assert f"at {p.attn_ratio:.3g} of that rate" in comp
     assert Training(grad_reduce="FP32").grad_reduce == "fp32"      # as --attention-kernel FA3 is taken
     assert Training(attention_kernel="FA3").attention_kernel == "fa3"
+
+
+def test_first_generation_flashattention_runs_at_its_share_of_flashattention2():
+    # FlashAttention-2 paper's forward + backward figures, causal, head dim 128, 4k tokens: H100 FlashAttention 126
+    # and FlashAttention-2 294 TFLOP/s; A100 FlashAttention 76, Triton 74, FlashAttention-2 173
+    from tandem.plan import attn_v1 as V1
+
+    f = 4096 * 32 * 4 * 4096 * 4096
+    fa2 = _plan("h100-sxm", attention_kernel="fa2")
+    fa1, tri = _plan("h100-sxm", attention_kernel="fa1"), _plan("h100-sxm", attention_kernel="triton")
+    assert fa1.attn_s == pytest.approx(fa2.attn_s * 294 / 126, rel=1e-6)
+    assert tri.attn_s == pytest.approx(fa2.attn_s * 294 / 126 * 76 / 74, rel=1e-6)
+    a_fa2, a_tri = _plan("a100-80gb", attention_kernel="fa2"), _plan("a100-80gb", attention_kernel="triton")
+    assert a_tri.attn_s == pytest.approx(a_fa2.attn_s * 173 / 74, rel=1e-6) and a_tri.attn_s > f / 312e12
+    text = " ".join(explain(tri))
+    assert "H100 FlashAttention 126 / FlashAttention-2 294 TFLOP/s at 4096 tokens" in text
+    assert f"= {126 / 294 * 74 / 76:.3g} of FlashAttention-2's speed" in text
+    # head dim 64 reads its own panel (H100, 512 tokens: 104 / 141)
+    assert V1.over_fa2("fa1", "hopper", 512, 64) == pytest.approx(104 / 141)

@@ -6,9 +6,20 @@ Throughput (T/s/GPU) column as the expected number). 8 to 64 GPUs, 125M to 70B p
 The planner gets each row's MPT shape (d_model, n_layers, n_heads of the yamls; vocab 50368, learned positions,
 biases, tied embeddings: its parameter count then equals the table's NumParams column exactly), sequence, GPUs,
 micro-batch and global batch, FULL_SHARD as --zero 3 on every GPU, activation checkpointing True as full
-recompute, FlashAttention-2 (attention_kernel "fa2": MPT's attn_impl "flash"; the benchmark README does not
-name the version, FlashAttention-2 assumed for these 2023 tables, which post-date its release; "triton" would be
-the Triton FlashAttention kernel, for which the planner has no figure), AdamW, bf16 or fp8, and its default efficiency: nothing fitted.
+recompute, an attention kernel (below), AdamW, bf16 or fp8, and its default efficiency: nothing fitted.
+Attention kernel: the tables were made by submit_benchmarks.py as merged with them (b2a43a14, Oct 2023): llm-foundry
+v0.3.0 installed with its "gpu" extra (flash-attn 1.0.9 and triton-pre-mlir; the H100 FP8 runs add
+`pip install flash-attn==1.0.7` and TransformerEngine v0.10, with fc_type "te": te.Linear for every linear
+layer), attn_impl = its --attn_impl default "triton" (the yamls say "triton" too; the default stayed until March
+2024): flash-attn 1.x's Triton FlashAttention (llmfoundry/models/layers/flash_attn_triton.py), a
+first-generation kernel, "slightly slower than CUDA [FlashAttention-1] forward + backward" by its own header.
+The planner times it as attn_v1.py does (--attention-kernel triton: FlashAttention-2's speed x FlashAttention /
+FlashAttention-2 in the FlashAttention-2 paper's H100 figure x Triton / FlashAttention in its A100 figure;
+0.40-0.55 of FlashAttention-2 at head dim 128, 512-8k tokens). All three tables are planned with it (the lead's
+merge: the A100 and H100 BF16 tables would pass with FlashAttention-2, but the source says they did not run it,
+and a kernel chosen per table to pass would be a fit). With "triton" the BF16 tables miss the tolerance (A100 10.3% / 30.1%, H100 BF16 10.8% / 23.2%, every miss slow:
+the attention-heavy rows: A100 7B s8192 -30%, 13B s4096 -24%; H100 7B s4096 -23%, 30B -22%), pinned by the known-miss test below; a term of the 2023
+BF16 stack that the FA2 assumption was standing in for is not found (see KNOWN MISSES).
 Network: 8 NICs a node; A100 as the table says (1600 Gb/s RoCE: 8 x roce-200), H100 unstated (8 x NDR 400 assumed).
 
 KNOWN MISSES (issue 14 asks 10% median, 25% max). On main when written: A100 19.4% / 34.5% (all slow), H100 BF16
@@ -23,7 +34,7 @@ share with its casts timed; nothing fitted to this table):
   (-12, -15%): MPT's 2023 stack (eager PyTorch, FlashAttention-2 at 35% of H100 peak) sustains less than the 0.50
   the 2024 sources publish, the more so the smaller the model. Term: per-framework efficiency and the
   memory-bound non-GEMM time of small models on H100 (not modelled).
-- H100 FP8: median 34.2%, max 65.7%, all FAST (+25..+66%): these 350M-3B rows (Transformer Engine of 2023)
+- H100 FP8 (FlashAttention-2 assumed until the kernel above was found): median 34.2%, max 65.7%, all FAST (+25..+66%): these 350M-3B rows (Transformer Engine of 2023)
   ran at 15-30% of the FP8 peak, below their own BF16 rows' MFU; the planner's FP8 (0.942 x the BF16 share, smaller
   K penalised as measured, casts at 4 B an element) still gains 1.3-1.5x over BF16 at these sizes. Term: FP8
   overheads of early Transformer Engine at small shapes.
@@ -52,6 +63,15 @@ With FSDP1's own copies timed (fsdp_runtime.py, fsdp="fsdp1": Composer wraps MPT
 backward concatenates each flat parameter's views' gradients, 4 B per unsharded parameter per micro-batch, and
 pre-divides before each reduce-scatter): A100 7.0% / 22.5%, H100 BF16 9.4% / 21.2% (both still within the
 tolerance), H100 FP8 23.2% / 42.6%.
+With the attention kernel the runs used (attn_v1.py, "triton", above) for the H100 FP8 table: 7.8% / 23.9%
+(3b s8192 -13.0%, 1b s8192 -9.6%, 3b s2048 -5.9%, 1b s512 -2.1%, 3b s512 +1.7%, 350m s512 +23.9%): WITHIN the
+issue's tolerance (test below); before, 1b/3b s8192 were +43% / +34% fast: their attention (38% / 33% of the
+model FLOPs) at FlashAttention-2's speed, 2.3x what Triton FlashAttention runs at 8k on H100. The 350m row stays
+fast (head dim 64, d_model 1024: attention is only 16% of its time): Transformer Engine v0.10's fixed costs per
+module and micro-batch (te.Linear without is_first_microbatch casts and transposes its weights every micro-batch,
+module/linear.py `update_fp8_weights = is_first_microbatch is None or ...`: 4 B x 0.30B linear weights = 1.2 GB, 0.4 ms
+a micro-batch, 0.2% of this row; amax/scale updates per module) are not priced: no source gives their time.
+FlashAttention-1 ("fa1", the CUDA kernel) instead: 6.8% / 23.6%.
 """
 
 from statistics import median
@@ -91,11 +111,14 @@ H100_FP8 = [
     ("3b", 512, 8, 40, 1920, False, 36527, 2647905280), ("1b", 8192, 8, 2, 64, False, 32010, 1328533504),
     ("1b", 512, 8, 56, 1792, False, 70315, 1312804864), ("350m", 512, 8, 56, 1792, False, 154420, 354412544),
 ]
-TABLES = {"a100-80gb": (A100_80GB, "a100-80gb", "roce-200", "bf16"),
-          "h100-bf16": (H100_BF16, "h100-sxm", "ib-ndr", "bf16"),
-          "h100-fp8": (H100_FP8, "h100-sxm", "ib-ndr", "fp8")}
-# (median, max) relative error pinned for each table: see KNOWN MISSES above
-KNOWN_MISS = {"h100-fp8": (0.24, 0.44)}
+# table: rows, GPU, network, precision, attention kernel (see KNOWN MISSES: all three ran attn_impl triton)
+TABLES = {"a100-80gb": (A100_80GB, "a100-80gb", "roce-200", "bf16", "triton"),
+          "h100-bf16": (H100_BF16, "h100-sxm", "ib-ndr", "bf16", "triton"),
+          "h100-fp8": (H100_FP8, "h100-sxm", "ib-ndr", "fp8", "triton")}
+# (median, max) relative error pinned for the tables that miss the issue's tolerance at the kernel they ran
+# (triton): see KNOWN MISSES above (with FlashAttention-2 assumed they would pass: an assumption the source
+# contradicts, so it is not what they are planned with)
+KNOWN_MISS_AS_RUN = {"a100-80gb": (0.11, 0.31), "h100-bf16": (0.11, 0.24)}
 
 
 def _model(name, seq):
@@ -103,11 +126,11 @@ def _model(name, seq):
     return gpt_stats(GPTShape(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=50368), f"mpt-{name}")
 
 
-def _tokens_per_gpu(row, gpu, inter, precision):
+def _tokens_per_gpu(row, gpu, inter, precision, kernel="fa2"):
     name, seq, gpus, mbs, gbs, ckpt, _, _ = row
     m = _model(name, seq)
     c = make_cluster(gpu, 8, gpus // 8, inter=inter, nics_per_node=8)
-    t = Training(global_batch=gbs, precision=precision, optimizer="adamw", attention_kernel="fa2", kernels="eager",
+    t = Training(global_batch=gbs, precision=precision, optimizer="adamw", attention_kernel=kernel, kernels="eager",
                  fused_loss=True, fsdp="fsdp1")
     s = Strategy(dp=gpus, zero=3, micro_batch=mbs, recompute="full" if ckpt else "none", ranks_per_node=8)
     p = evaluate(m, c, t, s)
@@ -115,9 +138,10 @@ def _tokens_per_gpu(row, gpu, inter, precision):
     return gbs * seq / p.step_s / gpus
 
 
-def errors(table: str) -> dict[str, float]:
-    rows, gpu, inter, precision = TABLES[table]
-    return {f"{r[0]}-s{r[1]}-g{r[2]}": _tokens_per_gpu(r, gpu, inter, precision) / r[6] - 1 for r in rows}
+def errors(table: str, kernel: str | None = None) -> dict[str, float]:
+    rows, gpu, inter, precision, k = TABLES[table]
+    return {f"{r[0]}-s{r[1]}-g{r[2]}": _tokens_per_gpu(r, gpu, inter, precision, kernel or k) / r[6] - 1
+            for r in rows}
 
 
 def test_parameter_counts_equal_the_tables_numparams():
@@ -126,15 +150,15 @@ def test_parameter_counts_equal_the_tables_numparams():
             assert _model(r[0], r[1]).params == r[7], r
 
 
-@pytest.mark.parametrize("table", ["a100-80gb", "h100-bf16"])
+@pytest.mark.parametrize("table", ["h100-fp8"])
 def test_tokens_per_gpu_within_the_issue_tolerance(table):
     errs = {k: abs(e) for k, e in errors(table).items()}
     assert median(errs.values()) <= 0.10 and max(errs.values()) <= 0.25, errs
 
 
-@pytest.mark.parametrize("table", list(KNOWN_MISS))
-def test_tokens_per_gpu_known_miss(table):
+@pytest.mark.parametrize("table", list(KNOWN_MISS_AS_RUN))
+def test_bf16_tables_at_the_kernel_they_ran_known_miss(table):
     errs = {k: abs(e) for k, e in errors(table).items()}
-    med_bound, max_bound = KNOWN_MISS[table]
+    med_bound, max_bound = KNOWN_MISS_AS_RUN[table]
     assert median(errs.values()) <= med_bound, errs
     assert max(errs.values()) <= max_bound, errs
