@@ -8,7 +8,8 @@ arXiv:2410.06511). Two versions of the file, each row's TPS/GPU (WPS) as the exp
   8 x HDR 200 assumed), Llama 3 8B/70B (the 3.1 shapes) at sequence 8192, Llama 2 at 4096.
 
 The planner gets each row's shape, degrees (FSDP as --zero 3 over dp; TP/PP/CP as given), local batch (one
-micro-batch per FSDP rank where there is no pipeline; micro-batch 1 with one, torchtitan's default), recompute
+micro-batch per FSDP rank where there is no pipeline; with one, the local batch split into pp micro-batches,
+torchtitan's default: see *Micro-batches under PP* below), recompute
 (selective / full / none), bf16 or fp8, Flash attention (SDPA), AdamW and its default efficiency: nothing
 fitted. torch.compile rows are used only where the row is also Float8 (the table has no Float8 row without
 compile); the planner has no compile term.
@@ -165,8 +166,10 @@ def _plan(name, seq, gpu, gpus, inter, dp, tp, pp, cp, local, recompute, precisi
     # interleaved: 2 stages a rank, torchtitan's default for its multi-stage schedules (generate_split_points)
     pipe = dict(schedule="interleaved", virtual=2, stage_layers=torchtitan_chunks(m.gpt.layers, 2 * pp)) \
         if interleaved else {}
-    s = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, zero=3, micro_batch=1 if pp > 1 else local, recompute=recompute,
-                 ranks_per_node=8, **pipe)
+    # under PP torchtitan splits the local batch into pipeline_parallel_microbatches, default the pp degree
+    # (9dec370: pipelining_utils.build_pipeline_schedule, config_manager.py): T5's 32 sequences run as 8 of 4
+    s = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, zero=3, micro_batch=local // pp if pp > 1 else local,
+                 recompute=recompute, ranks_per_node=8, **pipe)
     validate(m, c, t, s)
     return evaluate(m, c, t, s)
 
