@@ -116,7 +116,8 @@ def sentence(o, tp: int) -> str:
     per = o.exposed_s / max(1, layers * mb)
     h = one / 2
     if o.rule == "tp-bulk":
-        return (f"dgrad reduce-scatter beside the wgrad GEMM (Transformer Engine, bulk or async NCCL): forward exposed ({2 * (2 if full else 1)} x {ms(one)}); in "
+        return (f"dgrad reduce-scatter beside the wgrad GEMM (Transformer Engine, bulk or async NCCL): forward "
+                f"exposed ({2 * (2 if full else 1)} x {ms(one)}); in "
                 f"backward the all-gather {ms(h)} exposed and each dgrad reduce-scatter {ms(h)} beside its wgrad GEMM "
                 f"(QKV {ms(qkv)}, FC1 {ms(fc1)}): + {ms(h)} + max(0, {ms(h)} - {ms(qkv)}) + {ms(h)} + max(0, "
                 f"{ms(h)} - {ms(fc1)}) = {ms(per)} per layer, x {layers} layers x {mb} micro-batches = "

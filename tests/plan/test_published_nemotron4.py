@@ -36,7 +36,8 @@ with the fill's tensor-parallel communication +13.6/+13.7/+11.9%. With the confi
 +11.3%, +11.4%, +9.1% (1,536, 3,072, 6,144 GPUs): median 11.3%, max 11.4%, every row SLOW. Step by step (1,536
 GPUs): the dgrad reduce-scatter beside the wgrad GEMM -2.2 points (0.66 -> 0.50 s of tensor-parallel time at 6,144
 GPUs), the BF16 reduction -1.6 (dp-grad exposed 0.20 -> 0.03 s), selective recompute +1.5 (the attention core's
-forward again), the unfused loss +0.06. KNOWN MISS on the median (the max is within the issue's 25%), pinned just above. Sensitivity to V:
+forward again), the unfused loss +0.06. KNOWN MISS on the median (the max is within the issue's 25%), pinned just
+above. Sensitivity to V:
 4 gives +12.1/+12.2/+10.6%, 2 gives +16.3/+16.5/+16.3%. The model FLOPs per step the table implies (MFU x 989.4
 TFLOP/s x iteration time) match the planner's count to 0.4% on every row (test below), so the miss is in time,
 not FLOPs.
