@@ -294,10 +294,10 @@ def stage_psi(m: ModelStats, s: Strategy) -> float:
     """Parameters per GPU on the stage holding the most: with a pipeline, the first (embedding) or the last
     (output layer, or the tied embedding's copy Megatron keeps there)."""
     if m.moe is not None:   # the non-expert weights; expert gradients go over their own group (dp_ops)
-        return MC.stage_states(m.moe, ST.split(m.gpt, s.pp, s.stage_layers), s.tp, s.ep)[0]
+        return MC.stage_states(m.moe, ST.split(m.gpt, s.pp, s.stage_layers, ST.chunks_of(s)), s.tp, s.ep)[0]
     if m.gpt is None or s.pp == 1:
         return m.params / (s.tp * s.pp)
-    return ST.max_stage_params(m.gpt, ST.split(m.gpt, s.pp, s.stage_layers)) / s.tp
+    return ST.max_stage_params(m.gpt, ST.split(m.gpt, s.pp, s.stage_layers, ST.chunks_of(s))) / s.tp
 
 
 def updated_params(m: ModelStats, s: Strategy, c: Cluster) -> float:
@@ -307,7 +307,7 @@ def updated_params(m: ModelStats, s: Strategy, c: Cluster) -> float:
 
     if m.moe is None:
         return stage_psi(m, s) / (shard_group(s, c) if s.zero else 1)
-    ne, e = MC.stage_states(m.moe, ST.split(m.gpt, s.pp, s.stage_layers), s.tp, s.ep)
+    ne, e = MC.stage_states(m.moe, ST.split(m.gpt, s.pp, s.stage_layers, ST.chunks_of(s)), s.tp, s.ep)
     return ne / (shard_group(s, c) if s.zero else 1) + e / (expert_shard_group(s, c) if s.zero else 1)
 
 
@@ -385,7 +385,7 @@ def dp_ops(m: ModelStats, c: Cluster, t: Training, s: Strategy, mb: int, compute
     if m.moe is not None:
         # expert weights: reduced (and ZeRO-sharded) over the dp x cp / ep ranks holding the same experts, on
         # the stream the dense gradients use: they hide in what of backward the dense ones leave
-        psi_e = MC.stage_states(m.moe, ST.split(m.gpt, s.pp, s.stage_layers), s.tp, s.ep)[1]
+        psi_e = MC.stage_states(m.moe, ST.split(m.gpt, s.pp, s.stage_layers, ST.chunks_of(s)), s.tp, s.ep)[1]
         eg = MC.expert_dp_group(s, c.gpus_per_node)
         if eg.size > 1 and psi_e > 0:
             left = max(0.0, bwd - sum(o.time_s / o.calls for o in ops if o.name == "dp-grad"))

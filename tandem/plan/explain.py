@@ -303,7 +303,7 @@ def _moe_states_sentence(p: Plan) -> str:
     from tandem.plan.moe_cp import stage_states
 
     m, s, t, c = p.model, p.strategy, p.training, p.cluster
-    dense, expert = stage_states(m.moe, ST.split(m.gpt, s.pp, s.stage_layers), s.tp, s.ep)
+    dense, expert = stage_states(m.moe, ST.split(m.gpt, s.pp, s.stage_layers, ST.chunks_of(s)), s.tp, s.ep)
     d, de = shard_group(s, c), expert_shard_group(s, c)
     k = t.bytes["param"] + t.bytes["grad"] + t.optimizer_bytes
     return (f"Model states (MoE): {dense / 1e9:.4g}B non-expert parameters per GPU (/ tp {s.tp} on the stage "

@@ -20,7 +20,7 @@ def gather_note(p: Plan, o) -> str:
 
     m, s, t = p.model, p.strategy, p.training
     if o.name == "ep-params":
-        psi = MC.stage_states(m.moe, ST.split(m.gpt, s.pp, s.stage_layers), s.tp, s.ep)[1]
+        psi = MC.stage_states(m.moe, ST.split(m.gpt, s.pp, s.stage_layers, ST.chunks_of(s)), s.tp, s.ep)[1]
     else:
         psi = cost.stage_psi(m, s)
     pb = t.gather_bytes

@@ -17,7 +17,8 @@ from tandem.plan.comm import grad_reduce_bytes
 from tandem.plan.config import Strategy, Training, fused_attention
 from tandem.plan.hardware import Cluster
 from tandem.plan.model import ModelStats
-from tandem.plan.stages import chunks, first_stage_inflight, max_stage_params, split, stage_inflight, stage_params
+from tandem.plan.stages import (chunks, chunks_of, first_stage_inflight, max_stage_params, split, stage_inflight,
+                                 stage_params)
 
 CONTEXT_BYTES = 1.0 * 1024**3   # CUDA context, cuBLAS/cuDNN workspaces, allocator slack (rough)
 
@@ -88,7 +89,7 @@ def inflight_layers(m: ModelStats, s: Strategy, micro_batches: int) -> float:
     if p == 1:
         return L
     if s.schedule == "gpipe":
-        return split(m.gpt, p, s.stage_layers)[0] * micro_batches
+        return split(m.gpt, p, s.stage_layers, chunks_of(s))[0] * micro_batches
     v = s.virtual if s.schedule == "interleaved" else 1
     return first_stage_inflight(chunks(m.gpt, p, v, s.stage_layers)[0], p, micro_batches)
 
@@ -117,7 +118,7 @@ def activation_parts(m: ModelStats, s: Strategy, t: Training, micro_batches: int
         out.update(logits=logits, total=first + logits, stage="only")
         return out
     if s.schedule == "gpipe":
-        last_layers = split(g, s.pp, s.stage_layers)[-1] * micro_batches
+        last_layers = split(g, s.pp, s.stage_layers, chunks_of(s))[-1] * micro_batches
     else:   # 1F1B: one micro-batch; interleaved: its warm-up's chunk forwards (stages.stage_inflight)
         v = s.virtual if s.schedule == "interleaved" else 1
         last_layers = stage_inflight(chunks(g, s.pp, v, s.stage_layers)[-1], s.pp, micro_batches, s.pp - 1)
@@ -146,9 +147,9 @@ def memory(m: ModelStats, c: Cluster, t: Training, s: Strategy, micro_batches: i
     if m.moe is not None:   # experts split over ep x tp, sharded over the expert-data-parallel ranks
         from tandem.plan.moe_cp import stage_states
 
-        psi, psi_e = stage_states(m.moe, split(m.gpt, s.pp, s.stage_layers), s.tp, s.ep)
+        psi, psi_e = stage_states(m.moe, split(m.gpt, s.pp, s.stage_layers, chunks_of(s)), s.tp, s.ep)
     elif m.gpt is not None and s.pp > 1:   # the stage that holds the most (embedding or output layer)
-        psi, psi_e = max_stage_params(m.gpt, split(m.gpt, s.pp, s.stage_layers)) / s.tp, 0.0
+        psi, psi_e = max_stage_params(m.gpt, split(m.gpt, s.pp, s.stage_layers, chunks_of(s))) / s.tp, 0.0
     else:
         psi, psi_e = m.params / (s.tp * s.pp), 0.0
     d, de = shard_group(s, c), expert_shard_group(s, c)
@@ -188,7 +189,7 @@ def deferred_peak(m: ModelStats, t: Training, s: Strategy, micro_batches: int, f
     parts = activation_parts(m, s, t, micro_batches)
     v = s.virtual if s.schedule == "interleaved" else 1
     held = chunks(g, s.pp, v, s.stage_layers)
-    layers = split(g, s.pp, s.stage_layers)
+    layers = split(g, s.pp, s.stage_layers, chunks_of(s))
     per_param = full / max_stage_params(g, layers)   # gradient bytes per parameter of a stage (/ tp inside)
     grad_layer, sp = g.layer_params() * per_param, stage_params(g, layers)
     n = GS.reductions(t, s, micro_batches)

@@ -12,6 +12,14 @@ the last stage, then takes the surplus from the costliest stages: the first (it 
 activations under 1F1B), then the last, then the middle on a tie. 126 layers on 16 stages give 7, 8 x 14, 7: Llama 3
 405B's split (Dubey et al., *The Llama 3 Herd of Models*, 2024, §3.3.2: one layer fewer on the first
 and the last stage).
+
+With the interleaved schedule (v model chunks a stage) the default split follows Megatron-LM: every stage builds
+num_layers / pp layers in v chunks of num_layers / (pp x v) (megatron/core/transformer/transformer_block.py,
+get_num_layers_to_build; megatron/training/arguments.py asserts the layers divide that way), so 96 layers on
+12 stages x 8 chunks (Nemotron-4 340B) or 8 x 12 (NeMo's recipe) run one or two layers a chunk, the output layer
+on an even split. Where pp x v does not divide the layers (Megatron would need explicit uneven counts), the
+balanced split above is taken with at least v layers on every stage, one a chunk; fewer than pp x v layers
+cannot be interleaved and are refused.
 """
 
 from __future__ import annotations
@@ -29,20 +37,21 @@ def head_cost(g: GPTShape) -> float:
 
 
 @lru_cache(maxsize=4096)
-def balanced(layers: int, pp: int, head: float) -> tuple[int, ...]:
-    """Layer counts per stage minimising the costliest stage (layers + ``head`` on the last)."""
+def balanced(layers: int, pp: int, head: float, least: int = 0) -> tuple[int, ...]:
+    """Layer counts per stage minimising the costliest stage (layers + ``head`` on the last), each at least
+    ``least`` (the interleaved schedule's chunks a stage; layers >= pp x least)."""
     extra = [0.0] * (pp - 1) + [head]
 
     def at(T: float) -> list[int]:
-        return [max(0, math.floor(T - e + 1e-9)) for e in extra]
+        return [max(least, math.floor(T - e + 1e-9)) for e in extra]
 
     cands = sorted({x + e for x in range(layers // pp, layers + 2) for e in (0.0, head)})
     counts = at(next(T for T in cands if sum(at(T)) >= layers))
     order = [0, pp - 1] + list(range(1, pp - 1)) if pp > 1 else [0]
     while sum(counts) > layers:  # take the surplus from the costliest: first, last, then the middle
         costs = [n + e for n, e in zip(counts, extra)]
-        top = max(c for c, n in zip(costs, counts) if n > 0)
-        i = next(i for i in order if counts[i] > 0 and costs[i] >= top - 1e-9)
+        top = max(c for c, n in zip(costs, counts) if n > least)
+        i = next(i for i in order if counts[i] > least and costs[i] >= top - 1e-9)
         counts[i] -= 1
     return tuple(counts)
 
@@ -55,9 +64,15 @@ def _key(g: GPTShape) -> tuple:
             g.learned_pos, g.tied)
 
 
-def split(g: GPTShape, pp: int, given: tuple[int, ...] | None = None) -> tuple[int, ...]:
+def chunks_of(s) -> int:
+    """Model chunks a stage holds under strategy ``s``: its virtual stages when interleaved, else 1."""
+    return s.virtual if s.schedule == "interleaved" else 1
+
+
+def split(g: GPTShape, pp: int, given: tuple[int, ...] | None = None, v: int = 1) -> tuple[int, ...]:
     """Layers per stage: ``given`` per stage, or per model chunk (pp x v counts, chunk j on stage j mod pp,
-    folded into stage sums), else the balanced split."""
+    folded into stage sums), else the planner's split for ``v`` chunks a stage: balanced (v = 1), Megatron's
+    even split where pp x v divides the layers, else balanced with at least v a stage (module docstring)."""
     if given:
         if len(given) % pp or sum(given) != g.layers or min(given) < 0:
             raise ConfigError(f"{len(given)} count(s) with {sum(given)} layers in all, but pp {pp} and "
@@ -66,9 +81,16 @@ def split(g: GPTShape, pp: int, given: tuple[int, ...] | None = None) -> tuple[i
                                   f"chunk) that add up to {g.layers}, or leave it out for the planner's "
                                   "balanced split")
         return tuple(sum(given[i::pp]) for i in range(pp))
-    k = (_key(g), pp)
+    k = (_key(g), pp, v)
     if k not in _SPLITS:
-        _SPLITS[k] = balanced(g.layers, pp, head_cost(g))
+        if v > 1 and g.layers < pp * v:
+            raise ConfigError(f"{g.layers} layers cannot fill {pp} stages x {v} interleaved chunks "
+                              f"({pp * v} chunks of at least one layer)", field="virtual", value=v,
+                              fix=f"use --virtual {max(1, g.layers // pp)} or less, or fewer pipeline stages")
+        if v > 1 and g.layers % (pp * v) == 0:
+            _SPLITS[k] = (g.layers // pp,) * pp
+        else:
+            _SPLITS[k] = balanced(g.layers, pp, head_cost(g), v if v > 1 else 0)
     return _SPLITS[k]
 
 
@@ -167,7 +189,7 @@ def _chunks(g: GPTShape, pp: int, v: int, given: tuple[int, ...] | None) -> tupl
         raise ConfigError(f"{len(given)} counts, but pp {pp} x virtual {v} takes {pp} (one per stage) or "
                           f"{pp * v} (one per chunk)", field="stage-layers", value=value,
                           fix=f"give {pp} per-stage or {pp * v} per-chunk layer counts")
-    counts = split(g, pp, given)
+    counts = split(g, pp, given, v)
     if given and len(given) == pp * v:
         out = tuple(tuple(given[i + k * pp] for k in range(v)) for i in range(pp))
     else:
@@ -272,7 +294,7 @@ def pipeline(m, s, compute: float, mb: int) -> tuple[tuple[int, ...], float, flo
     if m.gpt is None:   # equal stages: (p-1)/v, + (v-1)(p-m)/v with fewer micro-batches than stages
         return (), 1.0, compute * (s.pp - 1 + (v - 1) * max(0, s.pp - mb)) / v / mb
     g = m.gpt
-    counts = split(g, s.pp, s.stage_layers)
+    counts = split(g, s.pp, s.stage_layers, chunks_of(s))
     rc = m.recompute_flops_per_sample(s.recompute) / (g.seq * g.layers)
     f, h = g.layer_fwd_flops_per_token(), g.logits_fwd_flops_per_token()
     fill = fill_units(chunks(g, s.pp, v, s.stage_layers), f, 2 * f + rc, h, 2 * h, mb)

@@ -7,12 +7,17 @@ the column-parallel layer's dgrad output reduce-scattered). A ring all-reduce is
 all-gather of the same bytes (NCCL), so each all-reduce call of time c is charged here as an all-gather of c/2 and
 a reduce-scatter of c/2. How much of them is exposed, by mode:
 
-- ``none``: all of it (Megatron-LM without --tp-comm-overlap, NeMo with ub_tp_comm_overlap False, torchtitan
-  without async TP). The default, as plain Megatron and torch run.
-- ``bulk``: Transformer Engine's bulk overlaps only (userbuffers method "bulk": Megatron's --tp-comm-bulk-dgrad /
-  --tp-comm-bulk-wgrad without the split AG/RS overlaps): in backward the column-parallel layer's dgrad
-  reduce-scatter runs beside its wgrad GEMM, exposed max(0, r - G_col); the forward collectives and the backward
-  all-gather stay exposed.
+- ``none``: all of it (torch's tensor parallel without async TP: torchtitan; Megatron-LM 2021 without
+  sequence parallelism). The default, as plain torch runs.
+- ``bulk``: in backward the column-parallel layer's dgrad reduce-scatter runs beside its wgrad GEMM, exposed
+  max(0, r - G_col); the forward collectives and the backward all-gather stay exposed. Transformer Engine's bulk
+  userbuffers overlaps (Megatron's --tp-comm-bulk-dgrad / --tp-comm-bulk-wgrad without the split AG/RS overlaps)
+  do this, and so do Transformer Engine's layers WITHOUT userbuffers: with sequence parallelism the
+  column-parallel backward launches the dgrad reduce-scatter with async_op=True and runs the wgrad GEMM before
+  waiting on it (TE v1.7, transformer_engine/pytorch/module/layernorm_linear.py and linear.py, "Overlap
+  dgrad-RS/AR with wgrad"; Megatron-LM's own sequence-parallel linear layers likewise since 2022,
+  megatron/core/tensor_parallel/layers.py at 285068c8). So Megatron-core / NeMo on Transformer Engine with
+  ub_tp_comm_overlap False (NeMo's GPT-3 175B and Nemotron-4 340B configs) run ``bulk``.
 - ``ring``: Transformer Engine's userbuffers overlaps as its initialize_ub lays them out by default and NeMo's
   tp_comm_overlap configures them (nemo/collections/llm/recipes/tp_overlap_configs/userbuffers.py;
   NeMo-Framework-Launcher conf/training/tp_overlap/*.yaml): the all-gathers ring-exchanged in tp chunks (qkv/fc1
@@ -111,7 +116,8 @@ def sentence(o, tp: int) -> str:
     per = o.exposed_s / max(1, layers * mb)
     h = one / 2
     if o.rule == "tp-bulk":
-        return (f"bulk overlap (Transformer Engine): forward exposed ({2 * (2 if full else 1)} x {ms(one)}); in "
+        return (f"dgrad reduce-scatter beside the wgrad GEMM (Transformer Engine, bulk or async NCCL): forward "
+                f"exposed ({2 * (2 if full else 1)} x {ms(one)}); in "
                 f"backward the all-gather {ms(h)} exposed and each dgrad reduce-scatter {ms(h)} beside its wgrad GEMM "
                 f"(QKV {ms(qkv)}, FC1 {ms(fc1)}): + {ms(h)} + max(0, {ms(h)} - {ms(qkv)}) + {ms(h)} + max(0, "
                 f"{ms(h)} - {ms(fc1)}) = {ms(per)} per layer, x {layers} layers x {mb} micro-batches = "

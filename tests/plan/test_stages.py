@@ -174,3 +174,28 @@ def test_compute_and_fill_arithmetic_keep_the_optimizer_step_out_of_the_imbalanc
     fill = ST.fill_units(ST.chunks(g, 16, 1), f, 2 * f, h, 2 * h, p.grad_accum)
     line = next(x for x in text if x.startswith("Pipeline stages"))
     assert float(re.search(r"fill and drain ([0-9.]+) mean-stage", line).group(1)) == pytest.approx(fill, rel=1e-3)
+
+
+def test_interleaved_default_split_follows_megatron():
+    """Without --stage-layers an interleaved plan takes Megatron-LM's even split where pp x v divides the layers
+    (get_num_layers_to_build): Nemotron-4 340B's 96 layers on 12 stages x 8 chunks (its pretraining layout) and on
+    8 x 12 (NeMo's newer recipe) run, which the balanced split (7 layers on the last stage) refused; otherwise the
+    balanced split with at least v layers a stage; fewer layers than chunks is refused, naming --virtual."""
+    from tandem.core.errors import ConfigError
+    from tandem.plan.stages import chunks
+    g = GPTShape(layers=96, hidden=18432, heads=96, kv_heads=8, ffn=73728, seq=4096, vocab=256000, gated=False,
+                 bias=False, tied=False, learned_pos=False)
+    assert split(g, 12) == (8,) * 10 + (9, 7)   # 1F1B keeps the balanced split
+    m, c, t = gpt_stats(g), make_cluster("h100-sxm", 8, 96 * 8 // 8, inter="ib-ndr", nics_per_node=8), \
+        Training(global_batch=96 * 8, efficiency=0.5)
+    for pp, v in ((12, 8), (8, 12)):
+        s = Strategy(dp=768 // (8 * pp), tp=8, pp=pp, micro_batch=1, schedule="interleaved", virtual=v)
+        validate(m, c, t, s)
+        p = evaluate(m, c, t, s)
+        assert p.stage_layers == (96 // pp,) * pp and chunks(g, pp, v) == ((1,) * v,) * pp
+        assert "Megatron's even split" in " ".join(explain(p))
+    assert split(g, 16, None, 5) == (6,) * 14 + (7, 5)   # 80 chunks: balanced, each stage >= 5
+    s = Strategy(dp=8, tp=8, pp=12, micro_batch=1, schedule="interleaved", virtual=9)
+    with pytest.raises(ConfigError, match=r"96 layers cannot fill 12 stages x 9 interleaved chunks") as e:
+        validate(m, c, t, s)
+    assert e.value.field == "virtual" and "--virtual 8 or less" in str(e.value)
