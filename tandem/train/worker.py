@@ -50,14 +50,16 @@ def main(run_dir: str) -> None:
     run = Path(run_dir)
     spec = from_dict(json.loads((run / rundir.SPEC).read_text()))
     ctx = rt.init()
+    ok = False
     try:
         result = train(spec, ctx, run)
         if ctx.is_main:
             tmp = run / f"{rundir.RESULT}.tmp"
             tmp.write_text(json.dumps(result, indent=1))
             tmp.replace(run / rundir.RESULT)
+        ok = True
     finally:
-        rt.shutdown()
+        rt.shutdown(ok)  # a failed rank closes at once: its peers may be dead
 
 
 main = record(main, error_handler=_AtomicErrorFile())
