@@ -10,8 +10,14 @@ gloo run under load, about 1 run in 25; the core showed ~AsyncAllgatherWork -> t
 pthread_exit while the main thread was in Py_FinalizeEx). ``destroy_process_group`` does not
 stop those threads while anything (a DDP module) still holds the group.
 
-So on success every rank meets in a barrier first: its wait releases the GIL, the gloo
-threads drop what they hold, and no rank closes its sockets while a peer is still sending.
+So on success every rank meets in a barrier first (no rank closes its sockets while a peer is
+still sending), then lets go of the GIL for ``DRAIN_S``: the barrier alone was not enough (1
+abort in 12 runs under load with it): when the peer is already waiting it completes in
+microseconds, and the main thread takes the GIL back before a starved gloo thread gets it. A
+sleep hands the GIL over, and a runnable thread gets a core within it on a machine loaded 5x
+over. It is a margin, not a proof: torch offers no way to wait for gloo's threads to go idle
+(``_wait_for_pending_works`` is NCCL-only); tandem's own workers also leave through
+``os._exit`` (tandem/core/fastexit.py), where no finalization can race.
 The barrier has a timeout: a peer that died after its last collective costs ``timeout_s``,
 not the group's 30 minutes, and the rank goes on closing (its own work did succeed). On
 failure there is no barrier: the peers may be gone or stuck in a collective, so the group is
@@ -23,11 +29,13 @@ Imported by workers only (it imports torch).
 from __future__ import annotations
 
 import sys
+import time
 from datetime import timedelta
 
 import torch.distributed as dist
 
 BARRIER_TIMEOUT_S = 60.0
+DRAIN_S = 0.2  # GIL released, so that gloo's threads can drop the last ops' tensors
 
 
 def close_process_group(ok: bool = True, timeout_s: float = BARRIER_TIMEOUT_S) -> None:
@@ -44,4 +52,5 @@ def close_process_group(ok: bool = True, timeout_s: float = BARRIER_TIMEOUT_S) -
             why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
             print(f"warning: rank {dist.get_rank()}: the ranks did not meet before closing the process group "
                   f"within {timeout_s:g} s ({why}); closing it anyway", file=sys.stderr, flush=True)
+        time.sleep(DRAIN_S)
     dist.destroy_process_group()
