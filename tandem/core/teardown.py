@@ -38,8 +38,9 @@ BARRIER_TIMEOUT_S = 60.0
 DRAIN_S = 0.2  # GIL released, so that gloo's threads can drop the last ops' tensors
 
 
-def close_process_group(ok: bool = True, timeout_s: float = BARRIER_TIMEOUT_S) -> None:
-    """Destroy the default process group, if any; on success (``ok``) after a barrier of every rank."""
+def close_process_group(ok: bool = True, timeout_s: float = BARRIER_TIMEOUT_S, drain_s: float = DRAIN_S) -> None:
+    """Destroy the default process group, if any; on success (``ok``) after a barrier of every rank.
+    ``drain_s=0`` for a process that leaves through ``os._exit``: no finalization follows to race."""
     if not dist.is_initialized():
         return
     if ok and dist.get_world_size() > 1:
@@ -52,5 +53,5 @@ def close_process_group(ok: bool = True, timeout_s: float = BARRIER_TIMEOUT_S) -
             why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
             print(f"warning: rank {dist.get_rank()}: the ranks did not meet before closing the process group "
                   f"within {timeout_s:g} s ({why}); closing it anyway", file=sys.stderr, flush=True)
-        time.sleep(DRAIN_S)
+        time.sleep(drain_s)
     dist.destroy_process_group()

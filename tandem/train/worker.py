@@ -59,7 +59,9 @@ def main(run_dir: str) -> None:
             tmp.replace(run / rundir.RESULT)
         ok = True
     finally:
-        rt.shutdown(ok)  # a failed rank closes at once: its peers may be dead
+        # a failed rank closes at once (its peers may be dead). No drain: the process leaves by os._exit
+        # (under Ray it lives on), so no interpreter finalization races gloo's threads
+        rt.shutdown(ok, drain_s=0)
 
 
 main = record(main, error_handler=_AtomicErrorFile())
