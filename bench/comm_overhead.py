@@ -27,6 +27,7 @@ def worker(a: argparse.Namespace) -> None:
 
     from tandem.bench import comm_worker as cw
     from tandem.bench.collectives import COLLECTIVES, bus_factor
+    from tandem.core.teardown import close_process_group
 
     device, backend = cw.resolve("auto", "auto")
     cw.init(device, backend)
@@ -97,7 +98,7 @@ def worker(a: argparse.Namespace) -> None:
         control = math.exp(sum(math.log(r["control_ratio"]) for r in rows) / len(rows))
         cw.write_json(Path(a.out), {"world_size": n, "backend": backend, "device": device, "rows": rows,
                                     "ratio_geomean": ratio, "control_geomean": control, "min_iters": a.iters, "repeats": a.repeats})
-    dist.destroy_process_group()
+    close_process_group()
 
 
 def parent(a: argparse.Namespace) -> int:

@@ -91,9 +91,7 @@ def main() -> None:
         epoch += 1
     if rank == 0:
         Path(a.out).write_text(json.dumps(times))
-    if torch.distributed.is_initialized():
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+    rt.shutdown()  # fabric's and accelerate's groups too: a barrier, then destroy
 
 
 if __name__ == "__main__":

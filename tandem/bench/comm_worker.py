@@ -34,6 +34,7 @@ from tandem.bench.collectives import COLLECTIVES, DTYPES, Collective, bus_factor
 from tandem.bench.options import CommOptions, buffer_bytes_per_rank, format_size
 from tandem.core.environment import ClusterEnv, resolve_device
 from tandem.core.errors import ConfigError
+from tandem.core.teardown import close_process_group
 
 SCHEMA = "tandem.bench.comm/1"
 
@@ -260,13 +261,14 @@ def worker_main(argv: list[str] | None, prog: str, load: Callable[[dict], Any], 
     p.add_argument("--out", required=True, help="where rank 0 writes the result JSON")
     a = p.parse_args(argv)
     opts = load(json.loads(Path(a.options).read_text()))
+    ok = False
     try:
         result = run_fn(opts)
         if result is not None:  # ranks other than 0 return None
             write_json(Path(a.out), payload(opts, result))
+        ok = True
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        close_process_group(ok)  # on success after a barrier (tandem/core/teardown.py)
     return 0
 
 

@@ -24,6 +24,7 @@ from torch import nn
 from tandem.core.environment import ClusterEnv, resolve_device
 from tandem.core.errors import ConfigError
 from tandem.core.spec import ParallelSpec
+from tandem.core.teardown import BARRIER_TIMEOUT_S, DRAIN_S, close_process_group
 
 
 @dataclass(frozen=True)
@@ -57,9 +58,11 @@ def init(device: str | None = None, backend: str | None = None) -> DistContext:
                        node=env.node, device=dev, backend=backend)
 
 
-def shutdown() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
+def shutdown(ok: bool = True, timeout_s: float = BARRIER_TIMEOUT_S, drain_s: float = DRAIN_S) -> None:
+    """Leave the process group. ``ok``: this rank succeeded, so wait (up to ``timeout_s``) for the
+    others before closing; pass ``ok=False`` from a failure path, which must not wait on dead peers
+    (tandem/core/teardown.py says why a successful run waits)."""
+    close_process_group(ok, timeout_s, drain_s)
 
 
 def barrier() -> None:

@@ -50,14 +50,18 @@ def main(run_dir: str) -> None:
     run = Path(run_dir)
     spec = from_dict(json.loads((run / rundir.SPEC).read_text()))
     ctx = rt.init()
+    ok = False
     try:
         result = train(spec, ctx, run)
         if ctx.is_main:
             tmp = run / f"{rundir.RESULT}.tmp"
             tmp.write_text(json.dumps(result, indent=1))
             tmp.replace(run / rundir.RESULT)
+        ok = True
     finally:
-        rt.shutdown()
+        # a failed rank closes at once (its peers may be dead). No drain: the process leaves by os._exit
+        # (under Ray it lives on), so no interpreter finalization races gloo's threads
+        rt.shutdown(ok, drain_s=0)
 
 
 main = record(main, error_handler=_AtomicErrorFile())
