@@ -82,7 +82,9 @@ on every row, and the planner's FLOPs per token are 0.990-0.9996 of that count (
 and biases' share): the FLOP count is not the miss. How the rows ran: the H100 and the re-measured A100 rows
 (commit 4b482bd6, Oct 2023) were made on mosaicml/pytorch:2.1.0_cu121-nightly20230827 (the "Image" column of the
 run list h100new.csv, deleted in 803e6718), where submit_benchmarks.py installs torch 2.1.0.dev20230821 and Composer
-at 784f50be; llm-foundry installed from crinard/llm-foundry@add_attns with its "gpu" extra; attn_impl "triton" (the
+at 784f50be; llm-foundry installed from crinard/llm-foundry@add_attns with its "gpu" extra (that branch's
+attention.py, as committed here before 803e6718 reverted it, adds xformers but still maps "triton" to
+triton_flash_attn_fn); attn_impl "triton" (the
 flag's default, sweep.sh never sets it) and triton-pre-mlir (sm90 branch) in llm-foundry's base requirements, so the
 Triton kernel ran: a missing install raises, it does not fall back to torch attention, and the kernel supports head
 dims up to 128 (every model here but 125m/350m, whose head dim is 64) with a faster d=128 backward
@@ -97,8 +99,9 @@ activation_cpu_offload false, forward_prefetch False and backward_prefetch BACKW
 planner's prefetch rule does not tell PRE from POST: on one node's NVLink the gathers are a few % of a step).
 The A100 70b row is an older run kept by commit 722c6c43 ("added back old numbers that I didn't reproduce"): its
 Precision "bf16" and MP Mode PURE: bf16 parameters and reduction, as planned. The GPU count per row is the table's;
-the A100 network is the table's title (1600 Gb/s RoCE, 8 x roce-200), the H100 one unstated (8 x NDR assumed; all
-H100 rows but 4 are one node). What is left is the kernel's speed, not an input: the A100 7b s8192 row's published
+the A100 network is the table's title (1600 Gb/s RoCE, 8 x roce-200), the H100 one unstated (8 x NDR assumed; the
+64-GPU and 32-GPU H100 rows cross nodes, the rest are one node). What is left is the kernel's speed, not an
+input: the A100 7b s8192 row's published
 MFU is 54.5% (HFU 72.6%) with its Triton attention (24% of its model FLOPs) and full recompute: with the linear
 layers at the planner's 0.71 of peak, the causal attention must have run at 0.39 of peak or faster (1/0.5447 -
 0.757 x 4/3 / 0.71 = 0.415 peak-units left for 0.243 x 4/3 / 2 = 0.162 of attention work, and nothing else),
