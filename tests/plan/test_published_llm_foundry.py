@@ -97,7 +97,8 @@ made DEFAULT reduce in fp32 on 2023-10-10, after these runs): the planner's bf16
 fp32 would be the wrong input); limit_all_gathers true and activation_checkpointing_reentrant false (the yamls),
 activation_cpu_offload false, forward_prefetch False and backward_prefetch BACKWARD_POST (Composer's defaults; the
 planner's prefetch rule does not tell PRE from POST: on one node's NVLink the gathers are a few % of a step).
-The A100 70b row is an older run kept by commit 722c6c43 ("added back old numbers that I didn't reproduce"): its
+The A100 70b row is an older run kept by commit 722c6c43 ("added back old numbers that I didn't reproduce"; in the
+README since May 2023, 1ef7b4d2, the torch 1.13 tables): its
 Precision "bf16" and MP Mode PURE: bf16 parameters and reduction, as planned. The GPU count per row is the table's;
 the A100 network is the table's title (1600 Gb/s RoCE, 8 x roce-200), the H100 one unstated (8 x NDR assumed; the
 64-GPU and 32-GPU H100 rows cross nodes, the rest are one node). What is left is the kernel's speed, not an
