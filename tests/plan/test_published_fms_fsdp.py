@@ -45,7 +45,22 @@ op by op through autograd as 18 passes forward and 46 backward a norm where the 
 it gives median 10.4%, max 21.3% (7B +5.1%, 13B +21.3%, 34B -11.2%, 70B -9.6%): the miss moves from the max to the
 median, and torchtitan's eager rows move with it, so it was not adopted in this change; NCCL kernels slowing the
 GEMMs they overlap (no source with a figure read); the step's two host syncs (loss.item(), clip_grad_norm_().item()).
-"""
+
+INPUT AUDIT (session 9): the 13B row's inputs checked against fms-fsdp at the README's commit 0d319983, nothing
+to change: batch 1 a GPU, HSDP (sharding_strategy "hsdp" = ShardingStrategy.HYBRID_SHARD, fms_fsdp/utils/
+train_utils.py get_policies), activation checkpointing False (so selective_checkpointing, the every-k-th-block
+ratio of policies/ac_handler.py, is not applied), seq_length 4096 (config/training.py), use_torch_compile False
+(scripts/train.sh; docs/configurations.md: "recommended to NOT use compile at this stage"), mixed precision
+bfSixteen (FSDP MixedPrecision: param, reduce and buffer dtype bf16, no autocast: bf16 gathers and reduction as
+planned), FullyShardedDataParallel with use_orig_params = compile (False), limit_all_gathers True, FSDP1's default
+BACKWARD_PRE prefetch, torch AdamW, unfused torch CrossEntropyLoss on the full logits (as --kernels eager),
+clip_grad_norm_().item() and loss.item() every step, Llama 2 13B shape (vocab 32000, 40 x 5120, 40 heads, ffn
+13824: MHA, as planned). The README gives no MFU; the PyTorch blog's own table was not found in the stored pages,
+so its row for 13B was not compared. Finding for the 34B/70B rows (not adopted): at 0d319983 get_model_config
+builds "34b" and "70b" without kvheads, which fms's LLaMA reads as kvheads = nheads (MHA: 39.4B / 78.4B
+parameters); "align with FMS config" (247f22c, same day, not an ancestor of 0d319983) adds kvheads=8. Planned MHA,
+34B / 70B move from -8.5% / -7.3% to -20.6% / -17.7% (median 19.2%); the later README's MFU column (0.55 for
+34B/70B with compile) fits GQA better than MHA (0.62), and the runs predate both commits, so GQA is kept."""
 
 from statistics import median
 

@@ -72,7 +72,43 @@ module and micro-batch (te.Linear without is_first_microbatch casts and transpos
 module/linear.py `update_fp8_weights = is_first_microbatch is None or ...`: 4 B x 0.30B linear weights = 1.2 GB, 0.4 ms
 a micro-batch, 0.2% of this row; amax/scale updates per module) are not priced: no source gives their time.
 FlashAttention-1 ("fa1", the CUDA kernel) instead: 6.8% / 23.6%.
-"""
+
+INPUT AUDIT (session 9, after torchtitan's pipeline rows proved a wrong input): every input of the A100 80GB and
+H100 BF16 rows checked against the run's own sources, nothing found to change, errors as above. Per row, the README
+at 061f2c7c (= b2a43a14's numbers) gives MicroBatchSize, GradAccum, GlobalBatchSize, Activation Checkpointing,
+Activation CPUOffload False, FULL_SHARD and NumParams as planned here (each test row checked column by column). The
+MFU column is (6 x NumParams + 12 x n_layers x d_model x seq) x T/s/GPU / peak (312 / 989.4 TFLOPS) to 0.1 point
+on every row, and the planner's FLOPs per token are 0.990-0.9996 of that count (it omits the position embedding's
+and biases' share): the FLOP count is not the miss. How the rows ran: the H100 and the re-measured A100 rows
+(commit 4b482bd6, Oct 2023) were made on mosaicml/pytorch:2.1.0_cu121-nightly20230827 (the "Image" column of the
+run list h100new.csv, deleted in 803e6718), where submit_benchmarks.py installs torch 2.1.0.dev20230821 and Composer
+at 784f50be; llm-foundry installed from crinard/llm-foundry@add_attns with its "gpu" extra (that branch's
+attention.py, as committed here before 803e6718 reverted it, adds xformers but still maps "triton" to
+triton_flash_attn_fn); attn_impl "triton" (the
+flag's default, sweep.sh never sets it) and triton-pre-mlir (sm90 branch) in llm-foundry's base requirements, so the
+Triton kernel ran: a missing install raises, it does not fall back to torch attention, and the kernel supports head
+dims up to 128 (every model here but 125m/350m, whose head dim is 64) with a faster d=128 backward
+(flash_attn_triton.py header). norm_type low_precision_layernorm (set by the script), loss_fn fused_crossentropy
+(MPT's default, xentropy-cuda-lib in the gpu extra), no torch.compile (compile_config None), biases and learned
+positions (the NumParams match). FSDP: mixed_precision DEFAULT (the table column; the script's --fsdp_config_
+mixed_precision default PURE is never passed on), which at Composer 784f50be sets param_dtype and buffer_dtype to
+bf16 and leaves reduce_dtype None, so torch FSDP reduces in param_dtype, bf16 (Composer's "patch default", d745fcb1,
+made DEFAULT reduce in fp32 on 2023-10-10, after these runs): the planner's bf16 reduction is right (--grad-reduce
+fp32 would be the wrong input); limit_all_gathers true and activation_checkpointing_reentrant false (the yamls),
+activation_cpu_offload false, forward_prefetch False and backward_prefetch BACKWARD_POST (Composer's defaults; the
+planner's prefetch rule does not tell PRE from POST: on one node's NVLink the gathers are a few % of a step).
+The A100 70b row is an older run kept by commit 722c6c43 ("added back old numbers that I didn't reproduce"; in the
+README since May 2023, 1ef7b4d2, the torch 1.13 tables): its
+Precision "bf16" and MP Mode PURE: bf16 parameters and reduction, as planned. The GPU count per row is the table's;
+the A100 network is the table's title (1600 Gb/s RoCE, 8 x roce-200), the H100 one unstated (8 x NDR assumed; the
+64-GPU and 32-GPU H100 rows cross nodes, the rest are one node). What is left is the kernel's speed, not an
+input: the A100 7b s8192 row's published
+MFU is 54.5% (HFU 72.6%) with its Triton attention (24% of its model FLOPs) and full recompute: with the linear
+layers at the planner's 0.71 of peak, the causal attention must have run at 0.39 of peak or faster (1/0.5447 -
+0.757 x 4/3 / 0.71 = 0.415 peak-units left for 0.243 x 4/3 / 2 = 0.162 of attention work, and nothing else),
+where attn_v1.py takes the FlashAttention-2 paper's A100 "Triton" bar (Fig. 4, head dim 128, causal, 8k: 78
+TFLOPS, 0.25 of peak); whether that bar is the triton-pre-mlir kernel MPT ran is not stated in the paper. That
+factor, not an input, is the first candidate for the slow attention-heavy rows (not changed here: no source)."""
 
 from statistics import median
 
