@@ -29,11 +29,15 @@ engine of January 2022 (deepspeed/runtime/pipe/, read at 9351266f): ZeRO below s
 ZeRO-1 kept), micro-batches = gradient_accumulation_steps = 1920 / (1 x dp), 240 down to 160 (kept), plain 1F1B
 with no interleaving (schedule.py TrainSchedule, kept), ReduceTiedGrads (the tied embedding's all-reduce) and
 ReduceGrads after the last micro-batch (no overlap: kept; the embedding term is charged), blocking dist.send /
-dist.recv (p2p.py asserts async_op False; the planner counts blocking sends). Micro-batch 1, full recompute and
-the padded vocabulary (51,200) are Megatron's for this shape (the script above). Changed: BF16 -> FP16. Not
-modelled: the PipelineEngine sends each stage's activation whole from every tensor-parallel rank (no
-scatter-gather over tp); at 84 MB a send over one HDR port that is ~3 ms more a transfer, a few percent of a
-micro-batch: a framework term, not an input, and too small to close the gap.
+dist.recv (p2p.py asserts async_op False; the planner counts blocking sends), ZeRO-1's gradient "reduce_scatter"
+(default on) as one dist.reduce of each owner's slice (zero/stage_1_and_2.py average_tensor: the bytes of a
+reduce-scatter, kept). Megatron-DeepSpeed's GPTModelPipe partitions with 'type:transformer': 3 layers a stage,
+the embedding on the first and the tied output layer on the last, the planner's own split (kept). Micro-batch 1,
+full recompute and the padded vocabulary (51,200) are Megatron's for this shape (the script above). The engine
+splits each activation and gradient it sends over the tensor-parallel ranks (engine.py is_pipe_partitioned /
+is_grad_partitioned, PartitionedTensor, gathered on receipt), as Megatron's scatter-gather does: b x s x h / tp a
+send, as planned (kept). Changed: BF16 -> FP16. Unstated, not modelled: DeepSpeed's activation checkpointing
+options (partition_activations, contiguous checkpointing), which no source read gives for this run.
 
 Measured when written: -21.7%, -22.8%, -25.1% (280, 350, 420 servers): median 22.8%, max 25.1%, every row FAST.
 With the fill and drain repeating each micro-batch's tensor-parallel communication (model_parallel.py): median
