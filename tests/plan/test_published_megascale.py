@@ -16,7 +16,9 @@ baseline), the interleaved 1F1B schedule with 6 virtual stages (§6.1: "six and 
 efficiency, and FlashAttention 1 (--attention-kernel fa1: §3.3 names FlashAttention-2 as MegaScale's own operator
 over the baseline, and the commit §6.1 names, 285068c8, is Megatron-LM's merge of FlashAttention 1 as
 --use-flash-attn; FlashAttention-2 was planned here before that was read). One input is unstated and was chosen
-before comparing: no recompute. Unstated and kept: BF16 (the commit's examples/pretrain_gpt3_175B.sh says --fp16,
+before comparing: no recompute. It hardly matters: under --use-flash-attn, 285068c8's selective recompute does
+nothing (transformer.py checkpoints core attention only on the unfused path), and full recompute puts every row
+slow (+9% to +27%) and the slope a third above the table's. Unstated and kept: BF16 (the commit's examples/pretrain_gpt3_175B.sh says --fp16,
 but that script is stale: flags the commit no longer parses, a 20.12 container), micro-batch 1 (that script's).
 
 Input audit (issue 14; the torchtitan 405B rows' miss was a wrong input): shape, heads, TP/PP (Table 1), sequence
