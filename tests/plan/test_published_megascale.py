@@ -12,8 +12,22 @@ length is 2,048 and vocabulary size is 64,000 for all the cases"; 51,200, GPT-3'
 TP 8 / PP 8 / dp the rest, micro-batch 1, bf16, Adam, ZeRO-1 (Megatron's distributed optimizer) with data-parallel
 communication NOT overlapped (--overlap 0: MegaScale's Table 3 lists "DP overlap" among its own additions over this
 baseline), the interleaved 1F1B schedule with 6 virtual stages (§6.1: "six and three interleaving stages for the
-175B and 530B models"; it was taken from NVIDIA's GPT-3 175B recipe before that sentence was read), and its
-default efficiency. One input is unstated and was chosen before comparing: no recompute, with fused attention.
+175B and 530B models"; it was taken from NVIDIA's GPT-3 175B recipe before that sentence was read), its default
+efficiency, and FlashAttention 1 (--attention-kernel fa1: §3.3 names FlashAttention-2 as MegaScale's own operator
+over the baseline, and the commit §6.1 names, 285068c8, is Megatron-LM's merge of FlashAttention 1 as
+--use-flash-attn; FlashAttention-2 was planned here before that was read). One input is unstated and was chosen
+before comparing: no recompute. It hardly matters: under --use-flash-attn, 285068c8's selective recompute does
+nothing (transformer.py checkpoints core attention only on the unfused path), and full recompute puts every row
+slow (+9% to +27%) and the slope a third above the table's. Unstated and kept: BF16 (the commit's examples/pretrain_gpt3_175B.sh says --fp16,
+but that script is stale: flags the commit no longer parses, a 20.12 container), micro-batch 1 (that script's).
+
+Input audit (issue 14; the torchtitan 405B rows' miss was a wrong input): shape, heads, TP/PP (Table 1), sequence
+and vocabulary (§6.1), batch per row (Table 2: 768 and 6144, a throughput measurement, no ramp-up; its tokens/s
+are 768 x 2048 / Iter Time and its MFU is 1.077 TFLOP a token, the model FLOPs without recompute at vocabulary
+64,000), 8 x 200 Gb/s NICs a node (§3.6), virtual stages (§6.1), Adam (Table 3 row 9 adds LAMB), no DP overlap
+(Table 3 row 6) were checked and kept; "Ampere GPUs" is all the paper says of the GPU (A100-80GB kept: no source
+for another variant); the attention kernel was wrong (FlashAttention-2, now 1: median 14.5% -> 11.8%, max 18.8%
+-> 16.4%, and the time a micro-batch now within 1% of the table's).
 
 Measured on main when written: median 9.5%, max 19.6%, all rows predicted SLOW (+20% at 256 GPUs, 0% at
 12,288). With the per-architecture compute model: median 12.6%, max 19.2%, all rows FAST. With Megatron-LM's BF16
@@ -22,12 +36,15 @@ accumulate_allreduce_grads_in_fp32 for --bf16): median 11.5%, max 16.5%, all row
 -16.5% at 12,288. With A100 unfused attention at its measured 0.156 of peak and FlashAttention-2 as MegaScale runs
 it: median 15.2%, max 19.8%. With the paper's vocabulary (64,000), the fill and drain repeating each micro-batch's
 tensor-parallel all-reduces and the tied embedding's gradient all-reduced between the first and last stage
-(model_parallel.py): median 14.5%, max 18.8%, every row fast (-8.0% at 256 GPUs to -18.8% at 12,288). Table 3's
-baseline (256 GPUs, batch 256, 47.7% MFU, i.e. 40.0 s x 256/768 x 53.0/47.7 = 14.8 s a step): 12.8 s, -13.6%.
+(model_parallel.py): median 14.5%, max 18.8%, every row fast (-8.0% at 256 GPUs to -18.8% at 12,288). With the
+baseline's FlashAttention 1 instead of MegaScale's FlashAttention-2: median 11.8%, max 16.4% (-5.0% at 256 GPUs to
+-16.4% at 12,288). Table 3's baseline (256 GPUs, batch 256, 47.7% MFU, i.e. 40.0 s x 256/768 x 53.0/47.7 = 14.8 s a
+step): 13.2 s, -10.8% (12.8 s, -13.6% with FlashAttention-2).
 
 Where the error that grows with scale comes from (test_fixed_time_per_step_known_miss): fit step = a x m + b over
 the four batch-768 rows (m = 768 / dp micro-batches per step, 192 down to 48; tp, pp and the stage's work fixed).
-The table gives a = 0.195 s a micro-batch and b = 2.61 s a step; the planner a = 0.187 s (4% under) and b = 0.96 s.
+The table gives a = 0.195 s a micro-batch and b = 2.61 s a step; the planner a = 0.193 s (1% under; 0.187 s with
+FlashAttention-2) and b = 0.97 s.
 The table's b is flat in dp (residuals at its own a: 2.74, 2.57, 2.78, 2.58 s for dp 4, 8, 12, 16; Table 3's
 batch-256 run gives 2.36 s at dp 4), so ~1.65 s a step is missing that does not depend on data parallelism.
 
@@ -78,9 +95,11 @@ def errors(virtual: int = 6, recompute: str = "none") -> dict[int, float]:
     out = {}
     for batch, gpus, iter_s, _ in TABLE_2:
         c = make_cluster("a100-80gb", 8, gpus // 8, inter="roce-200", nics_per_node=8)
-        # MegaScale runs FlashAttention-2 whatever the recompute: the kernel sets the time (and, fused, no s x s
-        # scores are stored; selective recompute would drop them anyway)
-        t = Training(global_batch=batch, precision="bf16", optimizer="adam", overlap=0.0, attention_kernel="fa2")
+        # The baseline's kernel is FlashAttention 1, not 2: §3.3 lists FlashAttention-2 among MegaScale's own
+        # operators over the baseline (Table 3 row 7), and §6.1's commit 285068c8 is Megatron-LM's "Merge branch
+        # 'tridao-flashattn'", which adds --use-flash-attn calling flash_attn 1.x's flash_attn_unpadded_func
+        # (megatron/model/transformer.py FlashSelfAttention); the paper chose that commit for its "feature set".
+        t = Training(global_batch=batch, precision="bf16", optimizer="adam", overlap=0.0, attention_kernel="fa1")
         s = Strategy(dp=gpus // 64, tp=8, pp=8, zero=1, micro_batch=1, schedule="interleaved", virtual=virtual,
                      recompute=recompute, ranks_per_node=8)
         validate(m, c, t, s)
@@ -101,10 +120,11 @@ def test_step_time_known_miss():
     model (FlashAttention-2 at its own 0.615 of A100 peak at 2048) as well: median 15.2%, max 19.8%. With the
     paper's vocabulary (64,000), the fill and drain repeating each micro-batch's TP all-reduces and the tied
     embedding's gradient all-reduce (model_parallel.py): median 14.5%, max 18.8% (-8.0% at 256 GPUs to -18.8% at
-    12,288). Pinned just above; the module docstring lists what Megatron-LM does once a step and its size."""
+    12,288). With the baseline's kernel, FlashAttention 1 (the input audit, module docstring): median 11.8%, max 16.4%
+(-5.0% ... -16.4%). Pinned just above; the module docstring lists what Megatron-LM does once a step and its size."""
     errs = {k: abs(e) for k, e in errors().items()}
-    assert median(errs.values()) <= 0.15, errs
-    assert max(errs.values()) <= 0.19, errs
+    assert median(errs.values()) <= 0.12, errs
+    assert max(errs.values()) <= 0.17, errs
 
 
 def _fit(ms, ts):
@@ -124,8 +144,8 @@ def test_fixed_time_per_step_known_miss():
     a_t, b_t = _fit([r[0] for r in rows], [r[1] for r in rows])
     a_p, b_p = _fit([r[0] for r in rows], [r[2] for r in rows])
     assert a_t == pytest.approx(0.1946, abs=1e-4) and b_t == pytest.approx(2.61, abs=0.01)   # the table alone
-    assert a_p == pytest.approx(a_t, rel=0.05)   # 0.187 against 0.195
-    assert 0.34 <= b_p / b_t <= 0.40, (b_p, b_t)   # 0.96 / 2.61 = 0.37: ~1.65 s a step missing
+    assert a_p == pytest.approx(a_t, rel=0.02)   # 0.193 against 0.195
+    assert 0.34 <= b_p / b_t <= 0.40, (b_p, b_t)   # 0.97 / 2.61 = 0.37: ~1.65 s a step missing
     table_fixed = [it - a_t * m for m, it, _ in rows]
     plan_fixed = [it * (1 + errs[g]) - a_p * (b // (g // 64)) for b, g, it, _ in TABLE_2]
     assert max(table_fixed) - min(table_fixed) < 0.25, table_fixed         # dp 4 -> 16: flat
@@ -140,6 +160,9 @@ def test_error_whatever_the_unstated_inputs_known_miss(virtual, recompute):
     # known miss under these alternatives (with the selective rows at FlashAttention-2's speed, as MegaScale runs it:
     # median 12.1-14.4%, max 15.4-19.4%; with the paper's vocabulary and model_parallel.py's fill and embedding
     # terms: 2, 12 virtual 13.4% / 16.2%, 13.5% / 18.6%; selective at 2, 6, 12: 11.3% / 14.2%, 12.4% / 17.0%,
-    # 11.4% / 16.7% (median / max))
-    assert max(errs.values()) <= 0.19, errs
-    assert median(errs.values()) <= 0.14, errs
+    # 11.4% / 16.7% (median / max); with the baseline's FlashAttention 1: 2, 12 virtual 10.7% / 13.6%, 10.8% /
+    # 16.2%; selective at 2, 6, 12: 5.7% / 9.0%, 7.0% / 12.2%, 6.0% / 12.0%. Those selective rows charge a
+    # recomputed attention that 285068c8 skips under --use-flash-attn (transformer.py checkpoints core attention
+    # only on the unfused path): an upper bound, not the baseline)
+    assert max(errs.values()) <= 0.17, errs
+    assert median(errs.values()) <= 0.11, errs
