@@ -21,8 +21,8 @@ paper's FLOP count implies (126 TFLOP/s x 60.1 s is the planner's hardware FLOPs
 moves every row by 0.3%).
 
 Measured when written: -21.7%, -22.8%, -25.1% (280, 350, 420 servers): median 22.8%, max 25.1%, every row FAST.
-With the fill and drain repeating each micro-batch's tensor-parallel communication (model_parallel.py): median
-21.9%, max 24.1% (the fixed part of a step 6.1 s against the table's 12.7 s).
+With the fill and drain repeating each micro-batch's tensor-parallel communication (model_parallel.py), as merged:
+-21.0%, -21.9%, -24.1%: median 21.9%, max 24.1% (the fixed part of a step 6.1 s against the table's 12.7 s).
 KNOWN MISS on both bounds (test_step_time_known_miss, pinned just above). Sensitivity: ZeRO 0 or BF16 gradient
 reduction move a row by 0.3%; FlashAttention-2 -25.5..-28.7%; selective recompute -37..-40%: no unstated choice
 closes it.
@@ -31,8 +31,9 @@ Where the miss is (test_miss_is_the_framework_known_miss): the planner times Meg
 machine Megatron-LM measured 163 TFLOP/s on 2,520 GPUs (Narayanan et al. 2021, Table 1, 529.6B, batch 2520, 1F1B,
 full recompute) and the planner says 164 (+0.7%); MT-NLG's own 126 is 23% under that. Fitting step = a x m + b
 over the three rows (m = 1920 / dp micro-batches, 240 down to 160): the table's a = 0.197 s a micro-batch and
-b = 12.7 s a step, the planner's a = 0.172 s and b = 5.7 s (of which 5.15 s is the 1F1B fill/drain). So DeepSpeed's
-engine as run in 2021 costs ~14% more a micro-batch and ~7 s more a step than the planner's Megatron-LM model.
+b = 12.7 s a step, the planner's a = 0.172 s and b = 6.13 s (of which 5.57 s is the 1F1B fill/drain, 0.42 s of it
+the tensor-parallel communication the fill repeats). So DeepSpeed's engine as run in 2021 costs ~14% more a
+micro-batch and ~6.5 s more a step than the planner's Megatron-LM model.
 Term at fault: the framework (DeepSpeed's PipelineEngine: its blocking p2p send/recv in
 deepspeed/runtime/pipe/p2p.py, its lock-step schedule, its end-of-step reductions), which the planner does not
 describe; nothing in it was fitted to close the gap.
@@ -83,12 +84,12 @@ def test_hardware_flops_per_step_match_the_paper():
 
 
 def test_step_time_known_miss():
-    """KNOWN MISS: median 22.8%, max 25.1% (every row fast), pinned just above. Term at fault: the framework
+    """KNOWN MISS: median 21.9%, max 24.1% (every row fast), pinned just above. Term at fault: the framework
     (DeepSpeed's 2021 pipeline engine against the planner's Megatron-LM model; module docstring)."""
     errs = {k: abs(e) for k, e in errors().items()}
     assert all(e < 0 for e in errors().values())
-    assert median(errs.values()) <= 0.24, errs
-    assert max(errs.values()) <= 0.26, errs
+    assert median(errs.values()) <= 0.22, errs
+    assert max(errs.values()) <= 0.25, errs
 
 
 def _fit(ms, ts):

@@ -76,14 +76,16 @@ square, as the planner), the SDPA backend (flash on every block: torchtitan allo
 torch 2.6's ring maps only those). Open: why rings of 4+ steps, or across nodes, run their blocks ~1.6x slower.
 
 With the pipeline's fill and drain repeating each micro-batch's TP and ring communication (model_parallel.py):
-H100 median 7.0%, max 59.1% (405B 1F1B +6.5%, interleaved -11.6%, CP 2 +20.2%); A100 unchanged (no pipeline).
+H100 median 7.0%, max 59.1% (405B 1F1B +6.5%, interleaved -11.6%, CP 2 +20.2%) when merged; A100 unchanged (no
+pipeline). Re-measured on today's main, with the rows planned with pp_grad_sync "step" (below): H100 median 10.2%,
+max 58.9% (CP 8); A100 4.3% / 15.2%.
 
 Async TP: Tables 5 and 6 ran it ("+ AsyncTP" in their captions), Table 4's "2D" row did not. The rows are planned
 with --tp-overlap none all the same: the planner's ring rule (tandem/plan/tp_overlap.py) over-states torch's async
 TP on this very report's Table 4 pair (2D 829 -> 2D + AsyncTP 876, 1.057x; the planner 1.188x;
-tests/plan/test_tp_overlap.py), and with it the T5/T6 rows go +8.4 -> +17.2% (1F1B), -10.8 -> -3.1%
-(interleaved), +5.3 -> +11.3% and +26.9 -> +32.2% (CP 1 / CP 2): median 8.4% -> 10.7%, a passing median traded
-for a term the same table says is too optimistic.
+tests/plan/test_tp_overlap.py), and with it (re-measured with everything below) the T5/T6 rows go +50.6 -> +72.2%
+(1F1B), +28.2 -> +46.6% (interleaved), +0.8 -> +11.5% and +20.7 -> +30.0% (CP 1 / CP 2): median 10.2% -> 11.5%,
+max 58.9% -> 72.2%, a term the same table says is too optimistic.
 
 Gradient sync under the pipeline (grad_sync.py; issue 14, session 8). torchtitan's 405B rows (Tables 5, 6) run
 torch.distributed.pipelining over FSDP2 built with reshard_after_forward=False when PP is on (parallelize_llama.py at
@@ -98,7 +100,10 @@ stand in for a cost these runs have that the planner does not model (about 14 s 
 each row's bubble). Planned as they ran ("step", merged by the lead: a setting chosen to keep a median in
 tolerance would be a fit): with every other session-8 term, T5 1F1B +43.7%, interleaved +21.9%, the table median
 10.2%, max 58.9% (the CP 8 row), pinned at 11% / 60%. The term at fault is that missing pipeline cost, not the
-gradient sync.
+gradient sync. FSDP2's own copies (fsdp_runtime.py) under "step" run once a step too (one copy-out, one copy-in;
+torch's stage.py keeps the parameters unsharded until the last backward), not per micro-batch: T5 1F1B +43.7 ->
++50.6%, interleaved +21.9 -> +28.2%, T6 CP 1 +0.2 -> +0.8%, CP 2 +20.2 -> +20.7%; the median (10.2%) and max
+(58.9%) stay, and so do the pins.
 """
 
 from statistics import median
