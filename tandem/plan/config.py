@@ -23,13 +23,18 @@ ATTENTION_KERNELS = ("unfused", "fused", "fa1", "triton", "fa2", "fa3", "cudnn")
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 KERNELS = ("fused", "compiled", "eager")   # tandem.plan.memory_bound
-TP_OVERLAP = ("none", "bulk", "ring")      # tandem.plan.tp_overlap
+# the modes each module models, named there (one list): FSDP implementations, tp overlap, ring attention, and when a
+# pipeline reduces sharded gradients
+from tandem.plan.fsdp_runtime import IMPLS as FSDP_IMPLS  # noqa: E402
+from tandem.plan.grad_sync import MODES as PP_GRAD_SYNC  # noqa: E402
+from tandem.plan.ring import CP_IMPLS  # noqa: E402
+from tandem.plan.tp_overlap import MODES as TP_OVERLAP  # noqa: E402
 
 
 def _choice(value: str, valid, field: str) -> str:
     v = str(value).lower()
     if v not in valid:
-        raise ConfigError(f"unknown {field} '{value}'", field=field, value=value,
+        raise ConfigError(f"unknown {field} (got {value!r})", field=field, value=value,
                           fix=f"use one of {', '.join(valid)}")
     return v
 
@@ -88,11 +93,11 @@ class Training:
                               fix="give --global-batch >= 1")
         self.precision = _choice(self.precision, PRECISIONS, "precision")
         self.optimizer = _choice(self.optimizer.replace("_", "-"), OPTIMIZERS, "optimizer")
-        self.cp_impl = _choice(self.cp_impl, ("megatron", "torch", "allgather"), "cp-impl")
+        self.cp_impl = _choice(self.cp_impl, CP_IMPLS, "cp-impl")
         self.kernels = _choice(self.kernels, KERNELS, "kernels")
-        self.fsdp = _choice(self.fsdp, ("fsdp1", "fsdp2"), "fsdp")
+        self.fsdp = _choice(self.fsdp, FSDP_IMPLS, "fsdp")
         self.tp_overlap = _choice(self.tp_overlap, TP_OVERLAP, "tp-overlap")
-        self.pp_grad_sync = _choice(self.pp_grad_sync, ("microbatch", "step", "round"), "pp-grad-sync")
+        self.pp_grad_sync = _choice(self.pp_grad_sync, PP_GRAD_SYNC, "pp-grad-sync")
         if self.attention_kernel:
             self.attention_kernel = _choice(self.attention_kernel, ATTENTION_KERNELS, "attention-kernel")
             self.flash_attention = self.attention_kernel != "unfused"

@@ -15,8 +15,8 @@ def pipeline_line(p: Plan) -> str:
     v = s.virtual if s.schedule == "interleaved" else 1
     hc = g.logits_fwd_flops_per_token() / g.layer_fwd_flops_per_token()
     imb, mb = p.stage_imbalance, p.grad_accum
-    # the mean stage's micro-batch time, without the optimizer step (it is not repeated per micro-batch)
-    per_mb = (p.compute_s - p.optimizer_s) / imb / mb if p.compute_s else 0.0
+    # the mean stage's micro-batch time, without the optimizer step and FSDP copies (the bubble excludes them)
+    per_mb = (p.compute_s - p.optimizer_s - p.fsdp_copy_s) / imb / mb if p.compute_s else 0.0
     fill = (p.bubble_s - p.bubble_comm_s) / per_mb if per_mb else 0.0
     comm_mb = p.bubble_comm_s / fill if fill else 0.0   # the mean stage's tp / cp / ep seconds a micro-batch
     src = ("given (--stage-layers)" if s.stage_layers else

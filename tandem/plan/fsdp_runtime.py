@@ -24,6 +24,14 @@ collectives; which ones, and on which stream, differs (read in torch 2.13's sour
   reductions divide inside NCCL (ReduceOp.AVG: ``_get_gradient_divide_factors``, "use NCCL's built-in division to
   avoid separate div kernels"); FP16 pre-divides the buffer on the reduce-scatter stream.
 
+Under a pipeline with ``pp_grad_sync`` step or round (grad_sync.py), FSDP2 runs once a step (or round), not every
+micro-batch: torch's pipelining calls ``set_reshard_after_backward(False)`` and ``set_requires_gradient_sync(False)``
+on every backward but the last (torch 2.13 torch/distributed/pipelining/stage.py, ``backward_maybe_with_nosync`` and
+``perform_reduce_grad``) and torchtitan builds the pipeline's FSDP with ``reshard_after_forward=False``
+(parallelize_llama.py), so the parameters are gathered (and copied out) once, and the accumulated gradients copied
+into the reduce-scatter buffer once per reduction (grad_sync.reductions). FSDP1's concatenation is autograd's, so it
+stays per micro-batch; its cast and divide run once per reduction.
+
 Left out: the shard-sized casts and copy-ins (1/shard of these bytes), the optimizer step's own passes
 (memory_bound.py), CPU time of the hooks.
 """
@@ -67,8 +75,38 @@ def plan_seconds(m, c, t, s, micro_batches: int) -> tuple[float, float]:
     from tandem.plan.memory_bound import BANDWIDTH_SHARE
 
     bw = c.gpu.memory_Bps * BANDWIDTH_SHARE
-    comp, side = copy_bytes(t.fsdp, *_dtypes(t, s))
-    return stage_psi(m, s) * comp / bw * micro_batches, side / bw
+    return stage_psi(m, s) * step_bytes(m, t, s, micro_batches)[0] / bw, copy_bytes(t.fsdp, *_dtypes(t, s))[1] / bw
+
+
+def step_bytes(m, t, s, micro_batches: int, psi: float = 0.0) -> tuple[float, str]:
+    """Compute-stream bytes per unsharded parameter a step, and its arithmetic: per micro-batch x m, or when
+    ``_once`` one gather's copy-out 2p + the copy-in (p + r) at each of the step's reductions."""
+    pb, rb, fp16 = _dtypes(t, s)
+    if not _once(m, t, s):
+        comp = copy_bytes(t.fsdp, pb, rb, fp16)[0]
+        return comp * micro_batches, (f"{comp:g} B per unsharded parameter (p = {pb} B, r = {rb} B) x {psi / 1e9:.4g}B "
+                                     f"parameters x {micro_batches} micro-batch(es)")
+    n = times(m, t, s, micro_batches)
+    return 2 * pb + n * (pb + rb), (
+        f"(2 x p once + (p + r) x {n} reduction(s)) = {2 * pb + n * (pb + rb):g} B per unsharded parameter a step "
+        f"(p = {pb} B, r = {rb} B; pp_grad_sync {t.pp_grad_sync}: torch's pipelining keeps FSDP2 unsharded and skips "
+        f"gradient sync until the last backward, stage.py) x {psi / 1e9:.4g}B parameters")
+
+
+def _once(m, t, s) -> bool:
+    """FSDP2 kept unsharded across a pipeline's micro-batches and synced per reduction (grad_sync.deferred; MoE
+    models stay per micro-batch, as cost.dp_ops charges them)."""
+    from tandem.plan import grad_sync as GS
+
+    return GS.deferred(t, s) and t.fsdp == "fsdp2" and m.moe is None
+
+
+def times(m, t, s, micro_batches: int) -> int:
+    """How often the compute-stream copies run a step: every micro-batch, or once per reduction
+    (grad_sync.reductions: 1 a step, or one a round) when ``_once``."""
+    from tandem.plan import grad_sync as GS
+
+    return GS.reductions(t, s, micro_batches) if _once(m, t, s) else micro_batches
 
 
 def explain(p) -> list[str]:
@@ -82,12 +120,11 @@ def explain(p) -> list[str]:
     t, s, c = p.training, p.strategy, p.cluster
     psi, bw = stage_psi(p.model, s), c.gpu.memory_Bps * BANDWIDTH_SHARE
     pb, rb, fp16 = _dtypes(t, s)
-    comp, side = copy_bytes(t.fsdp, pb, rb, fp16)
+    side = copy_bytes(t.fsdp, pb, rb, fp16)[1]
     how = ("backward concatenates the views' gradients into the flat gradient (split's backward), 2 x p"
-           if t.fsdp == "fsdp1" else "all-gather copy-out 2 x p at each of 2 gathers + reduce-scatter copy-in p + r")
-    line = (f"FSDP copies (--fsdp {t.fsdp}: {NAME[t.fsdp]}; fsdp_runtime.py): {how} = {comp:g} B per unsharded "
-            f"parameter (p = {pb} B, r = {rb} B) x {psi / 1e9:.4g}B parameters x {p.grad_accum} micro-batch(es) "
-            f"at {BANDWIDTH_SHARE} x {c.gpu.memory_Bps / 1e12:.4g} TB/s = {ms(p.fsdp_copy_s)}, on the compute stream")
+           if t.fsdp == "fsdp1" else "all-gather copy-out 2 x p at each gather + reduce-scatter copy-in p + r")
+    line = (f"FSDP copies (--fsdp {t.fsdp}: {NAME[t.fsdp]}; fsdp_runtime.py): {how} = "
+            f"{step_bytes(p.model, t, s, p.grad_accum, psi)[1]} at {BANDWIDTH_SHARE} x {c.gpu.memory_Bps / 1e12:.4g} TB/s = {ms(p.fsdp_copy_s)}, on the compute stream")
     if side:
         n, root = units(p.model, s, psi)
         block = (psi - root) / n
@@ -103,4 +140,6 @@ def _dtypes(t, s) -> tuple[int, int, bool]:
 
     r = C.grad_reduce_bytes(t.precision, s.zero, t.bytes["grad"], t.grad_reduce)
     fp16 = (t.grad_reduce or ("fp16" if t.precision == "fp16" else "")) == "fp16"
-    return t.bytes["param"], r, fp16
+    if t.gather_bytes > t.bytes["param"]:   # autocast: fp32 parameters, so fp32 gradients reduced as they are
+        return t.gather_bytes, t.gather_bytes, False   # fp32 reductions divide inside NCCL
+    return t.gather_bytes, r, fp16

@@ -27,7 +27,12 @@ gradients, + the parameters unsharded.
 
 from __future__ import annotations
 
-from tandem.plan.config import Strategy, Training
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:   # config.py takes MODES from here
+    from tandem.plan.config import Strategy, Training
+
+MODES = ("microbatch", "step", "round")
 
 
 def deferred(t: Training, s: Strategy) -> bool:

@@ -257,15 +257,15 @@ def resolve(a: PlanArgs) -> tuple[ModelStats, Cluster, Training, dict]:
     t = Training(global_batch=v["global_batch"], precision=v["precision"], optimizer=v["optimizer"],
                  efficiency=v.get("efficiency"), overlap=v["overlap"],
                  overlap_param_gather=bool(v.get("overlap_param_gather")), grad_reduce=v.get("grad_reduce"),
-                 pp_grad_sync=v.get("pp_grad_sync") or "microbatch",
-                 flash_attention=fused_default(v, spec), attention_kernel=v.get("attention_kernel") or "",
+                 pp_grad_sync=_given_or(v, "pp_grad_sync", "microbatch"),
+                 flash_attention=fused_default(v, spec), attention_kernel=_given_or(v, "attention_kernel", ""),
                  compute_time_s=v.get("compute_time"), kernels=v.get("kernels") or "fused",
                  steps=v.get("steps"), tokens=v.get("tokens"), samples=samples, ref_batch=v.get("ref_batch") or 0,
                  warmup_steps=v.get("warmup_steps") or 0, threads_per_worker=v.get("threads_per_worker"),
-                 cp_impl=v.get("cp_impl") or "megatron", tp_overlap=v.get("tp_overlap") or "none",
+                 cp_impl=v.get("cp_impl") or "megatron", tp_overlap=_given_or(v, "tp_overlap", "none"),
                  clip_grad=spec.get("_clip_grad", True),
                  weight_decay=spec.get("_weight_decay", False), nesterov=spec.get("_nesterov", False),
-                 fused_loss=v.get("fused_loss"), fsdp=v.get("fsdp") or "fsdp2",
+                 fused_loss=v.get("fused_loss"), fsdp=_given_or(v, "fsdp", "fsdp2"),
                  # tandem's trainer keeps fp32 weights: a 16-bit precision (the spec's or --precision) is autocast
                  autocast="_job" in spec and v["precision"] in ("bf16", "fp16"))
     return m, c, t, v
@@ -324,3 +324,13 @@ def parse_stage_layers(text: str | None) -> tuple[int, ...] | None:
     except ValueError:
         raise ConfigError("must be comma-separated layer counts", field="stage-layers", value=text,
                           fix="give one count per pipeline stage, e.g. --stage-layers 7,8,8,7") from None
+
+
+def _given_or(v: dict, key: str, default: str) -> str:
+    """A choice flag's value, ``default`` when not given; given empty (``--tp-overlap=``) it is refused."""
+    if v.get(key) is None:
+        return default
+    if not str(v[key]).strip():
+        raise ConfigError(f"an empty value is not a choice (got {v[key]!r})", field=key.replace("_", "-"),
+                          value=v[key], fix=f"give --{key.replace('_', '-')} one of its values, or leave it out")
+    return v[key]

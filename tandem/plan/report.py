@@ -52,7 +52,7 @@ def to_dict(p: Plan, with_explain: bool = True) -> dict[str, Any]:
                      "schedule": s.schedule, "virtual": s.virtual, "recompute": s.recompute,
                      "precision": t.precision, "optimizer": t.optimizer,
                      "flash_attention": fused_attention(t, s), "cp_impl": t.cp_impl, "kernels": t.kernels,
-                     "fsdp": t.fsdp,
+                     "fsdp": t.fsdp, "tp_overlap": t.tp_overlap, "pp_grad_sync": t.pp_grad_sync,
                      "attention_kernel": p.attn_kernel or None, "grad_reduce": grad_reduce(t, s)},
         "memory_per_gpu": {"params": mem.params, "grads": mem.grads, "optimizer": mem.optimizer,
                            "activations": mem.activations, "other": mem.other, "total": mem.total,
@@ -155,9 +155,16 @@ def assumptions(p: Plan, given: set[str], mb_auto: bool) -> list[str]:
         out.append(f"overlap {t.overlap:g} of DP communication hidden (given)")
     elif any(o.rule != "none" or o.name.startswith(("dp", "fsdp", "hsdp")) for o in p.comm):
         out.append(f"overlap {overlap_rule(p)} (default; --overlap F to override)")
-    if any(o.name == "tp-activations" for o in p.comm):
+    tp = next((o for o in p.comm if o.name == "tp-activations"), None)
+    if tp is not None:
         why = how("tp_overlap", "default, as plain Megatron and torch run it")
-        out.append(f"tensor-parallel communication: overlap {t.tp_overlap} ({why}: none|bulk|ring)")
+        line = f"tensor-parallel communication: overlap {t.tp_overlap} ({why}: none|bulk|ring)"
+        if t.tp_overlap != "none" and tp.group.nodes > 1:   # tp_overlap.tp_op charges it as none
+            line += (f", but the tp group spans {tp.group.nodes} nodes: charged in full (userbuffers / symmetric "
+                     "memory need one NVLink domain)")
+        out.append(line)
+    if "fsdp" in given and s.zero < 3:
+        out.append(f"--fsdp {t.fsdp} given, but zero {s.zero} < 3: no FSDP runs, so it has no effect")
     if p.stage_layers:
         out.append(f"pipeline stages of {','.join(map(str, p.stage_layers))} layers, embedding first, logits last "
                    f"({'given' if s.stage_layers else 'balanced split; --stage-layers to change'})")

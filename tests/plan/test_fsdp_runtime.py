@@ -3,6 +3,7 @@ where they are charged (compute stream vs before each reduce-scatter), the expla
 
 import re
 
+import pytest
 from typer.testing import CliRunner
 
 from tandem.cli import app
@@ -11,6 +12,7 @@ from tandem.plan import fsdp_runtime as FR
 from tandem.plan.config import Strategy, Training
 from tandem.plan.cost import evaluate
 from tandem.plan.explain import explain
+from tandem.plan.explain_layout import pipeline_line
 from tandem.plan.hardware import make_cluster
 from tandem.plan.model import preset
 
@@ -66,3 +68,54 @@ def test_cli_flag_and_bad_value():
     assert '"fsdp": "fsdp1"' in out.output and '"fsdp_copy_s"' in out.output
     bad = CliRunner().invoke(app, [*base, "--fsdp", "zero"])
     assert isinstance(bad.exception, ConfigError) and bad.exception.field == "fsdp", bad.output   # exit 2 in tandem
+
+
+def _pp_plan(sync: str, autocast: bool = False, schedule: str = "1f1b"):
+    m = preset("llama2-7b")
+    c = make_cluster("h100-sxm", 8, 4)
+    t = Training(global_batch=64, precision="bf16", attention_kernel="fa2", pp_grad_sync=sync, autocast=autocast)
+    pipe = dict(schedule="interleaved", virtual=2) if schedule == "interleaved" else {}
+    return evaluate(m, c, t, Strategy(dp=8, pp=4, zero=3, micro_batch=1, ranks_per_node=8, **pipe))
+
+
+def test_under_a_pipeline_the_copies_run_once_per_reduction():
+    """torch's pipelining keeps FSDP2 unsharded and skips gradient sync until the last backward (stage.py): with
+    pp_grad_sync step one copy-out (2p) and one copy-in (p + r) a step; round: a copy-in a round; microbatch: as
+    every micro-batch (2 gathers x 2p + p + r) x m."""
+    per_mb, step = _pp_plan("microbatch"), _pp_plan("step")
+    assert per_mb.grad_accum == 8
+    # bf16 parameters, r = 2 (FSDP2 reduces in the parameter dtype): 12 B x 8 against 2p + (p + r) = 8 B
+    assert per_mb.fsdp_copy_s / step.fsdp_copy_s == pytest.approx(12 * 8 / 8)
+    rnd = _pp_plan("round", schedule="interleaved")   # 8 micro-batches, pp 4: 2 rounds
+    assert FR.times(rnd.model, rnd.training, rnd.strategy, 8) == 2
+    inter = _pp_plan("step", schedule="interleaved")
+    assert rnd.fsdp_copy_s / inter.fsdp_copy_s == pytest.approx((4 + 2 * 4) / (4 + 4))
+    line = next(x for x in explain(step) if x.startswith("FSDP copies"))
+    b, psi, bw, share, msec = re.search(r"= ([\d.]+) B per unsharded parameter a step .* x ([\d.]+)B parameters at "
+                                        r"([\d.]+) x ([\d.]+) TB/s = ([\d.]+) ms", line).groups()
+    assert float(b) == 8 and float(psi) * 1e9 * 8 / (float(bw) * float(share) * 1e12) * 1e3 == \
+        pytest.approx(float(msec), rel=0.01)
+
+
+def test_autocast_copies_move_fp32_parameters_and_gradients():
+    """Under autocast the parameters are fp32 (config.Training.gather_bytes) and FSDP2 has no mixed-precision
+    policy: 2 gathers x 2 x 4 B + (4 + 4) = 24 B per parameter, twice the bf16 working copy's 12."""
+    m = preset("llama2-7b")
+    c = make_cluster("a100-80gb", 8, 2)
+    s = Strategy(dp=16, zero=3, micro_batch=1)
+    half, full = (evaluate(m, c, Training(global_batch=32, precision="bf16", attention_kernel="fa2", autocast=a), s)
+                  for a in (False, True))
+    assert full.fsdp_copy_s / half.fsdp_copy_s == pytest.approx(24 / 12)
+    line = next(x for x in explain(full) if x.startswith("FSDP copies"))
+    assert "= 24 B per unsharded parameter (p = 4 B, r = 4 B)" in line
+
+
+def test_pipeline_line_fill_excludes_the_copies():
+    """The bubble is computed before the copies are added to compute (cost.evaluate), so the pipeline line's
+    mean-stage micro-batch time leaves them out: fill x per micro-batch reproduces the bubble, fill = p - 1."""
+    p = _pp_plan("microbatch")
+    assert p.fsdp_copy_s > 0
+    line = pipeline_line(p)
+    fill, per_mb = re.search(r"fill and drain ([\d.]+) mean-stage micro-batch times .*? x ([\d.]+) ms", line).groups()
+    assert float(fill) == pytest.approx(3, rel=0.02)   # p - 1, equal stages but the embedding / logits
+    assert float(fill) * float(per_mb) == pytest.approx((p.bubble_s - p.bubble_comm_s) * 1e3, rel=0.01)

@@ -82,6 +82,7 @@ from tandem.plan.config import Strategy, Training
 from tandem.plan.cost import evaluate, validate
 from tandem.plan.hardware import make_cluster
 from tandem.plan.model import GPTShape, gpt_stats
+from tests.plan.published_fit import fit
 
 # Batch, GPUs, Iter Time (s), MFU (Megatron-LM rows of Table 2)
 TABLE_2 = [(768, 256, 40.0, 0.530), (768, 512, 21.2, 0.499), (768, 768, 15.2, 0.467), (768, 1024, 11.9, 0.447),
@@ -127,22 +128,14 @@ def test_step_time_known_miss():
     assert max(errs.values()) <= 0.17, errs
 
 
-def _fit(ms, ts):
-    """Least squares t = a x m + b."""
-    n = len(ms)
-    mm, mt = sum(ms) / n, sum(ts) / n
-    a = sum((m - mm) * (t - mt) for m, t in zip(ms, ts)) / sum((m - mm) ** 2 for m in ms)
-    return a, mt - a * mm
-
-
 def test_fixed_time_per_step_known_miss():
     """KNOWN MISS, located: the planner's time a micro-batch matches the table's slope over the batch-768 rows, its
     time a step independent of the micro-batch count is a third of the table's, and neither the table's nor the
     planner's fixed part grows with data parallelism (module docstring)."""
     errs = errors()
     rows = [(b // (g // 64), it, it * (1 + errs[g])) for b, g, it, _ in TABLE_2 if b == 768]
-    a_t, b_t = _fit([r[0] for r in rows], [r[1] for r in rows])
-    a_p, b_p = _fit([r[0] for r in rows], [r[2] for r in rows])
+    a_t, b_t = fit([r[0] for r in rows], [r[1] for r in rows])
+    a_p, b_p = fit([r[0] for r in rows], [r[2] for r in rows])
     assert a_t == pytest.approx(0.1946, abs=1e-4) and b_t == pytest.approx(2.61, abs=0.01)   # the table alone
     assert a_p == pytest.approx(a_t, rel=0.02)   # 0.193 against 0.195
     assert 0.34 <= b_p / b_t <= 0.40, (b_p, b_t)   # 0.97 / 2.61 = 0.37: ~1.65 s a step missing

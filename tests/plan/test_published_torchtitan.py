@@ -77,7 +77,9 @@ square, as the planner), the SDPA backend (flash on every block: torchtitan allo
 torch 2.6's ring maps only those). Open: why rings of 4+ steps, or across nodes, run their blocks ~1.6x slower.
 
 With the pipeline's fill and drain repeating each micro-batch's TP and ring communication (model_parallel.py):
-H100 median 7.0%, max 59.1% (405B 1F1B +6.5%, interleaved -11.6%, CP 2 +20.2%); A100 unchanged (no pipeline).
+H100 median 7.0%, max 59.1% (405B 1F1B +6.5%, interleaved -11.6%, CP 2 +20.2%) when merged; A100 unchanged (no
+pipeline). Re-measured on today's main, with the rows planned with pp_grad_sync "step" (below): H100 median 10.2%,
+max 58.9% (CP 8); A100 4.3% / 15.2%.
 
 Async TP: Tables 5 and 6 ran it ("+ AsyncTP" in their captions), Table 4's "2D" row did not. The rows are planned
 with --tp-overlap none all the same: the planner's ring rule (tandem/plan/tp_overlap.py) over-states torch's async
@@ -100,7 +102,8 @@ stand in for a cost these runs have that the planner does not model (about 14 s 
 each row's bubble). Planned as they ran ("step", merged by the lead: a setting chosen to keep a median in
 tolerance would be a fit): with every other session-8 term, T5 1F1B +43.7%, interleaved +21.9%, the table median
 10.2%, max 58.9% (the CP 8 row), pinned at 11% / 60%. The term at fault is that missing pipeline cost, not the
-gradient sync.
+gradient sync. FSDP2's own copies (fsdp_runtime.py) under "step" run once a step too (one copy-out, one copy-in;
+torch's stage.py keeps the parameters unsharded until the last backward), not per micro-batch.
 
 Micro-batches under PP (session 9): that missing cost was this test's input, not the planner. The rows were planned
 with micro-batch 1 (32 micro-batches of T5's local batch 32), but torchtitan at the report's commit (9dec370)

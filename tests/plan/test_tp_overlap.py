@@ -14,7 +14,8 @@ than torch's async TP did, most of all in December 2024: median 5.0%, max 12.4%,
 25%), but every pair over-stated; pinned just above. Term behind it: what torch's decomposed collectives leave
 exposed (the SM cost and the tp-times-smaller GEMM chunks, not charged). That is also why torchtitan's T5/T6 rows, which ran AsyncTP, are planned without it
 (tests/plan/test_published_torchtitan.py). The vanilla 70B BF16 row alone, with nothing overlapped: 601 TPS/GPU
-predicted against 597.3 (+0.6%).
+predicted against 597.3 (+0.6%) when written; re-measured on today's main (f1c4484 and the FSDP-copies fix): 600
+(+0.4%), and the pairs +12.4%, +4.8%, +2.0%, +5.0%, +5.6% (median 5.0%, max 12.4%).
 """
 
 import dataclasses
@@ -115,7 +116,7 @@ def test_async_tp_speedup_over_stated_within_tolerance():
 
 def test_vanilla_70b_bf16_row_without_overlap():
     """The 2025 benchmark's 70B BF16 baseline (vanilla TP) as a plain row: within 2%."""
-    assert _tps(PAIRS[1], "none") / PAIRS[1][-2] - 1 == pytest.approx(0.006, abs=0.014)
+    assert _tps(PAIRS[1], "none") / PAIRS[1][-2] - 1 == pytest.approx(0.004, abs=0.016)
 
 
 def test_cli_flag_reaches_the_plan():

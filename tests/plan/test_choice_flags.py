@@ -1,0 +1,51 @@
+"""The planner's choice flags (--fsdp, --tp-overlap, --pp-grad-sync, --attention-kernel): a bad or empty value is one
+line and exit 2; given where it has no effect, the assumptions say so; the JSON strategy reports each."""
+
+import json
+
+import pytest
+
+from tandem.cli import main
+
+BASE = ["plan", "llama2-7b", "--gpu", "a100-80gb", "--nodes", "2", "--zero", "3", "--global-batch", "32"]
+
+
+def _run(capsys, *args):
+    try:
+        main([*BASE, *args])
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("flag,value,choices", [
+    ("--fsdp", "fsdp3", "fsdp1, fsdp2"), ("--tp-overlap", "all", "none, bulk, ring"),
+    ("--pp-grad-sync", "x", "microbatch, step, round"),
+    ("--attention-kernel", "x", "unfused, fused, fa1, triton, fa2, fa3, cudnn")])
+def test_a_bad_or_empty_value_is_one_line_and_exit_2(capsys, flag, value, choices):
+    field = flag[2:]
+    code, _, err = _run(capsys, flag, value)
+    assert code == 2
+    assert " ".join(err.split()) == f"error: {field}: unknown {field} (got '{value}'). Fix: use one of {choices}"
+    code, _, err = _run(capsys, f"{flag}=")
+    assert code == 2
+    assert " ".join(err.split()) == (f"error: {field}: an empty value is not a choice (got ''). Fix: give {flag} one "
+                                     "of its values, or leave it out")
+
+
+def test_flags_without_effect_are_noted_and_json_reports_them(capsys):
+    code, out, _ = _run(capsys, "--zero", "2", "--fsdp", "fsdp1", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert {doc["strategy"][k] for k in ("fsdp", "tp_overlap", "pp_grad_sync")} == {"fsdp1", "none", "microbatch"}
+    assert any("--fsdp fsdp1 given, but zero 2 < 3" in a for a in doc["assumptions"]), doc["assumptions"]
+    # tp 16 on 8-GPU nodes: the ring cannot run, the op is charged in full and the assumption says why
+    code, out, _ = _run(capsys, "--nodes", "4", "--global-batch", "32", "--tp", "16", "--zero", "1", "--tp-overlap",
+                        "ring", "--micro-batch", "1", "--json")
+    assert code == 0, out
+    doc = json.loads(out)
+    tp = next(o for o in doc["comm"] if o["name"] == "tp-activations")
+    assert tp["exposed_s"] == tp["time_s"] and doc["strategy"]["tp_overlap"] == "ring"
+    assert any("but the tp group spans 2 nodes: charged in full" in a for a in doc["assumptions"]), doc["assumptions"]
