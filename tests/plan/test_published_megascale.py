@@ -72,6 +72,15 @@ data pipeline) fit a = 0.160 s and b = 1.19 s over the same batch-768 rows: ~1 s
 batch-6144 rows fit a = 0.212 s (9% above the batch-768 rows' for the same stage work) and b = 1.70 s: the time a
 step grows with the job's size as synchronisation skew would (§6.3: stragglers, garbage collection, reduce-scatter
 launch skew), which the planner leaves out ("stragglers and network congestion"); no source read gives it a size.
+
+Tensor-parallel overlap (session 8, the lead's merge): the baseline commit overlaps the column-parallel backward
+all-reduce / reduce-scatter with the weight-gradient GEMM (285068c8, megatron/core/tensor_parallel/layers.py,
+LinearWithGradAccumulationAndAsyncCommunication.backward: async_op=True, then the wgrad GEMM, then handle.wait();
+on unless --no-async-tensor-model-parallel-allreduce), which is --tp-overlap bulk. Planned so, as its source says,
+although it moves the table away: median 14.1%, max 18.4% (11.8% / 16.4% with --tp-overlap none), every row fast;
+the time a micro-batch 0.188 s against the table's 0.195 s, the fixed part 0.96 s against 2.61 s. Alternatives:
+V 2 / 12 13.0% / 15.8%, 13.1% / 18.2%; selective recompute 8.0-9.2% / 11.1-14.2% (which 285068c8 does not run
+under --use-flash-attn: an upper bound). Pinned at 15% / 19%.
 """
 
 from statistics import median
@@ -100,7 +109,8 @@ def errors(virtual: int = 6, recompute: str = "none") -> dict[int, float]:
         # operators over the baseline (Table 3 row 7), and §6.1's commit 285068c8 is Megatron-LM's "Merge branch
         # 'tridao-flashattn'", which adds --use-flash-attn calling flash_attn 1.x's flash_attn_unpadded_func
         # (megatron/model/transformer.py FlashSelfAttention); the paper chose that commit for its "feature set".
-        t = Training(global_batch=batch, precision="bf16", optimizer="adam", overlap=0.0, attention_kernel="fa1")
+        t = Training(global_batch=batch, precision="bf16", optimizer="adam", overlap=0.0, attention_kernel="fa1",
+                     tp_overlap="bulk")   # 285068c8's async dgrad reduce-scatter beside the wgrad GEMM (docstring)
         s = Strategy(dp=gpus // 64, tp=8, pp=8, zero=1, micro_batch=1, schedule="interleaved", virtual=virtual,
                      recompute=recompute, ranks_per_node=8)
         validate(m, c, t, s)
@@ -124,8 +134,8 @@ def test_step_time_known_miss():
     12,288). With the baseline's kernel, FlashAttention 1 (the input audit, module docstring): median 11.8%, max 16.4%
 (-5.0% ... -16.4%). Pinned just above; the module docstring lists what Megatron-LM does once a step and its size."""
     errs = {k: abs(e) for k, e in errors().items()}
-    assert median(errs.values()) <= 0.12, errs
-    assert max(errs.values()) <= 0.17, errs
+    assert median(errs.values()) <= 0.15, errs
+    assert max(errs.values()) <= 0.19, errs
 
 
 def test_fixed_time_per_step_known_miss():
@@ -137,7 +147,7 @@ def test_fixed_time_per_step_known_miss():
     a_t, b_t = fit([r[0] for r in rows], [r[1] for r in rows])
     a_p, b_p = fit([r[0] for r in rows], [r[2] for r in rows])
     assert a_t == pytest.approx(0.1946, abs=1e-4) and b_t == pytest.approx(2.61, abs=0.01)   # the table alone
-    assert a_p == pytest.approx(a_t, rel=0.02)   # 0.193 against 0.195
+    assert a_p == pytest.approx(a_t, rel=0.04)   # 0.188 against 0.195 (0.193 before the dgrad overlap)
     assert 0.34 <= b_p / b_t <= 0.40, (b_p, b_t)   # 0.97 / 2.61 = 0.37: ~1.65 s a step missing
     table_fixed = [it - a_t * m for m, it, _ in rows]
     plan_fixed = [it * (1 + errs[g]) - a_p * (b // (g // 64)) for b, g, it, _ in TABLE_2]
@@ -157,5 +167,5 @@ def test_error_whatever_the_unstated_inputs_known_miss(virtual, recompute):
     # 16.2%; selective at 2, 6, 12: 5.7% / 9.0%, 7.0% / 12.2%, 6.0% / 12.0%. Those selective rows charge a
     # recomputed attention that 285068c8 skips under --use-flash-attn (transformer.py checkpoints core attention
     # only on the unfused path): an upper bound, not the baseline)
-    assert max(errs.values()) <= 0.17, errs
-    assert median(errs.values()) <= 0.11, errs
+    assert max(errs.values()) <= 0.19, errs
+    assert median(errs.values()) <= 0.14, errs
