@@ -13,7 +13,6 @@ from tandem.plan import model_parallel as MP
 from tandem.plan import nccl_algos as NA
 from tandem.plan import stages as ST
 from tandem.plan import tp_overlap as TPO
-from tandem.plan.config import fused_attention
 from tandem.plan.cost import Plan
 from tandem.plan.explain_terms import attn_seq, gather_note
 from tandem.plan.host import default_threads
@@ -271,10 +270,13 @@ def explain(p: Plan) -> list[str]:
                f"bytes/param before sharding) + activations {gib(mem.activations)} + other "
                f"{gib(mem.other)} = {gib(mem.total)} of {gib(mem.capacity)}: "
                f"{'fits' if mem.fits else 'does NOT fit'}.")
+    # a module of its own that imports this one's formatters (si, gib), so imported here
+    from tandem.plan.explain_memory import activation_sentence, moe_states_sentence
+
     if m.moe is not None:
-        out.append(_moe_states_sentence(p))
+        out.append(moe_states_sentence(p))
     if m.gpt is not None:
-        out += [x for x in (_activation_sentence(p), GS.sentence(p)) if x]
+        out += [x for x in (activation_sentence(p), GS.sentence(p)) if x]
     if step > 0 and p.compute_model_s > 0 and s.world > 1:
         why = ""
         if p.speedup / s.world < 0.75:
@@ -297,74 +299,6 @@ def explain(p: Plan) -> list[str]:
     return out
 
 
-def _moe_states_sentence(p: Plan) -> str:
-    """Where an MoE model's parameters sit: the non-expert ones as a dense model's, the experts over ep."""
-    from tandem.plan.memory import expert_shard_group, shard_group
-    from tandem.plan.moe_cp import stage_states
-
-    m, s, t, c = p.model, p.strategy, p.training, p.cluster
-    dense, expert = stage_states(m.moe, ST.split(m.gpt, s.pp, s.stage_layers, ST.chunks_of(s)), s.tp, s.ep)
-    d, de = shard_group(s, c), expert_shard_group(s, c)
-    k = t.bytes["param"] + t.bytes["grad"] + t.optimizer_bytes
-    return (f"Model states (MoE): {dense / 1e9:.4g}B non-expert parameters per GPU (/ tp {s.tp} on the stage "
-            f"holding the most; ZeRO-{s.zero} shards over dp x cp = {d}) + {expert / 1e9:.4g}B expert parameters "
-            f"per GPU (/ (ep {s.ep} x tp {s.tp}) on that stage; ZeRO-{s.zero} shards over dp x cp / ep = {de}), "
-            f"{k} bytes each before sharding.")
-
-
-def _activation_sentence(p: Plan) -> str:
-    """The per-layer activation arithmetic behind the memory line (Korthikanti et al. 2022, Table 2)."""
-    from tandem.plan.memory import activation_parts
-
-    m, s, t = p.model, p.strategy, p.training
-    g = m.gpt
-    parts = activation_parts(m, s, t, p.grad_accum)
-    per, layers = parts["per_layer"], parts["layers"]
-    sq = g.seq // s.cp
-    sbh = (f"s x b x h = {g.seq}/cp {s.cp} x" if s.cp > 1 else f"s x b x h = {g.seq} x") \
-        + f" {s.micro_batch} x {g.hidden}"
-    if s.recompute == "full":
-        form = f"2 x {sbh} / tp {s.tp} (full recompute keeps the layer input)"
-    else:
-        mlp = 3 + (6 if g.gated else 4) * g.ffn / g.hidden
-        mlp_note = ""
-        if m.moe is not None:
-            from tandem.plan.moe_cp import mlp_act_coeff
-
-            e = m.moe
-            mlp = mlp_act_coeff(e)
-            k = 6 if g.gated else 4
-            mlp_note = (f", MoE MLP 3 + (top_k x capacity + shared) x (2 + {k} x expert_ffn/h) = 3 + "
-                        f"({e.top_k} x {e.capacity_factor:g} + {e.shared}) x (2 + {k * e.expert_ffn / g.hidden:.4g})"
-                        f" = {mlp:.4g}")
-        lin = (7 + 4 * g.kv_heads / g.heads) + mlp + 4 - (0 if g.dropout else 2)   # no dropout: no masks
-        mlp_note += "" if g.dropout else ", without the two 1-byte dropout masks"
-        fused = fused_attention(t, s)
-        scores = s.recompute == "none" and not fused
-        form = f"{sbh} x ({lin:.4g}{mlp_note}" + (f" + 5as/h, 5as/h = {5 * g.heads * sq / g.hidden:.4g}"
-                                                  if scores else "") + f") bytes / tp {s.tp}" \
-            + ((" (--flash-attention: no score matrix stored, no recompute)" if t.flash_attention else
-                " (ring attention under cp runs fused kernels: no score matrix stored, no recompute)")
-               if s.recompute == "none" and fused else "") \
-            + (f" (selective recompute: the score matrix, s x b x h x 5as/h with 5as/h = "
-                 f"{5 * g.heads * sq / g.hidden:.4g}, is recomputed, not stored)"
-               if s.recompute == "selective" else "")
-    scale = t.bytes["act"] / 2
-    logits, working = parts["logits"], parts["working"]
-    last = {"1f1b": " (1F1B: it holds one micro-batch)", "gpipe": "",
-            "interleaved": " (interleaved: its warm-up's chunk forwards)"}[s.schedule]
-    where = {"first": " on the first stage", "last": " on the last stage" + last, "only": ""}.get(
-        parts["stage"], f" on pipeline {parts['stage']} (more layers than the first stage's, 2(p-1-r) fewer "
-                        f"warm-up chunk forwards: stages.stage_inflight)")
-    return (f"Activations: {form}{f' x {scale:g} ({t.precision})' if scale != 1 else ''} = {gib(per)} per layer "
-            f"x {layers:.4g} layers in flight{where}{_inflight_arithmetic(p, parts['stage'])}"
-            + (f" + the recomputed layer's working set {gib(working)} (its bytes without the score matrix, "
-               f"held during its backward)" if working else "")
-            + (f" + fp32 logits 4 x s x b x V / tp = 4 x {sq} x {s.micro_batch} x {g.vocab} / {s.tp} = {gib(logits)}"
-               if logits else "")
-            + f" = {gib(parts['total'])}.")
-
-
 def _compute_total(p: Plan) -> str:
     """The sum: (linear + attention + casts + merges + memory-bound) x the slowest stage's imbalance, + the
     optimizer step (once, not scaled: it runs after the last backward on each stage's own parameters)."""
@@ -376,29 +310,6 @@ def _compute_total(p: Plan) -> str:
         out += f", + optimizer step {ms(p.optimizer_s)}"
     out += f", + FSDP copies {ms(p.fsdp_copy_s)}" if p.fsdp_copy_s else ""
     return out + f" = {ms(p.compute_s)}."
-
-
-def _inflight_arithmetic(p: Plan, stage: str) -> str:
-    """Where the first stage's layers in flight come from (Korthikanti et al. 2022, Section 4.2.3)."""
-    s = p.strategy
-    if s.pp == 1 or stage != "first" or not p.stage_layers:
-        return ""
-    if s.schedule == "gpipe":
-        return f" (GPipe: {p.grad_accum} micro-batches x {p.stage_layers[0]} layers)"
-    if s.schedule != "interleaved":
-        return f" (1F1B: {min(s.pp, p.grad_accum)} micro-batches x {p.stage_layers[0]} layers)"
-    # the warm-up simulation stages.stage_inflight runs (Korthikanti et al.'s 1 + (p-1)/(p x v) only for equal
-    # chunks and many micro-batches)
-    g, m, v = p.model.gpt, p.grad_accum, s.virtual
-    held = ST.chunks(g, s.pp, v, s.stage_layers)[0]
-    rnd = m // ST.rounds(m, s.pp)
-    n = min(m * v, (v - 1) * rnd + 2 * (s.pp - 1) + 1)
-    warm = sum(held[(j // rnd) % v] for j in range(n))
-    grow = ("" if warm >= ST.stage_inflight(held, s.pp, m, 0) else f", {warm} layers; the steady state's forwards "
-            f"on larger chunks pair with backwards on smaller ones (stages.schedule_order) up to the peak")
-    return (f" (interleaved 1F1B: min(m x v, (v-1) x round + 2(p-1) + 1) = min({m} x {v}, {v - 1} x {rnd} + "
-            f"2 x {s.pp - 1} + 1) = {n} chunk forwards before the first backward, the j-th on chunk "
-            f"(j // {rnd}) mod {v} of {'/'.join(map(str, held))} layers{grow})")
 
 
 def warnings(p: Plan) -> list[str]:
