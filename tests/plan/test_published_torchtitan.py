@@ -81,13 +81,15 @@ H100 median 7.0%, max 59.1% (405B 1F1B +6.5%, interleaved -11.6%, CP 2 +20.2%) w
 pipeline). Re-measured on today's main, with the rows planned with pp_grad_sync "step" (below): H100 median 10.2%,
 max 58.9% (CP 8); A100 4.3% / 15.2%.
 
-Async TP: Tables 5 and 6 ran it ("+ AsyncTP" in their captions), Table 4's "2D" row did not. The rows are planned
-with --tp-overlap none all the same: the planner's ring rule (tandem/plan/tp_overlap.py) over-states torch's async
-TP on this very report's Table 4 pair (2D 829 -> 2D + AsyncTP 876, 1.057x; the planner 1.188x;
-tests/plan/test_tp_overlap.py), and with it the T5/T6 rows go +8.4 -> +17.2% (1F1B), -10.8 -> -3.1%
-(interleaved), +5.3 -> +11.3% and +26.9 -> +32.2% (CP 1 / CP 2): median 8.4% -> 10.7%, a passing median traded
-for a term the same table says is too optimistic At torchtitan's 8 micro-batches (below): T5 -1.2 -> +12.8%
-(1F1B), -1.0 -> +12.8% (interleaved), T6 +0.2 -> +10.8%, +20.2 -> +29.4%: median 4.5% -> 10.8%.
+Async TP: Tables 5 and 6 ran it ("+ AsyncTP" in their captions), Table 4's "2D" row did not. The T5/T6 rows are
+planned with it (--tp-overlap ring, the lead's merge: every table is planned as its source says it ran, and these
+rows were first kept at "none" to keep the median in tolerance, which would be a fit). The planner's ring rule
+(tandem/plan/tp_overlap.py) over-states torch's async TP on this very report's Table 4 pair (2D 829 -> 2D +
+AsyncTP 876, 1.057x; the planner 1.188x; tests/plan/test_tp_overlap.py), and that shows here: at torchtitan's 8
+micro-batches (below) T5 -1.2 -> +13.7% (1F1B), -1.0 -> +14.1% (interleaved), T6 +0.2 -> +11.5%, +20.2 -> +30.0%
+(CP 1 / CP 2): the table 11.5% / 58.9% (4.5% / 58.9% with "none"), a known miss on both bounds, pinned at
+12% / 60%. Term at fault: what torch's async TP leaves exposed (not modelled: the ring rule hides what Transformer
+Engine's userbuffers hide), besides the long-context CP rows.
 
 Gradient sync under the pipeline (grad_sync.py; issue 14, session 8). torchtitan's 405B rows (Tables 5, 6) run
 torch.distributed.pipelining over FSDP2 built with reshard_after_forward=False when PP is on (parallelize_llama.py at
@@ -165,7 +167,7 @@ A100 = [
     ("llama3.1-8b", 1, "selective", 2904), ("llama3.1-70b", 1, "full", 331), ("llama2-13b", 2, "none", 2162),
     ("llama2-13b", 2, "selective", 1914), ("llama2-70b", 1, "selective", 355), ("llama2-70b", 2, "full", 353),
 ]
-KNOWN_MISS = {"h100": (0.05, 0.60)}   # (median, max) pinned: see KNOWN MISSES
+KNOWN_MISS = {"h100": (0.12, 0.60)}   # (median, max) pinned: see KNOWN MISSES
 
 
 def torchtitan_chunks(layers: int, chunks: int) -> tuple[int, ...]:
@@ -176,7 +178,7 @@ def torchtitan_chunks(layers: int, chunks: int) -> tuple[int, ...]:
 
 
 def _plan(name, seq, gpu, gpus, inter, dp, tp, pp, cp, local, recompute, precision, interleaved=False,
-          kernels=None):
+          kernels=None, tp_overlap="none"):
     m = gpt_stats(GPTShape(seq=seq, **SHAPES[name]), name)
     c = make_cluster(gpu, 8, gpus // 8, inter=inter, nics_per_node=8)
     # torchtitan's FSDP2 reduce-scatters in FP32 (its config: mixed_precision_reduce = "float32" by default);
@@ -186,7 +188,7 @@ def _plan(name, seq, gpu, gpus, inter, dp, tp, pp, cp, local, recompute, precisi
                  cp_impl="torch", grad_reduce="fp32", kv_repeat=True,
                  kernels=kernels or ("compiled" if precision == "fp8" else "eager"),
                  # under PP, torch's pipelining reduces FSDP2's gradients once a step (docstring: gradient sync)
-                 pp_grad_sync="step")
+                 pp_grad_sync="step", tp_overlap=tp_overlap)
     # interleaved: 2 stages a rank, torchtitan's default for its multi-stage schedules (generate_split_points)
     pipe = dict(schedule="interleaved", virtual=2, stage_layers=torchtitan_chunks(m.gpt.layers, 2 * pp)) \
         if interleaved else {}
@@ -201,7 +203,9 @@ def _plan(name, seq, gpu, gpus, inter, dp, tp, pp, cp, local, recompute, precisi
 def h100_errors() -> dict[str, float]:
     out = {}
     for label, name, seq, gpus, dp, tp, pp, cp, local, rc, prec, tps in H100:
-        p = _plan(name, seq, "h100-sxm-500w", gpus, "ib-ndr", dp, tp, pp, cp, local, rc, prec, "Interleaved" in label)
+        # Tables 5 and 6 ran async TP ("+ AsyncTP" in their captions): planned with it (docstring: Async TP)
+        p = _plan(name, seq, "h100-sxm-500w", gpus, "ib-ndr", dp, tp, pp, cp, local, rc, prec, "Interleaved" in label,
+                  tp_overlap="ring" if label[:2] in ("T5", "T6") else "none")
         out[f"{label} {name}"] = local * dp * seq / p.step_s / gpus / tps - 1
     return out
 
