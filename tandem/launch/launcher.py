@@ -91,8 +91,23 @@ def _worker_env(opts: LaunchSpec, run_dir: Path, nodes_here: int) -> None:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     # torch 2.13 shares the agent's rendezvous store with the workers without a per-attempt key
     # prefix: after a restart, workers read the dead attempt's gloo addresses and barrier counts
-    # (connection refused, or a hang). A fresh store on rank 0 for every attempt avoids it.
-    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    # (connection refused, or a hang). A fresh store on rank 0 for every attempt avoids it, but
+    # its port is one the agent found free and closed, which rank 0 binds seconds later: another
+    # process may take it first (EADDRINUSE). So only a group that can start again pays that race;
+    # a single attempt joins the store the agent already holds open (torchrun's default).
+    if multi_attempt(opts):
+        os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    else:  # set per launch, not inherited: a test or an earlier agent in this process may have set it
+        os.environ.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
+
+
+def multi_attempt(opts: LaunchSpec) -> bool:
+    """Whether torchrun's agent may start this node's worker group more than once: a failure with
+    restarts left (the hang watchdog's kill among them), or, in an elastic job (nnodes MIN:MAX), a
+    node joining (``train.elastic.join``) or lost. With MIN == MAX a late node waits in torch's
+    redundancy list, which ``num_nodes_waiting`` does not count, so it restarts no group."""
+    mn, mx = parse_nnodes(opts.nnodes)
+    return opts.max_restarts > 0 or mn != mx
 
 
 def run_agent(opts: LaunchSpec, argv: list[str], run_dir: Path, *, agent_index: int = 0,
