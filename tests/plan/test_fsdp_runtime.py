@@ -119,3 +119,14 @@ def test_pipeline_line_fill_excludes_the_copies():
     fill, per_mb = re.search(r"fill and drain ([\d.]+) mean-stage micro-batch times .*? x ([\d.]+) ms", line).groups()
     assert float(fill) == pytest.approx(3, rel=0.02)   # p - 1, equal stages but the embedding / logits
     assert float(fill) * float(per_mb) == pytest.approx((p.bubble_s - p.bubble_comm_s) * 1e3, rel=0.01)
+
+
+def test_deferred_sync_holds_no_extra_gather_buffers():
+    """Under pp_grad_sync step|round a ZeRO-3 stage's parameters are already counted unsharded (memory.params),
+    so "other" adds no gathered + prefetched layer; per micro-batch it does."""
+    from tandem.plan.memory import CONTEXT_BYTES
+
+    for sync, sched in (("step", "1f1b"), ("round", "interleaved")):
+        p = _pp_plan(sync, schedule=sched)
+        assert p.memory.other == CONTEXT_BYTES
+    assert _pp_plan("microbatch").memory.other > CONTEXT_BYTES
