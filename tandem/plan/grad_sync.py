@@ -108,7 +108,8 @@ def sentence(p) -> str:
     return (f"Gradient sync under the pipeline (pp_grad_sync {t.pp_grad_sync}): each chunk's gradients accumulate "
             f"unsharded at {gb} B a parameter and are reduce-scattered {when} ({n} call(s) per step, the compute "
             f"waiting for each, as torch's pipelining does); parameters held unsharded, {psi / 1e9:.4g}B x "
-            f"{by['param']} B = {mem.params / g:.3g} GiB. At the busiest rank's peak of activations + gradients: "
+            f"{by['param']} B = {mem.params / g:.3g} GiB. At the busiest rank's (pipeline rank {mem.peak_rank}) peak "
+            f"of activations + gradients: "
             f"activations {mem.activations / g:.3g} GiB + the live chunks' gradients {(mem.grads - shard) / g:.3g} "
             f"GiB (of {psi * gb / g:.3g} GiB for the whole stage) + their shard {psi / 1e9:.4g}B x {by['grad']} B / "
             f"{d} = {shard / 2**20:.4g} MiB: grads {mem.grads / g:.3g} GiB.")
