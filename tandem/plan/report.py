@@ -6,6 +6,7 @@ from typing import Any
 
 from tandem.plan import efficiency as E
 from tandem.plan.config import fused_attention
+from tandem.plan.stages import split_name
 from tandem.plan.cost import Plan
 from tandem.plan.explain import explain, gib, ms, overlap_rule, si, warnings
 
@@ -167,7 +168,7 @@ def assumptions(p: Plan, given: set[str], mb_auto: bool) -> list[str]:
         out.append(f"--fsdp {t.fsdp} given, but zero {s.zero} < 3: no FSDP runs, so it has no effect")
     if p.stage_layers:
         out.append(f"pipeline stages of {','.join(map(str, p.stage_layers))} layers, embedding first, logits last "
-                   f"({'given' if s.stage_layers else 'balanced split; --stage-layers to change'})")
+                   f"({split_name(s, p.model.gpt)}{'' if s.stage_layers else '; --stage-layers to change'})")
     if p.attn_bf16_s:
         out.append("fp8 on the linear layers only, attention at the bf16 rate (Transformer Engine default)")
     if p.linear_share < 0.9995:
