@@ -351,7 +351,9 @@ def dp_ops(m: ModelStats, c: Cluster, t: Training, s: Strategy, mb: int, compute
             rs_calls = mb if s.zero == 2 else 1
             ops.append(op("dp-grad", "reduce_scatter", gbytes, rs_calls, shard_g, buckets, "buckets", bwd,
                           lambda tm: O.pipelined(tm, buckets, bwd)))
-        if t.overlap_param_gather or s.zero >= 3:   # ZeRO-3 deferred: FSDP2 prefetches behind the first forward
+        # deferred (FSDP2 under torch's pipelining, ZeRO-2 or 3): gathered at the first forward from FSDP2's
+        # all-gather stream, implicitly prefetched behind the previous layer's forward (torch docs notes/fsdp.rst)
+        if t.overlap_param_gather or GS.deferred(t, s) and m.moe is None:
             ops.append(op("dp-params", "all_gather", pbytes, 1, shard_g, buckets, "prefetch", fwd,
                           lambda tm: O.pipelined(tm, buckets, fwd)))
         else:

@@ -130,3 +130,18 @@ def test_deferred_sync_holds_no_extra_gather_buffers():
         p = _pp_plan(sync, schedule=sched)
         assert p.memory.other == CONTEXT_BYTES
     assert _pp_plan("microbatch").memory.other > CONTEXT_BYTES
+
+
+def test_zero2_deferred_gathers_parameters_behind_the_first_forward():
+    """ZeRO-2 under pp_grad_sync step is FSDP2 with reshard_after_forward=False under torch's pipelining: the
+    parameters are gathered at the first forward, prefetched from FSDP2's all-gather stream, as the grad-sync
+    rule says; per micro-batch (Megatron's distributed optimizer without --overlap-param-gather) after the step."""
+    m = preset("gpt3-175b")
+    c = make_cluster("a100-80gb", 8, 64)
+    s = Strategy(dp=8, tp=8, pp=8, zero=2, micro_batch=1, ranks_per_node=8)
+    rule = {}
+    for sync in ("step", "microbatch"):
+        t = Training(global_batch=512, precision="bf16", attention_kernel="fa2", pp_grad_sync=sync)
+        op = next(o for o in evaluate(m, c, t, s).comm if o.name == "dp-params")
+        rule[sync] = (op.rule, op.exposed_s < op.time_s)
+    assert rule == {"step": ("prefetch", True), "microbatch": ("none", False)}
