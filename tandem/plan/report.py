@@ -158,7 +158,8 @@ def assumptions(p: Plan, given: set[str], mb_auto: bool) -> list[str]:
         out.append(f"overlap {overlap_rule(p)} (default; --overlap F to override)")
     tp = next((o for o in p.comm if o.name == "tp-activations"), None)
     if tp is not None:
-        why = how("tp_overlap", "default, as plain Megatron and torch run it")
+        why = how("tp_overlap", "default, as torch without async TP and Megatron-LM before August 2021 run it; "
+                                "Megatron-LM since March 2022: bulk")
         line = f"tensor-parallel communication: overlap {t.tp_overlap} ({why}: none|bulk|ring)"
         if t.tp_overlap != "none" and tp.group.nodes > 1:   # tp_overlap.tp_op charges it as none
             line += (f", but the tp group spans {tp.group.nodes} nodes: charged in full (userbuffers / symmetric "
