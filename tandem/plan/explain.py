@@ -136,7 +136,7 @@ def overlap_rule(p: Plan) -> str:
     if s.zero == 0:
         return "as DDP: gradient buckets all-reduced during backward, the last bucket exposed"
     if GS.deferred(t, s) and p.model.moe is None:
-        return GS.overlap_rule(t)
+        return GS.overlap_rule(t, s, p.grad_accum)
     if s.zero <= 2:
         gather = ("during the next forward (--overlap-param-gather, Megatron)" if t.overlap_param_gather
                   else "after the step, exposed (--overlap-param-gather to hide it as Megatron does)")

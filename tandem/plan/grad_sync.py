@@ -47,10 +47,10 @@ def reductions(t: Training, s: Strategy, mb: int) -> int:
     return rounds(mb, s.pp) if t.pp_grad_sync == "round" and s.schedule == "interleaved" else 1
 
 
-def overlap_rule(t: Training) -> str:
-    """explain's overlap rule when ``deferred``."""
+def overlap_rule(t: Training, s: Strategy, mb: int) -> str:
+    """explain's overlap rule when ``deferred`` ("once a round" only where there are rounds: interleaved)."""
     return (f"as FSDP under torch's pipelining (pp_grad_sync {t.pp_grad_sync}): gradients accumulated unsharded "
-            f"and reduce-scattered once a {'round' if t.pp_grad_sync == 'round' else 'step'}, exposed; "
+            f"and reduce-scattered once a {'round' if reductions(t, s, mb) > 1 else 'step'}, exposed; "
             "parameters gathered once, behind the first forward")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tandem.plan import efficiency as E
+from tandem.plan import grad_sync as GS
 from tandem.plan.config import fused_attention
 from tandem.plan.stages import split_name
 from tandem.plan.cost import Plan
@@ -167,6 +168,12 @@ def assumptions(p: Plan, given: set[str], mb_auto: bool) -> list[str]:
         out.append(line)
     if "fsdp" in given and s.zero < 3:
         out.append(f"--fsdp {t.fsdp} given, but zero {s.zero} < 3: no FSDP runs, so it has no effect")
+    if "pp_grad_sync" in given and t.pp_grad_sync != "microbatch" and not (GS.deferred(t, s) and p.model.moe is None
+                                                                          and p.model.gpt is not None):
+        why = (f"zero {s.zero} < 2 (no sharded gradients)" if s.zero < 2 else "pp 1 (no pipeline)" if s.pp == 1
+               else "an MoE model (reduced per micro-batch: not modelled)" if p.model.moe is not None
+               else "no layer shapes (a bare --params model)")
+        out.append(f"--pp-grad-sync {t.pp_grad_sync} given, but {why}: it has no effect")
     if p.stage_layers:
         out.append(f"pipeline stages of {','.join(map(str, p.stage_layers))} layers, embedding first, logits last "
                    f"({split_name(s, p.model.gpt)}{'' if s.stage_layers else '; --stage-layers to change'})")
