@@ -145,3 +145,20 @@ def test_zero2_deferred_gathers_parameters_behind_the_first_forward():
         op = next(o for o in evaluate(m, c, t, s).comm if o.name == "dp-params")
         rule[sync] = (op.rule, op.exposed_s < op.time_s)
     assert rule == {"step": ("prefetch", True), "microbatch": ("none", False)}
+
+
+def test_zero2_deferred_lines_name_torchs_fp32_reduction_and_bucket_calls():
+    """The gradient line under ZeRO-2 + step names FSDP2's reduce_dtype (torch's pipelining), not Megatron's
+    distributed optimizer; the once-a-step reduce-scatter (rule none) counts its buckets as bucket calls."""
+    m = preset("gpt3-175b")
+    c = make_cluster("a100-80gb", 8, 64)
+    s = Strategy(dp=8, tp=8, pp=8, zero=2, micro_batch=1, ranks_per_node=8)
+    lines = {}
+    for sync in ("step", "microbatch"):
+        t = Training(global_batch=512, precision="bf16", attention_kernel="fa2", pp_grad_sync=sync)
+        lines[sync] = explain(evaluate(m, c, t, s))
+    grads = {k: next(x for x in v if x.startswith("Gradients per GPU")) for k, v in lines.items()}
+    assert "FSDP2's reduce_dtype" in grads["step"] and "Megatron" not in grads["step"]
+    assert "Megatron-LM's distributed optimizer" in grads["microbatch"]
+    rs = next(x for x in lines["step"] if x.startswith("dp-grad"))
+    assert re.search(r"x 1 call\(s\) per step in \d+ bucket calls ", rs), rs
