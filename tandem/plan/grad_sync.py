@@ -54,6 +54,27 @@ def overlap_rule(t: Training, s: Strategy, mb: int) -> str:
             "parameters gathered once, behind the first forward")
 
 
+def dp_ops(op, t: Training, s: Strategy, defer: bool, buckets: int, gbytes: float, pbytes: float, g, mb: int,
+           fwd: float, bwd: float) -> list:
+    """ZeRO-1/2 (and ZeRO-3 when ``defer``): the gradients' bucketed reduce-scatter and the parameters' gather,
+    built with cost.dp_ops's ``op``; ``fwd`` / ``bwd`` one micro-batch's forward / backward seconds."""
+    from tandem.plan import overlap as O
+
+    if defer:   # once a step or round, the compute waiting on it
+        rs = op("dp-grad", "reduce_scatter", gbytes, reductions(t, s, mb), g, buckets, "none", 0.0, lambda tm: tm)
+    else:   # sharded grads cannot accumulate locally: every micro-batch (ZeRO-2)
+        rs = op("dp-grad", "reduce_scatter", gbytes, mb if s.zero == 2 else 1, g, buckets, "buckets", bwd,
+                lambda tm: O.pipelined(tm, buckets, bwd))
+    # deferred (FSDP2 under torch's pipelining, ZeRO-2 or 3): gathered at the first forward from FSDP2's all-gather
+    # stream, implicitly prefetched behind the previous layer's forward (torch's docs/source/notes/fsdp.rst)
+    if t.overlap_param_gather or defer:
+        ag = op("dp-params", "all_gather", pbytes, 1, g, buckets, "prefetch", fwd,
+                lambda tm: O.pipelined(tm, buckets, fwd))
+    else:
+        ag = op("dp-params", "all_gather", pbytes, 1, g, buckets, "none", 0.0, lambda tm: tm)
+    return [rs, ag]
+
+
 def model_state_bytes(t: Training, s: Strategy, psi: float, d: int, reduce_bytes: int) -> tuple[float, float]:
     """(parameter, gradient) bytes per GPU of ``psi`` stage parameters when ``deferred``: parameters unsharded
     (kept from the first forward to the reduction), gradients unsharded in the reduce dtype + their shard."""

@@ -178,7 +178,8 @@ def memory(m: ModelStats, c: Cluster, t: Training, s: Strategy, micro_batches: i
     other = CONTEXT_BYTES
     if s.zero >= 3 and d > 1:   # gathered layer + prefetched next (an MoE layer's experts: / ep); deferred:
         # the stage's parameters are already counted unsharded (params above), nothing gathered per layer
-        other += 0.0 if deferred else 2 * m.largest_layer_params / (s.tp * (s.ep if m.moe else 1)) * t.gather_bytes
+        ep = s.ep if m.moe is not None else 1
+        other += 0.0 if deferred else 2 * m.largest_layer_params / (s.tp * ep) * t.gather_bytes
     elif s.dp > 1:
         other += 2 * t.bucket_bytes if by["grad"] == 4 else 2 * t.bucket_bytes / 2
     return Memory(params, grads, optim, act, other, c.gpu.memory_bytes, notes, peak_rank)
