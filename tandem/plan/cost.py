@@ -342,20 +342,9 @@ def dp_ops(m: ModelStats, c: Cluster, t: Training, s: Strategy, mb: int, compute
         buckets = max(1, int(-(-gbytes // t.bucket_bytes)))
         ops.append(op("dp-grad", "all_reduce", gbytes, 1, dpg, buckets, "buckets", bwd,
                       lambda tm: O.pipelined(tm, buckets, bwd)))
-    elif s.zero <= 2 or GS.deferred(t, s) and m.moe is None:
+    elif s.zero <= 2 or GS.deferred(t, s) and m.moe is None:   # bucketed reduce-scatter + gather (grad_sync.py)
         buckets = max(1, int(-(-psi // bucket)))
-        if GS.deferred(t, s) and m.moe is None:   # once a step or round, the compute waiting on it (grad_sync.py)
-            ops.append(op("dp-grad", "reduce_scatter", gbytes, GS.reductions(t, s, mb), shard_g, buckets, "none",
-                          0.0, lambda tm: tm))
-        else:   # sharded grads cannot accumulate locally: every micro-batch (ZeRO-2)
-            rs_calls = mb if s.zero == 2 else 1
-            ops.append(op("dp-grad", "reduce_scatter", gbytes, rs_calls, shard_g, buckets, "buckets", bwd,
-                          lambda tm: O.pipelined(tm, buckets, bwd)))
-        if t.overlap_param_gather or s.zero >= 3:   # ZeRO-3 deferred: FSDP2 prefetches behind the first forward
-            ops.append(op("dp-params", "all_gather", pbytes, 1, shard_g, buckets, "prefetch", fwd,
-                          lambda tm: O.pipelined(tm, buckets, fwd)))
-        else:
-            ops.append(op("dp-params", "all_gather", pbytes, 1, shard_g, buckets, "none", 0.0, lambda tm: tm))
+        ops += GS.dp_ops(op, t, s, GS.deferred(t, s) and m.moe is None, buckets, gbytes, pbytes, shard_g, mb, fwd, bwd)
     else:
         units, root = FR.units(m, s, psi)
         block = (psi - root) / units

@@ -74,13 +74,23 @@ def _cp_ep_sentence(p: Plan, o) -> str:
             f"(Megatron's default)")
 
 
+def fp32_reduce_source(t, s) -> str:
+    """Who reduces BF16 gradients in FP32 for this plan: FSDP2 under torch's pipelining when deferred."""
+    if GS.deferred(t, s):
+        return ("FSDP2's reduce_dtype, float32 in torchtitan's mixed-precision policy (mixed_precision_reduce), "
+                "as torch's pipelining runs it")
+    return "Megatron-LM's distributed optimizer reduces BF16 gradients in FP32, accumulate_allreduce_grads_in_fp32"
+
+
 def _comm_sentence(p: Plan, o) -> str:
     if o.name in ("cp-ring", "ep-all-to-all"):
         return _cp_ep_sentence(p, o)
     c = p.cluster
     g = o.group
     per = o.time_s / max(1, o.calls)
-    chunked = f" in {o.chunks} {'buckets' if o.rule in ('buckets', 'prefetch') else 'calls'}" if o.chunks > 1 else ""
+    unit = ("buckets" if o.rule in ("buckets", "prefetch") else "bucket calls" if o.name.startswith("dp-") else
+            "calls")   # a deferred reduce-scatter (rule none) still runs in its buckets
+    chunked = f" in {o.chunks} {unit}" if o.chunks > 1 else ""
     head = (f"{o.name}: {o.collective} of {si(o.bytes)}{gather_note(p, o)} x {o.calls} call(s) per step{chunked} "
             f"over {g.size} GPUs, {C.describe(g, c)}{MP.WHY.get(o.name, '')}")
     algo, _, proto = o.algorithm.partition("/")
@@ -136,7 +146,7 @@ def overlap_rule(p: Plan) -> str:
     if s.zero == 0:
         return "as DDP: gradient buckets all-reduced during backward, the last bucket exposed"
     if GS.deferred(t, s) and p.model.moe is None:
-        return GS.overlap_rule(t)
+        return GS.overlap_rule(t, s, p.grad_accum)
     if s.zero <= 2:
         gather = ("during the next forward (--overlap-param-gather, Megatron)" if t.overlap_param_gather
                   else "after the step, exposed (--overlap-param-gather to hide it as Megatron does)")
@@ -203,9 +213,8 @@ def explain(p: Plan) -> list[str]:
         gb = C.grad_reduce_bytes(t.precision, s.zero, by["grad"], t.grad_reduce)
         why = (f" (--grad-reduce {t.grad_reduce}; {by['grad']} B stored)." if t.grad_reduce else
                " (FP16/BF16 halve the FP32 volume)." if gb == 2 else
-               f" (reduced in FP32: Megatron-LM's distributed optimizer reduces BF16 gradients in FP32, "
-               f"accumulate_allreduce_grads_in_fp32; {by['grad']} B to store, {gb} B to send; --grad-reduce bf16 "
-               f"if yours does not)." if gb != by["grad"] else ".")
+               f" (reduced in FP32: {fp32_reduce_source(t, s)}; {by['grad']} B to store, {gb} B to send; "
+               f"--grad-reduce bf16 if yours does not)." if gb != by["grad"] else ".")
         out.append(f"Gradients per GPU: {psi / 1e6:.4g}M params x {gb} B ({t.precision}) = {si(psi * gb)} per step"
                    + why)
     for o in p.comm:

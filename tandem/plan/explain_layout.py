@@ -19,9 +19,7 @@ def pipeline_line(p: Plan) -> str:
     per_mb = (p.compute_s - p.optimizer_s - p.fsdp_copy_s) / imb / mb if p.compute_s else 0.0
     fill = (p.bubble_s - p.bubble_comm_s) / per_mb if per_mb else 0.0
     comm_mb = p.bubble_comm_s / fill if fill else 0.0   # the mean stage's tp / cp / ep seconds a micro-batch
-    src = ("given (--stage-layers)" if s.stage_layers else
-           f"Megatron's even split, {g.layers} / ({s.pp} x {v}) a chunk" if v > 1 and g.layers % (s.pp * v) == 0
-           else f"the planner's balanced split, at least {v} a stage" if v > 1 else "the planner's balanced split")
+    src = ST.split_name(s, g)
     ch = ""
     if v > 1:
         c = ST.chunks(g, s.pp, v, s.stage_layers)

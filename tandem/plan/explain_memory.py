@@ -68,13 +68,21 @@ def activation_sentence(p: Plan) -> str:
     where = {"first": " on the first stage", "last": " on the last stage" + last, "only": ""}.get(
         parts["stage"], f" on pipeline {parts['stage']} (more layers than the first stage's, 2(p-1-r) fewer "
                         f"warm-up chunk forwards: stages.stage_inflight)")
+    how = inflight_arithmetic(p, parts["stage"])
+    total, r = parts["total"], p.memory.peak_rank
+    if r is not None:   # deferred gradient sync: the rank and moment memory.deferred_peak takes (grad_sync.peak)
+        logits = 4 * sq * s.micro_batch * g.vocab / s.tp if r == s.pp - 1 else 0.0
+        total, how = p.memory.activations, ""
+        layers = round((total - working - logits) / per, 6)
+        where = (f" on pipeline rank {r}, at its peak of activations + gradients (pp_grad_sync {t.pp_grad_sync}: "
+                 f"the grad_sync line; grad_sync.peak walks stages.schedule_order)")
     return (f"Activations: {form}{f' x {scale:g} ({t.precision})' if scale != 1 else ''} = {gib(per)} per layer "
-            f"x {layers:.4g} layers in flight{where}{inflight_arithmetic(p, parts['stage'])}"
+            f"x {layers:.4g} layers in flight{where}{how}"
             + (f" + the recomputed layer's working set {gib(working)} (its bytes without the score matrix, "
                f"held during its backward)" if working else "")
             + (f" + fp32 logits 4 x s x b x V / tp = 4 x {sq} x {s.micro_batch} x {g.vocab} / {s.tp} = {gib(logits)}"
                if logits else "")
-            + f" = {gib(parts['total'])}.")
+            + f" = {gib(total)}.")
 
 
 def inflight_arithmetic(p: Plan, stage: str) -> str:

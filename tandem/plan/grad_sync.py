@@ -47,11 +47,32 @@ def reductions(t: Training, s: Strategy, mb: int) -> int:
     return rounds(mb, s.pp) if t.pp_grad_sync == "round" and s.schedule == "interleaved" else 1
 
 
-def overlap_rule(t: Training) -> str:
-    """explain's overlap rule when ``deferred``."""
+def overlap_rule(t: Training, s: Strategy, mb: int) -> str:
+    """explain's overlap rule when ``deferred`` ("once a round" only where there are rounds: interleaved)."""
     return (f"as FSDP under torch's pipelining (pp_grad_sync {t.pp_grad_sync}): gradients accumulated unsharded "
-            f"and reduce-scattered once a {'round' if t.pp_grad_sync == 'round' else 'step'}, exposed; "
+            f"and reduce-scattered once a {'round' if reductions(t, s, mb) > 1 else 'step'}, exposed; "
             "parameters gathered once, behind the first forward")
+
+
+def dp_ops(op, t: Training, s: Strategy, defer: bool, buckets: int, gbytes: float, pbytes: float, g, mb: int,
+           fwd: float, bwd: float) -> list:
+    """ZeRO-1/2 (and ZeRO-3 when ``defer``): the gradients' bucketed reduce-scatter and the parameters' gather,
+    built with cost.dp_ops's ``op``; ``fwd`` / ``bwd`` one micro-batch's forward / backward seconds."""
+    from tandem.plan import overlap as O
+
+    if defer:   # once a step or round, the compute waiting on it
+        rs = op("dp-grad", "reduce_scatter", gbytes, reductions(t, s, mb), g, buckets, "none", 0.0, lambda tm: tm)
+    else:   # sharded grads cannot accumulate locally: every micro-batch (ZeRO-2)
+        rs = op("dp-grad", "reduce_scatter", gbytes, mb if s.zero == 2 else 1, g, buckets, "buckets", bwd,
+                lambda tm: O.pipelined(tm, buckets, bwd))
+    # deferred (FSDP2 under torch's pipelining, ZeRO-2 or 3): gathered at the first forward from FSDP2's all-gather
+    # stream, implicitly prefetched behind the previous layer's forward (torch's docs/source/notes/fsdp.rst)
+    if t.overlap_param_gather or defer:
+        ag = op("dp-params", "all_gather", pbytes, 1, g, buckets, "prefetch", fwd,
+                lambda tm: O.pipelined(tm, buckets, fwd))
+    else:
+        ag = op("dp-params", "all_gather", pbytes, 1, g, buckets, "none", 0.0, lambda tm: tm)
+    return [rs, ag]
 
 
 def model_state_bytes(t: Training, s: Strategy, psi: float, d: int, reduce_bytes: int) -> tuple[float, float]:
@@ -108,7 +129,8 @@ def sentence(p) -> str:
     return (f"Gradient sync under the pipeline (pp_grad_sync {t.pp_grad_sync}): each chunk's gradients accumulate "
             f"unsharded at {gb} B a parameter and are reduce-scattered {when} ({n} call(s) per step, the compute "
             f"waiting for each, as torch's pipelining does); parameters held unsharded, {psi / 1e9:.4g}B x "
-            f"{by['param']} B = {mem.params / g:.3g} GiB. At the busiest rank's peak of activations + gradients: "
+            f"{by['param']} B = {mem.params / g:.3g} GiB. At the busiest rank's (pipeline rank {mem.peak_rank}) peak "
+            f"of activations + gradients: "
             f"activations {mem.activations / g:.3g} GiB + the live chunks' gradients {(mem.grads - shard) / g:.3g} "
             f"GiB (of {psi * gb / g:.3g} GiB for the whole stage) + their shard {psi / 1e9:.4g}B x {by['grad']} B / "
             f"{d} = {shard / 2**20:.4g} MiB: grads {mem.grads / g:.3g} GiB.")

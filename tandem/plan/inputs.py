@@ -262,7 +262,7 @@ def resolve(a: PlanArgs) -> tuple[ModelStats, Cluster, Training, dict]:
                  compute_time_s=v.get("compute_time"), kernels=v.get("kernels") or "fused",
                  steps=v.get("steps"), tokens=v.get("tokens"), samples=samples, ref_batch=v.get("ref_batch") or 0,
                  warmup_steps=v.get("warmup_steps") or 0, threads_per_worker=v.get("threads_per_worker"),
-                 cp_impl=v.get("cp_impl") or "megatron", tp_overlap=_given_or(v, "tp_overlap", "none"),
+                 cp_impl=_given_or(v, "cp_impl", "megatron"), tp_overlap=_given_or(v, "tp_overlap", "none"),
                  clip_grad=spec.get("_clip_grad", True),
                  weight_decay=spec.get("_weight_decay", False), nesterov=spec.get("_nesterov", False),
                  fused_loss=v.get("fused_loss"), fsdp=_given_or(v, "fsdp", "fsdp2"),

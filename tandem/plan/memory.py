@@ -32,6 +32,7 @@ class Memory:
     other: float
     capacity: float
     notes: list[str]
+    peak_rank: int | None = None   # under deferred gradient sync: the pipeline rank whose activations + gradients peak
 
     @property
     def total(self) -> float:
@@ -160,9 +161,9 @@ def memory(m: ModelStats, c: Cluster, t: Training, s: Strategy, micro_batches: i
         params, grads = GS.model_state_bytes(t, s, psi, d, grad_reduce_bytes(t.precision, s.zero, by["grad"],
                                                                               t.grad_reduce))
     optim = psi * t.optimizer_bytes / (d if s.zero >= 1 else 1) + psi_e * t.optimizer_bytes / (de if s.zero >= 1 else 1)
-    b = s.micro_batch
+    b, peak_rank = s.micro_batch, None
     if deferred:   # the rank whose activations + gradients accumulated so far peak highest
-        act, grads = deferred_peak(m, t, s, micro_batches, grads - psi * by["grad"] / d)
+        act, grads, peak_rank = deferred_peak(m, t, s, micro_batches, grads - psi * by["grad"] / d)
         grads += psi * by["grad"] / d
     elif m.gpt is not None:
         act = activation_parts(m, s, t, micro_batches)["total"]
@@ -175,15 +176,18 @@ def memory(m: ModelStats, c: Cluster, t: Training, s: Strategy, micro_batches: i
         act = 0.0
         notes.append("activations unknown for a bare --params model: left out of the total")
     other = CONTEXT_BYTES
-    if s.zero >= 3 and d > 1:   # gathered layer + prefetched next (an MoE layer's experts: / ep)
-        other += 2 * m.largest_layer_params / (s.tp * (s.ep if m.moe is not None else 1)) * t.gather_bytes
+    if s.zero >= 3 and d > 1:   # gathered layer + prefetched next (an MoE layer's experts: / ep); deferred:
+        # the stage's parameters are already counted unsharded (params above), nothing gathered per layer
+        ep = s.ep if m.moe is not None else 1
+        other += 0.0 if deferred else 2 * m.largest_layer_params / (s.tp * ep) * t.gather_bytes
     elif s.dp > 1:
         other += 2 * t.bucket_bytes if by["grad"] == 4 else 2 * t.bucket_bytes / 2
-    return Memory(params, grads, optim, act, other, c.gpu.memory_bytes, notes)
+    return Memory(params, grads, optim, act, other, c.gpu.memory_bytes, notes, peak_rank)
 
 
-def deferred_peak(m: ModelStats, t: Training, s: Strategy, micro_batches: int, full: float) -> tuple[float, float]:
-    """(activations, unsharded gradients) at the peak of their sum over the pipeline ranks when gradients
+def deferred_peak(m: ModelStats, t: Training, s: Strategy, micro_batches: int,
+                  full: float) -> tuple[float, float, int]:
+    """(activations, unsharded gradients, pipeline rank) at the peak of their sum over the pipeline ranks when gradients
     are reduced once a step (grad_sync.peak); ``full``: the busiest stage's whole unsharded gradient bytes."""
     g = m.gpt
     parts = activation_parts(m, s, t, micro_batches)
@@ -193,11 +197,11 @@ def deferred_peak(m: ModelStats, t: Training, s: Strategy, micro_batches: int, f
     per_param = full / max_stage_params(g, layers)   # gradient bytes per parameter of a stage (/ tp inside)
     grad_layer, sp = g.layer_params() * per_param, stage_params(g, layers)
     n = GS.reductions(t, s, micro_batches)
-    every, best = (micro_batches // n if n > 1 else 0), (0.0, 0.0)
+    every, best, rank = (micro_batches // n if n > 1 else 0), (0.0, 0.0), 0
     for r in range(s.pp):   # extra: the embedding (first rank), the output layer and final norm (last)
         extra = (sp[r] - layers[r] * g.layer_params()) * per_param
         a, gr = GS.peak(held[r], s.pp, micro_batches, r, parts["per_layer"], grad_layer, extra, every)
         a += parts["working"] + (4 * (g.seq // s.cp) * s.micro_batch * g.vocab / s.tp if r == s.pp - 1 else 0.0)
         if a + gr > sum(best):
-            best = (a, gr)
-    return best
+            best, rank = (a, gr), r
+    return (*best, rank)

@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from tandem.plan import efficiency as E
+from tandem.plan import grad_sync as GS
 from tandem.plan.config import fused_attention
+from tandem.plan.stages import split_name
 from tandem.plan.cost import Plan
 from tandem.plan.explain import explain, gib, ms, overlap_rule, si, warnings
 
@@ -157,7 +159,8 @@ def assumptions(p: Plan, given: set[str], mb_auto: bool) -> list[str]:
         out.append(f"overlap {overlap_rule(p)} (default; --overlap F to override)")
     tp = next((o for o in p.comm if o.name == "tp-activations"), None)
     if tp is not None:
-        why = how("tp_overlap", "default, as plain Megatron and torch run it")
+        why = how("tp_overlap", "default, as torch without async TP and Megatron-LM before August 2021 run it; "
+                                "Megatron-LM since March 2022: bulk")
         line = f"tensor-parallel communication: overlap {t.tp_overlap} ({why}: none|bulk|ring)"
         if t.tp_overlap != "none" and tp.group.nodes > 1:   # tp_overlap.tp_op charges it as none
             line += (f", but the tp group spans {tp.group.nodes} nodes: charged in full (userbuffers / symmetric "
@@ -165,9 +168,15 @@ def assumptions(p: Plan, given: set[str], mb_auto: bool) -> list[str]:
         out.append(line)
     if "fsdp" in given and s.zero < 3:
         out.append(f"--fsdp {t.fsdp} given, but zero {s.zero} < 3: no FSDP runs, so it has no effect")
+    if "pp_grad_sync" in given and t.pp_grad_sync != "microbatch" and not (GS.deferred(t, s) and p.model.moe is None
+                                                                          and p.model.gpt is not None):
+        why = (f"zero {s.zero} < 2 (no sharded gradients)" if s.zero < 2 else "pp 1 (no pipeline)" if s.pp == 1
+               else "an MoE model (reduced per micro-batch: not modelled)" if p.model.moe is not None
+               else "no layer shapes (a bare --params model)")
+        out.append(f"--pp-grad-sync {t.pp_grad_sync} given, but {why}: it has no effect")
     if p.stage_layers:
         out.append(f"pipeline stages of {','.join(map(str, p.stage_layers))} layers, embedding first, logits last "
-                   f"({'given' if s.stage_layers else 'balanced split; --stage-layers to change'})")
+                   f"({split_name(s, p.model.gpt)}{'' if s.stage_layers else '; --stage-layers to change'})")
     if p.attn_bf16_s:
         out.append("fp8 on the linear layers only, attention at the bf16 rate (Transformer Engine default)")
     if p.linear_share < 0.9995:

@@ -69,6 +69,14 @@ def chunks_of(s) -> int:
     return s.virtual if s.schedule == "interleaved" else 1
 
 
+def split_name(s, g: GPTShape) -> str:
+    """Which split ``split`` takes for strategy ``s`` (the explain line and the assumptions both name it)."""
+    v = chunks_of(s)
+    return ("given (--stage-layers)" if s.stage_layers else
+            f"Megatron's even split, {g.layers} / ({s.pp} x {v}) a chunk" if v > 1 and g.layers % (s.pp * v) == 0
+            else f"the planner's balanced split, at least {v} a stage" if v > 1 else "the planner's balanced split")
+
+
 def split(g: GPTShape, pp: int, given: tuple[int, ...] | None = None, v: int = 1) -> tuple[int, ...]:
     """Layers per stage: ``given`` per stage, or per model chunk (pp x v counts, chunk j on stage j mod pp,
     folded into stage sums), else the planner's split for ``v`` chunks a stage: balanced (v = 1), Megatron's

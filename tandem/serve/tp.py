@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from tandem.core.teardown import close_process_group
 from tandem.serve.continuous import Decoder
 
 TIMEOUT = timedelta(days=365)   # an idle replica waits in a broadcast for its next call: no timeout (a dead rank is seen by _watch)
@@ -131,13 +132,14 @@ class Group:
         self.closing = True
         try:
             _bcast({"op": "stop"})
+            close_process_group(True)   # the ranks meet, then each closes (teardown.py)
         finally:
             for p in self.procs:
                 try:
                     p.wait(10)
                 except subprocess.TimeoutExpired:
                     p.kill()
-            dist.destroy_process_group()
+            close_process_group(False)   # if the stop failed: the ranks are gone, close at once
 
 
 def worker(argv: list[str] | None = None) -> None:
@@ -165,7 +167,7 @@ def worker(argv: list[str] | None = None) -> None:
             dec.decode(msg["slots"], msg["tokens"], msg["pos"])
         else:
             dec.logits(torch.tensor(msg["tokens"]))
-    dist.destroy_process_group()
+    close_process_group(True)   # meet rank 0, let gloo's threads drain before the interpreter exits (teardown.py)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ def _run(capsys, *args):
 @pytest.mark.parametrize("flag,value,choices", [
     ("--fsdp", "fsdp3", "fsdp1, fsdp2"), ("--tp-overlap", "all", "none, bulk, ring"),
     ("--pp-grad-sync", "x", "microbatch, step, round"),
-    ("--attention-kernel", "x", "unfused, fused, fa1, triton, fa2, fa3, cudnn")])
+    ("--attention-kernel", "x", "unfused, fused, fa1, triton, fa2, fa3, cudnn"),
+    ("--cp-impl", "x", "megatron, torch, allgather")])
 def test_a_bad_or_empty_value_is_one_line_and_exit_2(capsys, flag, value, choices):
     field = flag[2:]
     code, _, err = _run(capsys, flag, value)
@@ -49,3 +50,26 @@ def test_flags_without_effect_are_noted_and_json_reports_them(capsys):
     tp = next(o for o in doc["comm"] if o["name"] == "tp-activations")
     assert tp["exposed_s"] == tp["time_s"] and doc["strategy"]["tp_overlap"] == "ring"
     assert any("but the tp group spans 2 nodes: charged in full" in a for a in doc["assumptions"]), doc["assumptions"]
+
+
+@pytest.mark.parametrize("model,args,why", [
+    ("llama2-7b", ("--pp", "2", "--zero", "1"), "zero 1 < 2 (no sharded gradients)"),
+    ("llama2-7b", ("--zero", "2"), "pp 1 (no pipeline)"),
+    ("mixtral-8x7b", ("--pp", "2", "--zero", "2"), "an MoE model (reduced per micro-batch: not modelled)")])
+def test_pp_grad_sync_without_effect_is_noted(capsys, model, args, why):
+    main(["plan", model, *BASE[2:], "--pp-grad-sync", "step", *args, "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert f"--pp-grad-sync step given, but {why}: it has no effect" in doc["assumptions"], doc["assumptions"]
+
+
+def test_pp_grad_sync_round_under_1f1b_reads_once_a_step(capsys):
+    """Under 1F1B (one chunk a stage) round is step: one reduction a step, and the rule says so; interleaved over
+    two rounds it says once a round. Either way the flag has effect: no note."""
+    for sched, when in ((("--schedule", "1f1b"), "once a step"), (("--schedule", "interleaved", "--virtual", "2"),
+                                                                  "once a round")):
+        code, out, _ = _run(capsys, "--pp", "4", "--pp-grad-sync", "round", "--micro-batch", "1", *sched, "--json")
+        assert code == 0, out
+        doc = json.loads(out)
+        rule = next(a for a in doc["assumptions"] if a.startswith("overlap "))
+        assert f"reduce-scattered {when}, exposed" in rule, rule
+        assert not any(a.startswith("--pp-grad-sync") for a in doc["assumptions"])

@@ -125,9 +125,19 @@ def test_new_assumptions_are_printed():
                "--micro-batch", "1", "--global-batch", "64", "--overlap-param-gather", "--zero", "1")
     assert r.exit_code == 0, r.output
     assumed = " ".join(r.output.split())
-    assert "pipeline stages of 8,8,8,8 layers, embedding first, logits last (balanced split" in assumed
+    assert "pipeline stages of 8,8,8,8 layers, embedding first, logits last (the planner's balanced split" in assumed
     assert "fp8 on the linear layers only, attention at the bf16 rate" in assumed
     assert "parameter all-gather during the next forward (--overlap-param-gather, Megatron)" in assumed
+
+
+def test_assumptions_name_the_split_the_explain_line_names():
+    """Interleaved with pp x v dividing the layers: Megatron's even split, in both places (stages.split_name)."""
+    r = invoke("llama2-7b", "--pp", "4", "--schedule", "interleaved", "--virtual", "2", "--micro-batch", "1",
+               "--global-batch", "64", "--json")
+    assert r.exit_code == 0, r.output
+    out = " ".join(r.output.split())
+    assert "logits last (Megatron's even split, 32 / (4 x 2) a chunk; --stage-layers to change)" in out
+    assert "layers (Megatron's even split, 32 / (4 x 2) a chunk)" in out
 
 
 def test_pp_grad_sync_step_holds_the_stage_gradients_unsharded():

@@ -119,3 +119,46 @@ def test_pipeline_line_fill_excludes_the_copies():
     fill, per_mb = re.search(r"fill and drain ([\d.]+) mean-stage micro-batch times .*? x ([\d.]+) ms", line).groups()
     assert float(fill) == pytest.approx(3, rel=0.02)   # p - 1, equal stages but the embedding / logits
     assert float(fill) * float(per_mb) == pytest.approx((p.bubble_s - p.bubble_comm_s) * 1e3, rel=0.01)
+
+
+def test_deferred_sync_holds_no_extra_gather_buffers():
+    """Under pp_grad_sync step|round a ZeRO-3 stage's parameters are already counted unsharded (memory.params),
+    so "other" adds no gathered + prefetched layer; per micro-batch it does."""
+    from tandem.plan.memory import CONTEXT_BYTES
+
+    for sync, sched in (("step", "1f1b"), ("round", "interleaved")):
+        p = _pp_plan(sync, schedule=sched)
+        assert p.memory.other == CONTEXT_BYTES
+    assert _pp_plan("microbatch").memory.other > CONTEXT_BYTES
+
+
+def test_zero2_deferred_gathers_parameters_behind_the_first_forward():
+    """ZeRO-2 under pp_grad_sync step is FSDP2 with reshard_after_forward=False under torch's pipelining: the
+    parameters are gathered at the first forward, prefetched from FSDP2's all-gather stream, as the grad-sync
+    rule says; per micro-batch (Megatron's distributed optimizer without --overlap-param-gather) after the step."""
+    m = preset("gpt3-175b")
+    c = make_cluster("a100-80gb", 8, 64)
+    s = Strategy(dp=8, tp=8, pp=8, zero=2, micro_batch=1, ranks_per_node=8)
+    rule = {}
+    for sync in ("step", "microbatch"):
+        t = Training(global_batch=512, precision="bf16", attention_kernel="fa2", pp_grad_sync=sync)
+        op = next(o for o in evaluate(m, c, t, s).comm if o.name == "dp-params")
+        rule[sync] = (op.rule, op.exposed_s < op.time_s)
+    assert rule == {"step": ("prefetch", True), "microbatch": ("none", False)}
+
+
+def test_zero2_deferred_lines_name_torchs_fp32_reduction_and_bucket_calls():
+    """The gradient line under ZeRO-2 + step names FSDP2's reduce_dtype (torch's pipelining), not Megatron's
+    distributed optimizer; the once-a-step reduce-scatter (rule none) counts its buckets as bucket calls."""
+    m = preset("gpt3-175b")
+    c = make_cluster("a100-80gb", 8, 64)
+    s = Strategy(dp=8, tp=8, pp=8, zero=2, micro_batch=1, ranks_per_node=8)
+    lines = {}
+    for sync in ("step", "microbatch"):
+        t = Training(global_batch=512, precision="bf16", attention_kernel="fa2", pp_grad_sync=sync)
+        lines[sync] = explain(evaluate(m, c, t, s))
+    grads = {k: next(x for x in v if x.startswith("Gradients per GPU")) for k, v in lines.items()}
+    assert "FSDP2's reduce_dtype" in grads["step"] and "Megatron" not in grads["step"]
+    assert "Megatron-LM's distributed optimizer" in grads["microbatch"]
+    rs = next(x for x in lines["step"] if x.startswith("dp-grad"))
+    assert re.search(r"x 1 call\(s\) per step in \d+ bucket calls ", rs), rs

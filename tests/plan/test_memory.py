@@ -93,3 +93,28 @@ def test_activation_arithmetic_is_printed_per_layer():
     line = next(x for x in explain(p) if x.startswith("Activations:"))
     assert "(34 + 5as/h, 5as/h = 80)" in line and "342 MiB per layer x 96 layers in flight" in line
     assert line.endswith("= 32.1 GiB.")
+
+
+def test_deferred_sync_activations_line_describes_the_memory_lines_rank():
+    """Under pp_grad_sync step the memory line takes the activations of the rank where activations + gradients
+    peak (memory.deferred_peak): here the last rank, though the first holds the most activations alone
+    (activation_parts). The Activations line describes that rank and sums to the memory line's number."""
+    import re
+
+    from tandem.plan.cost import evaluate
+    from tandem.plan.explain import explain, gib
+    from tandem.plan.memory import activation_parts
+
+    m = gpt_stats(GPTShape(layers=24, hidden=4096, heads=16, seq=4096, vocab=256000))
+    t = Training(global_batch=64, precision="bf16", attention_kernel="fa2", pp_grad_sync="step")
+    s = Strategy(dp=16, pp=4, zero=3, micro_batch=1, ranks_per_node=8, schedule="interleaved", virtual=2)
+    p = evaluate(m, make_cluster("h100-sxm", 8, 8), t, s)
+    assert activation_parts(m, s, t, p.grad_accum)["stage"] == "first" and p.memory.peak_rank == 3
+    lines = explain(p)
+    act = next(x for x in lines if x.startswith("Activations"))
+    mem = next(x for x in lines if x.startswith("Memory per GPU"))
+    assert "on pipeline rank 3, at its peak of activations + gradients" in act
+    assert act.endswith(f"= {gib(p.memory.activations)}.") and f"activations {gib(p.memory.activations)}" in mem
+    per, layers = re.search(r"= ([\d.]+) MiB per layer x ([\d.]+) layers in flight", act).groups()
+    logits = 4 * 4096 * 256000 / 2**20
+    assert (float(per) * float(layers) + logits) * 2**20 == pytest.approx(p.memory.activations, rel=0.002)

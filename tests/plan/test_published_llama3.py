@@ -28,10 +28,10 @@ nothing to accumulate "during backward computation over multiple micro-batches";
 torch.distributed.pipelining does: stage.py perform_reduce_grad after set_requires_gradient_sync(False), FSDP2
 accumulating in the reduce dtype) holds every chunk's FP32 gradients at the activation peak, 12 GiB, and the
 8,192-GPU row no longer fits (89.4 GiB); a reduction per round fits (79.0 GiB) and matches all three statements.
-Errors by mode at the paper's layout: round -7.1%, -6.1%, +34.9%; step -5.3% (does not fit), -6.1%, +34.9%;
-microbatch -13.1%, -12.8%, +37.5%. The layout matters as much: at the planner's even split of the 7- and 8-layer
-stages (V 2 to 7, the fastest that fits) "round"/"step" give -7.8% (no V fits), -11.6%, +25.5%, "microbatch"
--15.3% (no V fits), -17.6%, +27.7%: V 8 halves the bubble, (p-1)/(V m).
+Errors by mode at the paper's layout (measured now): round -7.6%, -6.9%, +33.7%; step -5.7% (does not fit), -6.9%,
++33.7%; microbatch -13.5%, -13.5%, +36.3%. The layout matters as much: at the planner's even split of the 7- and
+8-layer stages (V 2 to 7, the fastest that fits) "round" gives -10.3% (no V fits), -13.0%, +23.6%, "step" -8.6% (no V
+fits), -13.0%, +23.6%, "microbatch" -16.0% (no V fits), -18.8%, +25.8%: V 8 halves the bubble, (p-1)/(V m).
 
 Memory, checked term by term for the 8,192-GPU row (rank 1, 8 layers of 1/8 of 3.19B parameters): activations
 Korthikanti et al. with sequence parallelism, s b h (7 + 4 x 8/128 + 3 + 6 x 53248/16384 + 4 - 2) / tp = 31.75 x
@@ -41,7 +41,7 @@ FP32 chunk gradients 1.6 GiB = 79.0 GiB. Two memory bugs were fixed on the way: 
 first and last ranks (a middle rank holds more when the first stage has fewer layers) and took the end of the
 warm-up as the peak (with uneven chunks the steady state grows past it; stages.stage_inflight now runs the schedule).
 
-Known miss: median 7.1%, max 34.9%, pinned at 8% / 35%: the 8k rows pass; the CP 16 row is FAST by the ring's
+Known miss: median 7.6%, max 33.7%, pinned at 8% / 35%: the 8k rows pass; the CP 16 row is FAST by the ring's
 long-context attention time (the other CP rows too; see below), more so once the paper's V 8 halves its bubble.
 
 History. Measured when written (issue 14 asks 10% median, 25% max): -9.5% (V 5), -11.9% (V 4), -4.0% (V 7):
