@@ -97,7 +97,7 @@ eaea6f6a: "to avoid per-microbatch all-gathers"), and the pipeline stage runs ev
 set_requires_gradient_sync(False), reducing once after the stage's last backward (torch's stage.py): parameters
 gathered once a step, gradients accumulated unsharded in FP32 (reduce_dtype) and reduce-scattered once
 (pp_grad_sync "step"). The published memory agrees: 82.5 / 72.7 / 75.3 / 75.9 GiB against the planner's 52.5 /
-54.3 / 65.1 / 65.1 GiB under "step" and 18.6 / 20.2 / 31.5 / 31.5 GiB under the per-micro-batch FSDP these rows are
+54.3 / 65.1 / 65.1 GiB under "step" (at micro-batch 1, when written) and 18.6 / 20.2 / 31.5 / 31.5 GiB under the per-micro-batch FSDP these rows are
 still planned with (test below). Under "step" the T5 rows come out +54.5% (1F1B) and +30.1% (interleaved), the
 table 10.7% / 59.1%: the per-micro-batch all-gathers and reduce-scatters (11.8 s exposed of the 1F1B row's 37.8 s)
 stand in for a cost these runs have that the planner does not model (about 14 s for 1F1B, 7 s interleaved: ~3.5x
@@ -117,8 +117,9 @@ then (p-1)/m = 7/8 of the work, not 7/32. Planned so: T5 1F1B -1.2% (was +43.7%)
 the table median 4.5% (was 10.2%), max 58.9% (the CP 8 row): the median now meets the issue's 10%, the max
 misses on the long-context CP rows (pinned at 5% / 60%). With a reduction each micro-batch instead of once a step
 (`microbatch`) the T5 rows would be -2.0% / -2.1%: the schedule's bubble, not the gradient sync, moved them.
-Memory (test below): 65.1 / 60.1 / 65.1 / 65.1 GiB planned against 82.5 / 72.7 / 75.3 / 75.9 published (was
-52.5 / 54.3 for T5 at micro-batch 1). The report's figure is torch.cuda's peak *reserved* bytes (torchtitan
+Memory (test below): 63.6 / 58.6 / 63.6 / 63.6 GiB planned against 82.5 / 72.7 / 75.3 / 75.9 published (65.1 /
+60.1 / 65.1 / 65.1 before ZeRO-3's gather buffers were dropped under "step", where the stage's parameters are
+already counted unsharded; was 52.5 / 54.3 for T5 at micro-batch 1). The report's figure is torch.cuda's peak *reserved* bytes (torchtitan
 9dec370 train.py logs device_memory_monitor.get_peak_stats().max_reserved_gib: "reserved_bytes.all.peak"), which
 holds the caching allocator's cached and fragmented blocks as well as live tensors, so the rest of the gap is not
 a count of tensors. Read in torch's stage.py (PipelineStage: _setup_forward_recv_info, _create_grad_recv_info, per
