@@ -132,17 +132,23 @@ def test_deferred_sync_holds_no_extra_gather_buffers():
     assert _pp_plan("microbatch").memory.other > CONTEXT_BYTES
 
 
+def _zero2_pipeline_plans() -> dict:
+    """GPT-3 175B at ZeRO-2 under a pipeline (dp 8, tp 8, pp 8), gradients reduced once a step or each micro-batch."""
+    m = preset("gpt3-175b")
+    c = make_cluster("a100-80gb", 8, 64)
+    s = Strategy(dp=8, tp=8, pp=8, zero=2, micro_batch=1, ranks_per_node=8)
+    return {sync: evaluate(m, c, Training(global_batch=512, precision="bf16", attention_kernel="fa2",
+                                          pp_grad_sync=sync), s)
+            for sync in ("step", "microbatch")}
+
+
 def test_zero2_deferred_gathers_parameters_behind_the_first_forward():
     """ZeRO-2 under pp_grad_sync step is FSDP2 with reshard_after_forward=False under torch's pipelining: the
     parameters are gathered at the first forward, prefetched from FSDP2's all-gather stream, as the grad-sync
     rule says; per micro-batch (Megatron's distributed optimizer without --overlap-param-gather) after the step."""
-    m = preset("gpt3-175b")
-    c = make_cluster("a100-80gb", 8, 64)
-    s = Strategy(dp=8, tp=8, pp=8, zero=2, micro_batch=1, ranks_per_node=8)
     rule = {}
-    for sync in ("step", "microbatch"):
-        t = Training(global_batch=512, precision="bf16", attention_kernel="fa2", pp_grad_sync=sync)
-        op = next(o for o in evaluate(m, c, t, s).comm if o.name == "dp-params")
+    for sync, p in _zero2_pipeline_plans().items():
+        op = next(o for o in p.comm if o.name == "dp-params")
         rule[sync] = (op.rule, op.exposed_s < op.time_s)
     assert rule == {"step": ("prefetch", True), "microbatch": ("none", False)}
 
@@ -150,13 +156,7 @@ def test_zero2_deferred_gathers_parameters_behind_the_first_forward():
 def test_zero2_deferred_lines_name_torchs_fp32_reduction_and_bucket_calls():
     """The gradient line under ZeRO-2 + step names FSDP2's reduce_dtype (torch's pipelining), not Megatron's
     distributed optimizer; the once-a-step reduce-scatter (rule none) counts its buckets as bucket calls."""
-    m = preset("gpt3-175b")
-    c = make_cluster("a100-80gb", 8, 64)
-    s = Strategy(dp=8, tp=8, pp=8, zero=2, micro_batch=1, ranks_per_node=8)
-    lines = {}
-    for sync in ("step", "microbatch"):
-        t = Training(global_batch=512, precision="bf16", attention_kernel="fa2", pp_grad_sync=sync)
-        lines[sync] = explain(evaluate(m, c, t, s))
+    lines = {sync: explain(p) for sync, p in _zero2_pipeline_plans().items()}
     grads = {k: next(x for x in v if x.startswith("Gradients per GPU")) for k, v in lines.items()}
     assert "FSDP2's reduce_dtype" in grads["step"] and "Megatron" not in grads["step"]
     assert "Megatron-LM's distributed optimizer" in grads["microbatch"]
