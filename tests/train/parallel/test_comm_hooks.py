@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+# one 2-rank run of every hook serves the module's tests (~30 s on 2 cores): the full suite's, not the quick subset's
+pytestmark = pytest.mark.slow
+
 
 def _sent(r, steps_from=0):
     return sum(v["payload_bytes"] for v in r["comm"].values())
