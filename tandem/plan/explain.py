@@ -258,7 +258,7 @@ def explain(p: Plan) -> list[str]:
 
         out.append(pipeline_line(p))
     elif s.pp > 1:
-        v = s.virtual if s.schedule == "interleaved" else 1
+        v = ST.chunks_of(s)
         frac = (s.pp - 1) / (v * p.grad_accum + s.pp - 1)
         out.append(f"Pipeline bubble ({s.schedule}): (p-1)/({'v x ' if v > 1 else ''}m+p-1) = {s.pp - 1}/"
                    f"({v * p.grad_accum}+{s.pp - 1}) = {frac:.1%} of compute+bubble = {ms(p.bubble_s)}.")

@@ -12,7 +12,7 @@ from tandem.plan.explain import ms, si
 def pipeline_line(p: Plan) -> str:
     """The uneven (and interleaved) pipeline's pace, fill and drain, with their arithmetic."""
     s, g = p.strategy, p.model.gpt
-    v = s.virtual if s.schedule == "interleaved" else 1
+    v = ST.chunks_of(s)
     hc = g.logits_fwd_flops_per_token() / g.layer_fwd_flops_per_token()
     imb, mb = p.stage_imbalance, p.grad_accum
     # the mean stage's micro-batch time, without the optimizer step and FSDP copies (the bubble excludes them)

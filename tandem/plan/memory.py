@@ -91,7 +91,7 @@ def inflight_layers(m: ModelStats, s: Strategy, micro_batches: int) -> float:
         return L
     if s.schedule == "gpipe":
         return split(m.gpt, p, s.stage_layers, chunks_of(s))[0] * micro_batches
-    v = s.virtual if s.schedule == "interleaved" else 1
+    v = chunks_of(s)
     return first_stage_inflight(chunks(m.gpt, p, v, s.stage_layers)[0], p, micro_batches)
 
 
@@ -121,7 +121,7 @@ def activation_parts(m: ModelStats, s: Strategy, t: Training, micro_batches: int
     if s.schedule == "gpipe":
         last_layers = split(g, s.pp, s.stage_layers, chunks_of(s))[-1] * micro_batches
     else:   # 1F1B: one micro-batch; interleaved: its warm-up's chunk forwards (stages.stage_inflight)
-        v = s.virtual if s.schedule == "interleaved" else 1
+        v = chunks_of(s)
         last_layers = stage_inflight(chunks(g, s.pp, v, s.stage_layers)[-1], s.pp, micro_batches, s.pp - 1)
     last = per * last_layers + working + logits
     if last > first:
@@ -135,7 +135,7 @@ def activation_parts(m: ModelStats, s: Strategy, t: Training, micro_batches: int
 
 def middle_inflight(m: ModelStats, s: Strategy, micro_batches: int) -> tuple[int, float]:
     """(rank, layers in flight) of the middle pipeline rank that holds the most under (interleaved) 1F1B."""
-    v = s.virtual if s.schedule == "interleaved" else 1
+    v = chunks_of(s)
     held = chunks(m.gpt, s.pp, v, s.stage_layers)
     # of the ranks with the same chunks the first holds the most (2 warm-up chunk forwards more than the next)
     firsts = {held[r]: r for r in range(s.pp - 2, 0, -1)}.values()
@@ -191,7 +191,7 @@ def deferred_peak(m: ModelStats, t: Training, s: Strategy, micro_batches: int,
     are reduced once a step (grad_sync.peak); ``full``: the busiest stage's whole unsharded gradient bytes."""
     g = m.gpt
     parts = activation_parts(m, s, t, micro_batches)
-    v = s.virtual if s.schedule == "interleaved" else 1
+    v = chunks_of(s)
     held = chunks(g, s.pp, v, s.stage_layers)
     layers = split(g, s.pp, s.stage_layers, chunks_of(s))
     per_param = full / max_stage_params(g, layers)   # gradient bytes per parameter of a stage (/ tp inside)

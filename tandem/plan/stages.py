@@ -298,7 +298,7 @@ def pipeline(m, s, compute: float, mb: int) -> tuple[tuple[int, ...], float, flo
     over ``mb`` micro-batches (``m`` ModelStats, ``s`` Strategy); no pipeline: ((), 1, 0)."""
     if s.pp <= 1:
         return (), 1.0, 0.0
-    v = s.virtual if s.schedule == "interleaved" else 1
+    v = chunks_of(s)
     if m.gpt is None:   # equal stages: (p-1)/v, + (v-1)(p-m)/v with fewer micro-batches than stages
         return (), 1.0, compute * (s.pp - 1 + (v - 1) * max(0, s.pp - mb)) / v / mb
     g = m.gpt
