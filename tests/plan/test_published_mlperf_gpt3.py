@@ -1,0 +1,115 @@
+"""Step time at 512 to 10,752 GPUs: MLPerf Training v3.1 (MLCommons, November 2023), closed division, the GPT-3
+175B benchmark, every submission of NVIDIA's Eos (DGX H100, 8 x H100 SXM and 8 x 400 Gb/s NDR InfiniBand a node)
+and Azure's ND H100 v5 (the same GPUs and NICs a VM), as published in github.com/mlcommons/training_results_v3.1:
+NVIDIA/results/eos_n64, eos_n96, eos-dfw_n512 ... eos-dfw_n1344 (_ngc23.09_nemo/gpt3/result_{0,1,2}.txt) and
+Azure+NVIDIA/results/ND_H100_v5_n1344_pytorch/gpt3. Each log has one ``:::MLLOG`` line a training step, key
+``tracked_stats``, value ``train_step_timing`` (seconds, NeMo's step timer around forward, backward and optimizer
+step), and its ``global_batch_size`` and ``gradient_accumulation_steps``. The expected number of a row is the median
+over its three runs of each run's median step (200-288 steps a run; the runs agree to 0.1%, Azure's to 1%).
+
+The planner gets what the submission's own files say (NVIDIA/benchmarks/gpt3/implementations/pytorch):
+- the shape, GPT-3 175B: 96 layers, hidden 12288, 96 heads, ffn 4h, sequence 2048 (conf/custom.yaml), learned
+  positions and a tied output layer (NeMo's megatron_gpt_config defaults), dropout 0.0 (custom.yaml); vocabulary
+  50,688: the benchmark's SentencePiece model has 50,257 tokens (the reference's PassThroughVocabulary(size=50257))
+  and Megatron pads it to a multiple of 128 x tp (make_vocab_size_divisible_by 128);
+- TP 4, PP 8, dp the rest, micro-batch 1 (config_DGXH100_<nodes>x8x<minibs>x4x8_mbs1.sh), the batch the log gives,
+  the interleaved schedule with 12 virtual stages (custom.yaml: virtual_pipeline_model_parallel_size
+  INTERLEAVED_PIPELINE, default 12, set by no config), sequence parallelism, no activation recompute;
+- FP8 on the linear layers (config_fp8.sh: FP8 True, hybrid), BF16 attention;
+- the distributed optimizer (run.sub: USE_DIST_OPTIMIZER True -> distributed_fused_adam: Adam states sharded over
+  dp, ZeRO-1 here as NeMo's test_published_nemo_fp8), its gradient reduce-scatter and parameter all-gather
+  overlapped (conf/optim/distributed_fused_adam.yaml: overlap_grad_sync, overlap_param_sync True), gradients
+  reduced in BF16 (grad_sync_dtype: bf16);
+- Transformer Engine's userbuffers TP overlap on (TP_COMM_OVERLAP True, conf/tp_overlap/h100tp4pp8mbs1.yaml:
+  ring_exchange for qkv/fc1 fprop and proj/fc2 dgrad, pipeline in 4 splits for proj/fc2 fprop, bulk for the qkv/fc1
+  dgrad and wgrad): exactly tp_overlap.py's ``ring``;
+- attention: FlashAttention-2. The Dockerfile pins Transformer Engine 09ba8427 and installs flash-attn 2.0.8; at
+  that commit DotProductAttention takes flash-attn first whenever it is enabled (NVTE_FLASH_ATTN defaults to 1, which
+  config_common.sh leaves commented out), the GPU is sm80+, the inputs are 16-bit and execution is not forced
+  deterministic (NVTE_ALLOW_NONDETERMINISTIC_ALGO defaults to 1); cuDNN's fused attention is its second choice.
+  config_common.sh also sets NCCL_NVLS_ENABLE=0: NVLink SHARP is off, which moves nothing here (the planner uses
+  NVLS only for an all-reduce inside a node; these TP groups run all-gathers and reduce-scatters).
+Nothing fitted; the planner's default efficiency.
+
+Measured when written (the planner at main 23ef241, session 9): every row slow, +4.6% (768 GPUs) to +10.4%
+(10,240 GPUs), Azure's 10,752 +8.2%; median 7.0%, max 10.4%: within issue 14's 10% / 25%. Honest order of events: the first run planned
+every kernel and tp-overlap mode at once (cuDNN 5.4% / 9.2%, FlashAttention-2 6.9% / 10.5% with ``ring``;
+``bulk`` 12.5-13.9% / 15.5-16.8%, ``none`` 15.0-16.5% / 17.9-19.1%), then the kernel was read in Transformer
+Engine's source at the pinned commit (above) and the vocabulary in the benchmark's reference (51,200 before:
+10.5% -> 10.4% max). Alternatives, not the source's: V 6 5.2% / 10.3%; the parameter all-gather not overlapped
+8.5% / 13.2%.
+
+Where the remaining error sits (test_time_a_microbatch_and_a_step): over the m = 16 and m = 8 rows (the same stage
+work, 8 micro-batches apart) the table's time a micro-batch is 85.4 ms and the planner's 87.8 ms (+2.8%); the time
+a step that does not scale with micro-batches (bubble, the first parameter all-gather and last gradient
+reduce-scatter the overlap cannot hide, the optimizer step) is 0.24 s in the table and 0.32 s in the planner, which
+is why the m = 8 rows (0.93 s a step) miss by the most. Both hold the pipeline's sends: the planner charges every
+one of its 2 (m + p - 1) v sends as blocking, as Megatron-LM 285068c8 runs them (model_parallel.py), where this
+submission's NeMo runs them asynchronously beside the next chunk (custom.yaml: overlap_p2p_comm True,
+batch_p2p_comm False): 96 ms of the 10,752-GPU row's 1.02 s, 148 ms at m = 16.
+"""
+
+from statistics import median
+
+import pytest
+
+from tandem.plan.config import Strategy, Training
+from tandem.plan.cost import check, evaluate
+from tandem.plan.hardware import make_cluster
+from tandem.plan.model import GPTShape, gpt_stats
+
+GPT3_175B = GPTShape(layers=96, hidden=12288, heads=96, seq=2048, vocab=50688)
+# submitter, GPUs, global batch, gradient accumulation (micro-batches a step), step time (s): the logs' medians
+ROWS = [("nvidia", 512, 2048, 128, 11.0539), ("nvidia", 768, 3072, 128, 11.0754), ("nvidia", 4096, 2048, 16, 1.6084),
+        ("nvidia", 6144, 3072, 16, 1.6152), ("nvidia", 8192, 4096, 16, 1.6192), ("nvidia", 10240, 2560, 8, 0.9256),
+        ("nvidia", 10752, 2688, 8, 0.9296), ("azure", 10752, 2688, 8, 0.9451)]
+TP, PP, V = 4, 8, 12
+
+
+def _plan(gpus, gbs, kernel="fa2", tp_overlap="ring"):
+    m = gpt_stats(GPT3_175B, "gpt3-175b")
+    c = make_cluster("h100-sxm", 8, gpus // 8, inter="ib-ndr", nics_per_node=8)
+    s = Strategy(dp=gpus // (TP * PP), tp=TP, pp=PP, zero=1, micro_batch=1, schedule="interleaved", virtual=V,
+                 ranks_per_node=8)
+    t = Training(global_batch=gbs, precision="fp8", optimizer="adam", overlap_param_gather=True,
+                 attention_kernel=kernel, tp_overlap=tp_overlap, grad_reduce="bf16")
+    assert check(m, c, t, s) is None
+    return evaluate(m, c, t, s)
+
+
+def errors(**kw) -> dict[str, float]:
+    return {f"{who}-{gpus}": _plan(gpus, gbs, **kw).step_s / step - 1 for who, gpus, gbs, _, step in ROWS}
+
+
+def test_step_time_within_the_issue_tolerance():
+    errs = {k: abs(e) for k, e in errors().items()}
+    assert median(errs.values()) <= 0.10, errs
+    assert max(errs.values()) <= 0.25, errs
+    assert max(errs.values()) <= 0.11, errs   # pinned just above today's 10.4%: a change that worsens it fails
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[f"{r[0]}-{r[1]}" for r in ROWS])
+def test_the_plan_is_the_logged_layout_and_fits(row):
+    _, gpus, gbs, accum, _ = row
+    p = _plan(gpus, gbs)
+    assert p.strategy.world == gpus and p.grad_accum == accum   # the log's gradient_accumulation_steps
+    assert p.memory.fits, p.memory.total / 2**30                 # it ran: it fits in 80 GB
+
+
+def test_time_a_microbatch_and_a_step():
+    """The same stage work at m = 16 and m = 8 (4,096 and 10,240 GPUs): the slope is the time a micro-batch, the
+    rest the time a step that does not scale with micro-batches (module docstring)."""
+    table = {g: s for _, g, _, _, s in ROWS}
+    plan = {g: _plan(g, b).step_s for _, g, b, _, _ in ROWS[:7]}
+    a_t, a_p = (table[4096] - table[10240]) / 8, (plan[4096] - plan[10240]) / 8
+    assert a_p == pytest.approx(a_t, rel=0.035)
+    b_t, b_p = table[10240] - 8 * a_t, plan[10240] - 8 * a_p
+    assert 0.2 < b_t < b_p < 0.4
+
+
+def test_the_userbuffers_overlap_is_what_the_rows_need():
+    """With the tensor-parallel collectives exposed (``none``) or only the dgrad reduce-scatter hidden (``bulk``),
+    every row is 12-19% slow: the submission's TP_COMM_OVERLAP is a term this table tests."""
+    for mode in ("none", "bulk"):
+        errs = errors(tp_overlap=mode)
+        assert min(errs.values()) > 0.10, (mode, errs)
