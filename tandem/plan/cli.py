@@ -91,6 +91,9 @@ def plan_cmd(
                                "all-gather CP)."),
     tp_overlap: Optional[str] = O(None, "--tp-overlap", help="none (default) | bulk | ring: tensor-parallel AG/RS "
                                   "hidden behind their GEMMs (TE userbuffers' tp_comm_overlap, torch's async TP)."),
+    overlap_p2p: Optional[bool] = O(None, "--overlap-p2p/--no-overlap-p2p",
+                                    help="Interleaved pipeline: sends posted async and waited before use "
+                                         "(Megatron-core's overlap_p2p_comm); default: blocking."),
     zero: Optional[int] = O(None, help="ZeRO stage 0-3 (3 = FSDP full shard)."),
     schedule: Optional[str] = O(None, help="Pipeline schedule: 1f1b | gpipe | interleaved."),
     virtual: Optional[int] = O(None, help="Interleaved: model chunks per stage (default 2)."),

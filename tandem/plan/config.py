@@ -86,6 +86,8 @@ class Training:
                                              # FullyShardedDataParallel (fsdp1): its copies (fsdp_runtime.py)
     tp_overlap: str = "none"                 # tensor-parallel AG/RS behind their GEMMs: none | bulk | ring
                                              # (TE userbuffers, torch async TP: tandem/plan/tp_overlap.py)
+    overlap_p2p: bool = False                # interleaved pipeline sends posted async, waited before use
+                                             # (Megatron-core overlap_p2p_comm: model_parallel.py); else blocking
 
     def __post_init__(self):
         if not isinstance(self.global_batch, int) or self.global_batch <= 0:

@@ -48,7 +48,7 @@ class CommOp:
     exposed_s: float
     chunks: int = 1       # framework calls per logical call (DDP buckets, FSDP blocks)
     algorithm: str = "ring"
-    rule: str = "none"    # what hides it: buckets | prefetch | fsdp | manual | tp-bulk | tp-ring | none
+    rule: str = "none"    # what hides it: buckets | prefetch | fsdp | manual | tp-bulk | tp-ring | pp-async | none
     window_s: float = 0.0 # compute it can hide behind, per logical call
     detail: tuple = ()    # fsdp: (blocks, gather, scatter, block fwd, block bwd, root gather, root scatter) s
 
@@ -274,7 +274,7 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
         ops += [CommOp(**d) for d in MC.cp_ep_ops(m, c, s, by, mb, stage_n, attn_rate, s.recompute, t.cp_impl,
                                                          t.kv_repeat)]
     if m.gpt is not None and (s.tp > 1 or s.pp > 1):   # tp activations, pp p2p, tied embedding (model_parallel.py)
-        ops += [CommOp(**d) for d in MP.mp_ops(m, c, t, s, counts, mb, rate * cx.get("gemm", 1.0))]
+        ops += [CommOp(**d) for d in MP.mp_ops(m, c, t, s, counts, mb, rate * cx.get("gemm", 1.0), compute)]
     # the fill and drain repeat each micro-batch's tp / cp / ep communication as they repeat its compute
     bubble_comm = MP.bubble_comm(ops, counts, m.gpt.layers, s.pp, bubble, mean_compute) if m.gpt else 0.0
     bubble += bubble_comm

@@ -156,7 +156,7 @@ def overlap_rule(p: Plan) -> str:
             "reduce-scatter during backward; first gather and last reduce-scatter exposed")
 
 
-def _exposed_sentence(o) -> str:
+def _exposed_sentence(o, p: Plan) -> str:
     if o.name in ("cp-ring", "ep-all-to-all"):
         return "the arithmetic is above."
     k, per = max(1, o.chunks), o.time_s / max(1, o.calls)
@@ -180,6 +180,8 @@ def _exposed_sentence(o) -> str:
                 f"{ms(o.exposed_s / mb)} exposed, x {mb} micro-batches = {ms(o.exposed_s)}.")
     if o.rule.startswith("tp-"):
         return TPO.sentence(o, o.group.size)
+    if o.rule == "pp-async":
+        return MP.p2p_sentence(o, p.strategy.pp, p.strategy.virtual, p.grad_accum)
     if o.rule == "manual":
         return f"--overlap hides part of {ms(o.window_s * o.calls)}: {ms(o.exposed_s)} of it exposed."
     return f"{ms(o.exposed_s)} of it exposed."
@@ -218,7 +220,7 @@ def explain(p: Plan) -> list[str]:
         out.append(f"Gradients per GPU: {psi / 1e6:.4g}M params x {gb} B ({t.precision}) = {si(psi * gb)} per step"
                    + why)
     for o in p.comm:
-        out.append(_comm_sentence(p, o) + "; " + _exposed_sentence(o))
+        out.append(_comm_sentence(p, o) + "; " + _exposed_sentence(o, p))
     if p.compute_measured:
         out.append(f"Compute: {ms(p.compute_s)} per step, as measured (--compute-time).")
     elif p.hw_flops_per_gpu and p.host_factors:

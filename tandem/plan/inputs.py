@@ -54,6 +54,7 @@ class PlanArgs:
     attention_kernel: str | None = None
     cp_impl: str | None = None
     tp_overlap: str | None = None
+    overlap_p2p: bool | None = None
     stage_layers: str | None = None
     compute_time: float | None = None
     kernels: str | None = None
@@ -263,6 +264,7 @@ def resolve(a: PlanArgs) -> tuple[ModelStats, Cluster, Training, dict]:
                  steps=v.get("steps"), tokens=v.get("tokens"), samples=samples, ref_batch=v.get("ref_batch") or 0,
                  warmup_steps=v.get("warmup_steps") or 0, threads_per_worker=v.get("threads_per_worker"),
                  cp_impl=_given_or(v, "cp_impl", "megatron"), tp_overlap=_given_or(v, "tp_overlap", "none"),
+                 overlap_p2p=bool(v.get("overlap_p2p")),
                  clip_grad=spec.get("_clip_grad", True),
                  weight_decay=spec.get("_weight_decay", False), nesterov=spec.get("_nesterov", False),
                  fused_loss=v.get("fused_loss"), fsdp=_given_or(v, "fsdp", "fsdp2"),

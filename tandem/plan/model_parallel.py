@@ -8,6 +8,15 @@ Sources, read in Megatron-LM at commit 285068c8 (MegaScale's baseline, its §6.1
   or splits the tensor over the tp ranks, ``scatter_gather_tensors_in_pipeline``); 2·(m + p − 1)·v sends on the
   critical path: each warm-up forward, 1F1B pair and cool-down backward ends in one blocking call
   (tests/plan/megatron_schedule.py models that schedule; the count bounds it).
+- pipeline p2p under Megatron-core's ``overlap_p2p_comm`` (``--overlap-p2p``; read at df727128, the commit MLPerf
+  v3.1's NeMo GPT-3 submissions pin: megatron/core/pipeline_parallel/schedules.py, interleaved schedule only): the
+  warm-up's and the steady state's calls are posted async (``wait_on_reqs=False``) and waited right before the
+  tensor they bring is needed. A warm-up forward's is waited before the next forward, with nothing in between, and
+  the cool-down's calls stay blocking, so what stays exposed is the fill and drain's chain through all p v chunks,
+  2 (p v - 1) sends, plus in each steady 1F1B pair what a send takes beyond the chunk it hides behind (a forward's
+  send behind the backward, a backward's behind the next forward). With m = p every chunk forward is warm-up (no
+  steady state): the blocking count. tests/plan/megatron_schedule.py (``overlap=True``) runs that schedule event by
+  event: exactly 2 (p v - 1) sends for m > p while a send is shorter than a chunk's forward, within 12% longer.
 - the embedding's gradient: with a pipeline, the last stage holds a copy of the tied word embedding and after
   the last backward both copies' gradients are all-reduced over the 2-rank embedding group before the optimizer
   step (285068c8: megatron/optimizer/optimizer.py ``allreduce_word_embedding_grads``, on the main_grad buffer,
@@ -31,9 +40,10 @@ WHY = {"embedding-grad": " (the tied word embedding's gradient: its copies on th
 PER_MICRO_BATCH = ("tp-activations", "cp-ring", "ep-all-to-all")
 
 
-def mp_ops(m, c, t, s, counts: tuple[int, ...], mb: int, linear_rate: float) -> list[dict]:
+def mp_ops(m, c, t, s, counts: tuple[int, ...], mb: int, linear_rate: float, stage_s: float = 0.0) -> list[dict]:
     """tp-activations, pp-p2p and embedding-grad for a transformer ``m`` (ModelStats) under strategy ``s``;
-    ``linear_rate`` the GEMMs' FLOP/s, which --tp-overlap hides the tp collectives behind (tp_overlap.py)."""
+    ``linear_rate`` the GEMMs' FLOP/s, which --tp-overlap hides the tp collectives behind (tp_overlap.py);
+    ``stage_s`` the slowest stage's compute a step, which --overlap-p2p hides steady-state sends behind."""
     g, by, gpn = m.gpt, t.bytes, c.gpus_per_node
     act = s.micro_batch * g.seq // s.cp * g.hidden * by["act"]
     ops: list[dict] = []
@@ -43,8 +53,12 @@ def mp_ops(m, c, t, s, counts: tuple[int, ...], mb: int, linear_rate: float) -> 
         cross = s.tp * s.dp >= gpn
         ppg = C.Group(s.pp, 1 if cross else s.pp, s.pp if cross else 1)
         calls = 2 * (mb + s.pp - 1) * s.virtual
-        tm = C.p2p(act / s.tp, cross, c) * calls
-        ops.append(_op("pp-p2p", "send_recv", act / s.tp, calls, ppg, c.inter.name if cross else c.intra.name, tm))
+        one = C.p2p(act / s.tp, cross, c)
+        op = _op("pp-p2p", "send_recv", act / s.tp, calls, ppg, c.inter.name if cross else c.intra.name, one * calls)
+        if async_p2p(t, s, mb):
+            chunk = stage_s / (mb * s.virtual) / 3   # a chunk's forward; its backward twice that
+            op.update(exposed_s=p2p_exposed(one, s.pp, s.virtual, mb, chunk), rule="pp-async", window_s=chunk)
+        ops.append(op)
         if g.tied:
             # one GPU of the first stage and its peer on the last: other nodes unless the whole pipeline fits in one
             eg = C.Group(2, 1, 2) if cross else C.Group(2, 2, 1)
@@ -52,6 +66,33 @@ def mp_ops(m, c, t, s, counts: tuple[int, ...], mb: int, linear_rate: float) -> 
             tm = C.collective("all_reduce", nbytes, 1, eg, c)[0]
             ops.append(_op("embedding-grad", "all_reduce", nbytes, 1, eg, C.link_name(eg, c), tm))
     return ops
+
+
+def async_p2p(t, s, mb: int) -> bool:
+    """--overlap-p2p takes effect: the interleaved schedule with a steady state (m > p)."""
+    return t.overlap_p2p and s.pp > 1 and s.schedule == "interleaved" and s.virtual > 1 and mb > s.pp
+
+
+def steady_pairs(p: int, v: int, mb: int) -> int:
+    """1F1B pairs of the first stage, the one with the most warm-up forwards ((p - 1) x 2 + (v - 1) x p)."""
+    return mb * v - min(mb * v, 2 * (p - 1) + (v - 1) * p)
+
+
+def p2p_exposed(one: float, p: int, v: int, mb: int, fwd: float) -> float:
+    """Seconds of pipeline sends on the critical path under overlap_p2p_comm (module docstring): the fill and
+    drain's 2 (p v - 1), and each steady pair's excess over the chunk it hides behind (backward 2 x ``fwd``)."""
+    return 2 * (p * v - 1) * one + steady_pairs(p, v, mb) * (max(0.0, one - 2 * fwd) + max(0.0, one - fwd))
+
+
+def p2p_sentence(o, p: int, v: int, mb: int) -> str:
+    """The exposed part of the pipeline's sends under --overlap-p2p, with its arithmetic (explain.py)."""
+    from tandem.plan.explain import ms
+
+    one = o.time_s / max(1, o.calls)
+    return (f"posted async and waited before use (--overlap-p2p, Megatron-core's overlap_p2p_comm): the fill and "
+            f"drain's 2 x ({p} x {v} - 1) = {2 * (p * v - 1)} sends stay on the critical path, the "
+            f"{steady_pairs(p, v, mb)} steady 1F1B pairs' sends hide behind their chunks (forward {ms(o.window_s)}, "
+            f"backward {ms(2 * o.window_s)}; {ms(one)} a send): {ms(o.exposed_s)} of {ms(o.time_s)} exposed.")
 
 
 def _op(name, collective, nbytes, calls, group, link, tm) -> dict:

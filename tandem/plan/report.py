@@ -6,6 +6,7 @@ from typing import Any
 
 from tandem.plan import efficiency as E
 from tandem.plan import grad_sync as GS
+from tandem.plan import model_parallel as MP
 from tandem.plan.config import fused_attention
 from tandem.plan.stages import split_name
 from tandem.plan.cost import Plan
@@ -55,6 +56,7 @@ def to_dict(p: Plan, with_explain: bool = True) -> dict[str, Any]:
                      "precision": t.precision, "optimizer": t.optimizer,
                      "flash_attention": fused_attention(t, s), "cp_impl": t.cp_impl, "kernels": t.kernels,
                      "fsdp": t.fsdp, "tp_overlap": t.tp_overlap, "pp_grad_sync": t.pp_grad_sync,
+                     "overlap_p2p": t.overlap_p2p,
                      "attention_kernel": p.attn_kernel or None, "grad_reduce": grad_reduce(t, s)},
         "memory_per_gpu": {"params": mem.params, "grads": mem.grads, "optimizer": mem.optimizer,
                            "activations": mem.activations, "other": mem.other, "total": mem.total,
@@ -166,6 +168,20 @@ def assumptions(p: Plan, given: set[str], mb_auto: bool) -> list[str]:
             line += (f", but the tp group spans {tp.group.nodes} nodes: charged in full (userbuffers / symmetric "
                      "memory need one NVLink domain)")
         out.append(line)
+    pp = next((o for o in p.comm if o.name == "pp-p2p"), None)
+    if pp is not None:
+        if MP.async_p2p(t, s, p.grad_accum):
+            out.append("pipeline sends async, waited before use (--overlap-p2p given: Megatron-core's "
+                       "overlap_p2p_comm)")
+        elif not t.overlap_p2p:
+            out.append("pipeline sends blocking (default, as Megatron-LM without overlap_p2p_comm; --overlap-p2p for "
+                       "Megatron-core's async sends)")
+        else:
+            why = ("it needs the interleaved schedule" if s.schedule != "interleaved" or s.virtual < 2 else
+                   f"m = {p.grad_accum} <= p = {s.pp}: every chunk forward is warm-up, no steady state")
+            out.append(f"pipeline sends blocking (--overlap-p2p given, but {why}: it has no effect)")
+    elif t.overlap_p2p and "overlap_p2p" in given:
+        out.append("--overlap-p2p given, but pp 1 (no pipeline sends): it has no effect")
     if "fsdp" in given and s.zero < 3:
         out.append(f"--fsdp {t.fsdp} given, but zero {s.zero} < 3: no FSDP runs, so it has no effect")
     if "pp_grad_sync" in given and t.pp_grad_sync != "microbatch" and not (GS.deferred(t, s) and p.model.moe is None

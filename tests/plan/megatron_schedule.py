@@ -11,6 +11,14 @@ finish before the peer posts the matching call: "implemented together and can be
 (MegaScale §3.2). The model: a call finishes at max(its own post time, each peer's matching post time) + c x
 (the larger of its sends and its receives, which share the GPU's one NIC each way). Compute is F per chunk forward,
 B per chunk backward, + the logits (head forward, 2 x head backward) on the last chunk of the last stage.
+
+``overlap=True``: Megatron-core's ``overlap_p2p_comm`` (read at df727128, the commit MLPerf v3.1's NeMo GPT-3
+submissions pin; megatron/core/pipeline_parallel/schedules.py): the warm-up and steady-state calls are posted
+asynchronously (p2p_communication ``wait_on_reqs=False``) and waited just before the tensor they bring is needed:
+a warm-up forward's send/recv before the next forward (nothing runs in between), a steady forward's before the next
+forward (its backward runs in between), a steady backward's before the next backward (the next forward runs in
+between); the cool-down's calls stay blocking. A posted request completes c x (its sends or receives) after both
+sides have posted it, whatever the ranks compute meanwhile.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 
-def _rank_program(r: int, p: int, v: int, m: int, F: float, B: float, head: float) -> list:
+def _rank_program(r: int, p: int, v: int, m: int, F: float, B: float, head: float, overlap: bool = False) -> list:
     n = m * v
     first, last = r == 0, r == p - 1
 
@@ -42,24 +50,49 @@ def _rank_program(r: int, p: int, v: int, m: int, F: float, B: float, head: floa
         if ops:
             prog.append(("p2p", ops))
 
+    def post(handle: str, **kw) -> None:   # overlap_p2p_comm: the same call, waited on later
+        before = len(prog)
+        call(**kw)
+        if len(prog) > before:
+            prog[-1] = ("post", (handle, prog[-1][1]))
+            prog.append(("mark", handle))   # the handle now exists: a later ("wait", handle) waits on it
+
+    def wait(handle: str) -> None:
+        prog.append(("wait", handle))
+
     all_warmup = m == p
     warm = n if all_warmup else min(n, (p - r - 1) * 2 + (v - 1) * p)
     if not first:
         call(recv_prev=True)
-    for k in range(warm):   # warm-up forwards, each followed by one blocking call
+    for k in range(warm):   # warm-up forwards, each followed by one call
         c = chunk(k, True)
+        wait("fwd")
         prog.append(fwd(c))
         recv_prev = not (first and chunk(k + 1, True) == 0) and k != n - 1
         closing = k == warm - 1 and not all_warmup   # the last one also fetches the first gradient
-        call(send_next=not (last and c == v - 1), recv_prev=recv_prev, recv_next=closing and not last)
+        if not overlap:
+            call(send_next=not (last and c == v - 1), recv_prev=recv_prev, recv_next=closing and not last)
+            continue
+        post("fwd", send_next=not (last and c == v - 1), recv_prev=recv_prev)
+        if closing:
+            post("bwd", recv_next=not last)
     steady = n - warm
-    for k in range(steady):   # 1F1B: a forward, a backward, one call both ways
+    for k in range(steady):   # 1F1B: a forward, a backward, one call both ways (two when overlapped)
         fc, bc = chunk(k + warm, True), chunk(k, False)
-        prog += [fwd(fc), bwd(bc)]
         recv_prev = not (first and chunk(k + warm - (p - 1), True) == v - 1) and k != steady - 1
         recv_next = not (last and chunk(k - (p - 1), False) == 0)
-        call(send_next=not (last and fc == v - 1), send_prev=not (first and bc == 0), recv_prev=recv_prev,
-             recv_next=recv_next)
+        if not overlap:
+            prog += [fwd(fc), bwd(bc)]
+            call(send_next=not (last and fc == v - 1), send_prev=not (first and bc == 0), recv_prev=recv_prev,
+                 recv_next=recv_next)
+            continue
+        wait("fwd")
+        prog.append(fwd(fc))
+        post("fwd", send_next=not (last and fc == v - 1), recv_prev=recv_prev)
+        wait("bwd")
+        prog.append(bwd(bc))
+        post("bwd", send_prev=not (first and bc == 0), recv_next=recv_next)
+    wait("bwd")
     if all_warmup:
         call(recv_next=not last)
     for k in range(steady, n):   # cool-down backwards
@@ -70,12 +103,14 @@ def _rank_program(r: int, p: int, v: int, m: int, F: float, B: float, head: floa
     return prog
 
 
-def step_time(p: int, v: int, m: int, F: float, B: float, c: float, head: float = 0.0) -> float:
+def step_time(p: int, v: int, m: int, F: float, B: float, c: float, head: float = 0.0,
+              overlap: bool = False) -> float:
     """Seconds from the first forward to the last rank's last call (v >= 2: the interleaved schedule)."""
-    progs = [_rank_program(r, p, v, m, F, B, head) for r in range(p)]
+    progs = [_rank_program(r, p, v, m, F, B, head, overlap) for r in range(p)]
     t, pc = [0.0] * p, [0] * p
     posted: dict[tuple, list[float]] = defaultdict(list)   # (kind, src, dst, tag) -> post times, FIFO per pair
     mine: dict[tuple, list] = {}
+    handles: list[dict] = [{} for _ in range(p)]   # overlap: handle -> (program index of its post, ops)
     moved = True
     while moved:
         moved = False
@@ -87,6 +122,42 @@ def step_time(p: int, v: int, m: int, F: float, B: float, c: float, head: float 
                     pc[r] += 1
                     moved = True
                     continue
+                if kind == "mark":   # the post just before is this handle's
+                    handles[r][arg] = (pc[r] - 1, progs[r][pc[r] - 1][1][1])
+                    pc[r] += 1
+                    moved = True
+                    continue
+                if kind == "wait" and arg not in handles[r]:   # nothing posted under it (yet): no wait
+                    pc[r] += 1
+                    moved = True
+                    continue
+                if kind == "post":   # requests recorded now, completion waited on at the handle's "wait"
+                    handle, ops = arg
+                    reqs = []
+                    for op, peer, tag in ops:
+                        key = (op, r, peer, tag) if op == "send" else (op, peer, r, tag)
+                        reqs.append((key, len(posted[key]), t[r]))
+                        posted[key].append(t[r])
+                    mine[(r, pc[r])] = reqs
+                    pc[r] += 1
+                    moved = True
+                    continue
+                if kind == "wait":
+                    at, ops = handles[r][arg]
+                    end = t[r]
+                    for (op, src, dst, tag), i, own in mine[(r, at)]:
+                        match = posted[("recv" if op == "send" else "send", src, dst, tag)]
+                        if len(match) <= i:
+                            break
+                        sends = sum(1 for o, _, _ in ops if o == "send")
+                        end = max(end, max(own, match[i]) + c * max(sends, len(ops) - sends))
+                    else:
+                        t[r] = end
+                        del handles[r][arg]
+                        pc[r] += 1
+                        moved = True
+                        continue
+                    break
                 if (r, pc[r]) not in mine:   # post this call's requests once
                     reqs = []
                     for op, peer, tag in arg:

@@ -1,5 +1,6 @@
-"""The planner's choice flags (--fsdp, --tp-overlap, --pp-grad-sync, --attention-kernel): a bad or empty value is one
-line and exit 2; given where it has no effect, the assumptions say so; the JSON strategy reports each."""
+"""The planner's choice flags (--fsdp, --tp-overlap, --pp-grad-sync, --attention-kernel; the switch --overlap-p2p): a
+bad or empty value is one line and exit 2; given where it has no effect, the assumptions say so; the JSON strategy
+reports each."""
 
 import json
 
@@ -73,3 +74,26 @@ def test_pp_grad_sync_round_under_1f1b_reads_once_a_step(capsys):
         rule = next(a for a in doc["assumptions"] if a.startswith("overlap "))
         assert f"reduce-scattered {when}, exposed" in rule, rule
         assert not any(a.startswith("--pp-grad-sync") for a in doc["assumptions"])
+
+
+@pytest.mark.parametrize("args,note", [
+    (("--pp", "4", "--micro-batch", "1", "--schedule", "interleaved", "--virtual", "2"),
+     "pipeline sends async, waited before use (--overlap-p2p given: Megatron-core's overlap_p2p_comm)"),
+    (("--pp", "4", "--micro-batch", "1", "--schedule", "1f1b"),
+     "pipeline sends blocking (--overlap-p2p given, but it needs the interleaved schedule: it has no effect)"),
+    (("--pp", "4", "--micro-batch", "2", "--schedule", "interleaved", "--virtual", "2"),
+     "pipeline sends blocking (--overlap-p2p given, but m = 4 <= p = 4: every chunk forward is warm-up, no steady "
+     "state: it has no effect)"),
+    (("--zero", "1",), "--overlap-p2p given, but pp 1 (no pipeline sends): it has no effect")])
+def test_overlap_p2p_says_where_it_takes_effect(capsys, args, note):
+    """--overlap-p2p hides steady-state sends of the interleaved schedule only (model_parallel.py); elsewhere the
+    assumptions say it has no effect, and the JSON strategy reports the flag either way."""
+    code, out, _ = _run(capsys, "--zero", "1", *args, "--overlap-p2p", "--json")
+    assert code == 0, out
+    doc = json.loads(out)
+    assert note in doc["assumptions"], doc["assumptions"]
+    assert doc["strategy"]["overlap_p2p"] is True
+    pp = [o for o in doc["comm"] if o["name"] == "pp-p2p"]
+    assert all((o["overlap"] == "pp-async") == note.startswith("pipeline sends async") for o in pp)
+    if pp and note.startswith("pipeline sends async"):
+        assert pp[0]["exposed_s"] < pp[0]["time_s"]

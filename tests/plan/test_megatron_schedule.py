@@ -43,3 +43,45 @@ def test_blocking_p2p_is_within_the_planners_charge(m, share):
     sends = (step_time(8, 6, m, lf, lb, ct, head) - step_time(8, 6, m, lf, lb, 0.0, head)) / ct
     assert sends <= op.calls, (sends, op.calls)
     assert sends >= share * op.calls, (sends, op.calls)
+
+
+@pytest.mark.parametrize("p,v", [(4, 2), (8, 6), (8, 12), (12, 8)])
+@pytest.mark.parametrize("k", [2, 4])
+@pytest.mark.parametrize("ct", [0.05, 0.5, 1.5, 2.5])   # a send against a chunk's forward (F = 1, backward 2)
+def test_overlapped_sends_match_megatron_core(p, v, k, ct):
+    """Megatron-core's overlap_p2p_comm (df727128, the schedule MLPerf v3.1's NeMo GPT-3 runs): the sends left on
+    the critical path are model_parallel.p2p_exposed's, exactly while a send is shorter than a chunk's forward, and
+    within 12% when longer (the steady pairs' excess stacks differently then); m = k p micro-batches."""
+    from tandem.plan.model_parallel import p2p_exposed
+
+    m = k * p
+    des = step_time(p, v, m, F, B, ct, overlap=True) - step_time(p, v, m, F, B, 0.0, overlap=True)
+    planned = p2p_exposed(ct, p, v, m, F)
+    assert des == pytest.approx(planned, rel=1e-9 if ct <= F else 0.12)
+    assert des < step_time(p, v, m, F, B, ct) - step_time(p, v, m, F, B, 0.0)   # fewer than blocking
+
+
+def test_overlap_changes_nothing_without_a_steady_state():
+    """m = p: every chunk forward is warm-up, so async posts are waited at once: the blocking schedule's time, and
+    its sends on the critical path are 2 (p v - 1) + 2 (p - 1) (the planner charges its bound, 2 (m + p - 1) v)."""
+    for p, v in ((4, 2), (8, 12)):
+        ct = 0.01
+        blocking = step_time(p, v, p, F, B, ct) - step_time(p, v, p, F, B, 0.0)
+        assert step_time(p, v, p, F, B, ct, overlap=True) == pytest.approx(step_time(p, v, p, F, B, ct))
+        assert blocking / ct == pytest.approx(2 * (p * v - 1) + 2 * (p - 1))
+
+
+def test_planner_charges_the_overlapped_sends():
+    """evaluate with --overlap-p2p: the pp-p2p op keeps every send's time and exposes the fill and drain's
+    2 (p v - 1) when the sends are shorter than a chunk (MLPerf v3.1's GPT-3 shape at 4,096 H100s, m = 16)."""
+    g = GPTShape(layers=96, hidden=12288, heads=96, seq=2048, vocab=50688)
+    c = make_cluster("h100-sxm", 8, 512, inter="ib-ndr", nics_per_node=8)
+    s = Strategy(dp=128, tp=4, pp=8, zero=1, micro_batch=1, schedule="interleaved", virtual=12, ranks_per_node=8)
+    ops = {}
+    for overlap in (False, True):
+        t = Training(global_batch=2048, precision="fp8", optimizer="adam", overlap_p2p=overlap)
+        ops[overlap] = next(o for o in evaluate(gpt_stats(g, "g"), c, t, s).comm if o.name == "pp-p2p")
+    off, on = ops[False], ops[True]
+    one = off.time_s / off.calls
+    assert on.time_s == off.time_s == off.exposed_s and off.rule == "none" and on.rule == "pp-async"
+    assert one < on.window_s and on.exposed_s == pytest.approx(2 * (8 * 12 - 1) * one)

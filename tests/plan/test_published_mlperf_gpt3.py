@@ -20,6 +20,9 @@ The planner gets what the submission's own files say (NVIDIA/benchmarks/gpt3/imp
   dp, ZeRO-1 here as NeMo's test_published_nemo_fp8), its gradient reduce-scatter and parameter all-gather
   overlapped (conf/optim/distributed_fused_adam.yaml: overlap_grad_sync, overlap_param_sync True), gradients
   reduced in BF16 (grad_sync_dtype: bf16);
+- the interleaved schedule's sends posted async (custom.yaml: overlap_p2p_comm True, batch_p2p_comm False; set by
+  no config): ``--overlap-p2p`` (model_parallel.py), as Megatron-core df727128 (the Dockerfile's MEGATRON_REVISION)
+  runs it;
 - Transformer Engine's userbuffers TP overlap on (TP_COMM_OVERLAP True, conf/tp_overlap/h100tp4pp8mbs1.yaml:
   ring_exchange for qkv/fc1 fprop and proj/fc2 dgrad, pipeline in 4 splits for proj/fc2 fprop, bulk for the qkv/fc1
   dgrad and wgrad): exactly tp_overlap.py's ``ring``;
@@ -31,22 +34,26 @@ The planner gets what the submission's own files say (NVIDIA/benchmarks/gpt3/imp
   NVLS only for an all-reduce inside a node; these TP groups run all-gathers and reduce-scatters).
 Nothing fitted; the planner's default efficiency.
 
-Measured when written (the planner at main 23ef241, session 9): every row slow, +4.6% (768 GPUs) to +10.4%
-(10,240 GPUs), Azure's 10,752 +8.2%; median 7.0%, max 10.4%: within issue 14's 10% / 25%. Honest order of events: the first run planned
-every kernel and tp-overlap mode at once (cuDNN 5.4% / 9.2%, FlashAttention-2 6.9% / 10.5% with ``ring``;
-``bulk`` 12.5-13.9% / 15.5-16.8%, ``none`` 15.0-16.5% / 17.9-19.1%), then the kernel was read in Transformer
-Engine's source at the pinned commit (above) and the vocabulary in the benchmark's reference (51,200 before:
-10.5% -> 10.4% max). Alternatives, not the source's: V 6 5.2% / 10.3%; the parameter all-gather not overlapped
-8.5% / 13.2%.
+Measured when written (the planner at main 23ef241, session 9), before --overlap-p2p existed (every send charged as
+blocking): every row slow, +4.6% (768 GPUs) to +10.4% (10,240 GPUs), Azure's 10,752 +8.2%; median 7.0%, max 10.4%,
+within issue 14's 10% / 25%. Honest order of events: that first run planned every kernel and tp-overlap mode at
+once (cuDNN 5.4% / 9.2%, FlashAttention-2 6.9% / 10.5% with ``ring``; ``bulk`` 12.5-13.9% / 15.5-16.8%, ``none``
+15.0-16.5% / 17.9-19.1%; with --overlap-p2p, below: cuDNN 4.5% / 9.2%, ``bulk`` 8.1% / 16.8%, ``none`` 10.7% /
+19.1%), then the kernel was read in Transformer Engine's source at the pinned commit (above) and
+the vocabulary in the benchmark's reference (51,200 before: 10.5% -> 10.4% max). Alternatives, not the source's:
+V 6 5.2% / 10.3%; the parameter all-gather not overlapped 8.5% / 13.2%.
+With the sends as the source runs them (--overlap-p2p, built for this table after reading schedules.py at
+df727128): -2.7% (512, 768 GPUs, m = 128), +0.7% to +1.2% (m = 16), and the m = 8 rows unchanged (+10.4%, +10.0%,
+Azure +8.2%): median 2.7%, max 10.4%. At m = 8 = p every chunk forward is warm-up, there is no steady state for
+the overlap to hide sends in, and the planner keeps its blocking count 2 (m + p - 1) v = 360 sends, an upper bound:
+the event-by-event schedule puts 204 on the critical path at m = p (2 (p v - 1) + 2 (p - 1);
+tests/plan/test_megatron_schedule.py), 42 ms of the rows' 0.93 s.
 
-Where the remaining error sits (test_time_a_microbatch_and_a_step): over the m = 16 and m = 8 rows (the same stage
-work, 8 micro-batches apart) the table's time a micro-batch is 85.4 ms and the planner's 87.8 ms (+2.8%); the time
-a step that does not scale with micro-batches (bubble, the first parameter all-gather and last gradient
-reduce-scatter the overlap cannot hide, the optimizer step) is 0.24 s in the table and 0.32 s in the planner, which
-is why the m = 8 rows (0.93 s a step) miss by the most. Both hold the pipeline's sends: the planner charges every
-one of its 2 (m + p - 1) v sends as blocking, as Megatron-LM 285068c8 runs them (model_parallel.py), where this
-submission's NeMo runs them asynchronously beside the next chunk (custom.yaml: overlap_p2p_comm True,
-batch_p2p_comm False): 96 ms of the 10,752-GPU row's 1.02 s, 148 ms at m = 16.
+Where the rest sits (test_time_a_microbatch_and_a_step): over the m = 128 and m = 16 rows (512 and 4,096 GPUs, the
+same stage work) the table's time a micro-batch is 84.3 ms and the planner's 81.5 ms (-3.4%); the time a step that
+does not scale with micro-batches (bubble, the fill and drain's sends, the first parameter all-gather and last
+gradient reduce-scatter that the overlap cannot hide, the optimizer step) is 0.26 s in the table and 0.32 s in the
+planner.
 """
 
 from statistics import median
@@ -66,13 +73,13 @@ ROWS = [("nvidia", 512, 2048, 128, 11.0539), ("nvidia", 768, 3072, 128, 11.0754)
 TP, PP, V = 4, 8, 12
 
 
-def _plan(gpus, gbs, kernel="fa2", tp_overlap="ring"):
+def _plan(gpus, gbs, kernel="fa2", tp_overlap="ring", overlap_p2p=True):
     m = gpt_stats(GPT3_175B, "gpt3-175b")
     c = make_cluster("h100-sxm", 8, gpus // 8, inter="ib-ndr", nics_per_node=8)
     s = Strategy(dp=gpus // (TP * PP), tp=TP, pp=PP, zero=1, micro_batch=1, schedule="interleaved", virtual=V,
                  ranks_per_node=8)
     t = Training(global_batch=gbs, precision="fp8", optimizer="adam", overlap_param_gather=True,
-                 attention_kernel=kernel, tp_overlap=tp_overlap, grad_reduce="bf16")
+                 attention_kernel=kernel, tp_overlap=tp_overlap, grad_reduce="bf16", overlap_p2p=overlap_p2p)
     assert check(m, c, t, s) is None
     return evaluate(m, c, t, s)
 
@@ -85,7 +92,18 @@ def test_step_time_within_the_issue_tolerance():
     errs = {k: abs(e) for k, e in errors().items()}
     assert median(errs.values()) <= 0.10, errs
     assert max(errs.values()) <= 0.25, errs
-    assert max(errs.values()) <= 0.11, errs   # pinned just above today's 10.4%: a change that worsens it fails
+    # pinned just above today's 2.7% / 10.4%: a change that worsens them fails
+    assert median(errs.values()) <= 0.03 and max(errs.values()) <= 0.11, errs
+
+
+def test_async_sends_are_what_the_submission_runs():
+    """--overlap-p2p (overlap_p2p_comm True) moves the rows with a steady state (m = 128, 16) by the sends it hides
+    and leaves the m = 8 = p rows as they are; charged as blocking, the table still passes (7.0% / 10.4%)."""
+    on, off = errors(), errors(overlap_p2p=False)
+    for who, gpus, _, accum, _ in ROWS:
+        k = f"{who}-{gpus}"
+        assert (on[k] < off[k] - 0.005) if accum > PP else on[k] == off[k], (k, on[k], off[k])
+    assert median(abs(e) for e in off.values()) <= 0.10 and max(abs(e) for e in off.values()) <= 0.25
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[f"{r[0]}-{r[1]}" for r in ROWS])
@@ -97,19 +115,20 @@ def test_the_plan_is_the_logged_layout_and_fits(row):
 
 
 def test_time_a_microbatch_and_a_step():
-    """The same stage work at m = 16 and m = 8 (4,096 and 10,240 GPUs): the slope is the time a micro-batch, the
-    rest the time a step that does not scale with micro-batches (module docstring)."""
+    """The same stage work at m = 128 and m = 16 (512 and 4,096 GPUs): the slope is the time a micro-batch, the rest
+    the time a step that does not scale with micro-batches (module docstring)."""
     table = {g: s for _, g, _, _, s in ROWS}
-    plan = {g: _plan(g, b).step_s for _, g, b, _, _ in ROWS[:7]}
-    a_t, a_p = (table[4096] - table[10240]) / 8, (plan[4096] - plan[10240]) / 8
-    assert a_p == pytest.approx(a_t, rel=0.035)
-    b_t, b_p = table[10240] - 8 * a_t, plan[10240] - 8 * a_p
+    plan = {g: _plan(g, b).step_s for _, g, b, _, _ in ROWS[:3]}
+    a_t, a_p = (table[512] - table[4096]) / 112, (plan[512] - plan[4096]) / 112
+    assert a_p == pytest.approx(a_t, rel=0.04)
+    b_t, b_p = table[4096] - 16 * a_t, plan[4096] - 16 * a_p
     assert 0.2 < b_t < b_p < 0.4
 
 
-def test_the_userbuffers_overlap_is_what_the_rows_need():
-    """With the tensor-parallel collectives exposed (``none``) or only the dgrad reduce-scatter hidden (``bulk``),
-    every row is 12-19% slow: the submission's TP_COMM_OVERLAP is a term this table tests."""
-    for mode in ("none", "bulk"):
-        errs = errors(tp_overlap=mode)
-        assert min(errs.values()) > 0.10, (mode, errs)
+def test_the_userbuffers_overlap_moves_every_row():
+    """With the tensor-parallel collectives exposed (``none``: 10.7% / 19.1%, every row slow) or only the dgrad
+    reduce-scatter hidden (``bulk``: 8.1% / 16.8%) every row is slower than with the ring-exchange and pipelined
+    overlaps the submission configures (TP_COMM_OVERLAP True), by 5 points or more."""
+    ring, bulk, none = errors(), errors(tp_overlap="bulk"), errors(tp_overlap="none")
+    for k in ring:
+        assert none[k] > bulk[k] > ring[k] + 0.05, (k, none[k], bulk[k], ring[k])
