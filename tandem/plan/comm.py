@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass
 
 from tandem.plan.hardware import Cluster
+from tandem.plan.nccl_algos import choose
 
 
 @dataclass(frozen=True)
@@ -120,8 +121,6 @@ def collective(kind: str, nbytes: float, chunks: int, g: Group, c: Cluster) -> t
     per = nbytes / chunks
     if not (measured(c) or c.intra.name.endswith("(measured)")):
         # datasheet links: NCCL's tuner, algorithm x protocol (nccl_algos.py)
-        from tandem.plan.nccl_algos import choose
-
         ch = choose(kind, per, g, c)
         return chunks * ch.time_s, ch.algorithm if ch.protocol == "Simple" else f"{ch.algorithm}/{ch.protocol}"
     factor = 2.0 if kind == "all_reduce" else 1.0
