@@ -151,38 +151,39 @@ class Plan:
 
 def check(m: ModelStats, c: Cluster, t: Training, s: Strategy) -> str | None:
     """Why this strategy is invalid, or None. (The search skips; the CLI raises.)"""
+    dp, tp, pp = s.dp, s.tp, s.pp   # read once: the search checks every candidate
     if s.world != c.world:
         if s.cp > 1:
             return (f"dp x tp x pp x cp = {s.dp}x{s.tp}x{s.pp}x{s.cp} = {s.world}, but the cluster has "
                     f"{c.world} GPUs")
         return f"dp x tp x pp = {s.dp}x{s.tp}x{s.pp} = {s.world}, but the cluster has {c.world} GPUs"
-    if t.global_batch % s.dp:
-        return f"global batch {t.global_batch} is not divisible by dp {s.dp}"
-    per_replica = t.global_batch // s.dp
+    if t.global_batch % dp:
+        return f"global batch {t.global_batch} is not divisible by dp {dp}"
+    per_replica = t.global_batch // dp
     if s.micro_batch and per_replica % s.micro_batch:
         return f"micro-batch {s.micro_batch} does not divide the {per_replica} samples per data-parallel rank"
     why = MC.check_cp_ep(m, s)
     if why:
         return why
-    if m.gpt is None and (s.tp > 1 or s.pp > 1):
+    if m.gpt is None and (tp > 1 or pp > 1):
         return f"tp/pp need a transformer shape; {m.name} is a {m.kind} model (use dp and zero)"
     if m.gpt is not None:
         g = m.gpt
-        if g.heads % s.tp or g.kv_heads % s.tp and s.tp % g.kv_heads:
+        if g.heads % tp or g.kv_heads % tp and tp % g.kv_heads:
             return f"heads {g.heads} (kv {g.kv_heads}) are not divisible by tp {s.tp}"
-        if g.ffn % s.tp:
+        if g.ffn % tp:
             return f"ffn {g.ffn} is not divisible by tp {s.tp}"
-        if s.pp > g.layers:
+        if pp > g.layers:
             return f"pp {s.pp} is more than the {g.layers} layers"
-        if s.stage_layers or s.schedule == "interleaved" and s.pp > 1:
+        if s.stage_layers or s.schedule == "interleaved" and pp > 1:
             try:
-                ST.chunks(g, s.pp, s.virtual, s.stage_layers)
+                ST.chunks(g, pp, s.virtual, s.stage_layers)
             except ConfigError as e:
                 return f"{e.field}: {e.message}"
     elif s.stage_layers:
         return "stage-layers: needs a transformer shape with pp > 1"
     mbs = per_replica // (s.micro_batch or per_replica)
-    if s.schedule == "interleaved" and s.pp > 1 and mbs % ST.rounds(mbs, s.pp):
+    if s.schedule == "interleaved" and pp > 1 and mbs % ST.rounds(mbs, pp):
         return (f"the interleaved schedule runs {mbs} micro-batches in max(1, m // pp) = {ST.rounds(mbs, s.pp)} "
                 f"rounds and needs m to be a multiple of them")
     return None

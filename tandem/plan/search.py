@@ -8,6 +8,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
+from tandem.core.dims import ParallelDims
 from tandem.plan.config import Strategy, Training
 from tandem.plan.cost import Plan, check, evaluate
 from tandem.plan.explain import gib, ms, si
@@ -68,13 +69,14 @@ def candidates(m: ModelStats, c: Cluster, t: Training, zeros=(0, 1, 2, 3), recom
                         continue
                     hs = (False, True) if hsdp and zero >= 1 and dp * tp > c.gpus_per_node else (False,)
                     for h in hs:
+                        # the dims Strategy(dp=..., ...) would build, once for all the knobs below: the
+                        # degrees are valid by construction (divisors; ep divides dp)
+                        dims = ParallelDims.from_degrees(dp, tp, pp, zero, h, c.gpus_per_node, cp, ep)
                         for rc in recomputes:
                             scheds = [("1f1b", 1)] if pp == 1 else [
                                 (sc, v) for sc in schedules for v in (virtuals if sc == "interleaved" else (1,))]
                             for sc, v in scheds:
-                                yield Strategy(dp=dp, tp=tp, pp=pp, zero=zero, micro_batch=mb, schedule=sc,
-                                               virtual=v, recompute=rc, hsdp=h, ranks_per_node=c.gpus_per_node,
-                                               cp=cp, ep=ep)
+                                yield Strategy(dims, micro_batch=mb, schedule=sc, virtual=v, recompute=rc)
 
 
 CP_MIN_SEQ = 16384   # below it a sequence's activations fit without splitting it (the search tries cp 1 only)
