@@ -17,6 +17,7 @@ model's own measured rate.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from tandem.plan import attn_v1 as V1
 from tandem.plan import gemm as G
@@ -157,6 +158,7 @@ def has_curve(gpu_name: str, k: str) -> bool:
     return _figure(arch_of(gpu_name), k) is not None and k != "unfused"
 
 
+@lru_cache(maxsize=4096)   # pure in its arguments (published tables): once per candidate before
 def kernel_shares(gpu_name: str, k: str, length: float, ring: bool = False,
                   head_dim: int = 128) -> tuple[float, float] | None:
     """(forward, backward) share of the BF16 peak in the planner's FLOP count (backward 2 x forward), or None

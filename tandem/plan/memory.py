@@ -65,22 +65,25 @@ def gpt_layer_act_bytes(m: ModelStats, s: Strategy, t: Training, b: int, recompu
     (one in the attention's 7, one in the MLP's 3) go. Selective recompute drops the
     5*a*s/h term (what FlashAttention also avoids); full recompute keeps only the layer input, 2*s*b*h/t.
     """
-    g = m.gpt
-    h, sq, a, tp = g.hidden, g.seq // s.cp, g.heads, s.tp   # cp: each GPU holds s/cp tokens
-    scale = t.bytes["act"] / 2  # the formula counts 2-byte activations and 1-byte masks
-    rc = recompute or s.recompute
+    return _layer_act_bytes(m.gpt, m.moe, t.bytes["act"], fused_attention(t, s), s.tp, s.cp, b, recompute or s.recompute)
+
+
+@lru_cache(maxsize=65536)   # pure in hashable values (frozen shapes): the search asks for each many times
+def _layer_act_bytes(g, moe, act_bytes: int, fused: bool, tp: int, cp: int, b: int, rc: str) -> float:
+    h, sq, a = g.hidden, g.seq // cp, g.heads   # cp: each GPU holds s/cp tokens
+    scale = act_bytes / 2  # the formula counts 2-byte activations and 1-byte masks
     if rc == "full":
         return 2 * sq * b * h / tp * scale
     mlp = 3 + (6 if g.gated else 4) * g.ffn / h
-    if m.moe is not None:
+    if moe is not None:
         from tandem.plan.moe_cp import mlp_act_coeff
 
-        mlp = mlp_act_coeff(m.moe)
+        mlp = mlp_act_coeff(moe)
     # the two 1-byte dropout masks (after attention's projection and after the MLP), 1 each in the 7 and the 3:
     # none in a model trained without dropout (Llama 3)
     linear = (7 + 4 * g.kv_heads / g.heads) + mlp + 4 - (0 if g.dropout else 2)
     per = sq * b * h * linear / tp
-    if rc == "none" and not fused_attention(t, s):   # fused kernels store no score matrix
+    if rc == "none" and not fused:   # fused kernels store no score matrix
         per += 5 * a * sq * sq * b / tp
     return per * scale
 
@@ -109,21 +112,26 @@ def activation_parts(m: ModelStats, s: Strategy, t: Training, micro_batches: int
       stage has fewer layers than it (Llama 3's 7, 8 x 14, 7): rank r runs 2(p-1-r) fewer warm-up chunk
       forwards than rank 0, but each may hold more layers (stages.stage_inflight, rank by rank).
     """
-    g, b, pp = m.gpt, s.micro_batch, s.pp
-    per = gpt_layer_act_bytes(m, s, t, b)
-    working = gpt_layer_act_bytes(m, s, t, b, "selective") if s.recompute == "full" else 0.0
-    logits = 4 * (g.seq // s.cp) * b * g.vocab / s.tp
+    return dict(_activation_parts(m.gpt, m.moe, t.bytes["act"], fused_attention(t, s), s.tp, s.cp, s.pp, s.micro_batch,
+                                  s.recompute, chunks_of(s), s.schedule == "gpipe", s.stage_layers, micro_batches))
+
+
+@lru_cache(maxsize=65536)   # pure: the search asks for the same parts across ZeRO stages and hsdp (callers copy)
+def _activation_parts(g, moe, act_bytes: int, fused: bool, tp: int, cp: int, pp: int, b: int, recompute: str, v: int,
+                      gpipe: bool, given: tuple[int, ...] | None, micro_batches: int) -> dict:
+    per = _layer_act_bytes(g, moe, act_bytes, fused, tp, cp, b, recompute)
+    working = _layer_act_bytes(g, moe, act_bytes, fused, tp, cp, b, "selective") if recompute == "full" else 0.0
+    logits = 4 * (g.seq // cp) * b * g.vocab / tp
     if pp == 1:
         first = per * g.layers + working
         return {"per_layer": per, "layers": g.layers, "working": working, "logits": logits, "stage": "only",
                 "total": first + logits}
-    # inflight_layers and the last and middle ranks' counts, from one split (the search calls this per candidate)
-    v, gpipe = chunks_of(s), s.schedule == "gpipe"
+    # inflight_layers and the last and middle ranks' counts, from one split
     if gpipe:
-        counts = split(g, pp, s.stage_layers, v)
+        counts = split(g, pp, given, v)
         layers, last_layers = counts[0] * micro_batches, counts[-1] * micro_batches
     else:   # 1F1B: one micro-batch; interleaved: its warm-up's chunk forwards (stages.stage_inflight)
-        held = chunks(g, pp, v, s.stage_layers)
+        held = chunks(g, pp, v, given)
         layers = first_stage_inflight(held[0], pp, micro_batches)
         last_layers = stage_inflight(held[-1], pp, micro_batches, pp - 1)
     first = per * layers + working
