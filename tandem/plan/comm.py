@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from tandem.plan.hardware import Cluster
 from tandem.plan.nccl_algos import choose
@@ -42,6 +43,7 @@ class Group:
         return self.nodes > 1
 
 
+@lru_cache(maxsize=4096)   # pure, a frozen Group: the cost model lays out several groups per candidate
 def layout(size: int, stride: int, gpus_per_node: int) -> Group:
     """Members are ranks r0, r0+stride, ...; ranks fill nodes in order (tp innermost, then dp, then pp
     as Megatron-LM orders them)."""

@@ -22,7 +22,7 @@ from tandem.plan import stages as ST
 from tandem.plan.config import Strategy, Training
 from tandem.plan.hardware import Cluster
 from tandem.plan.host import default_threads
-from tandem.plan.memory import Memory, memory, shard_group
+from tandem.plan.memory import Memory, expert_shard_group, memory, shard_group
 from tandem.plan.model import ModelStats
 
 # Fraction of the datasheet peak a model sustains when nothing better is known.
@@ -298,14 +298,12 @@ def stage_psi(m: ModelStats, s: Strategy) -> float:
         return MC.stage_states(m.moe, ST.split(m.gpt, s.pp, s.stage_layers, ST.chunks_of(s)), s.tp, s.ep)[0]
     if m.gpt is None or s.pp == 1:
         return m.params / (s.tp * s.pp)
-    return ST.max_stage_params(m.gpt, ST.split(m.gpt, s.pp, s.stage_layers, ST.chunks_of(s))) / s.tp
+    return ST.busiest_stage_params(m.gpt, s.pp, s.stage_layers, ST.chunks_of(s)) / s.tp
 
 
 def updated_params(m: ModelStats, s: Strategy, c: Cluster) -> float:
     """Parameters the optimizer step updates on the busiest GPU: its stage's, / the ZeRO shard group; an MoE
     model's experts too (split over ep x tp, sharded over the expert-data-parallel ranks)."""
-    from tandem.plan.memory import expert_shard_group
-
     if m.moe is None:
         return stage_psi(m, s) / (shard_group(s, c) if s.zero else 1)
     ne, e = MC.stage_states(m.moe, ST.split(m.gpt, s.pp, s.stage_layers, ST.chunks_of(s)), s.tp, s.ep)

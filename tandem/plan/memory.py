@@ -18,8 +18,8 @@ from tandem.plan.comm import grad_reduce_bytes
 from tandem.plan.config import Strategy, Training, fused_attention
 from tandem.plan.hardware import Cluster
 from tandem.plan.model import ModelStats
-from tandem.plan.stages import (chunks, chunks_of, first_stage_inflight, max_stage_params, split, stage_inflight,
-                                 stage_params)
+from tandem.plan.stages import (busiest_stage_params, chunks, chunks_of, first_stage_inflight, max_stage_params, split,
+                                 stage_inflight, stage_params)
 
 CONTEXT_BYTES = 1.0 * 1024**3   # CUDA context, cuBLAS/cuDNN workspaces, allocator slack (rough)
 
@@ -167,7 +167,7 @@ def memory(m: ModelStats, c: Cluster, t: Training, s: Strategy, micro_batches: i
 
         psi, psi_e = stage_states(m.moe, split(m.gpt, pp, s.stage_layers, chunks_of(s)), tp, s.ep)
     elif m.gpt is not None and pp > 1:   # the stage that holds the most (embedding or output layer)
-        psi, psi_e = max_stage_params(m.gpt, split(m.gpt, pp, s.stage_layers, chunks_of(s))) / tp, 0.0
+        psi, psi_e = busiest_stage_params(m.gpt, pp, s.stage_layers, chunks_of(s)) / tp, 0.0
     else:
         psi, psi_e = m.params / (tp * pp), 0.0
     d, de = shard_group(s, c), expert_shard_group(s, c)

@@ -145,6 +145,12 @@ def max_stage_params(g: GPTShape, counts: tuple[int, ...]) -> float:
 _MAX_PARAMS: dict[tuple, float] = {}
 
 
+@lru_cache(maxsize=65536)   # memory and the cost model ask for it per candidate
+def busiest_stage_params(g: GPTShape, pp: int, given: tuple[int, ...] | None, v: int) -> float:
+    """max_stage_params of the split ``split(g, pp, given, v)`` takes."""
+    return max_stage_params(g, split(g, pp, given, v))
+
+
 # ---- interleaved (virtual-stage) 1F1B over uneven stages
 #
 # Stage i holds model chunks i, i + p, ..., i + (v-1)p (Megatron-LM's and torch.distributed.pipelining's
