@@ -218,8 +218,9 @@ def default_efficiency(m: ModelStats, c: Cluster, t: Training) -> float:
     return e
 
 
-def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | None = None) -> Plan:
-    """The plan for one valid strategy (call ``check``/``validate`` first); ``mem`` if already known."""
+def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | None = None, memo=None) -> Plan:
+    """The plan for one valid strategy (call ``check``/``validate`` first); ``mem`` if already known; ``memo`` a
+    dict the search keeps per (m, c, t) for the compute the ZeRO stage and the schedule leave alone."""
     by = t.bytes
     n = s.world
     per_replica = t.global_batch // s.dp
@@ -249,7 +250,7 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
     attn_bf16, gemm, attn_s, merge, cx = 0.0, 1.0, 0.0, 0.0, {}
     if m.gpt is not None and not measured and factors is None and rate:
         # linear layers at their GEMM shapes' rate, attention apart (FP8: attention stays BF16), FP8 casts
-        cx = E.transformer_compute(m, c, t, s, hw_fpg, rate, eff)
+        cx = E.transformer_compute(m, c, t, s, hw_fpg, rate, eff, memo)
         attn_s, merge = RING.cp_attention(cx["attn_s"], m.gpt, s, c, t.cp_impl, mb, t.kv_repeat)   # ring.py (cp > 1)
         compute, gemm = cx["compute"] - cx["attn_s"] + attn_s + merge, cx["roofline"]
         attn_bf16 = attn_s if t.precision == "fp8" else 0.0

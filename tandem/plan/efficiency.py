@@ -241,9 +241,22 @@ def attention_rate(c, t, s, seq: int, rate: float, eff: float) -> float:
     return 3.0 / secs
 
 
-def transformer_compute(m, c, t, s, hw_fpg: float, rate: float, eff: float) -> dict:
+def transformer_compute(m, c, t, s, hw_fpg: float, rate: float, eff: float, memo: dict | None = None) -> dict:
     """Seconds of one step's compute per GPU for a transformer: linear layers at ``rate`` x their GEMMs' shape
-    and roofline factor (+ FP8 casts at the memory bandwidth), attention at its kernel's rate (cost.evaluate)."""
+    and roofline factor (+ FP8 casts at the memory bandwidth), attention at its kernel's rate (cost.evaluate).
+    ``memo``: the search's, for one (m, c, t): the result depends on the strategy only through the degrees,
+    the micro-batch and the recompute (hw_fpg, rate and eff follow from them), not on ZeRO, hsdp or the
+    schedule, which the search varies most; the caller must not change the dict."""
+    key = (s.tp, s.cp, s.pp, s.dp, s.ep, s.micro_batch, s.recompute)
+    if memo is not None and key in memo:
+        return memo[key]
+    out = _transformer_compute(m, c, t, s, hw_fpg, rate, eff)
+    if memo is not None:
+        memo[key] = out
+    return out
+
+
+def _transformer_compute(m, c, t, s, hw_fpg: float, rate: float, eff: float) -> dict:
     g = m.gpt
     rc = {"none": 0, "selective": 3, "full": 1}[s.recompute]
     attn_fwd = g.seq * g.layers * g.attn_score_fwd_flops_per_token() * t.global_batch / s.world

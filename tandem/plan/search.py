@@ -111,6 +111,7 @@ def search(m: ModelStats, c: Cluster, t: Training, objective: str = "time", top:
     oom: list[Plan] = []
     counts: Counter = Counter()
     for cl in clusters:
+        memo: dict = {}   # evaluate's compute shared by candidates that differ in ZeRO, hsdp or schedule only
         for s in candidates(m, cl, t, **kw):
             why = check(m, cl, t, s)
             if why:
@@ -124,7 +125,7 @@ def search(m: ModelStats, c: Cluster, t: Training, objective: str = "time", top:
                 counts["out of memory"] += 1
                 if mem.total > 2 * mem.capacity:  # far out of memory: not worth timing as a near miss
                     continue
-            p = evaluate(m, cl, t, s, mem)
+            p = evaluate(m, cl, t, s, mem, memo)
             (fits if mem.fits else oom).append(p)
     key = (lambda p: p.step_s * p.strategy.world / p.training.global_batch) if objective == "cost" \
         else (lambda p: p.step_s)
