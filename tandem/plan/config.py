@@ -33,7 +33,7 @@ from tandem.plan.tp_overlap import MODES as TP_OVERLAP  # noqa: E402
 
 
 def _choice(value: str, valid, field: str) -> str:
-    if type(value) is str and value in valid:   # already canonical (the search builds thousands of strategies from canonical names)
+    if type(value) is str and value in valid:   # already canonical: the search builds thousands of strategies
         return value
     v = str(value).lower()
     if v not in valid:

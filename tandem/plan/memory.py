@@ -65,7 +65,8 @@ def gpt_layer_act_bytes(m: ModelStats, s: Strategy, t: Training, b: int, recompu
     (one in the attention's 7, one in the MLP's 3) go. Selective recompute drops the
     5*a*s/h term (what FlashAttention also avoids); full recompute keeps only the layer input, 2*s*b*h/t.
     """
-    return _layer_act_bytes(m.gpt, m.moe, t.bytes["act"], fused_attention(t, s), s.tp, s.cp, b, recompute or s.recompute)
+    rc = recompute or s.recompute
+    return _layer_act_bytes(m.gpt, m.moe, t.bytes["act"], fused_attention(t, s), s.tp, s.cp, b, rc)
 
 
 @lru_cache(maxsize=65536)   # pure in hashable values (frozen shapes): the search asks for each many times
