@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from functools import lru_cache
 
 from tandem.core.errors import ConfigError
 
@@ -52,6 +53,7 @@ class ParallelDims:
         return self.strategy == "hsdp" or self.dp_replicate > 1
 
     @classmethod
+    @lru_cache(maxsize=4096)   # pure (a frozen result): the planner's search builds the same dims thousands of times
     def from_degrees(cls, dp: int, tp: int = 1, pp: int = 1, zero: int = 0, hybrid: bool = False,
                      ranks_per_node: int | None = None, cp: int = 1, ep: int = 1) -> "ParallelDims":
         """Degrees in the planner's terms (a ZeRO stage, hybrid or not) to dims; no spec checks.

@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from tandem.plan.hardware import Cluster
+from tandem.plan.nccl_algos import choose
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class Group:
         return self.nodes > 1
 
 
+@lru_cache(maxsize=4096)   # pure, a frozen Group: the cost model lays out several groups per candidate
 def layout(size: int, stride: int, gpus_per_node: int) -> Group:
     """Members are ranks r0, r0+stride, ...; ranks fill nodes in order (tp innermost, then dp, then pp
     as Megatron-LM orders them)."""
@@ -120,8 +123,6 @@ def collective(kind: str, nbytes: float, chunks: int, g: Group, c: Cluster) -> t
     per = nbytes / chunks
     if not (measured(c) or c.intra.name.endswith("(measured)")):
         # datasheet links: NCCL's tuner, algorithm x protocol (nccl_algos.py)
-        from tandem.plan.nccl_algos import choose
-
         ch = choose(kind, per, g, c)
         return chunks * ch.time_s, ch.algorithm if ch.protocol == "Simple" else f"{ch.algorithm}/{ch.protocol}"
     factor = 2.0 if kind == "all_reduce" else 1.0

@@ -22,7 +22,7 @@ from tandem.plan import stages as ST
 from tandem.plan.config import Strategy, Training
 from tandem.plan.hardware import Cluster
 from tandem.plan.host import default_threads
-from tandem.plan.memory import Memory, memory, shard_group
+from tandem.plan.memory import Memory, expert_shard_group, memory, shard_group
 from tandem.plan.model import ModelStats
 
 # Fraction of the datasheet peak a model sustains when nothing better is known.
@@ -151,38 +151,39 @@ class Plan:
 
 def check(m: ModelStats, c: Cluster, t: Training, s: Strategy) -> str | None:
     """Why this strategy is invalid, or None. (The search skips; the CLI raises.)"""
+    dp, tp, pp = s.dp, s.tp, s.pp   # read once: the search checks every candidate
     if s.world != c.world:
         if s.cp > 1:
             return (f"dp x tp x pp x cp = {s.dp}x{s.tp}x{s.pp}x{s.cp} = {s.world}, but the cluster has "
                     f"{c.world} GPUs")
         return f"dp x tp x pp = {s.dp}x{s.tp}x{s.pp} = {s.world}, but the cluster has {c.world} GPUs"
-    if t.global_batch % s.dp:
-        return f"global batch {t.global_batch} is not divisible by dp {s.dp}"
-    per_replica = t.global_batch // s.dp
+    if t.global_batch % dp:
+        return f"global batch {t.global_batch} is not divisible by dp {dp}"
+    per_replica = t.global_batch // dp
     if s.micro_batch and per_replica % s.micro_batch:
         return f"micro-batch {s.micro_batch} does not divide the {per_replica} samples per data-parallel rank"
     why = MC.check_cp_ep(m, s)
     if why:
         return why
-    if m.gpt is None and (s.tp > 1 or s.pp > 1):
+    if m.gpt is None and (tp > 1 or pp > 1):
         return f"tp/pp need a transformer shape; {m.name} is a {m.kind} model (use dp and zero)"
     if m.gpt is not None:
         g = m.gpt
-        if g.heads % s.tp or g.kv_heads % s.tp and s.tp % g.kv_heads:
+        if g.heads % tp or g.kv_heads % tp and tp % g.kv_heads:
             return f"heads {g.heads} (kv {g.kv_heads}) are not divisible by tp {s.tp}"
-        if g.ffn % s.tp:
+        if g.ffn % tp:
             return f"ffn {g.ffn} is not divisible by tp {s.tp}"
-        if s.pp > g.layers:
+        if pp > g.layers:
             return f"pp {s.pp} is more than the {g.layers} layers"
-        if s.stage_layers or s.schedule == "interleaved" and s.pp > 1:
+        if s.stage_layers or s.schedule == "interleaved" and pp > 1:
             try:
-                ST.chunks(g, s.pp, s.virtual, s.stage_layers)
+                ST.chunks(g, pp, s.virtual, s.stage_layers)
             except ConfigError as e:
                 return f"{e.field}: {e.message}"
     elif s.stage_layers:
         return "stage-layers: needs a transformer shape with pp > 1"
     mbs = per_replica // (s.micro_batch or per_replica)
-    if s.schedule == "interleaved" and s.pp > 1 and mbs % ST.rounds(mbs, s.pp):
+    if s.schedule == "interleaved" and pp > 1 and mbs % ST.rounds(mbs, pp):
         return (f"the interleaved schedule runs {mbs} micro-batches in max(1, m // pp) = {ST.rounds(mbs, s.pp)} "
                 f"rounds and needs m to be a multiple of them")
     return None
@@ -217,8 +218,9 @@ def default_efficiency(m: ModelStats, c: Cluster, t: Training) -> float:
     return e
 
 
-def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | None = None) -> Plan:
-    """The plan for one valid strategy (call ``check``/``validate`` first); ``mem`` if already known."""
+def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | None = None, memo=None) -> Plan:
+    """The plan for one valid strategy (call ``check``/``validate`` first); ``mem`` if already known; ``memo`` a
+    dict the search keeps per (m, c, t) for the compute the ZeRO stage and the schedule leave alone."""
     by = t.bytes
     n = s.world
     per_replica = t.global_batch // s.dp
@@ -248,7 +250,7 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
     attn_bf16, gemm, attn_s, merge, cx = 0.0, 1.0, 0.0, 0.0, {}
     if m.gpt is not None and not measured and factors is None and rate:
         # linear layers at their GEMM shapes' rate, attention apart (FP8: attention stays BF16), FP8 casts
-        cx = E.transformer_compute(m, c, t, s, hw_fpg, rate, eff)
+        cx = E.transformer_compute(m, c, t, s, hw_fpg, rate, eff, memo)
         attn_s, merge = RING.cp_attention(cx["attn_s"], m.gpt, s, c, t.cp_impl, mb, t.kv_repeat)   # ring.py (cp > 1)
         compute, gemm = cx["compute"] - cx["attn_s"] + attn_s + merge, cx["roofline"]
         attn_bf16 = attn_s if t.precision == "fp8" else 0.0
@@ -297,14 +299,12 @@ def stage_psi(m: ModelStats, s: Strategy) -> float:
         return MC.stage_states(m.moe, ST.split(m.gpt, s.pp, s.stage_layers, ST.chunks_of(s)), s.tp, s.ep)[0]
     if m.gpt is None or s.pp == 1:
         return m.params / (s.tp * s.pp)
-    return ST.max_stage_params(m.gpt, ST.split(m.gpt, s.pp, s.stage_layers, ST.chunks_of(s))) / s.tp
+    return ST.busiest_stage_params(m.gpt, s.pp, s.stage_layers, ST.chunks_of(s)) / s.tp
 
 
 def updated_params(m: ModelStats, s: Strategy, c: Cluster) -> float:
     """Parameters the optimizer step updates on the busiest GPU: its stage's, / the ZeRO shard group; an MoE
     model's experts too (split over ep x tp, sharded over the expert-data-parallel ranks)."""
-    from tandem.plan.memory import expert_shard_group
-
     if m.moe is None:
         return stage_psi(m, s) / (shard_group(s, c) if s.zero else 1)
     ne, e = MC.stage_states(m.moe, ST.split(m.gpt, s.pp, s.stage_layers, ST.chunks_of(s)), s.tp, s.ep)

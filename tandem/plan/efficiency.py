@@ -17,9 +17,14 @@ model's own measured rate.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from tandem.plan import attn_v1 as V1
 from tandem.plan import gemm as G
+# at the top, not per call (the search evaluates thousands of candidates); none of them imports this module
+from tandem.plan import memory_bound as MB
+from tandem.plan import moe_cp as MC
+from tandem.plan import ring as R
 
 # A large GEMM's share of peak (cuBLAS-class kernels): the reference attention kernels are compared with.
 # The FlashAttention-2 paper (Dao 2023, arXiv 2307.08691, section 1) puts optimized GEMMs at up to 80-90% of
@@ -157,6 +162,7 @@ def has_curve(gpu_name: str, k: str) -> bool:
     return _figure(arch_of(gpu_name), k) is not None and k != "unfused"
 
 
+@lru_cache(maxsize=4096)   # pure in its arguments (published tables): once per candidate before
 def kernel_shares(gpu_name: str, k: str, length: float, ring: bool = False,
                   head_dim: int = 128) -> tuple[float, float] | None:
     """(forward, backward) share of the BF16 peak in the planner's FLOP count (backward 2 x forward), or None
@@ -211,8 +217,6 @@ def attention_times(c, t, s, flops_fwd: float, rc: int, rate: float, eff: float,
     shares = kernel_shares(c.gpu.name, k, length, s.cp > 1, head_dim) if t.efficiency is None else None
     prec = "bf16" if t.precision == "fp8" else t.precision
     if shares is not None and prec in ("bf16", "fp16"):   # a calibrated rate is a GEMM's at GEMM_SHARE of peak
-        from tandem.plan import ring as R
-
         peak = c.flops_ref(prec) / (GEMM_SHARE if prec in c.achieved_flops else 1.0)
         d = R.diagonal_fraction(s.cp, t.cp_impl) if diagonal and s.cp > 1 else 0.0
         diag = kernel_shares(c.gpu.name, k, diagonal, False, head_dim) if d else None
@@ -237,13 +241,22 @@ def attention_rate(c, t, s, seq: int, rate: float, eff: float) -> float:
     return 3.0 / secs
 
 
-def transformer_compute(m, c, t, s, hw_fpg: float, rate: float, eff: float) -> dict:
+def transformer_compute(m, c, t, s, hw_fpg: float, rate: float, eff: float, memo: dict | None = None) -> dict:
     """Seconds of one step's compute per GPU for a transformer: linear layers at ``rate`` x their GEMMs' shape
-    and roofline factor (+ FP8 casts at the memory bandwidth), attention at its kernel's rate (cost.evaluate)."""
-    from tandem.plan import memory_bound as MB
-    from tandem.plan import moe_cp as MC
-    from tandem.plan import ring as R
+    and roofline factor (+ FP8 casts at the memory bandwidth), attention at its kernel's rate (cost.evaluate).
+    ``memo``: the search's, for one (m, c, t): the result depends on the strategy only through the degrees,
+    the micro-batch and the recompute (hw_fpg, rate and eff follow from them), not on ZeRO, hsdp or the
+    schedule, which the search varies most; the caller must not change the dict."""
+    key = (s.tp, s.cp, s.pp, s.dp, s.ep, s.micro_batch, s.recompute)
+    if memo is not None and key in memo:
+        return memo[key]
+    out = _transformer_compute(m, c, t, s, hw_fpg, rate, eff)
+    if memo is not None:
+        memo[key] = out
+    return out
 
+
+def _transformer_compute(m, c, t, s, hw_fpg: float, rate: float, eff: float) -> dict:
     g = m.gpt
     rc = {"none": 0, "selective": 3, "full": 1}[s.recompute]
     attn_fwd = g.seq * g.layers * g.attn_score_fwd_flops_per_token() * t.global_batch / s.world

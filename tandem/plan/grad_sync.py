@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from tandem.plan import overlap as O   # imports nothing of tandem's: safe at the top (dp_ops runs per candidate)
+
 if TYPE_CHECKING:   # config.py takes MODES from here
     from tandem.plan.config import Strategy, Training
 
@@ -58,8 +60,6 @@ def dp_ops(op, t: Training, s: Strategy, defer: bool, buckets: int, gbytes: floa
            fwd: float, bwd: float) -> list:
     """ZeRO-1/2 (and ZeRO-3 when ``defer``): the gradients' bucketed reduce-scatter and the parameters' gather,
     built with cost.dp_ops's ``op``; ``fwd`` / ``bwd`` one micro-batch's forward / backward seconds."""
-    from tandem.plan import overlap as O
-
     if defer:   # once a step or round, the compute waiting on it
         rs = op("dp-grad", "reduce_scatter", gbytes, reductions(t, s, mb), g, buckets, "none", 0.0, lambda tm: tm)
     else:   # sharded grads cannot accumulate locally: every micro-batch (ZeRO-2)

@@ -11,14 +11,15 @@ K = master copy + states: 12 for mixed-precision Adam, so 2 + 2 + 12 = 16 bytes/
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from tandem.plan import grad_sync as GS
 from tandem.plan.comm import grad_reduce_bytes
 from tandem.plan.config import Strategy, Training, fused_attention
 from tandem.plan.hardware import Cluster
 from tandem.plan.model import ModelStats
-from tandem.plan.stages import (chunks, chunks_of, first_stage_inflight, max_stage_params, split, stage_inflight,
-                                 stage_params)
+from tandem.plan.stages import (busiest_stage_params, chunks, chunks_of, first_stage_inflight, max_stage_params, split,
+                                 stage_inflight, stage_params)
 
 CONTEXT_BYTES = 1.0 * 1024**3   # CUDA context, cuBLAS/cuDNN workspaces, allocator slack (rough)
 
@@ -64,22 +65,26 @@ def gpt_layer_act_bytes(m: ModelStats, s: Strategy, t: Training, b: int, recompu
     (one in the attention's 7, one in the MLP's 3) go. Selective recompute drops the
     5*a*s/h term (what FlashAttention also avoids); full recompute keeps only the layer input, 2*s*b*h/t.
     """
-    g = m.gpt
-    h, sq, a, tp = g.hidden, g.seq // s.cp, g.heads, s.tp   # cp: each GPU holds s/cp tokens
-    scale = t.bytes["act"] / 2  # the formula counts 2-byte activations and 1-byte masks
     rc = recompute or s.recompute
+    return _layer_act_bytes(m.gpt, m.moe, t.bytes["act"], fused_attention(t, s), s.tp, s.cp, b, rc)
+
+
+@lru_cache(maxsize=65536)   # pure in hashable values (frozen shapes): the search asks for each many times
+def _layer_act_bytes(g, moe, act_bytes: int, fused: bool, tp: int, cp: int, b: int, rc: str) -> float:
+    h, sq, a = g.hidden, g.seq // cp, g.heads   # cp: each GPU holds s/cp tokens
+    scale = act_bytes / 2  # the formula counts 2-byte activations and 1-byte masks
     if rc == "full":
         return 2 * sq * b * h / tp * scale
     mlp = 3 + (6 if g.gated else 4) * g.ffn / h
-    if m.moe is not None:
+    if moe is not None:
         from tandem.plan.moe_cp import mlp_act_coeff
 
-        mlp = mlp_act_coeff(m.moe)
+        mlp = mlp_act_coeff(moe)
     # the two 1-byte dropout masks (after attention's projection and after the MLP), 1 each in the 7 and the 3:
     # none in a model trained without dropout (Llama 3)
     linear = (7 + 4 * g.kv_heads / g.heads) + mlp + 4 - (0 if g.dropout else 2)
     per = sq * b * h * linear / tp
-    if rc == "none" and not fused_attention(t, s):   # fused kernels store no score matrix
+    if rc == "none" and not fused:   # fused kernels store no score matrix
         per += 5 * a * sq * sq * b / tp
     return per * scale
 
@@ -108,26 +113,35 @@ def activation_parts(m: ModelStats, s: Strategy, t: Training, micro_batches: int
       stage has fewer layers than it (Llama 3's 7, 8 x 14, 7): rank r runs 2(p-1-r) fewer warm-up chunk
       forwards than rank 0, but each may hold more layers (stages.stage_inflight, rank by rank).
     """
-    g, b = m.gpt, s.micro_batch
-    per = gpt_layer_act_bytes(m, s, t, b)
-    working = gpt_layer_act_bytes(m, s, t, b, "selective") if s.recompute == "full" else 0.0
-    logits = 4 * (g.seq // s.cp) * b * g.vocab / s.tp
-    layers = inflight_layers(m, s, micro_batches)
+    return dict(_activation_parts(m.gpt, m.moe, t.bytes["act"], fused_attention(t, s), s.tp, s.cp, s.pp, s.micro_batch,
+                                  s.recompute, chunks_of(s), s.schedule == "gpipe", s.stage_layers, micro_batches))
+
+
+@lru_cache(maxsize=65536)   # pure: the search asks for the same parts across ZeRO stages and hsdp (callers copy)
+def _activation_parts(g, moe, act_bytes: int, fused: bool, tp: int, cp: int, pp: int, b: int, recompute: str, v: int,
+                      gpipe: bool, given: tuple[int, ...] | None, micro_batches: int) -> dict:
+    per = _layer_act_bytes(g, moe, act_bytes, fused, tp, cp, b, recompute)
+    working = _layer_act_bytes(g, moe, act_bytes, fused, tp, cp, b, "selective") if recompute == "full" else 0.0
+    logits = 4 * (g.seq // cp) * b * g.vocab / tp
+    if pp == 1:
+        first = per * g.layers + working
+        return {"per_layer": per, "layers": g.layers, "working": working, "logits": logits, "stage": "only",
+                "total": first + logits}
+    # inflight_layers and the last and middle ranks' counts, from one split
+    if gpipe:
+        counts = split(g, pp, given, v)
+        layers, last_layers = counts[0] * micro_batches, counts[-1] * micro_batches
+    else:   # 1F1B: one micro-batch; interleaved: its warm-up's chunk forwards (stages.stage_inflight)
+        held = chunks(g, pp, v, given)
+        layers = first_stage_inflight(held[0], pp, micro_batches)
+        last_layers = stage_inflight(held[-1], pp, micro_batches, pp - 1)
     first = per * layers + working
     out = {"per_layer": per, "layers": layers, "working": working, "logits": 0.0, "stage": "first", "total": first}
-    if s.pp == 1:
-        out.update(logits=logits, total=first + logits, stage="only")
-        return out
-    if s.schedule == "gpipe":
-        last_layers = split(g, s.pp, s.stage_layers, chunks_of(s))[-1] * micro_batches
-    else:   # 1F1B: one micro-batch; interleaved: its warm-up's chunk forwards (stages.stage_inflight)
-        v = chunks_of(s)
-        last_layers = stage_inflight(chunks(g, s.pp, v, s.stage_layers)[-1], s.pp, micro_batches, s.pp - 1)
     last = per * last_layers + working + logits
     if last > first:
         out.update(layers=last_layers, logits=logits, total=last, stage="last")
-    if s.schedule != "gpipe" and 2 < s.pp:
-        r, mid = middle_inflight(m, s, micro_batches)
+    if not gpipe and 2 < pp:
+        r, mid = _middle_inflight(held, pp, micro_batches)
         if per * mid + working > out["total"]:
             out.update(layers=mid, logits=0.0, total=per * mid + working, stage=f"rank {r}")
     return out
@@ -135,32 +149,37 @@ def activation_parts(m: ModelStats, s: Strategy, t: Training, micro_batches: int
 
 def middle_inflight(m: ModelStats, s: Strategy, micro_batches: int) -> tuple[int, float]:
     """(rank, layers in flight) of the middle pipeline rank that holds the most under (interleaved) 1F1B."""
-    v = chunks_of(s)
-    held = chunks(m.gpt, s.pp, v, s.stage_layers)
+    return _middle_inflight(chunks(m.gpt, s.pp, chunks_of(s), s.stage_layers), s.pp, micro_batches)
+
+
+@lru_cache(maxsize=65536)   # the search asks for the same split and micro-batch count across ZeRO stages and hsdp
+def _middle_inflight(held: tuple[tuple[int, ...], ...], pp: int, micro_batches: int) -> tuple[int, float]:
     # of the ranks with the same chunks the first holds the most (2 warm-up chunk forwards more than the next)
-    firsts = {held[r]: r for r in range(s.pp - 2, 0, -1)}.values()
-    return max(((r, stage_inflight(held[r], s.pp, micro_batches, r)) for r in firsts), key=lambda x: (x[1], -x[0]))
+    firsts = {held[r]: r for r in range(pp - 2, 0, -1)}.values()
+    return max(((r, stage_inflight(held[r], pp, micro_batches, r)) for r in firsts), key=lambda x: (x[1], -x[0]))
 
 
 def memory(m: ModelStats, c: Cluster, t: Training, s: Strategy, micro_batches: int) -> Memory:
     notes: list[str] = []
     by = t.bytes
+    zero, tp, pp = s.zero, s.tp, s.pp   # read once: the search calls this for every candidate
     if m.moe is not None:   # experts split over ep x tp, sharded over the expert-data-parallel ranks
         from tandem.plan.moe_cp import stage_states
 
-        psi, psi_e = stage_states(m.moe, split(m.gpt, s.pp, s.stage_layers, chunks_of(s)), s.tp, s.ep)
-    elif m.gpt is not None and s.pp > 1:   # the stage that holds the most (embedding or output layer)
-        psi, psi_e = max_stage_params(m.gpt, split(m.gpt, s.pp, s.stage_layers, chunks_of(s))) / s.tp, 0.0
+        psi, psi_e = stage_states(m.moe, split(m.gpt, pp, s.stage_layers, chunks_of(s)), tp, s.ep)
+    elif m.gpt is not None and pp > 1:   # the stage that holds the most (embedding or output layer)
+        psi, psi_e = busiest_stage_params(m.gpt, pp, s.stage_layers, chunks_of(s)) / tp, 0.0
     else:
-        psi, psi_e = m.params / (s.tp * s.pp), 0.0
+        psi, psi_e = m.params / (tp * pp), 0.0
     d, de = shard_group(s, c), expert_shard_group(s, c)
-    params = psi * by["param"] / (d if s.zero >= 3 else 1) + psi_e * by["param"] / (de if s.zero >= 3 else 1)
-    grads = psi * by["grad"] / (d if s.zero >= 2 else 1) + psi_e * by["grad"] / (de if s.zero >= 2 else 1)
+    params = psi * by["param"] / (d if zero >= 3 else 1) + psi_e * by["param"] / (de if zero >= 3 else 1)
+    grads = psi * by["grad"] / (d if zero >= 2 else 1) + psi_e * by["grad"] / (de if zero >= 2 else 1)
     deferred = GS.deferred(t, s) and m.moe is None and m.gpt is not None
     if deferred:   # reduced once a step: unsharded until then (grad_sync.py)
-        params, grads = GS.model_state_bytes(t, s, psi, d, grad_reduce_bytes(t.precision, s.zero, by["grad"],
+        params, grads = GS.model_state_bytes(t, s, psi, d, grad_reduce_bytes(t.precision, zero, by["grad"],
                                                                               t.grad_reduce))
-    optim = psi * t.optimizer_bytes / (d if s.zero >= 1 else 1) + psi_e * t.optimizer_bytes / (de if s.zero >= 1 else 1)
+    ob = t.optimizer_bytes
+    optim = psi * ob / (d if zero >= 1 else 1) + psi_e * ob / (de if zero >= 1 else 1)
     b, peak_rank = s.micro_batch, None
     if deferred:   # the rank whose activations + gradients accumulated so far peak highest
         act, grads, peak_rank = deferred_peak(m, t, s, micro_batches, grads - psi * by["grad"] / d)
@@ -176,10 +195,10 @@ def memory(m: ModelStats, c: Cluster, t: Training, s: Strategy, micro_batches: i
         act = 0.0
         notes.append("activations unknown for a bare --params model: left out of the total")
     other = CONTEXT_BYTES
-    if s.zero >= 3 and d > 1:   # gathered layer + prefetched next (an MoE layer's experts: / ep); deferred:
+    if zero >= 3 and d > 1:   # gathered layer + prefetched next (an MoE layer's experts: / ep); deferred:
         # the stage's parameters are already counted unsharded (params above), nothing gathered per layer
         ep = s.ep if m.moe is not None else 1
-        other += 0.0 if deferred else 2 * m.largest_layer_params / (s.tp * ep) * t.gather_bytes
+        other += 0.0 if deferred else 2 * m.largest_layer_params / (tp * ep) * t.gather_bytes
     elif s.dp > 1:
         other += 2 * t.bucket_bytes if by["grad"] == 4 else 2 * t.bucket_bytes / 2
     return Memory(params, grads, optim, act, other, c.gpu.memory_bytes, notes, peak_rank)

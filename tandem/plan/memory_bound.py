@@ -31,6 +31,7 @@ dropout is taken as off (the published runs checked here train without it, or fu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 KERNELS = ("fused", "compiled", "eager")
 
@@ -117,6 +118,7 @@ def _elems(coef, g) -> tuple[float, float]:
     return h * g.hidden + f * g.ffn + qk * (g.hidden + g.kv_dim), v * g.vocab
 
 
+@lru_cache(maxsize=4096)   # pure in hashable values (a frozen GPTShape): the search asks once per candidate
 def layer_bytes(g, kernels: str, act_bytes: float, recompute: str = "none", fused_loss: bool | None = None,
                 fp8: bool = False) -> tuple[float, float]:
     """Bytes per token of the memory-bound ops: (per layer, per model: the loss). Full recompute runs each layer's

@@ -19,7 +19,7 @@ from pathlib import Path
 from tandem.core.errors import ConfigError
 
 
-@dataclass
+@dataclass(frozen=True)   # a value (hashable): the cost model caches per-shape arithmetic on it
 class GPTShape:
     layers: int
     hidden: int
@@ -41,9 +41,9 @@ class GPTShape:
             if not isinstance(v, int) or v <= 0:
                 raise ConfigError("must be a positive integer", field=k, value=v, fix=f"give --{k} >= 1")
         if self.kv_heads == 0:
-            self.kv_heads = self.heads
+            object.__setattr__(self, "kv_heads", self.heads)
         if self.ffn == 0:
-            self.ffn = 4 * self.hidden
+            object.__setattr__(self, "ffn", 4 * self.hidden)
         if self.kv_heads < 0 or self.ffn < 0:
             raise ConfigError("must be positive", field="kv-heads/ffn", value=(self.kv_heads, self.ffn),
                               fix="give positive sizes")

@@ -143,10 +143,11 @@ class _Net:
     node_rate_Bps: float
 
 
-@lru_cache(maxsize=1 << 16)
-def _choose(kind: str, nbytes: float, g, net: _Net) -> Choice:
+@lru_cache(maxsize=1 << 16)   # keyed on the fields, not a _Net: a hit then builds nothing
+def _choose(kind: str, nbytes: float, g, intra, inter, gpus_per_node: int, node_rate_Bps: float) -> Choice:
+    net = _Net(intra, inter, gpus_per_node, node_rate_Bps)
     return min(candidates(kind, nbytes, g, net), key=lambda x: x.time_s)
 
 
 def choose(kind: str, nbytes: float, g, c) -> Choice:
-    return _choose(kind, nbytes, g, _Net(c.intra, c.inter, c.gpus_per_node, c.node_rate_Bps))
+    return _choose(kind, nbytes, g, c.intra, c.inter, c.gpus_per_node, c.node_rate_Bps)

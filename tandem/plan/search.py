@@ -8,6 +8,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
+from tandem.core.dims import ParallelDims
 from tandem.plan.config import Strategy, Training
 from tandem.plan.cost import Plan, check, evaluate
 from tandem.plan.explain import gib, ms, si
@@ -68,13 +69,14 @@ def candidates(m: ModelStats, c: Cluster, t: Training, zeros=(0, 1, 2, 3), recom
                         continue
                     hs = (False, True) if hsdp and zero >= 1 and dp * tp > c.gpus_per_node else (False,)
                     for h in hs:
+                        # the dims Strategy(dp=..., ...) would build, once for all the knobs below: the
+                        # degrees are valid by construction (divisors; ep divides dp)
+                        dims = ParallelDims.from_degrees(dp, tp, pp, zero, h, c.gpus_per_node, cp, ep)
                         for rc in recomputes:
                             scheds = [("1f1b", 1)] if pp == 1 else [
                                 (sc, v) for sc in schedules for v in (virtuals if sc == "interleaved" else (1,))]
                             for sc, v in scheds:
-                                yield Strategy(dp=dp, tp=tp, pp=pp, zero=zero, micro_batch=mb, schedule=sc,
-                                               virtual=v, recompute=rc, hsdp=h, ranks_per_node=c.gpus_per_node,
-                                               cp=cp, ep=ep)
+                                yield Strategy(dims, micro_batch=mb, schedule=sc, virtual=v, recompute=rc)
 
 
 CP_MIN_SEQ = 16384   # below it a sequence's activations fit without splitting it (the search tries cp 1 only)
@@ -109,6 +111,7 @@ def search(m: ModelStats, c: Cluster, t: Training, objective: str = "time", top:
     oom: list[Plan] = []
     counts: Counter = Counter()
     for cl in clusters:
+        memo: dict = {}   # evaluate's compute shared by candidates that differ in ZeRO, hsdp or schedule only
         for s in candidates(m, cl, t, **kw):
             why = check(m, cl, t, s)
             if why:
@@ -122,7 +125,7 @@ def search(m: ModelStats, c: Cluster, t: Training, objective: str = "time", top:
                 counts["out of memory"] += 1
                 if mem.total > 2 * mem.capacity:  # far out of memory: not worth timing as a near miss
                     continue
-            p = evaluate(m, cl, t, s, mem)
+            p = evaluate(m, cl, t, s, mem, memo)
             (fits if mem.fits else oom).append(p)
     key = (lambda p: p.step_s * p.strategy.world / p.training.global_batch) if objective == "cost" \
         else (lambda p: p.step_s)

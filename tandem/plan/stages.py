@@ -145,6 +145,12 @@ def max_stage_params(g: GPTShape, counts: tuple[int, ...]) -> float:
 _MAX_PARAMS: dict[tuple, float] = {}
 
 
+@lru_cache(maxsize=65536)   # memory and the cost model ask for it per candidate
+def busiest_stage_params(g: GPTShape, pp: int, given: tuple[int, ...] | None, v: int) -> float:
+    """max_stage_params of the split ``split(g, pp, given, v)`` takes."""
+    return max_stage_params(g, split(g, pp, given, v))
+
+
 # ---- interleaved (virtual-stage) 1F1B over uneven stages
 #
 # Stage i holds model chunks i, i + p, ..., i + (v-1)p (Megatron-LM's and torch.distributed.pipelining's
@@ -302,8 +308,16 @@ def pipeline(m, s, compute: float, mb: int) -> tuple[tuple[int, ...], float, flo
     if m.gpt is None:   # equal stages: (p-1)/v, + (v-1)(p-m)/v with fewer micro-batches than stages
         return (), 1.0, compute * (s.pp - 1 + (v - 1) * max(0, s.pp - mb)) / v / mb
     g = m.gpt
-    counts = split(g, s.pp, s.stage_layers, chunks_of(s))
     rc = m.recompute_flops_per_sample(s.recompute) / (g.seq * g.layers)
+    counts, imb, fill = _stages(g, s.pp, v, s.stage_layers, rc, mb)
+    return counts, imb, compute * fill / mb
+
+
+@lru_cache(maxsize=65536)   # pure in a frozen shape and numbers: the search asks for each split many times
+def _stages(g: GPTShape, pp: int, v: int, given: tuple[int, ...] | None, rc: float,
+            mb: int) -> tuple[tuple[int, ...], float, float]:
+    """(layers per stage, slowest over mean stage, fill and drain in mean-stage micro-batch times)."""
+    counts = split(g, pp, given, v)
     f, h = g.layer_fwd_flops_per_token(), g.logits_fwd_flops_per_token()
-    fill = fill_units(chunks(g, s.pp, v, s.stage_layers), f, 2 * f + rc, h, 2 * h, mb)
-    return counts, imbalance(g, counts, rc), compute * fill / mb
+    fill = fill_units(chunks(g, pp, v, given), f, 2 * f + rc, h, 2 * h, mb)
+    return counts, imbalance(g, counts, rc), fill
