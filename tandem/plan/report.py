@@ -174,8 +174,10 @@ def assumptions(p: Plan, given: set[str], mb_auto: bool) -> list[str]:
             out.append("pipeline sends async, waited before use (--overlap-p2p given: Megatron-core's "
                        "overlap_p2p_comm)")
         elif not t.overlap_p2p:
-            out.append("pipeline sends blocking (default, as Megatron-LM without overlap_p2p_comm; --overlap-p2p for "
-                       "Megatron-core's async sends)")
+            why = ("--no-overlap-p2p given" if "overlap_p2p" in given else
+                   "default, as Megatron-LM without overlap_p2p_comm" + (
+                       "; --overlap-p2p for Megatron-core's async sends" if s.schedule == "interleaved" else ""))
+            out.append(f"pipeline sends blocking ({why})")
         else:
             why = ("it needs the interleaved schedule" if s.schedule != "interleaved" or s.virtual < 2 else
                    f"m = {p.grad_accum} <= p = {s.pp}: every chunk forward is warm-up, no steady state")
