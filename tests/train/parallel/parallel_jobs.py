@@ -78,4 +78,7 @@ WORLD4 = {  # 2 simulated nodes of 2 ranks
 }
 WORLD8 = {"dp2xtp2xpp2": gpt_job("ddp", tp=2, pp=2, world=4)}
 WORLDS = {2: (WORLD2, 2), 4: (WORLD4, 2), 8: (WORLD8, 4)}
+# The quick subset's share of the 2-rank run (conftest.py): one configuration per strategy family
+# (~10 s of the ~40 s the 25 take on 2 cores); the tests of the others are slow-marked cases.
+QUICK = {2: ("ddp", "zero1", "zero2", "zero3", "tp2", "pp2-1f1b", "resnet-ddp")}
 
