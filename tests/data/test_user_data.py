@@ -82,10 +82,14 @@ def test_bad_data_factory_is_one_line(user_dir, factory, words, capsys, monkeypa
 
 def test_train_refuses_before_any_worker(user_dir):
     run = user_dir / "run"
-    r = tandem("train", OWN, "--data.name", "userdata:lists", "--launch.run_dir", str(run), cwd=user_dir)
+    with ThreadPoolExecutor(2) as pool:  # independent commands: their start-ups overlap
+        bad = pool.submit(tandem, "train", OWN, "--data.name", "userdata:lists", "--launch.run_dir", str(run),
+                          cwd=user_dir)
+        good = pool.submit(tandem, "spec", OWN, "--data.name", "userdata:pairs", cwd=user_dir)
+        r, ok = bad.result(), good.result()
     one_line_error(r, "not (x, y) tensors", start="error: data.name: ")
     assert not run.exists()
-    assert tandem("spec", OWN, "--data.name", "userdata:pairs", cwd=user_dir).returncode == 0
+    assert ok.returncode == 0, ok.stderr
 
 
 def _steps(run: Path) -> dict[int, float]:

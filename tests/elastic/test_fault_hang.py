@@ -93,8 +93,12 @@ m(torch.randn(8, 4)).sum().backward()  # DDP's buffer broadcast waits for rank 1
 '''
 
 
-@pytest.mark.parametrize("how", ["hang", "sigstop"])
-@pytest.mark.parametrize("tool", ["py-spy", "faulthandler"])
+# each case starts two workers (4-8 s on 2 cores): the quick subset keeps the one that needs no py-spy;
+# the other three pairings run in the full suite
+@pytest.mark.parametrize("tool, how", [pytest.param("py-spy", "hang", marks=pytest.mark.slow),
+                                       pytest.param("py-spy", "sigstop", marks=pytest.mark.slow),
+                                       pytest.param("faulthandler", "hang", marks=pytest.mark.slow),
+                                       ("faulthandler", "sigstop")])
 def test_hang_dump_names_first_rank_stacks_and_collectives(tmp_path, monkeypatch, how, tool):
     """Two real gloo workers: rank 1 stops (SIGSTOP) or sleeps outside any collective, rank 0
     waits in DDP's next collective. The watchdog's dump must show both."""

@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -156,8 +157,14 @@ def test_factory_in_the_current_directory_imports_like_train(tmp_path, monkeypat
     (tmp_path / "mymodels.py").write_text(MYMODELS)
     env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "250"}
     exe = Path(sys.executable).parent / "tandem"
-    r = subprocess.run([str(exe), "plan", "mymodels:tiny", "--input-shape", "3,8,8", "--json"], cwd=tmp_path,
-                       env=env, capture_output=True, text=True, timeout=120)
+
+    def plan(*args):
+        return subprocess.run([str(exe), "plan", *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=120)
+    with ThreadPoolExecutor(2) as pool:  # the two commands are independent: their start-ups overlap
+        found, missing = pool.submit(plan, "mymodels:tiny", "--input-shape", "3,8,8", "--json"), \
+            pool.submit(plan, "nomodels:tiny")
+        r, r_missing = found.result(), missing.result()
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["model"]["params"] == 3 * 4 * 9 + 4 + 144 * 10 + 10
     # train's model builder imports through the same helper: the same directory, no PYTHONPATH
@@ -168,8 +175,7 @@ def test_factory_in_the_current_directory_imports_like_train(tmp_path, monkeypat
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
     assert sum(p.numel() for p in build_model(ModelSpec(name="mymodels:tiny")).parameters()) == 1562
     assert str(tmp_path) not in sys.path  # the import did not leave the directory behind
-    r = subprocess.run([str(exe), "plan", "nomodels:tiny"], cwd=tmp_path, env=env, capture_output=True,
-                       text=True, timeout=120)
+    r = r_missing
     err = [line for line in r.stderr.splitlines() if line.strip()]
     assert r.returncode == 2 and len(err) == 1 and err[0].startswith("error: model: cannot import 'nomodels:tiny'")
 

@@ -27,8 +27,8 @@ def servers(gpt_export, resnet_export, text_gpt_export, tmp_path_factory):
             running[key] = s.__enter__()
         return running[key]
     yield get
-    for s in running.values():
-        s.__exit__(None, None, None)
+    with ThreadPoolExecutor(len(running) or 1) as ex:  # each waits for its own replicas to stop: side by side
+        list(ex.map(lambda s: s.__exit__(None, None, None), running.values()))
 
 
 @pytest.mark.parametrize("replicas", [1, 2])
@@ -163,6 +163,7 @@ def test_base64_predict_is_bitwise_and_answers_base64(servers, resnet_export):
     assert torch.equal(torch.tensor(lists), want)  # the same numbers either way
 
 
+@pytest.mark.slow  # the module's one server of the byte-level GPT (its own processes): ~6-10 s
 def test_text_prompt_is_byte_level_tokens(servers, text_gpt_export):
     srv = servers("gpt256", 1)
     r = srv.client.post("/v1/generate", json={"text": "héllo", "max_new_tokens": 6})

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from serve.serve_helpers import Server
 from tandem.serve.auth import ApiKeys, presented_key
 from tandem_testing import run_tandem
@@ -24,6 +26,7 @@ def test_check_accepts_only_the_keys():
     assert presented_key({"x-api-key": KEY_B}) == KEY_B
 
 
+@pytest.mark.slow  # a server of its own (front and replica processes): ~6.5 s
 def test_api_keys_gate_every_route_but_health(gpt_export, tmp_path):
     kf = tmp_path / "keys.txt"
     kf.write_text(f"# serving keys\n{KEY_A}\n\n{KEY_B}\n")

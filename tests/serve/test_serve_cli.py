@@ -32,6 +32,7 @@ def test_not_an_export_is_refused(tmp_path):
     assert r.returncode == 2 and "error: EXPORT_DIR: not an export folder (no config.json)" in r.stderr
 
 
+@pytest.mark.slow  # a server started to fail (front and replica processes): ~6 s
 def test_an_export_that_cannot_load_stops_the_server_with_its_reason(gpt_export, tmp_path):
     broken = tmp_path / "broken"
     broken.mkdir()

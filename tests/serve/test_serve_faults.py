@@ -34,6 +34,7 @@ def test_sigkill_one_of_two_replicas_under_load_fails_no_request(gpt_export, tmp
     assert plot_latency(res, tmp_path / "latency.png").stat().st_size > 0 and 0.9 < res["kill"]["at_s"] < 1.5
 
 
+@pytest.mark.slow  # a server of its own (front and replica processes): ~6 s, as the module's other fault tests
 def test_full_queue_answers_429_at_once_and_no_5xx(gpt_export, tmp_path):
     with Server(gpt_export, tmp_path / "srv", "--max-queue", "4", "--max-batch", "1", "--batch-wait-ms", "0") as srv:
         body = {"prompt": [3], "max_new_tokens": 15}

@@ -7,6 +7,7 @@ and reads its exit code and the one line it prints. `tandem spec` runs the same 
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -15,6 +16,13 @@ from tandem_testing import ROOT, one_line_error
 from tandem_testing import run_script as tandem
 
 EXAMPLE = str(ROOT / "examples" / "digits_resnet.toml")
+
+
+def side_by_side(*commands: tuple) -> list:
+    """Independent commands of one test, two at a time (each process spends most of its time importing,
+    on one core: two use both)."""
+    with ThreadPoolExecutor(2) as pool:
+        return list(pool.map(lambda args: tandem(*args), commands))
 
 
 def cuda() -> bool:
@@ -40,12 +48,14 @@ def test_spec_fp16_on_cpu_is_valid():
 
 
 def test_spec_bad_loss_and_clip():
-    one_line_error(tandem("spec", EXAMPLE, "--model.loss", "nosuch_losses:fn"),
-                   "model.loss: cannot import 'nosuch_losses:fn'", "Fix: use cross_entropy | model")
-    one_line_error(tandem("spec", EXAMPLE, "--model.loss", "mean"), "model.loss: unknown loss (got 'mean')")
-    one_line_error(tandem("spec", EXAMPLE, "--model.loss", "model"), "model.loss: the built-in resnet18 returns logits")
-    one_line_error(tandem("spec", EXAMPLE, "--optim.clip_grad_norm", "-1"),
-                   "optim.clip_grad_norm: a gradient norm must be 0 (off) or positive (got -1.0)")
+    imp, mean, model, clip = side_by_side(("spec", EXAMPLE, "--model.loss", "nosuch_losses:fn"),
+                                          ("spec", EXAMPLE, "--model.loss", "mean"),
+                                          ("spec", EXAMPLE, "--model.loss", "model"),
+                                          ("spec", EXAMPLE, "--optim.clip_grad_norm", "-1"))
+    one_line_error(imp, "model.loss: cannot import 'nosuch_losses:fn'", "Fix: use cross_entropy | model")
+    one_line_error(mean, "model.loss: unknown loss (got 'mean')")
+    one_line_error(model, "model.loss: the built-in resnet18 returns logits")
+    one_line_error(clip, "optim.clip_grad_norm: a gradient norm must be 0 (off) or positive (got -1.0)")
 
 
 @pytest.mark.skipif("cuda()", reason="checks the CPU-only answer")
@@ -107,9 +117,10 @@ def test_train_refuses_before_launch(tmp_path, tiny_spec, case, words):
 
 
 def test_token_task_needs_gpt_with_room_for_its_tokens():
-    one_line_error(tandem("spec", EXAMPLE, "--data.name", "reverse"), "data.name: reverse is a token task")
-    one_line_error(tandem("spec", str(ROOT / "examples" / "gpt_reverse.toml"), "--model.vocab", "8"),
-                   "model.vocab: the reverse task has 11 tokens (digits and a separator), the model's vocabulary 8")
+    resnet, small = side_by_side(("spec", EXAMPLE, "--data.name", "reverse"),
+                                 ("spec", str(ROOT / "examples" / "gpt_reverse.toml"), "--model.vocab", "8"))
+    one_line_error(resnet, "data.name: reverse is a token task")
+    one_line_error(small, "model.vocab: the reverse task has 11 tokens (digits and a separator), the model's vocabulary 8")
 
 
 def test_spec_imports_torch_only_when_an_answer_needs_it():
@@ -119,9 +130,11 @@ def test_spec_imports_torch_only_when_an_answer_needs_it():
     code = ("import sys\nfrom tandem.cli import main\ntry:\n    main(sys.argv[1:])\nfinally:\n"
             "    print('torch loaded:', 'torch' in sys.modules)\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    for args, loaded in (([], False), (["--launch.device", "cpu", "--precision.dtype", "bf16"], False),
-                         (["--precision.dtype", "fp16"], False), (["--model.sync_bn", "true"], True)):
-        r = subprocess.run([sys.executable, "-c", code, "spec", EXAMPLE, *args], capture_output=True, text=True,
-                           timeout=120, env=env)
+    cases = (([], False), (["--launch.device", "cpu", "--precision.dtype", "bf16"], False),
+             (["--precision.dtype", "fp16"], False), (["--model.sync_bn", "true"], True))
+    with ThreadPoolExecutor(2) as pool:  # independent processes, two at a time
+        runs = list(pool.map(lambda c: subprocess.run([sys.executable, "-c", code, "spec", EXAMPLE, *c[0]],
+                                                      capture_output=True, text=True, timeout=120, env=env), cases))
+    for (args, loaded), r in zip(cases, runs):
         assert r.stdout.splitlines()[-1] == f"torch loaded: {loaded}", (args, r.stdout, r.stderr)
         assert r.returncode == (2 if loaded and not cuda() else 0), (args, r.stderr)

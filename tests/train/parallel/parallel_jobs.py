@@ -67,6 +67,14 @@ WORLD2 = {
     "resnet-zero2": resnet_job("zero2"),
     "resnet-zero3": resnet_job("zero3"),
 }
+# fp16 with an inf put into one gradient element of rank 1 at step INF_AT, and clipping at CLIP, per
+# strategy (test_fp16_clip.py): in the same 2-rank run, not a spawn of their own
+FP16_CLIP = {"ddp": {}, "zero3": {"strategy": "zero3"}, "tp2": {"tp": 2}, "pp2": {"pp": 2}}
+INF_AT, CLIP = 1, 0.5
+for _name, _kw in FP16_CLIP.items():
+    WORLD2[f"{_name}-fp16"] = (gpt_job(dtype="fp16", **_kw), {"inf_at": INF_AT, "inf_rank": 1})
+    WORLD2[f"{_name}-clip"] = gpt_job(**_kw)
+    WORLD2[f"{_name}-clip"].optim.clip_grad_norm = CLIP
 WORLD4 = {  # 2 simulated nodes of 2 ranks
     "hsdp": gpt_job("hsdp", world=2),
     "dp2xtp2-zero3": gpt_job("zero3", tp=2, world=2),
@@ -78,4 +86,7 @@ WORLD4 = {  # 2 simulated nodes of 2 ranks
 }
 WORLD8 = {"dp2xtp2xpp2": gpt_job("ddp", tp=2, pp=2, world=4)}
 WORLDS = {2: (WORLD2, 2), 4: (WORLD4, 2), 8: (WORLD8, 4)}
+# The quick subset's share of the 2-rank run (conftest.py): one configuration per strategy family
+# (~10 s of the ~40 s the 25 take on 2 cores); the tests of the others are slow-marked cases.
+QUICK = {2: ("ddp", "zero1", "zero2", "zero3", "tp2", "pp2-1f1b", "resnet-ddp")}
 

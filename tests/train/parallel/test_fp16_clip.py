@@ -16,33 +16,16 @@ import sys
 
 import pytest
 
-from harness.numerics import run_many, run_steps_single, spawn
+from harness.numerics import run_steps_single
 
 jobs = sys.modules["parallel_jobs"]  # loaded by this folder's conftest.py
-STRATEGIES = {"ddp": {}, "zero3": {"strategy": "zero3"}, "tp2": {"tp": 2}, "pp2": {"pp": 2}}
-STEPS, INF_AT, CLIP = 3, 1, 0.5
-
-
-def _configs() -> dict:
-    out = {}
-    for name, kw in STRATEGIES.items():
-        out[f"{name}-fp16"] = (jobs.gpt_job(dtype="fp16", **kw), {"inf_at": INF_AT, "inf_rank": 1})
-        clip = jobs.gpt_job(**kw)
-        clip.optim.clip_grad_norm = CLIP
-        out[f"{name}-clip"] = clip
-    return out
-
-
-@pytest.fixture(scope="module")
-def runs():
-    cfgs = _configs()
-    return cfgs, spawn(run_many, 2, cfgs, steps=STEPS)
+STRATEGIES, STEPS, INF_AT, CLIP = jobs.FP16_CLIP, jobs.STEPS, jobs.INF_AT, jobs.CLIP  # the runs: parallel_jobs.py
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(STRATEGIES))
 def test_fp16_skips_an_overflow_on_every_rank_and_learns(name, runs):
-    cfgs, ranks = runs
+    cfgs, ranks = runs(2)
     spec, kw = cfgs[f"{name}-fp16"]
     ref = run_steps_single(spec, STEPS, inf_at=INF_AT, inf_rank=0)
     expect = [i == INF_AT for i in range(STEPS)]
@@ -63,7 +46,7 @@ def test_fp16_skips_an_overflow_on_every_rank_and_learns(name, runs):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(STRATEGIES))
 def test_clipped_global_norm_matches_one_process(name, runs):
-    cfgs, ranks = runs
+    cfgs, ranks = runs(2)
     spec = cfgs[f"{name}-clip"]
     ref = run_steps_single(spec, STEPS)
     assert all(n > CLIP for n in ref["grad_norms"]), "every step is clipped"  # so clipping acts

@@ -72,10 +72,17 @@ def check(name, spec, results):
           f"held-out {c}/{t} (one process: {c_ref}/{t_ref}), logits {abs(fp / fp_ref - 1):.1e} apart")
 
 
-EXACT2 = [n for n in WORLD2 if not n.startswith(("hook-", "local-sgd"))]  # compression: test_hooks.py
+# compression: test_comm_hooks.py; fp16 with an injected inf, clipping: test_fp16_clip.py
+EXACT2 = [n for n in WORLD2 if not n.startswith(("hook-", "local-sgd")) and not n.endswith(("-fp16", "-clip"))]
 
 
-@pytest.mark.parametrize("name", EXACT2)
+def quick_or_slow(names, world=2):
+    """The cases of parallel_jobs.QUICK stay in the quick subset; the others run in the full suite
+    (one spawn either way: conftest.py runs the configurations the session's tests read)."""
+    return [pytest.param(n, marks=() if n in jobs.QUICK[world] else pytest.mark.slow) for n in names]
+
+
+@pytest.mark.parametrize("name", quick_or_slow(EXACT2))
 def test_two_ranks_match_one(name, runs):
     cfgs, ranks = runs(2)
     check(name, cfgs[name], ranks[0])

@@ -69,7 +69,7 @@ def test_hsdp_states_and_comm_match_planner(runs):
         assert v["ratio"] is not None and abs(v["ratio"] - 1) <= 0.05, (kind, v)
 
 
-@pytest.mark.parametrize("name", ["tp2", "tp2-sp", "pp2-1f1b"])
+@pytest.mark.parametrize("name", ["tp2", pytest.param("tp2-sp", marks=pytest.mark.slow), "pp2-1f1b"])
 def test_model_parallel_bytes_printed_beside_planner(name, runs):
     cfgs, ranks = runs(2)
     out = _report(name, 2, 2, ranks)
