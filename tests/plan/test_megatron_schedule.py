@@ -6,6 +6,8 @@ takes exactly the planner's m x slowest stage + fill and drain (stages.fill_unit
 each transfer adds less than the planner's 2 (m + p - 1) v exposed sends charge (0.90 of it at MegaScale's m = 192,
 0.83 at 48, 0.60 at m = p): the blocking calls cost per micro-batch, not per step."""
 
+import functools
+
 import pytest
 
 from tandem.plan import stages as ST
@@ -45,9 +47,14 @@ def test_blocking_p2p_is_within_the_planners_charge(m, share):
     assert sends >= share * op.calls, (sends, op.calls)
 
 
+@functools.lru_cache(maxsize=None)
+def _no_transfer(p, v, m, overlap):   # the same schedule without transfer time (shared by the cases below)
+    return step_time(p, v, m, F, B, 0.0, overlap=overlap)
+
+
 @pytest.mark.parametrize("p,v", [(4, 2), (8, 6), (8, 12), (12, 8)])
 @pytest.mark.parametrize("k", [2, 4])
-@pytest.mark.parametrize("ct", [0.05, 0.5, 1.5, 2.5])   # a send against a chunk's forward (F = 1, backward 2)
+@pytest.mark.parametrize("ct", [0.5, 1.5, 2.5])   # a send against a chunk's forward (F = 1, backward 2)
 def test_overlapped_sends_match_megatron_core(p, v, k, ct):
     """Megatron-core's overlap_p2p_comm (df727128, the schedule MLPerf v3.1's NeMo GPT-3 runs): the sends left on
     the critical path are model_parallel.p2p_exposed's, exactly while a send is no longer than a chunk's forward;
@@ -56,10 +63,10 @@ def test_overlapped_sends_match_megatron_core(p, v, k, ct):
     from tandem.plan.model_parallel import p2p_exposed
 
     m = k * p
-    des = step_time(p, v, m, F, B, ct, overlap=True) - step_time(p, v, m, F, B, 0.0, overlap=True)
+    des = step_time(p, v, m, F, B, ct, overlap=True) - _no_transfer(p, v, m, True)
     planned = p2p_exposed(ct, p, v, m, F)
     assert des == pytest.approx(planned, rel=1e-9 if ct <= F else 0.12)
-    assert des < step_time(p, v, m, F, B, ct) - step_time(p, v, m, F, B, 0.0)   # fewer than blocking
+    assert des < step_time(p, v, m, F, B, ct) - _no_transfer(p, v, m, False)   # fewer than blocking
 
 
 def test_overlap_changes_nothing_without_a_steady_state():
