@@ -35,8 +35,13 @@ def cluster():
     except ImportError as e:
         skip_here_fail_in_ci(f"Ray is not installed ({e}): pip install 'tandem[ray]' (make install installs the ray "
                              "extra)", "the Ray tests")
+    from ray._private.utils import get_ray_address_file
+
     temp = tempfile.mkdtemp(prefix="tr-", dir="/tmp")  # short: Ray's unix sockets live under it (107-byte limit)
     args = {"num_cpus": 1, "include_dashboard": False, "temp_dir": temp}
+    # Cluster() records the head's address in Ray's default temp dir (/tmp/ray/ray_current_cluster) whatever
+    # temp_dir says, and fails where nothing has created that folder yet (a fresh machine: no Ray has run)
+    os.makedirs(os.path.dirname(get_ray_address_file(None)), exist_ok=True)
     c = Cluster(initialize_head=True, connect=False, head_node_args=args)
     try:
         c.add_node(num_cpus=1, temp_dir=temp)
