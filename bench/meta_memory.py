@@ -54,7 +54,7 @@ def spec_for(a, extra: list[str]):
 
 
 def planned(spec, world: int) -> dict:
-    from tandem.plan.memory import CONTEXT_BYTES
+    from tandem.plan.terms.memory import CONTEXT_BYTES
     from tandem.train.parallel.planner_check import plan_for
     stats, mem, _ = plan_for(spec, world, world)
     parts = {"params": mem.params, "grads": mem.grads, "optimizer": mem.optimizer, "activations": mem.activations,

@@ -20,11 +20,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tandem.plan.config import Training  # noqa: E402
+from tandem.plan.inputs.training import Training  # noqa: E402
 from tandem.plan.cost import check, evaluate  # noqa: E402
-from tandem.plan.hardware import make_cluster  # noqa: E402
-from tandem.plan.memory import memory  # noqa: E402
-from tandem.plan.model import preset  # noqa: E402
+from tandem.plan.inputs.hardware import make_cluster  # noqa: E402
+from tandem.plan.terms.memory import memory  # noqa: E402
+from tandem.plan.inputs.model import preset  # noqa: E402
 from tandem.plan.search import search  # noqa: E402
 
 

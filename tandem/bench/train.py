@@ -87,7 +87,7 @@ def measured_step_s(run_dir: Path) -> float:
 def predict(spec_path: Path, calibration: Path, workers: int) -> dict:
     """The planner's step time for this job on `workers` workers of this machine."""
     from tandem.plan.cost import evaluate
-    from tandem.plan.inputs import PlanArgs, resolve, strategy
+    from tandem.plan.inputs.args import PlanArgs, resolve, strategy
 
     m, c, t, v = resolve(PlanArgs(config=str(spec_path), calibration=str(calibration), gpus_per_node=workers,
                                   nodes=1))

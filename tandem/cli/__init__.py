@@ -53,7 +53,7 @@ def _register() -> None:
     # Later stages register here, one line each.
     from tandem.bench.cli import bench_app; app.add_typer(bench_app, name="bench")  # noqa: E702
     from tandem.diagnose.cli import doctor_cmd; app.command("doctor")(doctor_cmd)  # noqa: E702
-    from tandem.plan.cli import plan_cmd; app.command("plan")(plan_cmd)  # noqa: E702
+    from tandem.cli.plan import plan_cmd; app.command("plan")(plan_cmd)  # noqa: E702
     from tandem.export.cli import export_cmd; app.command("export")(export_cmd)  # noqa: E702
     from tandem.diagnose.run_cli import diagnose_cmd; app.command("diagnose")(diagnose_cmd)  # noqa: E702
     from tandem.serve.cli import serve_cmd; app.command("serve")(serve_cmd)  # noqa: E702

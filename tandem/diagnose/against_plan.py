@@ -40,7 +40,7 @@ def plan_inputs(spec: dict, changes: dict | None = None, bucket_floor: float = 0
     """The planner's (model, cluster, training, strategy) for ``spec`` with ``changes`` ({"section.key":
     value}) applied, the DDP bucket at the spec's bucket_cap_mb (at least ``bucket_floor`` bytes).
     ``plan_args``: PlanArgs's own (calibration, compute_time, overlap)."""
-    from tandem.plan.inputs import PlanArgs, resolve, strategy
+    from tandem.plan.inputs.args import PlanArgs, resolve, strategy
 
     d = copy.deepcopy(spec)
     for k, v in (changes or {}).items():
@@ -67,7 +67,8 @@ def planned(spec: dict, changes: dict | None = None) -> dict:
     """The planner's memory per rank (bytes by category) and gradient bytes per step for ``spec`` with
     ``changes`` ({"section.key": value}) applied. {"error": ...} when the planner cannot place the model."""
     from tandem.plan.cost import evaluate
-    from tandem.plan.memory import CONTEXT_BYTES, memory, shard_group
+    from tandem.plan.terms.memory import CONTEXT_BYTES, memory
+    from tandem.plan.terms.params import shard_group
 
     try:
         m, c, t, s = plan_inputs(spec, changes)
@@ -106,7 +107,7 @@ _MODELS: dict[str, object] = {}
 def _model_cache():
     """The what-ifs change strategy, precision and checkpointing, never the model: measure a model (a
     ResNet or a user's factory on the meta device, ~1-2 s each) once per diagnose, not once per what-if."""
-    from tandem.plan import inputs
+    from tandem.plan.inputs import args as inputs
 
     orig = inputs.resolve_model
 

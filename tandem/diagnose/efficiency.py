@@ -23,7 +23,7 @@ LOW = 0.5
 def datasheet_gpu(device: dict | None):
     """The planner's preset for the run's device ({"device": "cuda:0", "name": "NVIDIA H200"}), and why
     there is none: (GPU or None, reason)."""
-    from tandem.plan.calibrated import match_gpu
+    from tandem.plan.inputs.calibration import match_gpu
 
     dev = device or {}
     kind, name = str(dev.get("device") or "cpu"), dev.get("name")

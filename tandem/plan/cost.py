@@ -9,48 +9,29 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tandem.core.errors import ConfigError
-from tandem.plan import comm as C
-from tandem.plan import efficiency as E
-from tandem.plan import fsdp_runtime as FR
-from tandem.plan import grad_sync as GS
-from tandem.plan import memory_bound as MB
-from tandem.plan import model_parallel as MP
-from tandem.plan import moe_cp as MC
-from tandem.plan import overlap as O
-from tandem.plan import ring as RING
-from tandem.plan import stages as ST
-from tandem.plan.config import Strategy, Training
-from tandem.plan.hardware import Cluster
-from tandem.plan.host import default_threads
-from tandem.plan.memory import Memory, expert_shard_group, memory, shard_group
-from tandem.plan.model import ModelStats
+from tandem.plan.inputs.hardware import Cluster
+from tandem.plan.inputs.host_model import default_threads
+from tandem.plan.inputs.model import ModelStats
+from tandem.plan.inputs.training import Strategy, Training
+from tandem.plan.terms.bandwidth_bound import optimizer_seconds
+from tandem.plan.terms.collectives import CommOp, Group, layout
+from tandem.plan.terms.context import cp_attention, cp_op
+from tandem.plan.terms.data_parallel import dp_ops
+from tandem.plan.terms.efficiency import FP8_OVER_BF16, attention_rate, linear, transformer_compute
+from tandem.plan.terms.expert import ep_op
+from tandem.plan.terms.fsdp_copies import plan_seconds
+from tandem.plan.terms.memory import Memory, memory
+from tandem.plan.terms.params import shard_group, updated_params
+from tandem.plan.terms.pipeline import bubble_comm, pp_ops
+from tandem.plan.terms.stages import chunks, pipeline, rounds
+from tandem.plan.terms.tensor_parallel import tp_op
 
 # Fraction of the datasheet peak a model sustains when nothing better is known.
 # gpt: Megatron-LM reaches 44-52% of A100 peak at scale (Narayanan et al. 2021, Table 1).
 # cnn: the seed's own ResNet-50 step (256 images in 220 ms on one A100) is 18% of TF32 peak.
 DEFAULT_EFFICIENCY = {"gpt": 0.5, "cnn": 0.18, "net": 0.4, "params": 0.5}
-# Per architecture where a publication says otherwise: tandem/plan/efficiency.py, each with its source.
+# Per architecture where a publication says otherwise: terms/efficiency.py, each with its source.
 GEMM_FRACTION = 0.8  # a calibration's achieved FLOP/s is a large GEMM at ~80% of peak
-# Megatron-LM's distributed data parallel: gradient buckets of max(40M, 1M x dp) parameters
-# (megatron/core/distributed, bucket_size default), used here for ZeRO-1/2.
-MEGATRON_BUCKET_PARAMS, MEGATRON_BUCKET_PER_DP = 40_000_000, 1_000_000
-
-
-@dataclass
-class CommOp:
-    name: str
-    collective: str
-    bytes: float          # bytes each GPU contributes per call
-    calls: int            # calls per step
-    group: C.Group
-    link: str
-    time_s: float         # all calls of one step
-    exposed_s: float
-    chunks: int = 1       # framework calls per logical call (DDP buckets, FSDP blocks)
-    algorithm: str = "ring"
-    rule: str = "none"    # what hides it: buckets | prefetch | fsdp | manual | tp-bulk | tp-ring | pp-async | none
-    window_s: float = 0.0 # compute it can hide behind, per logical call
-    detail: tuple = ()    # fsdp: (blocks, gather, scatter, block fwd, block bwd, root gather, root scatter) s
 
 
 @dataclass
@@ -144,10 +125,6 @@ class Plan:
             return int(-(-t.samples // t.global_batch))
         return None
 
-    @property
-    def sort_key(self) -> float:
-        return self.step_s
-
 
 def check(m: ModelStats, c: Cluster, t: Training, s: Strategy) -> str | None:
     """Why this strategy is invalid, or None. (The search skips; the CLI raises.)"""
@@ -162,7 +139,7 @@ def check(m: ModelStats, c: Cluster, t: Training, s: Strategy) -> str | None:
     per_replica = t.global_batch // dp
     if s.micro_batch and per_replica % s.micro_batch:
         return f"micro-batch {s.micro_batch} does not divide the {per_replica} samples per data-parallel rank"
-    why = MC.check_cp_ep(m, s)
+    why = check_cp_ep(m, s)
     if why:
         return why
     if m.gpt is None and (tp > 1 or pp > 1):
@@ -177,21 +154,21 @@ def check(m: ModelStats, c: Cluster, t: Training, s: Strategy) -> str | None:
             return f"pp {s.pp} is more than the {g.layers} layers"
         if s.stage_layers or s.schedule == "interleaved" and pp > 1:
             try:
-                ST.chunks(g, pp, s.virtual, s.stage_layers)
+                chunks(g, pp, s.virtual, s.stage_layers)
             except ConfigError as e:
                 return f"{e.field}: {e.message}"
     elif s.stage_layers:
         return "stage-layers: needs a transformer shape with pp > 1"
     mbs = per_replica // (s.micro_batch or per_replica)
-    if s.schedule == "interleaved" and pp > 1 and mbs % ST.rounds(mbs, pp):
-        return (f"the interleaved schedule runs {mbs} micro-batches in max(1, m // pp) = {ST.rounds(mbs, s.pp)} "
+    if s.schedule == "interleaved" and pp > 1 and mbs % rounds(mbs, pp):
+        return (f"the interleaved schedule runs {mbs} micro-batches in max(1, m // pp) = {rounds(mbs, s.pp)} "
                 f"rounds and needs m to be a multiple of them")
     return None
 
 
 def validate(m: ModelStats, c: Cluster, t: Training, s: Strategy) -> None:
     if m.gpt is not None and 1 < s.pp <= m.gpt.layers and (s.stage_layers or s.schedule == "interleaved"):
-        ST.chunks(m.gpt, s.pp, s.virtual, s.stage_layers)   # an impossible split: its own line and fix
+        chunks(m.gpt, s.pp, s.virtual, s.stage_layers)   # an impossible split: its own line and fix
     why = check(m, c, t, s)
     if why:
         fieldname = ("stage-layers" if why.startswith("stage-layers") else "dp" if "cluster has" in why
@@ -210,9 +187,9 @@ def validate(m: ModelStats, c: Cluster, t: Training, s: Strategy) -> None:
 def default_efficiency(m: ModelStats, c: Cluster, t: Training) -> float:
     if t.efficiency is not None:
         return t.efficiency
-    e = E.linear(c.gpu.name, m.kind) or DEFAULT_EFFICIENCY[m.kind]
+    e = linear(c.gpu.name, m.kind) or DEFAULT_EFFICIENCY[m.kind]
     if t.precision == "fp8" and m.kind == "gpt":   # FP8 GEMMs' share (efficiency.py): transformers only
-        e *= E.FP8_OVER_BF16
+        e *= FP8_OVER_BF16
     if t.precision in c.achieved_flops:
         e = min(1.0, e / GEMM_FRACTION)
     return e
@@ -250,38 +227,43 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
     attn_bf16, gemm, attn_s, merge, cx = 0.0, 1.0, 0.0, 0.0, {}
     if m.gpt is not None and not measured and factors is None and rate:
         # linear layers at their GEMM shapes' rate, attention apart (FP8: attention stays BF16), FP8 casts
-        cx = E.transformer_compute(m, c, t, s, hw_fpg, rate, eff, memo)
-        attn_s, merge = RING.cp_attention(cx["attn_s"], m.gpt, s, c, t.cp_impl, mb, t.kv_repeat)   # ring.py (cp > 1)
+        cx = transformer_compute(m, c, t, s, hw_fpg, rate, eff, memo)
+        attn_s, merge = cp_attention(cx["attn_s"], m.gpt, s, c, t.cp_impl, mb, t.kv_repeat)   # context.py (cp > 1)
         compute, gemm = cx["compute"] - cx["attn_s"] + attn_s + merge, cx["roofline"]
         attn_bf16 = attn_s if t.precision == "fp8" else 0.0
     # the slowest pipeline stage sets the pace (compute x imbalance); fill and drain: the bubble (stages.py)
-    counts, imbalance, bubble = ST.pipeline(m, s, compute, mb)
+    counts, imbalance, bubble = pipeline(m, s, compute, mb)
     mean_compute, compute = compute, compute * imbalance
 
     # ---- communication
     ops: list[CommOp] = []
-    dpg = C.layout(s.dp * s.cp, s.tp, gpn)   # cp ranks hold the same weights: gradients reduce over dp x cp
+    dpg = layout(s.dp * s.cp, s.tp, gpn)   # cp ranks hold the same weights: gradients reduce over dp x cp
     if s.hsdp and s.zero >= 1:
         shard = shard_group(s, c)
-        shard_g = C.layout(shard, s.tp, gpn)
-        repl_g = C.layout(s.dp * s.cp // shard, s.tp * shard, gpn)
+        shard_g = layout(shard, s.tp, gpn)
+        repl_g = layout(s.dp * s.cp // shard, s.tp * shard, gpn)
     else:
-        shard_g, repl_g = dpg, C.Group(1, 1, 1)
-    copy_s, side = FR.plan_seconds(m, c, t, s, mb) if cx and t.efficiency is None else (0.0, 0.0)
+        shard_g, repl_g = dpg, Group(1, 1, 1)
+    copy_s, side = plan_seconds(m, c, t, s, mb) if cx and t.efficiency is None else (0.0, 0.0)
     if s.dp * s.cp > 1:
         ops += dp_ops(m, c, t, s, mb, compute, f_model, f_hw, dpg, shard_g, repl_g, side)
     if m.gpt is not None and (s.cp > 1 or s.ep > 1):
         stage_n = max(counts) if counts else m.gpt.layers
-        attn_rate = E.attention_rate(c, t, s, m.gpt.seq, rate, eff) if factors is None else rate
-        ops += [CommOp(**d) for d in MC.cp_ep_ops(m, c, s, by, mb, stage_n, attn_rate, s.recompute, t.cp_impl,
-                                                         t.kv_repeat)]
-    if m.gpt is not None and (s.tp > 1 or s.pp > 1):   # tp activations, pp p2p, tied embedding (model_parallel.py)
-        ops += [CommOp(**d) for d in MP.mp_ops(m, c, t, s, counts, mb, rate * cx.get("gemm", 1.0), compute)]
+        if s.cp > 1:   # ring attention's K/V exchange (context.py)
+            attn_rate = attention_rate(c, t, s, m.gpt.seq, rate, eff) if factors is None else rate
+            ops.append(CommOp(**cp_op(m, c, s, by, mb, stage_n, attn_rate, s.recompute, t.cp_impl, t.kv_repeat)))
+        if s.ep > 1 and m.moe is not None:   # MoE token routing (expert.py)
+            ops.append(CommOp(**ep_op(m, c, s, by, mb, stage_n, s.recompute)))
+    if m.gpt is not None and s.tp > 1:   # tp activations (tensor_parallel.py)
+        layers = max(counts) if counts else m.gpt.layers // s.pp
+        ops.append(CommOp(**tp_op(m, c, t, s, layers, mb, rate * cx.get("gemm", 1.0))))
+    if m.gpt is not None and s.pp > 1:   # pp p2p, tied embedding (pipeline.py)
+        ops += [CommOp(**d) for d in pp_ops(m, c, t, s, mb, compute)]
     # the fill and drain repeat each micro-batch's tp / cp / ep communication as they repeat its compute
-    bubble_comm = MP.bubble_comm(ops, counts, m.gpt.layers, s.pp, bubble, mean_compute) if m.gpt else 0.0
-    bubble += bubble_comm
+    fill_comm = bubble_comm(ops, counts, m.gpt.layers, s.pp, bubble, mean_compute) if m.gpt else 0.0
+    bubble += fill_comm
     mem = mem or memory(m, c, t, s, mb)
-    opt_s = MB.optimizer_seconds(updated_params(m, s, c), c, t) if cx and t.efficiency is None else 0.0
+    opt_s = optimizer_seconds(updated_params(m, s, c), c, t) if cx and t.efficiency is None else 0.0
     compute += opt_s + copy_s   # the step: after the last backward; the copies: not in the windows dp_ops used
     return Plan(m, c, t, s, mb, mem, ops, eff, rate, hw_fpg, model_fpg, compute, bubble, measured,
                 host_factors=factors, stage_layers=counts, stage_imbalance=imbalance,
@@ -289,110 +271,26 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
                 attn_ratio=cx.get("attn_ratio", 1.0), attn_kernel=cx.get("kernel", ""), linear_share=cx.get("gemm", 1.0),
                 gemm_shape=cx.get("tiles", 1.0), fp8_cast_s=cx.get("cast_s", 0.0) * imbalance, cp_merge_s=merge * imbalance,
                 mem_bound_s=cx.get("mem_s", 0.0) * imbalance, optimizer_s=opt_s, fsdp_copy_s=copy_s,
-                bubble_comm_s=bubble_comm)
+                bubble_comm_s=fill_comm)
 
 
-def stage_psi(m: ModelStats, s: Strategy) -> float:
-    """Parameters per GPU on the stage holding the most: with a pipeline, the first (embedding) or the last
-    (output layer, or the tied embedding's copy Megatron keeps there)."""
-    if m.moe is not None:   # the non-expert weights; expert gradients go over their own group (dp_ops)
-        return MC.stage_states(m.moe, ST.split(m.gpt, s.pp, s.stage_layers, ST.chunks_of(s)), s.tp, s.ep)[0]
-    if m.gpt is None or s.pp == 1:
-        return m.params / (s.tp * s.pp)
-    return ST.busiest_stage_params(m.gpt, s.pp, s.stage_layers, ST.chunks_of(s)) / s.tp
-
-
-def updated_params(m: ModelStats, s: Strategy, c: Cluster) -> float:
-    """Parameters the optimizer step updates on the busiest GPU: its stage's, / the ZeRO shard group; an MoE
-    model's experts too (split over ep x tp, sharded over the expert-data-parallel ranks)."""
-    if m.moe is None:
-        return stage_psi(m, s) / (shard_group(s, c) if s.zero else 1)
-    ne, e = MC.stage_states(m.moe, ST.split(m.gpt, s.pp, s.stage_layers, ST.chunks_of(s)), s.tp, s.ep)
-    return ne / (shard_group(s, c) if s.zero else 1) + e / (expert_shard_group(s, c) if s.zero else 1)
-
-
-def dp_ops(m: ModelStats, c: Cluster, t: Training, s: Strategy, mb: int, compute: float, f_model: float,
-           f_hw: float, dpg: C.Group, shard_g: C.Group, repl_g: C.Group, side: float = 0.0) -> list[CommOp]:
-    """Data-parallel collectives with the framework's chunking (buckets, blocks) and overlap."""
-    by = t.bytes
-    psi = stage_psi(m, s)
-    gb = C.grad_reduce_bytes(t.precision, s.zero, by["grad"], t.grad_reduce)   # FP32 for BF16 at ZeRO-1/2 (comm.py)
-    pb = t.gather_bytes   # the stored weights' dtype: fp32 under autocast (config.Training.gather_bytes)
-    gbytes, pbytes = psi * gb, psi * pb
-    fwd_share = f_model / 3 / f_hw if f_hw > 0 else 1 / 3
-    fwd = compute / mb * fwd_share       # one micro-batch's forward
-    bwd = compute / mb - fwd             # ... and backward (with any recompute)
-    # CPU workers (a calibration's host): gloo's threads share the cores compute runs on, so nothing
-    # hides communication unless --overlap says so
-    manual = t.overlap is not None or c.gpu.name == "cpu"
-    frac = t.overlap or 0.0
-    ops: list[CommOp] = []
-
-    def op(name, kind, nbytes, calls, g, chunks, rule, window, exposed_fn):
-        tm, algo = C.collective(kind, nbytes, chunks, g, c)
-        if manual and rule != "none":
-            exposed, rule = O.manual(tm * calls, frac, window * calls), "manual"
-        else:
-            exposed = exposed_fn(tm) * calls
-        return CommOp(name, kind, nbytes, calls, g, C.link_name(g, c), tm * calls, exposed, chunks, algo, rule,
-                      window)
-
-    bucket = max(MEGATRON_BUCKET_PARAMS, MEGATRON_BUCKET_PER_DP * s.dp)
-    if s.zero == 0:
-        buckets = max(1, int(-(-gbytes // t.bucket_bytes)))
-        ops.append(op("dp-grad", "all_reduce", gbytes, 1, dpg, buckets, "buckets", bwd,
-                      lambda tm: O.pipelined(tm, buckets, bwd)))
-    elif s.zero <= 2 or GS.deferred(t, s) and m.moe is None:   # bucketed reduce-scatter + gather (grad_sync.py)
-        buckets = max(1, int(-(-psi // bucket)))
-        ops += GS.dp_ops(op, t, s, GS.deferred(t, s) and m.moe is None, buckets, gbytes, pbytes, shard_g, mb, fwd, bwd)
-    else:
-        units, root = FR.units(m, s, psi)
-        block = (psi - root) / units
-        a = C.collective("all_gather", block * pb, 1, shard_g, c)[0]
-        # side: seconds a parameter of FSDP's own kernels ahead of each reduce-scatter on its stream (fsdp_runtime.py)
-        r = C.collective("reduce_scatter", block * gb, 1, shard_g, c)[0] + block * side
-        ra = C.collective("all_gather", root * pb, 1, shard_g, c)[0] if root else 0.0
-        rr = C.collective("reduce_scatter", root * gb, 1, shard_g, c)[0] + root * side if root else 0.0
-        ex = O.fsdp(units, a, r, fwd / units, bwd / units, ra, rr)
-        chunks = units + (1 if root else 0)
-        # gathered before forward and again before backward (the root once), every micro-batch
-        ag_s = (2 * units * a + ra) * mb
-        rs_s = (units * r + rr) * mb
-        ops.append(CommOp("fsdp-params", "all_gather", pbytes, 2 * mb, shard_g, C.link_name(shard_g, c),
-                          ag_s, O.manual(ag_s, frac, compute) if manual else ex.gather_s * mb,
-                          chunks, "ring", "manual" if manual else "fsdp", compute / mb,
-                          (units, a, r, fwd / units, bwd / units, ra, rr)))
-        ops.append(CommOp("dp-grad", "reduce_scatter", gbytes, mb, shard_g, C.link_name(shard_g, c), rs_s,
-                          O.manual(rs_s, frac, bwd * mb) if manual else ex.scatter_s * mb,
-                          chunks, "ring", "manual" if manual else "fsdp", bwd,
-                          (units, a, r, fwd / units, bwd / units, ra, rr)))
-        buckets = chunks
-    if repl_g.size > 1:  # HSDP: each shard all-reduced across the replicas, chunk by chunk during backward
-        shard = shard_g.size
-        ops.append(op("hsdp-replicas", "all_reduce", gbytes / shard, 1, repl_g, buckets, "buckets", bwd,
-                      lambda tm: O.pipelined(tm, buckets, bwd)))
-    if m.moe is not None:
-        # expert weights: reduced (and ZeRO-sharded) over the dp x cp / ep ranks holding the same experts, on
-        # the stream the dense gradients use: they hide in what of backward the dense ones leave
-        psi_e = MC.stage_states(m.moe, ST.split(m.gpt, s.pp, s.stage_layers, ST.chunks_of(s)), s.tp, s.ep)[1]
-        eg = MC.expert_dp_group(s, c.gpus_per_node)
-        if eg.size > 1 and psi_e > 0:
-            left = max(0.0, bwd - sum(o.time_s / o.calls for o in ops if o.name == "dp-grad"))
-            eb = max(1, int(-(-(psi_e * gb) // t.bucket_bytes))) if s.zero == 0 \
-                else max(1, int(-(-psi_e // bucket)))
-            if s.zero == 0:
-                ops.append(op("ep-grad", "all_reduce", psi_e * gb, 1, eg, eb, "buckets", left,
-                              lambda tm: O.pipelined(tm, eb, left)))
-            else:
-                ops.append(op("ep-grad", "reduce_scatter", psi_e * gb, 1 if s.zero == 1 else mb, eg, eb,
-                              "buckets", left, lambda tm: O.pipelined(tm, eb, left)))
-                if s.zero == 3:   # gathered before forward and backward, prefetched behind compute
-                    ops.append(op("ep-params", "all_gather", psi_e * pb, 2 * mb, eg, eb, "prefetch",
-                                  fwd, lambda tm: O.pipelined(tm, eb, fwd)))
-                elif t.overlap_param_gather:
-                    ops.append(op("ep-params", "all_gather", psi_e * pb, 1, eg, eb, "prefetch", fwd,
-                                  lambda tm: O.pipelined(tm, eb, fwd)))
-                else:
-                    ops.append(op("ep-params", "all_gather", psi_e * pb, 1, eg, eb, "none", 0.0,
-                                  lambda tm: tm))
-    return ops
+def check_cp_ep(m, s) -> str | None:
+    """Why cp/ep do not fit this model and strategy (``ModelStats``, ``Strategy``), or None."""
+    if s.cp > 1:
+        if m.gpt is None:
+            return f"cp {s.cp} needs a transformer shape; {m.name} is a {m.kind} model"
+        if m.gpt.seq % (2 * s.cp):
+            # load-balanced causal ring attention cuts the sequence into 2 x cp chunks (Megatron-core)
+            return (f"cp {s.cp} does not split seq {m.gpt.seq} into 2 x cp = {2 * s.cp} equal chunks "
+                    f"({m.gpt.seq} % {2 * s.cp} = {m.gpt.seq % (2 * s.cp)})")
+    if s.ep > 1:
+        if m.moe is None:
+            return f"ep {s.ep} needs an MoE model (mixtral-8x7b, deepseek-v3 or --experts); {m.name} is dense"
+        if s.dp % s.ep:
+            return f"ep {s.ep} does not divide dp {s.dp} ({s.dp} % {s.ep} = {s.dp % s.ep})"
+        if m.moe.experts % s.ep:
+            return (f"ep {s.ep} does not divide the {m.moe.experts} experts "
+                    f"({m.moe.experts} % {s.ep} = {m.moe.experts % s.ep})")
+    if m.moe is not None and m.moe.expert_ffn % s.tp:
+        return f"expert ffn {m.moe.expert_ffn} is not divisible by tp {s.tp}"
+    return None

@@ -1,21 +1,24 @@
-"""explain[] sentences for memory: an MoE model's states and the per-layer activation arithmetic behind the memory
-line (Korthikanti et al. 2022, Table 2 and Section 4.2.3), with the layers a pipeline stage holds in flight."""
+"""explain[] sentences for memory: an MoE model's states, the per-layer activation arithmetic behind the memory
+line (Korthikanti et al. 2022, Table 2 and Section 4.2.3) with the layers a pipeline stage holds in flight, and
+what gradient sync under a pipeline (grad_sync.py) holds at the peak."""
 
 from __future__ import annotations
 
-from tandem.plan import stages as ST
-from tandem.plan.config import fused_attention
 from tandem.plan.cost import Plan
-from tandem.plan.explain import gib
+from tandem.plan.inputs.model import mlp_act_coeff
+from tandem.plan.inputs.training import fused_attention
+from tandem.plan.terms.collectives import grad_reduce_bytes
+from tandem.plan.terms.grad_sync import deferred, reductions
+from tandem.plan.terms.memory import activation_parts
+from tandem.plan.terms.params import expert_shard_group, shard_group, stage_states
+from tandem.plan.terms.stages import chunks, chunks_of, rounds, split, stage_inflight
+from tandem.plan.units import gib
 
 
 def moe_states_sentence(p: Plan) -> str:
     """Where an MoE model's parameters sit: the non-expert ones as a dense model's, the experts over ep."""
-    from tandem.plan.memory import expert_shard_group, shard_group
-    from tandem.plan.moe_cp import stage_states
-
     m, s, t, c = p.model, p.strategy, p.training, p.cluster
-    dense, expert = stage_states(m.moe, ST.split(m.gpt, s.pp, s.stage_layers, ST.chunks_of(s)), s.tp, s.ep)
+    dense, expert = stage_states(m.moe, split(m.gpt, s.pp, s.stage_layers, chunks_of(s)), s.tp, s.ep)
     d, de = shard_group(s, c), expert_shard_group(s, c)
     k = t.bytes["param"] + t.bytes["grad"] + t.optimizer_bytes
     return (f"Model states (MoE): {dense / 1e9:.4g}B non-expert parameters per GPU (/ tp {s.tp} on the stage "
@@ -26,8 +29,6 @@ def moe_states_sentence(p: Plan) -> str:
 
 def activation_sentence(p: Plan) -> str:
     """The per-layer activation arithmetic behind the memory line (Korthikanti et al. 2022, Table 2)."""
-    from tandem.plan.memory import activation_parts
-
     m, s, t = p.model, p.strategy, p.training
     g = m.gpt
     parts = activation_parts(m, s, t, p.grad_accum)
@@ -41,8 +42,6 @@ def activation_sentence(p: Plan) -> str:
         mlp = 3 + (6 if g.gated else 4) * g.ffn / g.hidden
         mlp_note = ""
         if m.moe is not None:
-            from tandem.plan.moe_cp import mlp_act_coeff
-
             e = m.moe
             mlp = mlp_act_coeff(e)
             k = 6 if g.gated else 4
@@ -97,12 +96,35 @@ def inflight_arithmetic(p: Plan, stage: str) -> str:
     # the warm-up simulation stages.stage_inflight runs (Korthikanti et al.'s 1 + (p-1)/(p x v) only for equal
     # chunks and many micro-batches)
     g, m, v = p.model.gpt, p.grad_accum, s.virtual
-    held = ST.chunks(g, s.pp, v, s.stage_layers)[0]
-    rnd = m // ST.rounds(m, s.pp)
+    held = chunks(g, s.pp, v, s.stage_layers)[0]
+    rnd = m // rounds(m, s.pp)
     n = min(m * v, (v - 1) * rnd + 2 * (s.pp - 1) + 1)
     warm = sum(held[(j // rnd) % v] for j in range(n))
-    grow = ("" if warm >= ST.stage_inflight(held, s.pp, m, 0) else f", {warm} layers; the steady state's forwards "
+    grow = ("" if warm >= stage_inflight(held, s.pp, m, 0) else f", {warm} layers; the steady state's forwards "
             f"on larger chunks pair with backwards on smaller ones (stages.schedule_order) up to the peak")
     return (f" (interleaved 1F1B: min(m x v, (v-1) x round + 2(p-1) + 1) = min({m} x {v}, {v - 1} x {rnd} + "
             f"2 x {s.pp - 1} + 1) = {n} chunk forwards before the first backward, the j-th on chunk "
             f"(j // {rnd}) mod {v} of {'/'.join(map(str, held))} layers{grow})")
+
+
+def grad_sync_sentence(p: Plan) -> str:
+    """The explain[] line: when the stage's gradients are reduced and what that holds at the memory peak."""
+    t, s, mem = p.training, p.strategy, p.memory
+    if not deferred(t, s) or p.model.gpt is None or p.model.moe is not None:
+        return ""
+    by = t.bytes
+    gb = grad_reduce_bytes(t.precision, s.zero, by["grad"], t.grad_reduce)
+    n, d = reductions(t, s, p.grad_accum), shard_group(s, p.cluster)
+    psi = mem.params / by["param"]
+    shard = psi * by["grad"] / d
+    when = (f"after its last backward of each of the {n} rounds of the interleaved schedule" if n > 1 else
+            "after its last backward of the step")
+    g = 1024**3
+    return (f"Gradient sync under the pipeline (pp_grad_sync {t.pp_grad_sync}): each chunk's gradients accumulate "
+            f"unsharded at {gb} B a parameter and are reduce-scattered {when} ({n} call(s) per step, the compute "
+            f"waiting for each, as torch's pipelining does); parameters held unsharded, {psi / 1e9:.4g}B x "
+            f"{by['param']} B = {mem.params / g:.3g} GiB. At the busiest rank's (pipeline rank {mem.peak_rank}) peak "
+            f"of activations + gradients: "
+            f"activations {mem.activations / g:.3g} GiB + the live chunks' gradients {(mem.grads - shard) / g:.3g} "
+            f"GiB (of {psi * gb / g:.3g} GiB for the whole stage) + their shard {psi / 1e9:.4g}B x {by['grad']} B / "
+            f"{d} = {shard / 2**20:.4g} MiB: grads {mem.grads / g:.3g} GiB.")

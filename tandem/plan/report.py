@@ -4,22 +4,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from tandem.plan import efficiency as E
-from tandem.plan import grad_sync as GS
-from tandem.plan import model_parallel as MP
-from tandem.plan.config import fused_attention
-from tandem.plan.stages import split_name
+from rich.table import Table
+
 from tandem.plan.cost import Plan
-from tandem.plan.explain import explain, gib, ms, overlap_rule, si, warnings
+from tandem.plan.explain import explain, warnings
+from tandem.plan.explain_comm import overlap_rule
+from tandem.plan.inputs.training import fused_attention
+from tandem.plan.terms.collectives import grad_reduce_bytes
+from tandem.plan.terms.efficiency import FP8_OVER_BF16, arch_of, linear
+from tandem.plan.terms.grad_sync import deferred
+from tandem.plan.terms.pipeline import async_p2p
+from tandem.plan.terms.stages import split_name
+from tandem.plan.units import gib, ms, si
 
 SCHEMA = "tandem.plan/1"
 KINDS = {"gpt": "transformer", "cnn": "CNN", "net": "measured token model", "params": "bare parameter count"}
 
 
 def grad_reduce(t, s) -> str | None:
-    """The dtype data-parallel gradients are reduced in (comm.grad_reduce_bytes); None without dp x cp."""
-    from tandem.plan.comm import grad_reduce_bytes
-
+    """The dtype data-parallel gradients are reduced in (collectives.grad_reduce_bytes); None without dp x cp."""
     if s.dp * s.cp <= 1:   # cp ranks reduce gradients too (cost.py: dp x cp)
         return None
     stored = t.bytes["grad"]
@@ -86,8 +89,6 @@ def to_dict(p: Plan, with_explain: bool = True) -> dict[str, Any]:
 
 
 def render(d: dict[str, Any], console, assumed: list[str] | None = None) -> None:
-    from rich.table import Table
-
     st, tm, mem, th = d["strategy"], d["time"], d["memory_per_gpu"], d["throughput"]
     cl = d["cluster"]  # compute measured on this host's workers: the GPU preset then only sets memory limits
     if cl["gpu"] == "cpu":  # a CPU cluster from a calibration: its workers, the host's RAM shared
@@ -164,13 +165,13 @@ def assumptions(p: Plan, given: set[str], mb_auto: bool) -> list[str]:
         why = how("tp_overlap", "default, as torch without async TP and Megatron-LM before August 2021 run it; "
                                 "Megatron-LM since March 2022: bulk")
         line = f"tensor-parallel communication: overlap {t.tp_overlap} ({why}: none|bulk|ring)"
-        if t.tp_overlap != "none" and tp.group.nodes > 1:   # tp_overlap.tp_op charges it as none
+        if t.tp_overlap != "none" and tp.group.nodes > 1:   # tensor_parallel.tp_op charges it as none
             line += (f", but the tp group spans {tp.group.nodes} nodes: charged in full (userbuffers / symmetric "
                      "memory need one NVLink domain)")
         out.append(line)
     pp = next((o for o in p.comm if o.name == "pp-p2p"), None)
     if pp is not None:
-        if MP.async_p2p(t, s, p.grad_accum):
+        if async_p2p(t, s, p.grad_accum):
             out.append("pipeline sends async, waited before use (--overlap-p2p given: Megatron-core's "
                        "overlap_p2p_comm)")
         elif not t.overlap_p2p:
@@ -186,7 +187,7 @@ def assumptions(p: Plan, given: set[str], mb_auto: bool) -> list[str]:
         out.append("--overlap-p2p given, but pp 1 (no pipeline sends): it has no effect")
     if "fsdp" in given and s.zero < 3:
         out.append(f"--fsdp {t.fsdp} given, but zero {s.zero} < 3: no FSDP runs, so it has no effect")
-    if "pp_grad_sync" in given and t.pp_grad_sync != "microbatch" and not (GS.deferred(t, s) and p.model.moe is None
+    if "pp_grad_sync" in given and t.pp_grad_sync != "microbatch" and not (deferred(t, s) and p.model.moe is None
                                                                           and p.model.gpt is not None):
         why = (f"zero {s.zero} < 2 (no sharded gradients)" if s.zero < 2 else "pp 1 (no pipeline)" if s.pp == 1
                else "an MoE model (reduced per micro-batch: not modelled)" if p.model.moe is not None
@@ -208,8 +209,8 @@ def assumptions(p: Plan, given: set[str], mb_auto: bool) -> list[str]:
         out.append("compute from this model's measured FLOP/s (calibration)")
     else:
         ref = "calibrated" if t.precision in c.achieved_flops else "datasheet peak"
-        arch = E.arch_of(c.gpu.name) if E.linear(c.gpu.name, p.model.kind) else None
-        fp8 = f" x {E.FP8_OVER_BF16:.3f} for FP8" if t.precision == "fp8" and p.model.kind == "gpt" else ""
+        arch = arch_of(c.gpu.name) if linear(c.gpu.name, p.model.kind) else None
+        fp8 = f" x {FP8_OVER_BF16:.3f} for FP8" if t.precision == "fp8" and p.model.kind == "gpt" else ""
         why = (f"the {arch.arch} figure for a transformer's linear layers{fp8}, efficiency.py" if arch else
                "default for a " + KINDS.get(p.model.kind, p.model.kind) + fp8
                + (", an end-to-end figure" if p.model.kind == "params" else ""))

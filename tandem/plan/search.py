@@ -9,12 +9,12 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from tandem.core.dims import ParallelDims
-from tandem.plan.config import Strategy, Training
 from tandem.plan.cost import Plan, check, evaluate
-from tandem.plan.explain import gib, ms, si
-from tandem.plan.hardware import Cluster
-from tandem.plan.memory import memory
-from tandem.plan.model import ModelStats
+from tandem.plan.inputs.hardware import Cluster
+from tandem.plan.inputs.model import ModelStats
+from tandem.plan.inputs.training import Strategy, Training
+from tandem.plan.terms.memory import memory
+from tandem.plan.units import gib, ms
 
 
 def divisors(n: int) -> list[int]:

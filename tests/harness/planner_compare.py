@@ -10,11 +10,11 @@ calls) per collective against the bytes the ranks handed to the process group.
 
 from __future__ import annotations
 
-from tandem.plan.config import Strategy, Training
+from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.cost import evaluate
-from tandem.plan.hardware import make_cluster
-from tandem.plan.memory import memory
-from tandem.plan.model import GPTShape, gpt_stats
+from tandem.plan.inputs.hardware import make_cluster
+from tandem.plan.terms.memory import memory
+from tandem.plan.inputs.model import GPTShape, gpt_stats
 
 OPTIM = {"sgd": "sgd-momentum", "adamw": "adamw"}
 KIND = {"all_reduce": "all_reduce", "reduce_scatter": "reduce_scatter", "all_gather": "all_gather",

@@ -3,9 +3,9 @@ import json
 import pytest
 
 from tandem.core.errors import ConfigError
-from tandem.plan import calibration
-from tandem.plan.comm import all_reduce, layout
-from tandem.plan.hardware import make_cluster
+from tandem.plan.inputs import calibration
+from tandem.plan.terms.collectives import all_reduce, layout
+from tandem.plan.inputs.hardware import make_cluster
 
 
 def doc(**over):
@@ -49,8 +49,8 @@ def test_missing_calibration_file(tmp_path):
 
 def test_measure_on_meta_matches_presets():
     pytest.importorskip("tandem.models")
-    from tandem.plan.measure import measure
-    from tandem.plan.model import CNN_PRESETS
+    from tandem.plan.inputs.measure import measure
+    from tandem.plan.inputs.model import CNN_PRESETS
 
     m = measure("tandem.models.resnet:resnet18", "3,224,224", {"num_classes": 1000})
     p = CNN_PRESETS["resnet18"]
@@ -60,6 +60,6 @@ def test_measure_on_meta_matches_presets():
 
 
 def test_measure_bad_path():
-    from tandem.plan.measure import measure
+    from tandem.plan.inputs.measure import measure
     with pytest.raises(ConfigError):
         measure("no.such.module:f")

@@ -26,7 +26,7 @@ def app():
         from tandem.cli import app as main_app
         return main_app
     except ImportError:  # other stages not there yet: a tiny app with only `plan`
-        from tandem.plan.cli import plan_cmd
+        from tandem.cli.plan import plan_cmd
         a = typer.Typer()
         a.command("plan")(plan_cmd)
         a.command("noop")(lambda: None)

@@ -4,13 +4,13 @@ import math
 
 import pytest
 
-from tandem.plan import nccl_algos as NA
-from tandem.plan import overlap as O
-from tandem.plan.comm import TREE_BW, Group, collective, layout
-from tandem.plan.config import Strategy
+from tandem.plan.terms import nccl_algos as NA
+from tandem.plan.terms import dp_overlap as O
+from tandem.plan.terms.collectives import TREE_BW, Group, collective, layout
+from tandem.plan.inputs.training import Strategy
 from tandem.plan.explain import explain
-from tandem.plan.hardware import make_cluster
-from tandem.plan.model import preset
+from tandem.plan.inputs.hardware import make_cluster
+from tandem.plan.inputs.model import preset
 
 MiB = 1024**2
 
@@ -51,7 +51,7 @@ def test_ring_stays_on_two_nodes_and_for_big_messages():
 
 def test_explain_says_which_algorithm():
     c = make_cluster("h100-sxm", 8, 1250, inter="ib-ndr", nics_per_node=8)
-    from tandem.plan.config import Training
+    from tandem.plan.inputs.training import Training
     from tandem.plan.cost import evaluate
     p = evaluate(preset("llama2-7b"), c, Training(global_batch=10_000), Strategy(dp=10_000, micro_batch=1))
     (op,) = p.comm

@@ -5,13 +5,15 @@ import json
 import pytest
 
 from tandem.core.errors import ConfigError
-from tandem.plan import moe_cp as M
-from tandem.plan.config import Strategy, Training
+from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.cost import check, evaluate
-from tandem.plan.hardware import make_cluster
-from tandem.plan.model import preset
+from tandem.plan.inputs.hardware import make_cluster
+from tandem.plan.inputs.model import preset
 from tandem.plan.report import to_dict
 from tandem.plan.search import candidates, search
+from tandem.plan.inputs.model import DEEPSEEK_V3, expert_params, mlp_params, moe_params
+from tandem.plan.terms.memory import states_per_gpu
+from tandem.plan.terms.params import stage_states
 
 H100x8 = dict(gpu="h100-sxm", gpus_per_node=8, inter="ib-ndr", nics_per_node=8)
 
@@ -59,7 +61,7 @@ def test_expert_parallel_memory_and_routing():
     c = make_cluster(**H100x8)
     m, t = preset("mixtral-8x7b"), Training(global_batch=64, optimizer="adam")
     p = evaluate(m, c, t, Strategy(dp=8, ep=8, zero=1, micro_batch=1, recompute="full"))
-    st = M.states_per_gpu(m.moe, tp=1, pp=1, ep=8, dp=8, zero=1, by=t.bytes, optimizer_bytes=t.optimizer_bytes)
+    st = states_per_gpu(m.moe, tp=1, pp=1, ep=8, dp=8, zero=1, by=t.bytes, optimizer_bytes=t.optimizer_bytes)
     mem = p.memory
     assert mem.params + mem.grads + mem.optimizer == pytest.approx(st["params"] + st["grads"] + st["optimizer"])
     a2a = ops(p)["ep-all-to-all"]
@@ -68,9 +70,9 @@ def test_expert_parallel_memory_and_routing():
     assert a2a.exposed_s == a2a.time_s and a2a.link == "nvlink4"
     assert "ep-grad" not in ops(p)                           # dp / ep = 1: each GPU owns its experts
     # the optimizer step updates the experts too: non-expert / dp 8 + this GPU's experts / (dp / ep = 1)
-    ne, e = M.stage_states(m.moe, (32,), 1, 8)
+    ne, e = stage_states(m.moe, (32,), 1, 8)
     assert e > 20 * ne / 8
-    from tandem.plan import memory_bound as MB
+    from tandem.plan.terms import bandwidth_bound as MB
     assert p.optimizer_s == pytest.approx(MB.optimizer_seconds(ne / 8 + e, c, t))
     assert "parameters this GPU updates (experts included)" in "\n".join(to_dict(p)["explain"])
     # two nodes, dp 16: the experts' gradients reduce over the 2 GPUs holding the same experts (8 apart,
@@ -79,7 +81,7 @@ def test_expert_parallel_memory_and_routing():
     p2 = evaluate(m, c2, Training(global_batch=64, optimizer="adam"), Strategy(dp=16, ep=8, zero=1, micro_batch=1))
     eg = ops(p2)["ep-grad"]
     assert (eg.group.size, eg.group.nodes, ops(p2)["dp-grad"].group.size) == (2, 2, 16)
-    assert eg.bytes == pytest.approx(M.expert_params(m.moe) / 8 * 4)   # BF16 grads reduced in FP32 (Megatron)
+    assert eg.bytes == pytest.approx(expert_params(m.moe) / 8 * 4)   # BF16 grads reduced in FP32 (Megatron)
     text = "\n".join(to_dict(p2)["explain"])
     assert "top_k 2 of 8 experts" in text and "dp x cp / ep = 16 x 1 / 8 = 2 GPUs" in text
 
@@ -152,9 +154,9 @@ def test_flash_attention_drops_the_score_matrix_without_recompute():
 
 
 def test_moe_stage_states_add_up_and_put_the_dense_layers_first():
-    d = M.DEEPSEEK_V3
-    dense, expert = M.stage_states(d, (61,), 1, 1)
-    assert dense + expert == pytest.approx(M.params(d)) and expert == M.expert_params(d)
+    d = DEEPSEEK_V3
+    dense, expert = stage_states(d, (61,), 1, 1)
+    assert dense + expert == pytest.approx(moe_params(d)) and expert == expert_params(d)
     # 61 layers on 2 stages (31, 30): the first holds the embedding and the 3 dense layers, so fewer experts
-    first = M.stage_states(d, (31, 0), 1, 8)
-    assert first[1] == pytest.approx((31 - 3) * d.experts * M.mlp_params(d.base, d.expert_ffn) / 8)
+    first = stage_states(d, (31, 0), 1, 8)
+    assert first[1] == pytest.approx((31 - 3) * d.experts * mlp_params(d.base, d.expert_ffn) / 8)

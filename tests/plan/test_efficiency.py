@@ -5,14 +5,15 @@ share and pays for its casts; --efficiency overrides all of it."""
 
 import pytest
 
-from tandem.plan import efficiency as E
-from tandem.plan import gemm as G
-from tandem.plan import memory_bound as MB
-from tandem.plan.config import Strategy, Training
+from tandem.plan.terms import efficiency as E
+from tandem.plan.terms import gemm as G
+from tandem.plan.terms import bandwidth_bound as MB
+from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.cost import evaluate
 from tandem.plan.explain import explain
-from tandem.plan.hardware import GPUS, get_gpu, make_cluster
-from tandem.plan.model import GPTShape, gpt_stats, preset
+from tandem.plan.inputs.hardware import GPUS, get_gpu, make_cluster
+from tandem.plan.inputs.model import GPTShape, gpt_stats, preset
+from tandem.plan.explain_compute import attention_source
 
 
 def test_every_preset_gpu_has_an_architecture_with_sources():
@@ -21,7 +22,7 @@ def test_every_preset_gpu_has_an_architecture_with_sources():
         assert a is not None, name
         assert a.linear_source and 0 < a.attention <= 1.0 and 0 < a.unfused <= 1.0
         for k in ("unfused", "fused"):
-            assert E.attention_source(name, E.kernel(name, Training(attention_kernel=k)))
+            assert attention_source(name, E.kernel(name, Training(attention_kernel=k)))
     assert E.linear("v100-32gb", "gpt") == 0.30 and E.linear("a100-80gb", "gpt") == 0.71
     assert E.linear("h100-sxm", "gpt") == 0.508 and E.linear("b200", "gpt") is None
     assert E.linear("a100-80gb", "params") is None     # an end-to-end default, not a linear-layer share
@@ -130,7 +131,7 @@ def test_flashattention2_table3_2k_and_8k_rows():
 def test_cpu_calibration_compute_has_no_gpu_shape_factor():
     # review item 1: the H100 GEMM-shape table is for tensor-core GEMMs; a CPU host's (or custom GPU's) linear
     # layers run at the calibrated rate x the roofline (1.0 at 0 B/s), as before the compute model
-    from tandem.plan.hardware import Cluster, GPU, Link
+    from tandem.plan.inputs.hardware import Cluster, GPU, Link
 
     m = gpt_stats(GPTShape(layers=2, hidden=64, heads=4, seq=32, vocab=128))
     cpu = GPU("cpu", 8e9, {"fp32": 4e10}, "loop")
@@ -190,7 +191,7 @@ def test_cpu_calibration_of_gpt_reverse_plans_compute_as_flops_over_the_measured
     from pathlib import Path
 
     from plan.test_user_paths import cpu_calibration
-    from tandem.plan.inputs import PlanArgs, resolve, strategy
+    from tandem.plan.inputs.args import PlanArgs, resolve, strategy
 
     root = Path(__file__).resolve().parents[2]
     a = PlanArgs(config=str(root / "examples" / "gpt_reverse.toml"),
@@ -214,7 +215,7 @@ def test_fp8_explain_names_attention_once_and_grad_reduce_takes_any_case():
 def test_first_generation_flashattention_runs_at_its_share_of_flashattention2():
     # FlashAttention-2 paper's forward + backward figures, causal, head dim 128, 4k tokens: H100 FlashAttention 126
     # and FlashAttention-2 294 TFLOP/s; A100 FlashAttention 76, Triton 74, FlashAttention-2 173
-    from tandem.plan import attn_v1 as V1
+    from tandem.plan.terms import attention_kernels as V1
 
     f = 4096 * 32 * 4 * 4096 * 4096
     fa2 = _plan("h100-sxm", attention_kernel="fa2")

@@ -6,12 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from tandem.plan.config import Strategy, Training
-from tandem.plan.cost import evaluate, stage_psi
+from tandem.plan.inputs.training import Strategy, Training
+from tandem.plan.cost import evaluate
 from tandem.plan.explain import explain
-from tandem.plan.hardware import make_cluster
-from tandem.plan.inputs import PlanArgs, resolve, strategy
-from tandem.plan.model import preset
+from tandem.plan.inputs.hardware import make_cluster
+from tandem.plan.inputs.args import PlanArgs, resolve, strategy
+from tandem.plan.inputs.model import preset
+from tandem.plan.terms.params import stage_psi
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gpt_stdlib.toml"
 
@@ -92,8 +93,8 @@ def test_allgather_cp_reports_the_gathered_bytes():
     """Meta's all-gather CP: the JSON's bytes per call are the gathered K/V of all cp chunks (the all-gather's
     output, the reduce-scatter's input: comm.all_gather's convention, as fsdp-params), not one chunk; the collective
     times are those of exactly these bytes, and the explain line prints cp x chunk = gathered."""
-    from tandem.plan.comm import collective
-    from tandem.plan.explain import si
+    from tandem.plan.terms.collectives import collective
+    from tandem.plan.units import si
 
     line, p = _ring_line("h100-sxm", "allgather")
     o = next(x for x in p.comm if x.name == "cp-ring")

@@ -8,13 +8,13 @@ from typer.testing import CliRunner
 
 from tandem.cli import app
 from tandem.core.errors import ConfigError
-from tandem.plan import fsdp_runtime as FR
-from tandem.plan.config import Strategy, Training
+from tandem.plan.terms import fsdp_copies as FR
+from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.cost import evaluate
 from tandem.plan.explain import explain
-from tandem.plan.explain_layout import pipeline_line
-from tandem.plan.hardware import make_cluster
-from tandem.plan.model import preset
+from tandem.plan.explain_compute import pipeline_line
+from tandem.plan.inputs.hardware import make_cluster
+from tandem.plan.inputs.model import preset
 
 
 def test_bytes_per_parameter_by_implementation():
@@ -124,7 +124,7 @@ def test_pipeline_line_fill_excludes_the_copies():
 def test_deferred_sync_holds_no_extra_gather_buffers():
     """Under pp_grad_sync step|round a ZeRO-3 stage's parameters are already counted unsharded (memory.params),
     so "other" adds no gathered + prefetched layer; per micro-batch it does."""
-    from tandem.plan.memory import CONTEXT_BYTES
+    from tandem.plan.terms.memory import CONTEXT_BYTES
 
     for sync, sched in (("step", "1f1b"), ("round", "interleaved")):
         p = _pp_plan(sync, schedule=sched)

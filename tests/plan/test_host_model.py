@@ -5,12 +5,12 @@ import json
 import pytest
 
 from tandem.core.errors import ConfigError
-from tandem.plan import calibration
-from tandem.plan.config import Strategy, Training
+from tandem.plan.inputs import calibration
+from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.cost import evaluate
-from tandem.plan.hardware import make_cluster
-from tandem.plan.host import ModelCalibration
-from tandem.plan.model import ModelStats
+from tandem.plan.inputs.hardware import make_cluster
+from tandem.plan.inputs.host_model import ModelCalibration
+from tandem.plan.inputs.model import ModelStats
 
 FWD = 4e6  # forward FLOPs per sample of the test model: 12 MFLOP per training sample
 
@@ -121,7 +121,7 @@ def test_plan_cli_uses_the_measured_model(tmp_path):
     spec = spec_for(builtin_spec(), TrainBenchOptions(workers=[1, 4]), 4, tmp_path)
     sp = tmp_path / "spec.yaml"
     sp.write_text(yaml.safe_dump(to_dict(spec)))
-    from tandem.plan.inputs import PlanArgs, resolve
+    from tandem.plan.inputs.args import PlanArgs, resolve
     flops = resolve(PlanArgs(config=str(sp)))[0].flops_per_sample
     cal = tmp_path / "cal.json"
     cal.write_text(json.dumps(cal_doc(model_entry(name="resnet18", flops_per_sample=flops))))

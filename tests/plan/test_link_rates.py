@@ -12,9 +12,9 @@ protocols and the per-hop latencies were modelled, 8 KB took 42 us of latency al
 
 import pytest
 
-from tandem.plan import nccl_algos as NA
-from tandem.plan.comm import collective, layout
-from tandem.plan.hardware import LINKS, make_cluster
+from tandem.plan.terms import nccl_algos as NA
+from tandem.plan.terms.collectives import collective, layout
+from tandem.plan.inputs.hardware import LINKS, make_cluster
 
 GiB = 1 << 30
 
@@ -56,9 +56,9 @@ def test_small_all_reduce_latency_as_published(nbytes, published_us):
 
 
 def test_json_has_both_rates():
-    from tandem.plan.config import Strategy, Training
+    from tandem.plan.inputs.training import Strategy, Training
     from tandem.plan.cost import evaluate
-    from tandem.plan.model import preset
+    from tandem.plan.inputs.model import preset
     from tandem.plan.report import to_dict
 
     c = make_cluster("h100-sxm", 8, 2, inter="ib-ndr", nics_per_node=8)

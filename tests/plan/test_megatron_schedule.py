@@ -10,11 +10,11 @@ import functools
 
 import pytest
 
-from tandem.plan import stages as ST
-from tandem.plan.config import Strategy, Training
+from tandem.plan.terms import stages as ST
+from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.cost import evaluate
-from tandem.plan.hardware import make_cluster
-from tandem.plan.model import GPTShape, gpt_stats
+from tandem.plan.inputs.hardware import make_cluster
+from tandem.plan.inputs.model import GPTShape, gpt_stats
 from tests.plan.megatron_schedule import step_time
 
 F, B = 1.0, 2.0   # a chunk's forward and backward (one layer a chunk); only ratios matter
@@ -60,7 +60,7 @@ def test_overlapped_sends_match_megatron_core(p, v, k, ct):
     the critical path are model_parallel.p2p_exposed's, exactly while a send is no longer than a chunk's forward;
     longer, the closed form is an approximation, within 12% of it on this grid (m up to 4 p, a send up to 2.5 x a
     chunk's forward; it over-charges more as m grows: model_parallel.py); m = k p micro-batches."""
-    from tandem.plan.model_parallel import p2p_exposed
+    from tandem.plan.terms.pipeline import p2p_exposed
 
     m = k * p
     des = step_time(p, v, m, F, B, ct, overlap=True) - _no_transfer(p, v, m, True)

@@ -2,10 +2,10 @@
 
 import pytest
 
-from tandem.plan.config import Strategy, Training
-from tandem.plan.hardware import make_cluster
-from tandem.plan.memory import gpt_layer_act_bytes, memory
-from tandem.plan.model import GPTShape, gpt_stats, params_only
+from tandem.plan.inputs.training import Strategy, Training
+from tandem.plan.inputs.hardware import make_cluster
+from tandem.plan.terms.memory import gpt_layer_act_bytes, memory
+from tandem.plan.inputs.model import GPTShape, gpt_stats, params_only
 
 
 def states(zero, precision="bf16", optimizer="adam", dp=64, params=7.5e9):
@@ -87,7 +87,7 @@ def test_activation_arithmetic_is_printed_per_layer():
     # 1F1B's first stage holds p = 8 micro-batches of its 12 layers = 96 layers' worth: 32.1 GiB
     from tandem.plan.cost import evaluate
     from tandem.plan.explain import explain
-    from tandem.plan.model import preset
+    from tandem.plan.inputs.model import preset
     p = evaluate(preset("gpt3-175b"), make_cluster("a100-80gb", 8, 8), Training(global_batch=64),
                  Strategy(dp=1, tp=8, pp=8, micro_batch=1))
     line = next(x for x in explain(p) if x.startswith("Activations:"))
@@ -102,8 +102,9 @@ def test_deferred_sync_activations_line_describes_the_memory_lines_rank():
     import re
 
     from tandem.plan.cost import evaluate
-    from tandem.plan.explain import explain, gib
-    from tandem.plan.memory import activation_parts
+    from tandem.plan.explain import explain
+    from tandem.plan.units import gib
+    from tandem.plan.terms.memory import activation_parts
 
     m = gpt_stats(GPTShape(layers=24, hidden=4096, heads=16, seq=4096, vocab=256000))
     t = Training(global_batch=64, precision="bf16", attention_kernel="fa2", pp_grad_sync="step")

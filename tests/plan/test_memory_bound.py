@@ -4,13 +4,13 @@ fuses; and where it is not charged (CPU hosts, a measured compute time, --effici
 
 import pytest
 
-from tandem.plan import efficiency as E
-from tandem.plan import memory_bound as MB
-from tandem.plan.config import Strategy, Training
+from tandem.plan.terms import efficiency as E
+from tandem.plan.terms import bandwidth_bound as MB
+from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.cost import evaluate
 from tandem.plan.explain import explain
-from tandem.plan.hardware import make_cluster
-from tandem.plan.model import GPTShape, gpt_stats, preset
+from tandem.plan.inputs.hardware import make_cluster
+from tandem.plan.inputs.model import GPTShape, gpt_stats, preset
 
 
 def test_llama_layer_bytes_counted_op_by_op():
@@ -103,7 +103,7 @@ def test_a_tandem_job_spec_is_planned_as_tandems_trainer_runs(tmp_path):
     weights (no 16-bit copy), clipping only with optim.clip_grad_norm > 0."""
     from pathlib import Path
 
-    from tandem.plan.inputs import from_job_spec
+    from tandem.plan.inputs.args import from_job_spec
 
     src = Path(__file__).resolve().parents[2] / "examples" / "gpt_stdlib.toml"
     spec = from_job_spec(str(src))
@@ -116,7 +116,7 @@ def test_a_tandem_job_spec_is_planned_as_tandems_trainer_runs(tmp_path):
     spec = from_job_spec(str(tmp_path / "j.toml"))
     assert spec["kernels"] == "compiled" and spec["_clip_grad"] is True and spec["_autocast"] is True
     assert spec["fused_loss"] is False and spec["grad_reduce"] == "fp32"   # fp32 gradients under autocast
-    from tandem.plan.inputs import PlanArgs, resolve
+    from tandem.plan.inputs.args import PlanArgs, resolve
 
     _, _, t, _ = resolve(PlanArgs(config=str(tmp_path / "j.toml")))
     assert (t.autocast, t.clip_grad, t.fused_loss, t.grad_reduce, t.kernels) == (True, True, False, "fp32", "compiled")
@@ -154,7 +154,7 @@ def test_a_tandem_sgd_job_spec_times_its_step(tmp_path):
     import re
     from pathlib import Path
 
-    from tandem.plan.inputs import PlanArgs, resolve, strategy
+    from tandem.plan.inputs.args import PlanArgs, resolve, strategy
 
     src = Path(__file__).resolve().parents[2] / "examples" / "gpt_stdlib.toml"
     text = src.read_text().replace('name = "adamw"', 'name = "sgd"').replace("weight_decay = 0.0\n", "")

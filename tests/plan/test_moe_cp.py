@@ -10,55 +10,58 @@ Published figures:
 
 import pytest
 
-from tandem.plan import moe_cp as M
-from tandem.plan.hardware import make_cluster
-from tandem.plan.memory import gpt_layer_act_bytes
-from tandem.plan.config import Strategy, Training
-from tandem.plan.model import GPTShape, gpt_stats
+from tandem.plan.inputs.hardware import make_cluster
+from tandem.plan.terms.memory import gpt_layer_act_bytes
+from tandem.plan.inputs.training import Strategy, Training
+from tandem.plan.inputs.model import GPTShape, gpt_stats
+from tandem.plan.inputs.model import DEEPSEEK_V3, MIXTRAL_8X7B, MoEShape, expert_params, fwd_flops_per_token, moe_params
+from tandem.plan.terms.context import cp_comm, cp_shape, min_chunk_for_overlap
+from tandem.plan.terms.expert import all_to_all, ep_comm
+from tandem.plan.terms.memory import states_per_gpu
 
 
 def test_mixtral_parameters_as_published():
-    m = M.MIXTRAL_8X7B
-    assert M.params(m) == pytest.approx(46.7e9, rel=0.005)
-    assert M.params(m, active=True) == pytest.approx(12.9e9, rel=0.005)
+    m = MIXTRAL_8X7B
+    assert moe_params(m) == pytest.approx(46.7e9, rel=0.005)
+    assert moe_params(m, active=True) == pytest.approx(12.9e9, rel=0.005)
 
 
 def test_deepseek_v3_parameters_as_published():
-    m = M.DEEPSEEK_V3
-    assert M.params(m) == pytest.approx(671e9, rel=0.01)
-    assert M.params(m, active=True) == pytest.approx(37e9, rel=0.03)
+    m = DEEPSEEK_V3
+    assert moe_params(m) == pytest.approx(671e9, rel=0.01)
+    assert moe_params(m, active=True) == pytest.approx(37e9, rel=0.03)
 
 
 def test_one_expert_is_the_dense_model_plus_its_router():
     g = GPTShape(layers=4, hidden=256, heads=4, seq=128, vocab=1000, gated=True, bias=False, norm="rmsnorm")
-    m = M.MoEShape(g, experts=1, top_k=1, expert_ffn=g.ffn)
-    assert M.params(m) == g.params() + 4 * 256
-    assert M.fwd_flops_per_token(m) == pytest.approx(g.layers * g.layer_fwd_flops_per_token()
+    m = MoEShape(g, experts=1, top_k=1, expert_ffn=g.ffn)
+    assert moe_params(m) == g.params() + 4 * 256
+    assert fwd_flops_per_token(m) == pytest.approx(g.layers * g.layer_fwd_flops_per_token()
                                                       + g.logits_fwd_flops_per_token() + 2 * 4 * 256)
 
 
 def test_expert_parallel_states_per_gpu():
     """Mixtral on 8 GPUs, ep 8, ZeRO-1, bf16 Adam: each GPU holds one expert per layer, the rest whole."""
-    m = M.MIXTRAL_8X7B
+    m = MIXTRAL_8X7B
     by = {"param": 2, "grad": 2}
-    st = M.states_per_gpu(m, tp=1, pp=1, ep=8, dp=8, zero=1, by=by, optimizer_bytes=12)
-    experts = M.expert_params(m)
-    rest = M.params(m) - experts
+    st = states_per_gpu(m, tp=1, pp=1, ep=8, dp=8, zero=1, by=by, optimizer_bytes=12)
+    experts = expert_params(m)
+    rest = moe_params(m) - experts
     assert st["expert_params_per_gpu"] == experts / 8 and st["dense_params_per_gpu"] == rest
     assert st["params"] == pytest.approx(2 * (experts / 8 + rest))
     # the expert-data-parallel group is dp / ep = 1: its optimizer state is not sharded further
     assert st["optimizer"] == pytest.approx(12 * (experts / 8 + rest / 8))
     with pytest.raises(ValueError):
-        M.states_per_gpu(m, tp=1, pp=1, ep=3, dp=8, zero=1, by=by, optimizer_bytes=12)
+        states_per_gpu(m, tp=1, pp=1, ep=3, dp=8, zero=1, by=by, optimizer_bytes=12)
 
 
 def test_all_to_all_inside_and_across_nodes():
     c = make_cluster("h100-sxm", 8, 4, inter="ib-ndr", nics_per_node=8)
     S = 64e6
-    assert M.all_to_all(S, 8, 8, c) == pytest.approx(S * 7 / 8 / 370e9 + 7 * 3e-6)
+    assert all_to_all(S, 8, 8, c) == pytest.approx(S * 7 / 8 / 370e9 + 7 * 3e-6)
     # ep 32 over 4 nodes: 7/32 of the bytes on NVLink (370 GB/s achievable), 24/32 through the GPU's NIC (48 GB/s)
-    assert M.all_to_all(S, 32, 8, c) == pytest.approx(S * 7 / 32 / 370e9 + S * 24 / 32 / 48e9 + 31 * 5e-6)
-    r = M.ep_comm(M.MIXTRAL_8X7B, micro_batch=1, cp=1, ep=8, act_bytes=2, c=c)
+    assert all_to_all(S, 32, 8, c) == pytest.approx(S * 7 / 32 / 370e9 + S * 24 / 32 / 48e9 + 31 * 5e-6)
+    r = ep_comm(MIXTRAL_8X7B, micro_batch=1, cp=1, ep=8, act_bytes=2, c=c)
     assert r["bytes_per_call"] == 4096 * 2 * 1.0 * 4096 * 2 and r["calls"] == 4 * 32
 
 
@@ -68,16 +71,16 @@ def test_context_parallel_activations_and_ring_overlap():
     t = Training(global_batch=8, precision="bf16")
     s = Strategy(dp=1, micro_batch=1, recompute="selective")
     full = gpt_layer_act_bytes(gpt_stats(g), s, t, 1)
-    quarter = gpt_layer_act_bytes(gpt_stats(M.cp_shape(g, 4)), s, t, 1)
+    quarter = gpt_layer_act_bytes(gpt_stats(cp_shape(g, 4)), s, t, 1)
     assert quarter == pytest.approx(full / 4)           # flash-style attention: linear in the tokens held
     c = make_cluster("h100-sxm", 8, 1)
     rate = 989.4e12 * 0.5
-    chunk = M.min_chunk_for_overlap(g, 2, rate, 450e9)
+    chunk = min_chunk_for_overlap(g, 2, rate, 450e9)
     assert chunk == pytest.approx(rate * 1024 * 2 / (2 * 4096 * 450e9))   # ~275 tokens on H100 NVLink
-    r = M.cp_comm(g, 1, 4, 2, rate, c)
+    r = cp_comm(g, 1, 4, 2, rate, c)
     assert r["bytes_per_step"] == 2 * 8192 * 1024 * 2 and r["steps"] == 3 * 32
     assert r["exposed_s"] == 0.0 and r["time_s"] > 0   # 8192 tokens a GPU >> 275: hidden behind attention
-    slow = M.cp_comm(g, 1, 4, 2, rate, make_cluster("h100-sxm", 1, 4, inter="eth-10"), crosses_nodes=True)
+    slow = cp_comm(g, 1, 4, 2, rate, make_cluster("h100-sxm", 1, 4, inter="eth-10"), crosses_nodes=True)
     assert slow["exposed_s"] > 0                        # across 10 GbE it is not
     with pytest.raises(ValueError):
-        M.cp_shape(g, 5)
+        cp_shape(g, 5)

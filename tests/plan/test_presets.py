@@ -10,7 +10,7 @@ bidirectional); NVIDIA L4 datasheet (24 GB, 300 GB/s; FP32 30.3 TF; TF32 120, FP
 
 import pytest
 
-from tandem.plan.hardware import GiB, get_gpu, get_link, make_cluster
+from tandem.plan.inputs.hardware import GiB, get_gpu, get_link, make_cluster
 
 T = 1e12
 

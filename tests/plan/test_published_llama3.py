@@ -104,11 +104,11 @@ from statistics import median
 
 import pytest
 
-from tandem.plan import stages as ST
-from tandem.plan.config import Strategy, Training
+from tandem.plan.terms import stages as ST
+from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.cost import check, evaluate
-from tandem.plan.hardware import make_cluster
-from tandem.plan.model import GPTShape, gpt_stats
+from tandem.plan.inputs.hardware import make_cluster
+from tandem.plan.inputs.model import GPTShape, gpt_stats
 
 SHAPE = dict(layers=126, hidden=16384, heads=128, kv_heads=8, ffn=53248, vocab=128256, gated=True, bias=False,
              norm="rmsnorm", tied=False, learned_pos=False, dropout=False)
@@ -172,7 +172,7 @@ def test_memory_counts_the_rank_that_holds_most():
     """A middle rank with 8 layers holds more than the 7-layer first stage, and with uneven chunks the steady
     state grows past the warm-up (torch's order: a forward on a 2-layer chunk pairs with a backward on a 1-layer
     one): 1,2,2,1,1 over 32 micro-batches peaks at 158 layers, not the warm-up's 127."""
-    from tandem.plan.memory import activation_parts
+    from tandem.plan.terms.memory import activation_parts
 
     assert ST.stage_inflight((1, 2, 2, 1, 1), 16, 32, 0) == 158 > 127
     p = _plan(*TABLE_4[0], virtual=7, sync="microbatch")   # 1-layer chunks on the first stage, one 2-layer on rank 1

@@ -66,10 +66,10 @@ from statistics import median
 
 import pytest
 
-from tandem.plan.config import Strategy, Training
+from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.cost import evaluate, validate
-from tandem.plan.hardware import make_cluster
-from tandem.plan.model import GPTShape, gpt_stats
+from tandem.plan.inputs.hardware import make_cluster
+from tandem.plan.inputs.model import GPTShape, gpt_stats
 from tests.plan.published_fit import fit
 
 MT_NLG = GPTShape(layers=105, hidden=20480, heads=128, seq=2048, vocab=51200)
@@ -146,7 +146,7 @@ def test_deepspeed_schedule_is_1f1b_plus_blocking_transfers():
     over one HDR port, the engine's partitioned send) that is ~1% more a micro-batch and ~0.03 s a step against
     the table's ~14% and ~7 s: the schedule is not where the miss is."""
     from tests.plan.deepspeed_schedule import step_time
-    from tandem.plan import comm
+    from tandem.plan.terms import collectives as comm
 
     p, F, B = PP, 1.0, 3.0   # full recompute: a backward is the recomputed forward + 2 forwards
     for m in (160, 240):

@@ -6,12 +6,14 @@ from dataclasses import replace
 
 import pytest
 
-from tandem.plan import moe_cp as M
-from tandem.plan import ring as R
-from tandem.plan.config import Strategy, Training
+from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.cost import evaluate
-from tandem.plan.hardware import make_cluster
-from tandem.plan.model import GPTShape, gpt_stats
+from tandem.plan.inputs.hardware import make_cluster
+from tandem.plan.inputs.model import GPTShape, gpt_stats
+from tandem.plan.cost import check_cp_ep
+from tandem.plan.terms.attention_kernels import speed, train_speed
+from tandem.plan.terms.context import block_length, cp_comm, diagonal_fraction, kv_width, merge_s
+from tandem.plan.terms.efficiency import block_share
 
 LLAMA3_8B = GPTShape(layers=32, hidden=4096, heads=32, kv_heads=8, seq=262144, vocab=128256, ffn=14336,
                      gated=True, bias=False, norm="rmsnorm", tied=False, learned_pos=False)
@@ -19,26 +21,26 @@ LLAMA3_8B = GPTShape(layers=32, hidden=4096, heads=32, kv_heads=8, seq=262144, v
 
 def test_kernel_speed_follows_the_flashattention3_figure():
     # Shah et al. 2024, forward, head dim 128, H100 SXM5: FA3 467 (512) ... 648 (16k); cuDNN peaks at 2k
-    assert R.speed("fa3", 512) == 467 and R.speed("fa3", 16384) == 648 and R.speed("fa3", 1 << 20) == 648
-    assert R.speed("fa2", 3 * 1024) == pytest.approx(362 + (368 - 362) * (math.log2(3072) - 11))
+    assert speed("fa3", 512) == 467 and speed("fa3", 16384) == 648 and speed("fa3", 1 << 20) == 648
+    assert speed("fa2", 3 * 1024) == pytest.approx(362 + (368 - 362) * (math.log2(3072) - 11))
     # Megatron/TE (cuDNN) at cp 2 of 8192 tokens: blocks of 8192 / (2 sqrt 2) = 2896 tokens
     # forward + backward (backward 2.5 F in the paper): 3 / (1/fwd + 2.5/bwd); cuDNN at 8k: 600 and 518
-    assert R.train_speed("cudnn", 8192) == pytest.approx(3 / (1 / 600 + 2.5 / 518))
-    assert R.block_share("h100-sxm", "megatron", 8192, 2) == pytest.approx(
-        R.train_speed("cudnn", 2896.3) / R.train_speed("cudnn", 8192), rel=1e-3)
-    assert R.block_share("h100-sxm", "torch", 262144, 8) == 1.0          # clamped at the figure's 16k
+    assert train_speed("cudnn", 8192) == pytest.approx(3 / (1 / 600 + 2.5 / 518))
+    assert block_share("h100-sxm", "megatron", 8192, 2) == pytest.approx(
+        train_speed("cudnn", 2896.3) / train_speed("cudnn", 8192), rel=1e-3)
+    assert block_share("h100-sxm", "torch", 262144, 8) == 1.0          # clamped at the figure's 16k
     # the A100's FlashAttention-2 follows the same kernel's H100 curve by length (efficiency.py); B200: no figure
-    assert R.block_share("a100-80gb", "torch", 8192, 8) == pytest.approx(
-        R.train_speed("fa2", 8192 / (8 * 2 ** 0.5)) / R.train_speed("fa2", 8192))
-    assert R.block_share("b200", "torch", 8192, 8) == 1.0
-    assert R.block_share("h100-sxm", "megatron", 8192, 1) == 1.0
+    assert block_share("a100-80gb", "torch", 8192, 8) == pytest.approx(
+        train_speed("fa2", 8192 / (8 * 2 ** 0.5)) / train_speed("fa2", 8192))
+    assert block_share("b200", "torch", 8192, 8) == 1.0
+    assert block_share("h100-sxm", "megatron", 8192, 1) == 1.0
 
 
 def test_kv_bytes_and_block_flops_are_per_gpu_under_tp():
     g = LLAMA3_8B
-    assert R.kv_width(g, 1) == 1024 and R.kv_width(g, 4) == 256 and R.kv_width(g, 16) == 128   # 8 kv heads
+    assert kv_width(g, 1) == 1024 and kv_width(g, 4) == 256 and kv_width(g, 16) == 128   # 8 kv heads
     c = make_cluster("h100-sxm", 8, 1)
-    one, four = (M.cp_comm(g, 1, 2, 2, 400e12, c, tp=t) for t in (1, 4))
+    one, four = (cp_comm(g, 1, 2, 2, 400e12, c, tp=t) for t in (1, 4))
     assert four["bytes_per_step"] == one["bytes_per_step"] / 4 and four["block_f"] == one["block_f"] / 4
 
 
@@ -50,7 +52,7 @@ def test_torch_all_gather_rotation_is_hidden_only_behind_the_first_block():
                  norm="rmsnorm", tied=False, learned_pos=False)
     c = make_cluster("h100-sxm", 1, 4, inter="eth-10")
     rate = 400e12
-    r = M.cp_comm(g, 1, 4, 2, rate, c, crosses_nodes=True, fwd_passes=2, impl="torch")
+    r = cp_comm(g, 1, 4, 2, rate, c, crosses_nodes=True, fwd_passes=2, impl="torch")
     B, a = c.node_rate_Bps / c.gpus_per_node, c.inter.latency_s
     kv = 2 * 4096 * 1024 * 2
     ag, dkv = 3 * (kv / B + a), 2 * kv / B + a
@@ -60,7 +62,7 @@ def test_torch_all_gather_rotation_is_hidden_only_behind_the_first_block():
     assert r["exposed_s"] == pytest.approx(want) and r["exposed_s"] > 0
     assert r["time_s"] == pytest.approx(2 * (3 * ag + 4 * dkv))
     # on NVLink every send hides behind its block but the last dK/dV one: layers x dKV exposed
-    nv = M.cp_comm(g, 1, 4, 2, rate, make_cluster("h100-sxm", 4, 1), impl="torch")
+    nv = cp_comm(g, 1, 4, 2, rate, make_cluster("h100-sxm", 4, 1), impl="torch")
     assert nv["exposed_s"] == pytest.approx(2 * nv["send_b"])
 
 
@@ -71,7 +73,7 @@ def test_torch_merges_cost_hbm_time_and_slow_the_cp_rows():
     s = Strategy(dp=1, cp=8, zero=3, micro_batch=1, recompute="full")
     q, kv = 32768 * 4096, 2 * 32768 * 1024
     want = 7 * 32 * (2 * (42 * q + 4 * kv) + 16 * q + 26 * kv) / c.gpu.memory_Bps
-    assert R.merge_s(m.gpt, s, 32, 1, c.gpu.memory_Bps) == pytest.approx(want)
+    assert merge_s(m.gpt, s, 32, 1, c.gpu.memory_Bps) == pytest.approx(want)
     t = dict(global_batch=1, precision="fp8", attention_kernel="fa2")   # torch's ring runs SDPA's flash kernel
     torch = evaluate(m, c, Training(cp_impl="torch", **t), s)
     mega = evaluate(m, c, Training(**t), s)
@@ -84,32 +86,32 @@ def test_the_diagonal_step_runs_at_the_causal_speed():
     """1/cp of the ring's FLOPs are the diagonal step's causal block on s/cp tokens (torch's step i = 0, TE's step 0),
     the rest unmasked blocks of s/(cp sqrt 2): attention time = F x (1/cp / causal share(s/cp) + (cp-1)/cp /
     ring share(block)), forward (1 + rc) F and backward 2 F apart; Meta's all-gather CP has no diagonal step."""
-    from tandem.plan import efficiency as E
+    from tandem.plan.terms import efficiency as E
 
-    assert R.diagonal_fraction(4, "torch") == R.diagonal_fraction(4, "megatron") == 0.25
-    assert R.diagonal_fraction(4, "allgather") == 0.0 and R.diagonal_fraction(1, "torch") == 0.0
+    assert diagonal_fraction(4, "torch") == diagonal_fraction(4, "megatron") == 0.25
+    assert diagonal_fraction(4, "allgather") == 0.0 and diagonal_fraction(1, "torch") == 0.0
     m, c = gpt_stats(LLAMA3_8B), make_cluster("h100-sxm", 8, 1)
     s = Strategy(dp=2, cp=4, zero=3, micro_batch=1)
     t = Training(global_batch=2, precision="bf16", attention_kernel="fa2", cp_impl="torch")
     flops = 1e15
-    ring = E.kernel_shares("h100-sxm", "fa2", R.block_length(262144, 4), True)
+    ring = E.kernel_shares("h100-sxm", "fa2", block_length(262144, 4), True)
     diag = E.kernel_shares("h100-sxm", "fa2", 65536, False)
     peak = c.flops_ref("bf16")
     want = sum(w * (flops / (peak * sh[0]) + 2 * flops / (peak * sh[1])) for w, sh in ((0.75, ring), (0.25, diag)))
-    got, k = E.attention_times(c, t, s, flops, 0, 0.0, 0.5, R.block_length(262144, 4), 65536)
+    got, k = E.attention_times(c, t, s, flops, 0, 0.0, 0.5, block_length(262144, 4), 65536)
     assert k == "fa2" and got == pytest.approx(want)
     # FlashAttention-2's causal forward at 16k is 335 against 370 unmasked (FlashAttention-3 paper): slower
-    assert got > E.attention_times(c, t, s, flops, 0, 0.0, 0.5, R.block_length(262144, 4))[0] * 1.02
+    assert got > E.attention_times(c, t, s, flops, 0, 0.0, 0.5, block_length(262144, 4))[0] * 1.02
 
 
 def test_allgather_cp_exposes_its_gather_and_scatter():
     """Llama 3 §3.3.2: K/V all-gathered per layer, "exposed in the critical path"; dK/dV reduce-scattered back:
     exposed = time = layers x (passes x AG(cp x kv) + RS(cp x kv)), comm.collective's times over the cp group."""
-    from tandem.plan.comm import collective, layout
+    from tandem.plan.terms.collectives import collective, layout
 
     g = replace(LLAMA3_8B, layers=4)
     c = make_cluster("h100-sxm", 8, 2)
-    r = M.cp_comm(g, 1, 16, 2, 400e12, c, crosses_nodes=True, fwd_passes=2, tp=1, impl="allgather")
+    r = cp_comm(g, 1, 16, 2, 400e12, c, crosses_nodes=True, fwd_passes=2, tp=1, impl="allgather")
     kv = 2 * (262144 // 16) * 1024 * 2
     grp = layout(16, 1, 8)
     ag, rs = collective("all_gather", 16 * kv, 1, grp, c)[0], collective("reduce_scatter", 16 * kv, 1, grp, c)[0]
@@ -121,14 +123,14 @@ def test_kv_repeated_to_the_query_heads_moves_and_merges_h_over_tp():
     """torchtitan's Llama (Dec 2024) repeats K/V to the 32 query heads before SDPA: torch's ring moves h/tp values
     a token instead of kv_dim / min(tp, kv heads): 4x for Llama 3 8B, 16 heads of 128 under tp 8 for 405B."""
     g = LLAMA3_8B
-    assert R.kv_width(g, 1, True) == 4096 and R.kv_width(g, 8, True) == 512 and R.kv_width(g, 8) == 128
+    assert kv_width(g, 1, True) == 4096 and kv_width(g, 8, True) == 512 and kv_width(g, 8) == 128
     c = make_cluster("h100-sxm", 8, 1)
-    plain, rep = (M.cp_comm(g, 1, 8, 2, 400e12, c, impl="torch", kv_repeat=x) for x in (False, True))
+    plain, rep = (cp_comm(g, 1, 8, 2, 400e12, c, impl="torch", kv_repeat=x) for x in (False, True))
     assert rep["bytes_per_step"] == 4 * plain["bytes_per_step"]
     s = Strategy(dp=1, cp=8, zero=3, micro_batch=1)
     q, kv = 32768 * 4096, 2 * 32768 * 4096
     want = 7 * 32 * (42 * q + 4 * kv + 16 * q + 26 * kv) / c.gpu.memory_Bps
-    assert R.merge_s(g, s, 32, 1, c.gpu.memory_Bps, repeat=True) == pytest.approx(want)
+    assert merge_s(g, s, 32, 1, c.gpu.memory_Bps, repeat=True) == pytest.approx(want)
 
 
 def test_torch_balances_the_causal_ring_by_default():
@@ -147,5 +149,5 @@ def test_torch_balances_the_causal_ring_by_default():
     assert steps == {A._CausalBehavior.NOT_IS_CAUSAL}
     assert L._create_default_load_balancer(12, 4, "cpu") is None
     m = gpt_stats(replace(LLAMA3_8B, seq=12), "odd")
-    assert "2 x cp = 8 equal chunks" in M.check_cp_ep(m, Strategy(cp=4))
-    assert M.check_cp_ep(gpt_stats(replace(LLAMA3_8B, seq=16), "even"), Strategy(cp=4)) is None
+    assert "2 x cp = 8 equal chunks" in check_cp_ep(m, Strategy(cp=4))
+    assert check_cp_ep(gpt_stats(replace(LLAMA3_8B, seq=16), "even"), Strategy(cp=4)) is None

@@ -1,11 +1,11 @@
 import statistics
 import time
 
-from tandem.plan.config import Training
+from tandem.plan.inputs.training import Training
 from tandem.plan.cost import check, evaluate
-from tandem.plan.hardware import make_cluster
-from tandem.plan.memory import memory
-from tandem.plan.model import preset
+from tandem.plan.inputs.hardware import make_cluster
+from tandem.plan.terms.memory import memory
+from tandem.plan.inputs.model import preset
 from tandem.plan.search import reasons, search
 
 

@@ -4,12 +4,13 @@ import re
 
 import pytest
 
-from tandem.plan.config import Strategy, Training
+from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.cost import evaluate, validate
-from tandem.plan.explain import explain, ms
-from tandem.plan.hardware import make_cluster
-from tandem.plan.model import GPTShape, gpt_stats, preset
-from tandem.plan.stages import balanced, head_cost, split, stage_params
+from tandem.plan.explain import explain
+from tandem.plan.inputs.hardware import make_cluster
+from tandem.plan.inputs.model import GPTShape, gpt_stats, preset
+from tandem.plan.terms.stages import balanced, head_cost, split, stage_params
+from tandem.plan.units import ms
 
 # Llama 3 405B (Dubey et al. 2024, Table 3): 126 layers, h 16384, 128 heads, 8 KV heads, FFN 53248,
 # vocabulary 128,256; trained on 16 pipeline stages with one layer fewer on the first and last (§3.3.2).
@@ -69,7 +70,7 @@ def test_first_and_last_stage_hold_the_embeddings():
 
 
 def test_max_stage_params_is_the_max():
-    from tandem.plan.stages import max_stage_params
+    from tandem.plan.terms.stages import max_stage_params
     for name, counts in (("gpt3-175b", (12,) * 8), ("llama2-7b", (9, 8, 8, 7)), ("llama2-7b", (1, 30, 1))):
         g = preset(name).gpt
         assert max_stage_params(g, counts) == max(stage_params(g, counts))
@@ -79,7 +80,7 @@ def test_max_stage_params_is_the_max():
 
 def test_equal_chunks_give_megatrons_interleaved_bubble():
     """(p-1)/v mean-stage micro-batch times (Narayanan et al. 2021 §2.2.2: bubble (p-1)/(v m) of compute)."""
-    from tandem.plan.stages import fill_units
+    from tandem.plan.terms.stages import fill_units
     assert fill_units(((6, 6),) * 8, 1.0, 2.0, 0.0, 0.0, 16) == pytest.approx(7 / 2)
     assert fill_units(((12,),) * 8, 1.0, 2.0, 0.0, 0.0, 16) == pytest.approx(7)
     # growing chunks stall the front: chunks 1,2,1 wait like 2,2,2 (max chunk 2 of a mean 4/3)
@@ -89,7 +90,7 @@ def test_equal_chunks_give_megatrons_interleaved_bubble():
 
 
 def test_126_layers_interleave_on_16_stages():
-    from tandem.plan.stages import chunks, first_stage_inflight
+    from tandem.plan.terms.stages import chunks, first_stage_inflight
     c = chunks(LLAMA3_405B, 16, 4)
     assert c[0] == (2, 2, 2, 1) and c[1] == (2, 2, 2, 2) and c[-1] == (2, 2, 2, 1)
     # the first stage's warm-up: (v-1) x 16 + 2 x 15 + 1 = 79 chunk forwards at m = 32 (two rounds of 16),
@@ -112,7 +113,7 @@ def test_126_layers_interleave_on_16_stages():
 
 def test_per_chunk_counts_and_impossible_splits():
     from tandem.core.errors import ConfigError
-    from tandem.plan.stages import chunks
+    from tandem.plan.terms.stages import chunks
     g = preset("llama2-7b").gpt   # 32 layers
     assert split(g, 4, (2, 2, 2, 2) + (3, 3, 3, 1) + (3, 3, 2, 6)) == (8, 8, 7, 9)
     assert chunks(g, 4, 3, (2, 2, 2, 2) + (3, 3, 3, 1) + (3, 3, 2, 6))[3] == (2, 1, 6)
@@ -143,7 +144,7 @@ def test_micro_batches_follow_torchs_rounds():
 
 
 def test_last_stage_holds_its_warm_up_under_interleaving():
-    from tandem.plan.stages import stage_inflight
+    from tandem.plan.terms.stages import stage_inflight
     # rank p-1 runs (v-1) x round + 1 chunk forwards before its first backward: 3 x 16 + 1 = 49 on 16 stages,
     # rounds of 16 micro-batches: 16 on each of chunks 2, 2, 2 and one on the last chunk (1 layer); the steady
     # state's first forward on chunk 0 (2 layers) pairs with a backward on chunk 2 (2): one layer more, 98
@@ -157,7 +158,7 @@ def test_compute_and_fill_arithmetic_keep_the_optimizer_step_out_of_the_imbalanc
     pipeline line's mean-stage micro-batch time leaves it out (its fill is stages.fill_units')."""
     import re
 
-    from tandem.plan import stages as ST
+    from tandem.plan.terms import stages as ST
 
     m = gpt_stats(LLAMA3_405B)
     c = make_cluster("h100-sxm", 8, 16, inter="ib-ndr", nics_per_node=8)
@@ -182,7 +183,7 @@ def test_interleaved_default_split_follows_megatron():
     8 x 12 (NeMo's newer recipe) run, which the balanced split (7 layers on the last stage) refused; otherwise the
     balanced split with at least v layers a stage; fewer layers than chunks is refused, naming --virtual."""
     from tandem.core.errors import ConfigError
-    from tandem.plan.stages import chunks
+    from tandem.plan.terms.stages import chunks
     g = GPTShape(layers=96, hidden=18432, heads=96, kv_heads=8, ffn=73728, seq=4096, vocab=256000, gated=False,
                  bias=False, tied=False, learned_pos=False)
     assert split(g, 12) == (8,) * 10 + (9, 7)   # 1F1B keeps the balanced split

@@ -24,12 +24,13 @@ from statistics import median
 import pytest
 
 from tandem.core.errors import ConfigError
-from tandem.plan import tp_overlap as TPO
-from tandem.plan.config import Strategy, Training
+from tandem.plan.terms import tensor_parallel as TPO
+from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.cost import evaluate
 from tandem.plan.explain import explain
-from tandem.plan.hardware import make_cluster
-from tandem.plan.model import GPTShape, gpt_stats
+from tandem.plan.inputs.hardware import make_cluster
+from tandem.plan.inputs.model import GPTShape, gpt_stats
+from tandem.plan.inputs.training import TP_OVERLAP
 from tests.plan import test_published_torchtitan as TT
 
 # label, model, GPUs, dp, local batch, recompute, precision, kernels, TPS/GPU vanilla TP, with async TP
@@ -68,7 +69,7 @@ def _gpt_plan(mode, nodes=1, tp=8, recompute="none"):
 
 @pytest.mark.parametrize("recompute", ["none", "full"])
 def test_each_mode_hides_more_and_none_charges_everything(recompute):
-    (pn, n), (pb, b), (pr, r) = (_gpt_plan(m, recompute=recompute) for m in TPO.MODES)
+    (pn, n), (pb, b), (pr, r) = (_gpt_plan(m, recompute=recompute) for m in TP_OVERLAP)
     assert n.exposed_s == n.time_s == b.time_s == r.time_s > 0
     assert n.exposed_s > b.exposed_s > r.exposed_s > 0   # the last split of each forward scatter stays exposed
     assert pn.step_s - pr.step_s == pytest.approx(n.exposed_s - r.exposed_s)

@@ -226,7 +226,7 @@ def test_llama_first_answer_says_why_and_what_fits(capsys):
     ("Tesla V100-SXM2-32GB", "v100-32gb"), ("NVIDIA L40S", "l40s"), ("NVIDIA GeForce RTX 4090", "rtx4090"),
     ("NVIDIA B200", None)])
 def test_cuda_device_names_map_to_presets(name, preset):
-    from tandem.plan.calibrated import match_gpu
+    from tandem.plan.inputs.calibration import match_gpu
 
     g = match_gpu(name)
     assert (g.name if g else None) == preset

@@ -1,13 +1,20 @@
-"""Ring attention (context parallelism) as the frameworks run it: the attention kernel's speed on the ring's
-blocks, and torch's ``context_parallel`` (what torchtitan runs) next to Megatron-core / Transformer Engine's
-p2p ring (``moe_cp.cp_comm``).
+"""Context parallelism (ring attention) as the frameworks run it: the K/V exchange, the ring's shorter attention
+blocks, and torch's ``context_parallel`` (what torchtitan runs) next to Megatron-core / Transformer Engine's p2p
+ring (``cp_comm``).
+
+**The ring** (Liu et al. 2023, "Ring Attention with Blockwise Transformers"; Megatron-core's
+``context_parallel_size``): the sequence is split in ``cp`` chunks (load-balanced for causal masks), each GPU holds
+s/cp tokens' activations (Korthikanti et al.'s per-layer formula at s/cp). Per layer and micro-batch the K and V
+chunks go around the ring: cp-1 steps of 2 x b x s/cp x kv_dim values in the forward, twice that in the backward
+(K, V and their gradients), each step hidden behind one block's attention (4 x b x (s/cp)^2 x h FLOPs forward,
+twice backward): exposed = (cp-1) x max(0, send - block compute).
 
 **Block length.** Under cp each GPU runs attention as one kernel per ring step on blocks shorter than the
 sequence: load-balanced causal ring attention (Megatron-core, torch) cuts the sequence in 2 x cp chunks, so a
 step pairs s/cp queries with s/(2 cp) keys or the reverse; the planner takes the geometric mean,
 s / (cp x sqrt 2). Fused attention kernels are slower on short sequences: Shah et al. 2024 (FlashAttention-3,
 arXiv:2407.08608), figures "Attention forward speed" and "Attention backward speed", head dim 128 (H100 80GB
-SXM5), batch x length = 16k tokens (``FWD_HD128``, ``BWD_HD128``, TFLOP/s). These curves are the attention-kernel
+SXM5), batch x length = 16k tokens (attention_kernels.py, TFLOP/s). These curves are the attention-kernel
 model's (efficiency.py: absolute share of peak by kernel and length, forward and backward apart); under cp it
 reads them at the block length, with the kernel each implementation runs: Transformer Engine's fused attention
 is cuDNN's; torch's context_parallel runs SDPA's flash or memory-efficient backend only (torchtitan's train
@@ -48,59 +55,21 @@ sequence, else sequential sharding, which the planner refuses: ``cost.check``). 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
-CP_IMPLS = ("megatron", "torch", "allgather")
+from tandem.plan.inputs.hardware import Cluster
+from tandem.plan.inputs.model import GPTShape
+from tandem.plan.terms.collectives import collective, layout, link_name
 
-# Shah et al. 2024, FlashAttention-3 (arXiv:2407.08608), H100 80GB SXM5, head dim 128, batch x length = 16k tokens,
-# TFLOP/s as the paper counts them (backward = 2.5 x forward FLOPs): figures "Attention forward speed" and
-# "Attention backward speed" (no causal mask). "unfused" is the figure's "Standard attention" (PyTorch, the s x s
-# scores in memory; out of memory at 16k: its 8k value held). The attention-kernel model (efficiency.py) reads
-# both directions; the ring's block-length factor below the same curves.
-LENGTHS = (512, 1024, 2048, 4096, 8192, 16384)
-FWD_HD128 = {"fa2": (309, 350, 362, 368, 370, 370),
-             "cudnn": (497, 574, 617, 609, 600, 595),
-             "fa3": (467, 565, 625, 638, 646, 648),
-             "unfused": (74, 100, 119, 133, 139, 139)}
-BWD_HD128 = {"fa2": (214, 260, 291, 310, 318, 322),
-             "cudnn": (305, 408, 465, 499, 518, 516),
-             "fa3": (316, 424, 501, 542, 559, 561),
-             "unfused": (104, 131, 159, 174, 181, 181)}
-# The same paper's causal forward figure (head dim 128): TFLOP/s counting the half of the s x s square a causal
-# kernel computes. No causal backward figure: backward's causal speed is taken as the non-causal one x forward's
-# causal / non-causal ratio at that length (causal_speed).
-FWD_CAUSAL_HD128 = {"fa2": (191, 260, 298, 319, 333, 335),
-                    "cudnn": (315, 410, 484, 518, 529, 539),
-                    "fa3": (292, 423, 521, 579, 602, 616)}
-BWD_FLOPS = 2.5   # the papers count backward as 2.5 x forward (recomputed scores); the planner 2 x
+
 KERNEL = {"megatron": "cudnn", "torch": "fa2", "allgather": "cudnn"}
-HOPPER = ("h100-sxm", "h100-sxm-500w", "h100-pcie", "h200")
+
 
 # torch's merges: HBM bytes per element per ring step (forward, backward), output elements and K/V elements
 MERGE_Q = (42, 16)
+
+
 MERGE_KV = (4, 26)
-
-
-def speed(kernel: str, length: float, backward: bool = False) -> float:
-    """The kernel's TFLOP/s at ``length`` tokens (log2-interpolated in the figure, clamped to its range)."""
-    ys = (BWD_HD128 if backward else FWD_HD128)[kernel]
-    x = min(max(math.log2(max(length, 1)), 9.0), 14.0) - 9.0
-    i = min(int(x), 4)
-    return ys[i] + (ys[i + 1] - ys[i]) * (x - i)
-
-
-def causal_speed(kernel: str, length: float, backward: bool = False) -> float:
-    """The kernel's TFLOP/s with a causal mask (on the half square it computes): the causal forward figure;
-    backward: the non-causal backward x that figure's causal / non-causal ratio."""
-    ys = FWD_CAUSAL_HD128[kernel]
-    x = min(max(math.log2(max(length, 1)), 9.0), 14.0) - 9.0
-    i = min(int(x), 4)
-    fwd = ys[i] + (ys[i + 1] - ys[i]) * (x - i)
-    return fwd * speed(kernel, length, True) / speed(kernel, length) if backward else fwd
-
-
-def train_speed(kernel: str, length: float) -> float:
-    """Forward + backward TFLOP/s in the planner's count (forward F, backward 2F): 3 / (1/fwd + 2.5/bwd)."""
-    return 3 / (1 / speed(kernel, length) + BWD_FLOPS / speed(kernel, length, True))
 
 
 def block_length(seq: int, cp: int) -> float:
@@ -115,17 +84,6 @@ def diagonal_fraction(cp: int, impl: str) -> float:
     (s/cp) x (s/2cp) rectangle), so 1/cp of it runs masked, at the kernel's causal speed on s/cp tokens. Meta's
     all-gather CP (``allgather``) runs each local query chunk once against the gathered prefix: no diagonal step."""
     return 1.0 / cp if cp > 1 and impl in ("megatron", "torch") else 0.0
-
-
-def block_share(gpu: str, impl: str, seq: int, cp: int, kernel: str | None = None) -> float:
-    """Speed of the ring's per-step attention kernel over the same kernel on the whole sequence (forward and
-    backward together); 1.0 where the GPU has no such figure (efficiency.py's attention model decides)."""
-    from tandem.plan import efficiency as E
-
-    k = kernel or KERNEL[impl]
-    if cp <= 1 or not E.has_curve(gpu, k):
-        return 1.0
-    return train_speed(k, block_length(seq, cp)) / train_speed(k, seq)
 
 
 def kv_width(g, tp: int, repeat: bool = False) -> int:
@@ -174,3 +132,66 @@ def cp_attention(attn_s: float, g, s, c, impl: str, micro_batches: int, repeat: 
         return attn_s, 0.0
     merge = merge_s(g, s, g.layers / s.pp, micro_batches, c.gpu.memory_Bps, repeat) if impl == "torch" else 0.0
     return attn_s, merge
+
+
+def cp_comm(g: GPTShape, micro_batch: int, cp: int, act_bytes: int, block_rate: float, c: Cluster,
+            crosses_nodes: bool = False, fwd_passes: int = 1, tp: int = 1, impl: str = "megatron",
+            kv_repeat: bool = False) -> dict:
+    """Ring attention's K/V passing for one micro-batch on one GPU over all layers, and what the
+    blocks' attention compute (at ``block_rate`` FLOP/s) leaves exposed; per GPU, tp splitting the heads
+    (``impl`` "torch": torch's all-gather rotation, ``torch_ring``)."""
+    if cp <= 1:
+        return {"bytes_per_step": 0.0, "steps": 0, "time_s": 0.0, "exposed_s": 0.0}
+    chunk = g.seq / cp
+    kv = 2 * micro_batch * chunk * kv_width(g, tp, kv_repeat) * act_bytes   # K and V of one chunk, this GPU
+    link = (c.node_rate_Bps / c.gpus_per_node, c.inter.latency_s) if crosses_nodes else \
+        (c.intra.rate_Bps, c.intra.latency_s)
+    block_f = 4 * micro_batch * chunk * chunk * g.hidden / tp / block_rate
+    block_b = 2 * block_f
+    steps = (cp - 1) * g.layers
+    if impl == "torch":
+        r = torch_ring(kv, cp, link, block_f, block_b, g.layers, fwd_passes)
+        return {"bytes_per_step": kv, "steps": steps, **r, "block_f": block_f, "block_b": block_b}
+    if impl == "allgather":   # one all-gather of the cp chunks forward, one reduce-scatter of dK, dV backward
+        grp = layout(cp, tp, c.gpus_per_node)
+        r = allgather_cp(kv, cp, collective("all_gather", cp * kv, 1, grp, c)[0],
+                              collective("reduce_scatter", cp * kv, 1, grp, c)[0], g.layers, fwd_passes)
+        return {"bytes_per_step": kv, "steps": g.layers, **r, "block_f": block_f, "block_b": block_b}
+    send_f = kv / link[0] + link[1]
+    send_b = 2 * kv / link[0] + link[1]                           # K, V and dK, dV
+    return {"bytes_per_step": kv, "steps": steps, "time_s": steps * (fwd_passes * send_f + send_b),
+            "exposed_s": steps * (fwd_passes * max(0.0, send_f - block_f) + max(0.0, send_b - block_b)),
+            "send_f": send_f, "send_b": send_b, "block_f": block_f, "block_b": block_b}
+
+
+def cp_shape(g: GPTShape, cp: int) -> GPTShape:
+    """The shape one GPU's activations follow under cp: s/cp tokens (memory.gpt_layer_act_bytes on it)."""
+    if g.seq % cp:
+        raise ValueError(f"cp {cp} must divide the sequence {g.seq}")
+    return replace(g, seq=g.seq // cp)
+
+
+def min_chunk_for_overlap(g: GPTShape, act_bytes: int, rate: float, bandwidth: float) -> float:
+    """Tokens per GPU above which the forward K/V send hides behind a block's attention:
+    4 b c^2 h / rate >= 2 b c kv act / B  <=>  c >= rate x kv x act / (2 h B)."""
+    return rate * g.kv_dim * act_bytes / (2 * g.hidden * bandwidth)
+
+
+def cp_op(m, c: Cluster, s, by: dict, mb: int, stage_layers: int, attn_rate: float, recompute: str,
+          impl: str = "megatron", kv_repeat: bool = False) -> dict:
+    """Ring attention's K/V exchange of one step on the slowest stage's GPU, as CommOp fields: every micro-batch,
+    every layer the stage holds; with full recompute the forward's share runs twice. ``attn_rate``: attention's
+    FLOP/s at the ring's block length (efficiency.attention_rate)."""
+    fwd_passes = 2 if recompute == "full" else 1
+    grp = layout(s.cp, s.tp, c.gpus_per_node)
+    r = cp_comm(replace(m.gpt, layers=stage_layers), s.micro_batch, s.cp, by["act"], attn_rate, c,
+                grp.crosses_nodes, fwd_passes, s.tp, impl, kv_repeat)
+    # bytes per call as the JSON counts them (collectives.all_gather's convention, nccl-tests' size): one chunk per
+    # send of the p2p rings; the gathered K/V of all cp chunks (the reduce-scatter's input) for all-gather CP
+    return dict(name="cp-ring", collective="all_gather" if impl == "allgather" else "send_recv",
+                bytes=r["bytes_per_step"] * (s.cp if impl == "allgather" else 1),
+                calls=r["steps"] * mb * (fwd_passes + 1), group=grp,
+                link=link_name(grp, c), time_s=r["time_s"] * mb, exposed_s=r["exposed_s"] * mb,
+                rule="none" if impl == "allgather" else "ring-attention",
+                window_s=r["block_f"], detail=(r["send_f"], r["send_b"], r["block_f"], r["block_b"],
+                                               fwd_passes, impl))

@@ -13,7 +13,7 @@ Runs on the CPU in about a second for a ResNet-50.
 from __future__ import annotations
 
 from tandem.core.errors import ConfigError
-from tandem.plan.model import ModelStats
+from tandem.plan.inputs.model import ModelStats
 
 BATCH = 2
 
@@ -33,6 +33,7 @@ def parse_input_shape(text: str) -> tuple[str, tuple[int, ...]]:
 
 
 def build(path: str, kwargs: dict | None = None):
+    # torch (and the model factories, which import it) only when a model is measured: a heavy import
     import torch
     from torch import nn
 
@@ -48,6 +49,7 @@ def build(path: str, kwargs: dict | None = None):
 
 
 def measure_module(model, input_shape: str = "3,224,224", name: str = "model") -> ModelStats:
+    # torch only when a model is measured: a heavy import the arithmetic never needs
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 

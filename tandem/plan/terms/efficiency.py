@@ -19,12 +19,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from tandem.plan import attn_v1 as V1
-from tandem.plan import gemm as G
-# at the top, not per call (the search evaluates thousands of candidates); none of them imports this module
-from tandem.plan import memory_bound as MB
-from tandem.plan import moe_cp as MC
-from tandem.plan import ring as R
+from tandem.plan.terms.attention_kernels import (BWD_FLOPS, FIRST_GEN, FIRST_GEN_SOURCE, causal_speed, over_fa2,
+                                                 speed, train_speed)
+from tandem.plan.terms.bandwidth_bound import step_seconds
+from tandem.plan.terms.context import KERNEL as CP_KERNEL
+from tandem.plan.terms.context import block_length, cp_shape, diagonal_fraction
+from tandem.plan.terms.gemm import fp8_cast_bytes, linear_factor
 
 # A large GEMM's share of peak (cuBLAS-class kernels): the reference attention kernels are compared with.
 # The FlashAttention-2 paper (Dao 2023, arXiv 2307.08691, section 1) puts optimized GEMMs at up to 80-90% of
@@ -55,7 +55,7 @@ _NO_LINEAR = "no architecture-specific figure: the default (Narayanan et al. 202
 # at 205 with FlashAttention-2, 142 and 149 without. Attention is s/6h / (1 + s/6h + V/12hL) of the FLOPs (0.133,
 # 0.113); per unit of FLOPs (time x peak / FLOPs) the step takes 1/0.628 and 1/0.657, attention at
 # FlashAttention-2's 0.615 of peak 0.133/0.615 and 0.113/0.615, and the memory-bound norms, adds, GeLU and loss
-# of the repository's fused training stack (memory_bound.py, "fused": 4.43 and 7.18 MB a token at 0.9 x 2039
+# of the repository's fused training stack (bandwidth_bound.py, "fused": 4.43 and 7.18 MB a token at 0.9 x 2039
 # GB/s) 0.083 and 0.068: the linear layers take 1.293 and 1.271, i.e. 0.671 and 0.698 of peak at those shapes,
 # / their gemm.shape_factor (0.958, 0.972) = 0.700 and 0.719 at large shapes: 0.71, their mean (0.67 before the
 # memory-bound time was charged apart). Without FlashAttention attention takes 1/0.455 - 1.293 - 0.083 = 0.822
@@ -78,7 +78,7 @@ _H100_LINEAR = ("Databricks, 'Turbocharged Training: Optimizing the Databricks M
                 "Megatron-LM's README: 47-48% end to end for its largest models on 6144 H100s, 41% at 2B; 0.47 would "
                 "put NeMo's FP8 table at 13.5% median error); / (1 - 0.0158) for the memory-bound ops and optimizer "
                 "step memory_bound.py charges apart, at GPT-3 175B's shape = 0.508")
-# The sources' MFU holds the memory-bound time memory_bound.py now charges apart: at GPT-3 175B's shape
+# The sources' MFU holds the memory-bound time bandwidth_bound.py now charges apart: at GPT-3 175B's shape
 # (Megatron-LM's strong-scaling model: sequence 4096, vocabulary 131072, fused kernels, BF16) that time is 1.45%
 # of compute and the optimizer step 0.13% of the step: 0.50 / (1 - 0.0158) = 0.508.
 _NO_KERNEL = ("no fused attention kernel (FlashAttention needs Ampere or later): batched GEMMs, as the linear "
@@ -100,12 +100,10 @@ GPU_ARCH = {"p100": "pascal", "v100-32gb": "volta", "a100-40gb": "ampere", "a100
             "h100-sxm": "hopper", "h100-sxm-500w": "hopper", "h100-pcie": "hopper", "h200": "hopper",
             "b200": "blackwell", "gb200": "blackwell", "mi300x": "cdna3"}
 
-# ---- Attention kernels: absolute share of the BF16 peak, forward and backward (planner's count: backward 2F)
-KERNELS = ("unfused", "fused", "fa1", "triton", "fa2", "fa3", "cudnn")
 H100_PEAK = 989.4   # TFLOP/s, dense BF16, H100 SXM5: the FlashAttention-3 paper's GPU
 # FlashAttention-2 on A100 (Dao 2023, arXiv 2307.08691): "50-73% of the theoretical maximum FLOPs/s" (abstract);
 # its midpoint, 0.615, at sequence 2048 (Table 3's), forward and backward alike; other lengths follow the same
-# kernel's curve on H100 (ring.FWD_HD128 / BWD_HD128["fa2"], relative to 2048). Unfused attention on A100: Table
+# kernel's curve on H100 (attention_kernels.FWD_HD128 / BWD_HD128["fa2"], relative to 2048). Unfused attention on A100: Table
 # 3's runs without FlashAttention (derivation above), at 2048, flat (no A100 figure by length).
 A100_FA2, A100_REF_LEN, A100_UNFUSED = 0.615, 2048, (0.162 + 0.149) / 2
 KERNEL_SOURCE = {
@@ -117,9 +115,9 @@ KERNEL_SOURCE = {
     ("ampere", "unfused"): ("unfused attention (s x s scores in memory) at 0.156 of A100 peak: FlashAttention-2 "
                             "paper Table 3's runs without it (142 / 149 TFLOP/s, 0.162 / 0.149 of peak, their mean)"),
 }
-for _k in V1.KERNELS:   # first-generation FlashAttention: a share of FlashAttention-2's (attn_v1.py)
-    KERNEL_SOURCE[("hopper", _k)] = KERNEL_SOURCE[("ampere", _k)] = V1.SOURCE[_k]
-    KERNEL_SOURCE[("ada", _k)] = "no published figure for Ada: Ampere's " + V1.SOURCE[_k]
+for _k in FIRST_GEN:   # first-generation FlashAttention: a share of FlashAttention-2's (attention_kernels.py)
+    KERNEL_SOURCE[("hopper", _k)] = KERNEL_SOURCE[("ampere", _k)] = FIRST_GEN_SOURCE[_k]
+    KERNEL_SOURCE[("ada", _k)] = "no published figure for Ada: Ampere's " + FIRST_GEN_SOURCE[_k]
 KERNEL_SOURCE[("ada", "fa2")] = "no published figure for Ada: " + KERNEL_SOURCE[("ampere", "fa2")]
 KERNEL_SOURCE[("ada", "unfused")] = "no published figure for Ada: " + KERNEL_SOURCE[("ampere", "unfused")]
 
@@ -151,7 +149,7 @@ def kernel(gpu_name: str, t, cp: int = 1) -> str:
     return k
 
 
-def _figure(a: ArchEfficiency | None, k: str) -> str | None:
+def curve_of(a: ArchEfficiency | None, k: str) -> str | None:
     """Which published curve an (architecture, kernel) reads: hopper its own, ampere/ada FlashAttention-2's."""
     if a is None or (a.arch, k) not in KERNEL_SOURCE:
         return None
@@ -159,7 +157,7 @@ def _figure(a: ArchEfficiency | None, k: str) -> str | None:
 
 
 def has_curve(gpu_name: str, k: str) -> bool:
-    return _figure(arch_of(gpu_name), k) is not None and k != "unfused"
+    return curve_of(arch_of(gpu_name), k) is not None and k != "unfused"
 
 
 @lru_cache(maxsize=4096)   # pure in its arguments (published tables): once per candidate before
@@ -167,43 +165,26 @@ def kernel_shares(gpu_name: str, k: str, length: float, ring: bool = False,
                   head_dim: int = 128) -> tuple[float, float] | None:
     """(forward, backward) share of the BF16 peak in the planner's FLOP count (backward 2 x forward), or None
     where no figure is published (attention then runs at the linear layers' rate x the row's factor).
-    FlashAttention-1 and its Triton kernel: FlashAttention-2's shares x their speed over it (attn_v1.py)."""
-    from tandem.plan import ring as R
-
-    fig = _figure(arch_of(gpu_name), k)
-    if fig is not None and k in V1.KERNELS:
+    FlashAttention-1 and its Triton kernel: FlashAttention-2's shares x their speed over it (attention_kernels.over_fa2)."""
+    fig = curve_of(arch_of(gpu_name), k)
+    if fig is not None and k in FIRST_GEN:
         fa2 = kernel_shares(gpu_name, "fa2", length, ring)
-        r = V1.over_fa2(k, fig, length, head_dim)
+        r = over_fa2(k, fig, length, head_dim)
         return fa2[0] * r, fa2[1] * r
     if fig == "hopper" and k == "unfused":   # the s x s square computed whole, then masked
-        return R.speed(k, length) / H100_PEAK, R.speed(k, length, True) * 2 / R.BWD_FLOPS / H100_PEAK
+        return speed(k, length) / H100_PEAK, speed(k, length, True) * 2 / BWD_FLOPS / H100_PEAK
     if fig == "hopper":
         # papers count backward as 2.5 F: in the planner's 2 F it runs at 2 / 2.5 of its TFLOP/s. A causal kernel
         # computes half the square the planner counts (x 2 in its count): at the causal figure's speed on one
         # sequence; under cp the ring's blocks are mostly unmasked halves: the non-causal speed
-        sp = (lambda bwd: R.speed(k, length, bwd)) if ring else (lambda bwd: R.causal_speed(k, length, bwd))
-        return 2 * sp(False) / H100_PEAK, 2 * sp(True) * 2 / R.BWD_FLOPS / H100_PEAK
+        sp = (lambda bwd: speed(k, length, bwd)) if ring else (lambda bwd: causal_speed(k, length, bwd))
+        return 2 * sp(False) / H100_PEAK, 2 * sp(True) * 2 / BWD_FLOPS / H100_PEAK
     if fig == "ampere" and k == "fa2":
-        return (A100_FA2 * R.speed("fa2", length) / R.speed("fa2", A100_REF_LEN),
-                A100_FA2 * R.speed("fa2", length, True) / R.speed("fa2", A100_REF_LEN, True))
+        return (A100_FA2 * speed("fa2", length) / speed("fa2", A100_REF_LEN),
+                A100_FA2 * speed("fa2", length, True) / speed("fa2", A100_REF_LEN, True))
     if fig == "ampere":
         return A100_UNFUSED, A100_UNFUSED
     return None
-
-
-def attention_source(gpu_name: str, k: str, length: float = 0.0, head_dim: int = 128) -> str:
-    """Where the kernel's speed comes from; a first-generation kernel on one sequence (``length``) with the
-    arithmetic of its share of FlashAttention-2's speed."""
-    a = arch_of(gpu_name)
-    if a is None:
-        return ""
-    if _figure(a, k) and k in V1.KERNELS and length:
-        return KERNEL_SOURCE[(a.arch, k)] + ": " + V1.arithmetic(k, _figure(a, k), length, head_dim)
-    if _figure(a, k):
-        return KERNEL_SOURCE[(a.arch, k)]
-    if k == "unfused" and a.unfused != 1.0:
-        return "no published figure: " + KERNEL_SOURCE[("ampere", "unfused")] + ", as a share of the linear rate"
-    return a.attention_source or "no published figure: as fast as the linear layers"
 
 
 def attention_times(c, t, s, flops_fwd: float, rc: int, rate: float, eff: float, length: float,
@@ -212,13 +193,13 @@ def attention_times(c, t, s, flops_fwd: float, rc: int, rate: float, eff: float,
     forward and once backward (2 x), at the kernel's published share of the BF16 peak by length; with --efficiency
     or no figure, at the linear layers' (BF16) rate x the row's factor. Under a ring (cp > 1, ``diagonal`` the
     local chunk's s/cp tokens): 1/cp of the FLOPs are the diagonal step's causal block, at the causal speed at
-    s/cp (ring.diagonal_fraction), the rest the ring's unmasked blocks at ``length``."""
+    s/cp (context.diagonal_fraction), the rest the ring's unmasked blocks at ``length``."""
     k = kernel(c.gpu.name, t, s.cp)
     shares = kernel_shares(c.gpu.name, k, length, s.cp > 1, head_dim) if t.efficiency is None else None
     prec = "bf16" if t.precision == "fp8" else t.precision
     if shares is not None and prec in ("bf16", "fp16"):   # a calibrated rate is a GEMM's at GEMM_SHARE of peak
         peak = c.flops_ref(prec) / (GEMM_SHARE if prec in c.achieved_flops else 1.0)
-        d = R.diagonal_fraction(s.cp, t.cp_impl) if diagonal and s.cp > 1 else 0.0
+        d = diagonal_fraction(s.cp, t.cp_impl) if diagonal and s.cp > 1 else 0.0
         diag = kernel_shares(c.gpu.name, k, diagonal, False, head_dim) if d else None
         parts = [(1 - d, shares)] + ([(d, diag)] if diag is not None else [])
         return sum(w * ((1 + rc) * flops_fwd / (peak * sh[0]) + 2 * flops_fwd / (peak * sh[1]))
@@ -234,10 +215,8 @@ def attention_times(c, t, s, flops_fwd: float, rc: int, rate: float, eff: float,
 
 
 def attention_rate(c, t, s, seq: int, rate: float, eff: float) -> float:
-    """FLOP/s (planner's count) of attention on the ring's blocks under cp (moe_cp.cp_comm's hiding window)."""
-    from tandem.plan import ring as R
-
-    secs, _ = attention_times(c, t, s, 1.0, 0, rate, eff, R.block_length(seq, s.cp) if s.cp > 1 else seq)
+    """FLOP/s (planner's count) of attention on the ring's blocks under cp (context.cp_comm's hiding window)."""
+    secs, _ = attention_times(c, t, s, 1.0, 0, rate, eff, block_length(seq, s.cp) if s.cp > 1 else seq)
     return 3.0 / secs
 
 
@@ -262,21 +241,30 @@ def _transformer_compute(m, c, t, s, hw_fpg: float, rate: float, eff: float) -> 
     attn_fwd = g.seq * g.layers * g.attn_score_fwd_flops_per_token() * t.global_batch / s.world
     attn_fpg = (3 + rc) * attn_fwd
     fp8 = t.precision == "fp8"
-    shape = MC.cp_shape(g, s.cp) if s.cp > 1 else g
+    shape = cp_shape(g, s.cp) if s.cp > 1 else g
     a = arch_of(c.gpu.name)
     # measured tile/wave factor: tensor-core GEMMs only (not a CPU calibration, a custom GPU, fp32/tf32)
     tensor = t.efficiency is None and a is not None and a.tensor_cores and t.precision in ("bf16", "fp16", "fp8")
     elt = 1 if fp8 else t.bytes["act"]
-    lin, roof, tiles = G.linear_factor(shape, s.tp, s.micro_batch, elt, rate, c.gpu.memory_Bps, fp8, tensor)
+    lin, roof, tiles = linear_factor(shape, s.tp, s.micro_batch, elt, rate, c.gpu.memory_Bps, fp8, tensor)
     attn_s, k = attention_times(c, t, s, attn_fwd, rc, rate, eff,
-                                R.block_length(g.seq, s.cp) if s.cp > 1 else g.seq, g.seq / s.cp, g.hidden // g.heads)
+                                block_length(g.seq, s.cp) if s.cp > 1 else g.seq, g.seq / s.cp, g.hidden // g.heads)
     cast_s = 0.0
     if fp8 and t.efficiency is None and c.gpu.memory_Bps > 0:
         micro = t.global_batch // s.dp // s.micro_batch
-        act, wt = G.fp8_cast_bytes(shape, s.tp, s.micro_batch * shape.seq, getattr(m, "moe", None), s.ep)
+        act, wt = fp8_cast_bytes(shape, s.tp, s.micro_batch * shape.seq, getattr(m, "moe", None), s.ep)
         cast_s = (act * micro + wt) / s.pp / c.gpu.memory_Bps
     linear_s = (hw_fpg - attn_fpg) / (rate * lin)
     # norms, adds, activations, rotary, loss: memory-bound (--efficiency: the one measured rate holds them)
-    mem_s = MB.step_seconds(m, c, t, s) if t.efficiency is None else 0.0
+    mem_s = step_seconds(m, c, t, s) if t.efficiency is None else 0.0
     return dict(compute=linear_s + attn_s + cast_s + mem_s, attn_s=attn_s, gemm=lin, roofline=roof, tiles=tiles,
                 cast_s=cast_s, mem_s=mem_s, kernel=k, attn_ratio=attn_fpg / attn_s / rate if attn_s and rate else 1.0)
+
+
+def block_share(gpu: str, impl: str, seq: int, cp: int, kernel: str | None = None) -> float:
+    """Speed of the ring's per-step attention kernel over the same kernel on the whole sequence (forward and
+    backward together); 1.0 where the GPU has no such figure (efficiency.py's attention model decides)."""
+    k = kernel or CP_KERNEL[impl]
+    if cp <= 1 or not has_curve(gpu, k):
+        return 1.0
+    return train_speed(k, block_length(seq, cp)) / train_speed(k, seq)

@@ -1,6 +1,7 @@
-"""Model-parallel communication of a transformer step: tensor-parallel activations, pipeline p2p, the tied
-embedding's gradient between the first and the last stage, and the per-micro-batch communication the pipeline's
-fill and drain repeat. Returns CommOp fields as dicts (cost.py builds them), as moe_cp.cp_ep_ops does.
+"""Pipeline communication of a transformer step: the p2p sends between stages, the tied embedding's gradient
+between the first and the last stage, and the per-micro-batch communication the pipeline's fill and drain repeat
+(the tensor-parallel collectives: tensor_parallel.py). Returns CommOp fields as dicts (cost.py builds them), as
+tensor_parallel.py, context.py and expert.py do.
 
 Sources, read in Megatron-LM at commit 285068c8 (MegaScale's baseline, its §6.1) and on main:
 - tensor parallel: 2 all-reduces forward + 2 backward a layer (Shoeybi et al. 2019), +2 with full recompute.
@@ -32,42 +33,33 @@ Sources, read in Megatron-LM at commit 285068c8 (MegaScale's baseline, its §6.1
 
 from __future__ import annotations
 
-from tandem.plan import comm as C
-from tandem.plan import tp_overlap as TPO
-
-WHY = {"embedding-grad": " (the tied word embedding's gradient: its copies on the first and the last pipeline stage "
-                         "summed once a step after the last backward, in the data-parallel reduction's dtype; "
-                         "Megatron-LM's allreduce_word_embedding_grads)"}
+from tandem.plan.terms.collectives import Group, collective, grad_reduce_bytes, link_name, p2p
 
 # per-micro-batch, per-layer communication on the stage's critical path: the fill and drain repeat it
 PER_MICRO_BATCH = ("tp-activations", "cp-ring", "ep-all-to-all")
 
 
-def mp_ops(m, c, t, s, counts: tuple[int, ...], mb: int, linear_rate: float, stage_s: float = 0.0) -> list[dict]:
-    """tp-activations, pp-p2p and embedding-grad for a transformer ``m`` (ModelStats) under strategy ``s``;
-    ``linear_rate`` the GEMMs' FLOP/s, which --tp-overlap hides the tp collectives behind (tp_overlap.py);
+def pp_ops(m, c, t, s, mb: int, stage_s: float = 0.0) -> list[dict]:
+    """pp-p2p and embedding-grad for a transformer ``m`` (ModelStats) under strategy ``s`` with pp > 1;
     ``stage_s`` the slowest stage's compute a step, which --overlap-p2p hides steady-state sends behind."""
     g, by, gpn = m.gpt, t.bytes, c.gpus_per_node
     act = s.micro_batch * g.seq // s.cp * g.hidden * by["act"]
     ops: list[dict] = []
-    if s.tp > 1:   # all-reduces (AG + RS with sequence parallelism), --tp-overlap: tp_overlap.py
-        ops.append(TPO.tp_op(m, c, t, s, max(counts) if counts else g.layers // s.pp, mb, act, linear_rate))
-    if s.pp > 1:
-        cross = s.tp * s.dp >= gpn
-        ppg = C.Group(s.pp, 1 if cross else s.pp, s.pp if cross else 1)
-        calls = 2 * (mb + s.pp - 1) * s.virtual
-        one = C.p2p(act / s.tp, cross, c)
-        op = _op("pp-p2p", "send_recv", act / s.tp, calls, ppg, c.inter.name if cross else c.intra.name, one * calls)
-        if async_p2p(t, s, mb):
-            chunk = stage_s / (mb * s.virtual) / 3   # a chunk's forward; its backward twice that
-            op.update(exposed_s=p2p_exposed(one, s.pp, s.virtual, mb, chunk), rule="pp-async", window_s=chunk)
-        ops.append(op)
-        if g.tied:
-            # one GPU of the first stage and its peer on the last: other nodes unless the whole pipeline fits in one
-            eg = C.Group(2, 1, 2) if cross else C.Group(2, 2, 1)
-            nbytes = g.vocab * g.hidden / s.tp * C.grad_reduce_bytes(t.precision, s.zero, by["grad"], t.grad_reduce)
-            tm = C.collective("all_reduce", nbytes, 1, eg, c)[0]
-            ops.append(_op("embedding-grad", "all_reduce", nbytes, 1, eg, C.link_name(eg, c), tm))
+    cross = s.tp * s.dp >= gpn
+    ppg = Group(s.pp, 1 if cross else s.pp, s.pp if cross else 1)
+    calls = 2 * (mb + s.pp - 1) * s.virtual
+    one = p2p(act / s.tp, cross, c)
+    op = _op("pp-p2p", "send_recv", act / s.tp, calls, ppg, c.inter.name if cross else c.intra.name, one * calls)
+    if async_p2p(t, s, mb):
+        chunk = stage_s / (mb * s.virtual) / 3   # a chunk's forward; its backward twice that
+        op.update(exposed_s=p2p_exposed(one, s.pp, s.virtual, mb, chunk), rule="pp-async", window_s=chunk)
+    ops.append(op)
+    if g.tied:
+        # one GPU of the first stage and its peer on the last: other nodes unless the whole pipeline fits in one
+        eg = Group(2, 1, 2) if cross else Group(2, 2, 1)
+        nbytes = g.vocab * g.hidden / s.tp * grad_reduce_bytes(t.precision, s.zero, by["grad"], t.grad_reduce)
+        tm = collective("all_reduce", nbytes, 1, eg, c)[0]
+        ops.append(_op("embedding-grad", "all_reduce", nbytes, 1, eg, link_name(eg, c), tm))
     return ops
 
 
@@ -85,18 +77,6 @@ def p2p_exposed(one: float, p: int, v: int, mb: int, fwd: float) -> float:
     """Seconds of pipeline sends on the critical path under overlap_p2p_comm (module docstring): the fill and
     drain's 2 (p v - 1), and each steady pair's excess over the chunk it hides behind (backward 2 x ``fwd``)."""
     return 2 * (p * v - 1) * one + steady_pairs(p, v, mb) * (max(0.0, one - 2 * fwd) + max(0.0, one - fwd))
-
-
-def p2p_sentence(o, p: int, v: int, mb: int) -> str:
-    """The exposed part of the pipeline's sends under --overlap-p2p, with its arithmetic (explain.py)."""
-    from tandem.plan.explain import ms
-
-    one = o.time_s / max(1, o.calls)
-    return (f"posted async and waited before use (--overlap-p2p, Megatron-core's overlap_p2p_comm): the fill and "
-            f"drain's 2 x ({p} x {v} - 1) = {2 * (p * v - 1)} sends stay on the critical path, the "
-            f"{steady_pairs(p, v, mb)} steady 1F1B pairs' sends hide behind their chunks up to the chunk's time "
-            f"(forward {ms(o.window_s)}, backward {ms(2 * o.window_s)}; {ms(one)} a send): {ms(o.exposed_s)} of "
-            f"{ms(o.time_s)} exposed.")
 
 
 def _op(name, collective, nbytes, calls, group, link, tm) -> dict:

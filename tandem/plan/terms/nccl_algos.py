@@ -63,7 +63,7 @@ class Choice:
     protocol: str
 
 
-def _hw(link_name: str) -> str:
+def hw_kind(link_name: str) -> str:
     n = link_name.lower()
     return "nvlink" if n.startswith(("nvlink", "xgmi")) else "pci" if n.startswith("pcie") else "net"
 
@@ -74,7 +74,7 @@ def _ll128_ok(link_name: str) -> bool:
     return n.startswith(("nvlink", "xgmi", "ib-"))
 
 
-def _hop(alpha: float, algo: str, hw: str, proto: str) -> float:
+def hop_latency(alpha: float, algo: str, hw: str, proto: str) -> float:
     return alpha if proto == "Simple" else alpha * HOP_SHARE[(algo, hw)][proto]
 
 
@@ -89,13 +89,13 @@ def ring(factor: float, nbytes: float, g, c, proto: str) -> float:
     if g.nodes == 1:
         n = g.size
         return t + factor * (n - 1) / n * nbytes / (c.intra.rate_Bps * share) + \
-            factor * (n - 1) * _hop(c.intra.latency_s, "ring", _hw(c.intra.name), proto)
+            factor * (n - 1) * hop_latency(c.intra.latency_s, "ring", hw_kind(c.intra.name), proto)
     l, nn = g.local, g.nodes
     if l > 1:
         t += factor * (l - 1) / l * nbytes / (c.intra.rate_Bps * share) + \
-            factor * (l - 1) * _hop(c.intra.latency_s, "ring", _hw(c.intra.name), proto)
+            factor * (l - 1) * hop_latency(c.intra.latency_s, "ring", hw_kind(c.intra.name), proto)
     net = c.node_rate_Bps / c.gpus_per_node * share
-    return t + factor * (nn - 1) / nn * (nbytes / l) / net + factor * (nn - 1) * _hop(c.inter.latency_s, "ring",
+    return t + factor * (nn - 1) / nn * (nbytes / l) / net + factor * (nn - 1) * hop_latency(c.inter.latency_s, "ring",
                                                                                        "net", proto)
 
 
@@ -106,8 +106,8 @@ def tree(nbytes: float, g, c, proto: str) -> float:
     t = BASE_US[("tree", proto)] * 1e-6 + 2 * nbytes / l / (TREE_SHARE * share * c.node_rate_Bps / c.gpus_per_node)
     if l > 1:
         t += 2 * (l - 1) / l * nbytes / (c.intra.rate_Bps * share)
-    return t + 2 * ((l - 1) * _hop(c.intra.latency_s, "tree", _hw(c.intra.name), proto)
-                    + math.ceil(math.log2(nn)) * _hop(c.inter.latency_s, "tree", "net", proto))
+    return t + 2 * ((l - 1) * hop_latency(c.intra.latency_s, "tree", hw_kind(c.intra.name), proto)
+                    + math.ceil(math.log2(nn)) * hop_latency(c.inter.latency_s, "tree", "net", proto))
 
 
 def nvls(nbytes: float, c) -> float:

@@ -15,13 +15,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-from tandem.plan.model import GPTShape
-
-
-def linear_gemms(g: GPTShape, tp: int, tokens: int) -> list[tuple[int, int, int, int]]:
-    """(M, K, N, count per model) of one forward: per layer QKV, output projection, MLP in and out (with
-    sequence parallelism M is all tokens of the micro-batch), and the logits once."""
-    return _gemms((g.layers, g.hidden, g.kv_dim, g.ffn, g.gated, g.vocab), tp, tokens)
+from tandem.plan.inputs.model import GPTShape
 
 
 def _gemms(shape: tuple, tp: int, M: int) -> list[tuple[int, int, int, int]]:

@@ -5,15 +5,22 @@ Three kinds:
   activation memory come from closed formulas (Narayanan et al. 2021 for FLOPs,
   Korthikanti et al. 2022 for activations), generalised to GQA and gated MLPs.
 - ``cnn``: measured numbers per sample (presets were measured once on the meta
-  device with tandem.plan.measure; ``--model pkg.mod:factory`` measures yours).
+  device with tandem.plan.inputs.measure; ``--model pkg.mod:factory`` measures yours).
 - ``params``: only a parameter count; model states are exact, compute and
   activations are unknown unless given (the output says so).
+
+**MoE** (``MoEShape``): the MLP of each MoE layer is ``experts`` routed experts of inner size
+``expert_ffn`` (gated like the base shape) plus ``shared`` always-active ones and a router (h x experts);
+the first ``dense_layers`` layers keep the base shape's dense MLP. Each token runs ``top_k`` routed
+experts and the shared ones, so the FLOPs follow the active parameters. ``attn_params`` overrides the
+attention block's parameter count per layer (multi-head latent attention, DeepSeek-V2/V3). How the
+experts split over GPUs and route tokens: terms/expert.py.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tandem.core.errors import ConfigError
@@ -98,7 +105,7 @@ class ModelStats:
     gpt: GPTShape | None = None
     source: str = ""
     largest_layer_params: int = 0
-    # MoE (tandem.plan.moe_cp.MoEShape): ``gpt`` is then the dense shape with the same FLOPs per layer
+    # MoE (MoEShape, below): ``gpt`` is then the dense shape with the same FLOPs per layer
     # (the top_k + shared experts as one MLP), which FLOPs, stages and GEMMs follow; parameters,
     # memory and expert communication follow ``moe``
     moe: object = None
@@ -107,8 +114,6 @@ class ModelStats:
     def flops_per_sample(self) -> float | None:
         """Model FLOPs of one training sample (forward + backward = 3 x forward), no recompute."""
         if self.moe is not None:
-            from tandem.plan.moe_cp import fwd_flops_per_token
-
             return 3 * self.gpt.seq * fwd_flops_per_token(self.moe)
         if self.gpt is not None:
             g = self.gpt
@@ -130,7 +135,7 @@ class ModelStats:
         return fwd if recompute == "full" else 0.0
 
 
-# Measured once with tandem.plan.measure on the meta device (tests/plan re-measure them when
+# Measured once with tandem.plan.inputs.measure on the meta device (tests/plan re-measure them when
 # tandem.models is importable): parameters exact, FLOPs from torch's FlopCounterMode at 224 px,
 # activations = bytes of tensors autograd saves for backward, fp32, per sample.
 CNN_PRESETS = {
@@ -156,8 +161,6 @@ def preset(name: str, seq: int | None = None) -> ModelStats:
         # In a ResNet the fc layer (2048 x 1000) is small; the largest conv block is ~2.4M (resnet50).
         return ModelStats(key, "cnn", p["params"], p["fwd"], p["act"], source="preset (measured on meta)",
                           largest_layer_params=2_359_296)
-    from tandem.plan.moe_cp import MOE_PRESETS, moe_stats
-
     if key in MOE_PRESETS:
         return moe_stats(MOE_PRESETS[key], key, seq)
     if key in GPT_PRESETS:
@@ -210,3 +213,117 @@ def from_hf_config(path: str | Path, seq: int | None = None) -> ModelStats:
         norm="layernorm" if gpt2 else "rmsnorm", tied=bool(c.get("tie_word_embeddings", gpt2)),
         learned_pos=gpt2)
     return gpt_stats(shape, name=c.get("_name_or_path") or p.stem, source=f"HF config {p.name}")
+
+
+# ---- Mixture of experts
+
+
+@dataclass(frozen=True)
+class MoEShape:
+    base: GPTShape
+    experts: int
+    top_k: int
+    expert_ffn: int
+    shared: int = 0
+    dense_layers: int = 0
+    capacity_factor: float = 1.0
+    attn_params: int | None = None     # per layer, when attention is not GPTShape's (MLA)
+
+    @property
+    def moe_layers(self) -> int:
+        return self.base.layers - self.dense_layers
+
+
+def mlp_params(g: GPTShape, ffn: int) -> int:
+    return (3 if g.gated else 2) * g.hidden * ffn + (((2 if g.gated else 1) * ffn + g.hidden) if g.bias else 0)
+
+
+def attn_norm_params(m: MoEShape) -> int:
+    g = m.base
+    own = g.layer_params() - mlp_params(g, g.ffn)
+    if m.attn_params is None:
+        return own
+    norms = 2 * (2 * g.hidden if g.norm == "layernorm" else g.hidden)
+    return m.attn_params + norms
+
+
+def _outside_layers(g: GPTShape) -> int:
+    return g.params() - g.layers * g.layer_params()
+
+
+def moe_params(m: MoEShape, active: bool = False) -> int:
+    """All parameters, or (active) those one token uses: top_k routed experts + the shared ones."""
+    g = m.base
+    routed = m.top_k if active else m.experts
+    moe = (routed + m.shared) * mlp_params(g, m.expert_ffn) + g.hidden * m.experts
+    return (g.layers * attn_norm_params(m) + m.dense_layers * mlp_params(g, g.ffn) + m.moe_layers * moe
+            + _outside_layers(g))
+
+
+def expert_params(m: MoEShape) -> int:
+    """Routed expert weights of the whole model: what expert parallelism splits."""
+    return m.moe_layers * m.experts * mlp_params(m.base, m.expert_ffn)
+
+
+def dense_layer_params(m: MoEShape) -> float:
+    """Non-expert parameters of the mean layer (attention, norms, router, shared experts, dense MLPs)."""
+    return (moe_params(m) - expert_params(m) - _outside_layers(m.base)) / m.base.layers
+
+
+def fwd_flops_per_token(m: MoEShape) -> float:
+    """2 FLOPs per multiply-add of the weight matrices a token uses (attention projections, top_k + shared
+    experts, the router), attention scores 4 s h per layer and the logits, as GPTShape counts a dense model
+    (norms and biases left out)."""
+    g = m.base
+    attn = m.attn_params if m.attn_params is not None else g.hidden * (g.hidden + 2 * g.kv_dim) + g.hidden * g.hidden
+    mats = (3 if g.gated else 2) * g.hidden
+    per_moe = (m.top_k + m.shared) * mats * m.expert_ffn + g.hidden * m.experts
+    total = g.layers * attn + m.dense_layers * mats * g.ffn + m.moe_layers * per_moe
+    return 2 * total + 4 * g.seq * g.hidden * g.layers + g.logits_fwd_flops_per_token()
+
+
+def equivalent_shape(m: MoEShape) -> GPTShape:
+    """The dense shape with an MoE layer's FLOPs per token: the top_k routed and the shared experts as one
+    MLP of (top_k + shared) x expert_ffn (attention as GPTShape counts it; the router left out)."""
+    return replace(m.base, ffn=m.expert_ffn * (m.top_k + m.shared))
+
+
+def moe_stats(m: MoEShape, name: str = "moe", seq: int | None = None):
+    if seq:
+        m = replace(m, base=replace(m.base, seq=seq))
+    g = m.base
+    largest = max(attn_norm_params(m) + max(mlp_params(g, g.ffn) if m.dense_layers else 0,
+                                             (m.experts + m.shared) * mlp_params(g, m.expert_ffn)),
+                  g.vocab * g.hidden)
+    return ModelStats(name, "gpt", moe_params(m), gpt=equivalent_shape(m), source="preset (MoE)",
+                      largest_layer_params=largest, moe=m)
+
+
+def mlp_act_coeff(m: MoEShape) -> float:
+    """Korthikanti et al.'s MLP activation term per s x b x h (2-byte units) for an MoE layer: the layer's
+    input and dropout mask (3) plus, per routed copy of a token (top_k x capacity factor) and per shared
+    expert, its permuted input (2) and the expert's inner activations (4 x ffn/h, 6 gated)."""
+    g = m.base
+    inner = (6 if g.gated else 4) * m.expert_ffn / g.hidden
+    return 3 + (m.top_k * m.capacity_factor + m.shared) * (2 + inner)
+
+
+# Published MoE shapes (the sources' own figures in tests/plan/inputs/test_moe_shapes.py)
+MIXTRAL_8X7B = MoEShape(GPTShape(layers=32, hidden=4096, heads=32, kv_heads=8, seq=4096, vocab=32000, ffn=14336,
+                                 gated=True, bias=False, norm="rmsnorm", tied=False, learned_pos=False),
+                        experts=8, top_k=2, expert_ffn=14336)
+
+
+def _mla_params(h: int = 7168, heads: int = 128, q_rank: int = 1536, kv_rank: int = 512, nope: int = 128,
+                rope: int = 64, v: int = 128) -> int:
+    """Multi-head latent attention's weights per layer (DeepSeek-V2/V3), its low-rank norms included."""
+    return (h * q_rank + q_rank + q_rank * heads * (nope + rope) + h * (kv_rank + rope) + kv_rank
+            + kv_rank * heads * (nope + v) + heads * v * h)
+
+
+DEEPSEEK_V3 = MoEShape(GPTShape(layers=61, hidden=7168, heads=128, seq=4096, vocab=129280, ffn=18432, gated=True,
+                                bias=False, norm="rmsnorm", tied=False, learned_pos=False),
+                       experts=256, top_k=8, expert_ffn=2048, shared=1, dense_layers=3, attn_params=_mla_params())
+
+
+MOE_PRESETS = {"mixtral-8x7b": MIXTRAL_8X7B, "deepseek-v3": DEEPSEEK_V3}

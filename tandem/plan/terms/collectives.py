@@ -28,8 +28,8 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from tandem.plan.hardware import Cluster
-from tandem.plan.nccl_algos import choose
+from tandem.plan.inputs.hardware import Cluster
+from tandem.plan.terms.nccl_algos import choose
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,25 @@ class Group:
     @property
     def crosses_nodes(self) -> bool:
         return self.nodes > 1
+
+
+# One collective (or p2p) of a step, as a term builds it: what it moves, over which group, and how much of it
+# compute hides.
+@dataclass
+class CommOp:
+    name: str
+    collective: str
+    bytes: float          # bytes each GPU contributes per call
+    calls: int            # calls per step
+    group: Group
+    link: str
+    time_s: float         # all calls of one step
+    exposed_s: float
+    chunks: int = 1       # framework calls per logical call (DDP buckets, FSDP blocks)
+    algorithm: str = "ring"
+    rule: str = "none"    # what hides it: buckets | prefetch | fsdp | manual | tp-bulk | tp-ring | pp-async | none
+    window_s: float = 0.0 # compute it can hide behind, per logical call
+    detail: tuple = ()    # fsdp: (blocks, gather, scatter, block fwd, block bwd, root gather, root scatter) s
 
 
 @lru_cache(maxsize=4096)   # pure, a frozen Group: the cost model lays out several groups per candidate
@@ -156,18 +175,3 @@ def p2p(nbytes: float, crosses_nodes: bool, c: Cluster) -> float:
     if crosses_nodes:
         return nbytes / _per_gpu_net(c) + c.inter.latency_s
     return nbytes / c.intra.rate_Bps + c.intra.latency_s
-
-
-def _rate(link, per: str, nics: int = 1) -> str:
-    """'370 GB/s per GPU (nccl-tests busbw; datasheet 450)', or the datasheet rate alone."""
-    r = f"{link.rate_Bps * nics / 1e9:.4g} GB/s per {per}"
-    return f"{r} (nccl-tests busbw; datasheet {link.bandwidth_Bps * nics / 1e9:.4g})" if link.busbw_Bps else r
-
-
-def describe(g: Group, c: Cluster) -> str:
-    if g.nodes == 1:
-        return f"ring over {g.size} GPUs on {c.intra.name} ({_rate(c.intra, 'GPU')})"
-    net = f"{c.inter.name} ({_rate(c.inter, 'node', c.nics_per_node)})"
-    if g.local == 1:
-        return f"ring across {g.nodes} nodes on {net}"
-    return (f"hierarchical: {g.local} GPUs per node on {c.intra.name}, then {g.nodes} nodes on {net}")

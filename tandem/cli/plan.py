@@ -12,10 +12,6 @@ from typing import Optional
 import typer
 
 from tandem.core.errors import ConfigError
-from tandem.plan.cost import evaluate, validate
-from tandem.plan.inputs import PlanArgs, resolve, strategy
-from tandem.plan.report import assumptions, render, to_dict
-from tandem.plan.search import default_micro_batch, fitting_micro_batch, reasons, search
 
 O = typer.Option
 
@@ -118,7 +114,13 @@ def plan_cmd(
     plot: Optional[str] = O(None, help="Write a PNG: step time breakdown and memory per GPU."),
 ) -> None:
     """Predict memory, communication, step time and cost of a training strategy, and show the arithmetic."""
+    # the planner imported when the verb runs, not when `tandem --help` lists it
     from rich.console import Console
+
+    from tandem.plan.cost import evaluate, validate
+    from tandem.plan.inputs.args import PlanArgs, resolve, strategy
+    from tandem.plan.report import assumptions, render, to_dict
+    from tandem.plan.search import default_micro_batch, reasons, search
 
     args = PlanArgs(**{k: v for k, v in locals().items() if k in PlanArgs.__dataclass_fields__})
     m, c, t, v = resolve(args)
@@ -152,7 +154,7 @@ def plan_cmd(
     for d in out:
         d["cluster"]["notes"] = list(c.notes)
     if plot:
-        from tandem.plan.plot import plot_plans
+        from tandem.plan.plot import plot_plans   # matplotlib, only with --plot
 
         plot_plans(plans, plot)
     if as_json:
@@ -175,6 +177,8 @@ def plan_cmd(
 
 def suggestion(m, c, t, s) -> str:
     """What does fit: a smaller micro-batch (and recompute) with these degrees, else ZeRO-3, else --search."""
+    from tandem.plan.search import fitting_micro_batch   # the planner, when the verb runs (plan_cmd)
+
     fit = fitting_micro_batch(m, c, t, s)
     if fit is not None:
         g = t.global_batch // (s.dp * fit.micro_batch)

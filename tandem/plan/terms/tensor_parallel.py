@@ -39,9 +39,8 @@ torchtitan's own async-TP pairs the ring rule hides more than torch did (tests/p
 
 from __future__ import annotations
 
-from tandem.plan import comm as C
+from tandem.plan.terms.collectives import collective, layout, link_name
 
-MODES = ("none", "bulk", "ring")
 # Transformer Engine's "pipeline" overlap splits the GEMM + reduce-scatter into 4 (initialize_ub's default
 # num_splits, and NeMo's userbuffers configs for proj_fprop / fc2_fprop)
 RS_SPLITS = 4
@@ -91,42 +90,21 @@ def exposed_per_layer(mode: str, c: float, k: int, gemms: tuple[float, ...], rec
     return fwd_passes * (fa + fm) + ba + bm
 
 
-def tp_op(m, c, t, s, layers: int, mb: int, act: float, linear_rate: float) -> dict:
-    """CommOp fields of the tensor-parallel collectives of one step on the busiest stage (cost.evaluate)."""
+def tp_op(m, c, t, s, layers: int, mb: int, linear_rate: float) -> dict:
+    """CommOp fields of the tensor-parallel collectives of one step on the busiest stage (cost.evaluate):
+    all-reduces (AG + RS with sequence parallelism) of a micro-batch's activations; ``linear_rate`` the GEMMs'
+    FLOP/s, which --tp-overlap hides them behind."""
     g = m.gpt
-    tpg = C.layout(s.tp, 1, c.gpus_per_node)
+    act = s.micro_batch * g.seq // s.cp * g.hidden * t.bytes["act"]
+    tpg = layout(s.tp, 1, c.gpus_per_node)
     full = s.recompute == "full"
     per_layer = 4 + (2 if full else 0)   # 2 fwd + 2 bwd (+2 recomputed fwd)
     calls = per_layer * layers * mb
-    one = C.collective("all_reduce", act, 1, tpg, c)[0]
+    one = collective("all_reduce", act, 1, tpg, c)[0]
     gemms = layer_gemms(g, s, s.micro_batch * g.seq / s.cp, linear_rate)
     mode = t.tp_overlap if tpg.nodes == 1 else "none"   # userbuffers / symmetric memory: one NVLink domain
     exposed = exposed_per_layer(mode, one, s.tp, gemms, full) * layers * mb
     rule = "none" if mode == "none" else "tp-" + mode
     return dict(name="tp-activations", collective="all_reduce", bytes=act, calls=calls, group=tpg,
-                link=C.link_name(tpg, c), time_s=one * calls, exposed_s=exposed, rule=rule,
+                link=link_name(tpg, c), time_s=one * calls, exposed_s=exposed, rule=rule,
                 window_s=sum(gemms), detail=(one, gemms, layers, mb, full))
-
-
-def sentence(o, tp: int) -> str:
-    """The exposed part of the tensor-parallel collectives with its arithmetic (explain.py)."""
-    from tandem.plan.explain import ms
-
-    one, (qkv, proj, fc1, fc2), layers, mb, full = o.detail
-    per = o.exposed_s / max(1, layers * mb)
-    h = one / 2
-    if o.rule == "tp-bulk":
-        return (f"dgrad reduce-scatter beside the wgrad GEMM (Transformer Engine, bulk or async NCCL): forward "
-                f"exposed ({2 * (2 if full else 1)} x {ms(one)}); in "
-                f"backward the all-gather {ms(h)} exposed and each dgrad reduce-scatter {ms(h)} beside its wgrad GEMM "
-                f"(QKV {ms(qkv)}, FC1 {ms(fc1)}): + {ms(h)} + max(0, {ms(h)} - {ms(qkv)}) + {ms(h)} + max(0, "
-                f"{ms(h)} - {ms(fc1)}) = {ms(per)} per layer, x {layers} layers x {mb} micro-batches = "
-                f"{ms(o.exposed_s)} exposed.")
-    fa, fm, ba, bm = ring_parts(one, tp, (qkv, proj, fc1, fc2))
-    return (f"Transformer Engine's overlaps, all-gather a and reduce-scatter a = {ms(h)} per all-reduce, GEMMs G "
-            f"per micro-batch QKV {ms(qkv)}, proj {ms(proj)}, FC1 {ms(fc1)}, FC2 {ms(fc2)}: forward gather ring-"
-            f"exchanged max(0, a - G_col x ({tp}-1)/{tp}) + scatter in {RS_SPLITS} splits max(a/{RS_SPLITS}, a - G_row x "
-            f"{RS_SPLITS - 1}/{RS_SPLITS}) = attention {ms(fa)} + MLP {ms(fm)}{' (x 2, recompute)' if full else ''}; "
-            f"backward gather max(0, a - G_row x ({tp}-1)/{tp}) + dgrad scatter beside the wgrad max(0, a - G_col) = "
-            f"{ms(ba)} + {ms(bm)}; {ms(per)} per layer, x {layers} layers x {mb} micro-batches = {ms(o.exposed_s)} "
-            f"exposed.")

@@ -10,8 +10,10 @@ or one NIC (inter) can push while it also receives. A calibration file
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import yaml
 
 from tandem.core.errors import ConfigError
 
@@ -246,8 +248,6 @@ CLUSTER_KEYS = {"gpu", "gpus_per_node", "nodes", "intra", "inter", "nics_per_nod
 def load_cluster_file(path: str | Path, **overrides) -> Cluster:
     """A YAML cluster file: the keys of ``make_cluster``; ``custom_gpu`` defines a GPU inline:
     ``{name, memory_gib, peak_tflops: {bf16: ..}, intra_default}``."""
-    import yaml
-
     p = Path(path)
     if not p.is_file():
         raise ConfigError("no such file", field="cluster", value=str(p), fix="give a YAML cluster file")
@@ -274,7 +274,3 @@ def load_cluster_file(path: str | Path, **overrides) -> Cluster:
         GPUS[g.name] = g
         data["gpu"] = g.name
     return make_cluster(**data)
-
-
-def with_links(c: Cluster, intra: Link | None = None, inter: Link | None = None) -> Cluster:
-    return replace(c, intra=intra or c.intra, inter=inter or c.inter)

@@ -1,7 +1,7 @@
 """When sharded gradients are reduced under a pipeline (``Training.pp_grad_sync``), and what that holds in memory.
 
 - ``microbatch`` (the default): ZeRO-2/3 keep gradients sharded, so every micro-batch's backward reduce-scatters
-  the stage's gradients (cost.dp_ops: ``mb`` calls, each hidden behind its own backward). Memory: the gradients
+  the stage's gradients (data_parallel.dp_ops: ``mb`` calls, each hidden behind its own backward). Memory: the gradients
   / the shard group.
 - ``step``: torch.distributed.pipelining (torchtitan's pipeline). Every micro-batch's backward runs with
   ``set_requires_gradient_sync(False)`` (stage.py, ``backward_one_chunk``); FSDP2 then keeps each parameter's
@@ -27,15 +27,9 @@ gradients, + the parameters unsharded.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from tandem.plan import overlap as O   # imports nothing of tandem's: safe at the top (dp_ops runs per candidate)
-
-if TYPE_CHECKING:   # config.py takes MODES from here
-    from tandem.plan.config import Strategy, Training
-
-MODES = ("microbatch", "step", "round")
-
+from tandem.plan.inputs.training import Strategy, Training
+from tandem.plan.terms.dp_overlap import pipelined
+from tandem.plan.terms.stages import rounds, schedule_order
 
 def deferred(t: Training, s: Strategy) -> bool:
     """Sharded gradients accumulated unsharded and reduced per step or round: ZeRO-2/3 with pp > 1."""
@@ -44,32 +38,23 @@ def deferred(t: Training, s: Strategy) -> bool:
 
 def reductions(t: Training, s: Strategy, mb: int) -> int:
     """Reduce-scatters of the stage's gradients per step when ``deferred``: 1, or one a round (interleaved)."""
-    from tandem.plan.stages import rounds
-
     return rounds(mb, s.pp) if t.pp_grad_sync == "round" and s.schedule == "interleaved" else 1
-
-
-def overlap_rule(t: Training, s: Strategy, mb: int) -> str:
-    """explain's overlap rule when ``deferred`` ("once a round" only where there are rounds: interleaved)."""
-    return (f"as FSDP under torch's pipelining (pp_grad_sync {t.pp_grad_sync}): gradients accumulated unsharded "
-            f"and reduce-scattered once a {'round' if reductions(t, s, mb) > 1 else 'step'}, exposed; "
-            "parameters gathered once, behind the first forward")
 
 
 def dp_ops(op, t: Training, s: Strategy, defer: bool, buckets: int, gbytes: float, pbytes: float, g, mb: int,
            fwd: float, bwd: float) -> list:
     """ZeRO-1/2 (and ZeRO-3 when ``defer``): the gradients' bucketed reduce-scatter and the parameters' gather,
-    built with cost.dp_ops's ``op``; ``fwd`` / ``bwd`` one micro-batch's forward / backward seconds."""
+    built with data_parallel.dp_ops's ``op``; ``fwd`` / ``bwd`` one micro-batch's forward / backward seconds."""
     if defer:   # once a step or round, the compute waiting on it
         rs = op("dp-grad", "reduce_scatter", gbytes, reductions(t, s, mb), g, buckets, "none", 0.0, lambda tm: tm)
     else:   # sharded grads cannot accumulate locally: every micro-batch (ZeRO-2)
         rs = op("dp-grad", "reduce_scatter", gbytes, mb if s.zero == 2 else 1, g, buckets, "buckets", bwd,
-                lambda tm: O.pipelined(tm, buckets, bwd))
+                lambda tm: pipelined(tm, buckets, bwd))
     # deferred (FSDP2 under torch's pipelining, ZeRO-2 or 3): gathered at the first forward from FSDP2's all-gather
     # stream, implicitly prefetched behind the previous layer's forward (torch's docs/source/notes/fsdp.rst)
     if t.overlap_param_gather or defer:
         ag = op("dp-params", "all_gather", pbytes, 1, g, buckets, "prefetch", fwd,
-                lambda tm: O.pipelined(tm, buckets, fwd))
+                lambda tm: pipelined(tm, buckets, fwd))
     else:
         ag = op("dp-params", "all_gather", pbytes, 1, g, buckets, "none", 0.0, lambda tm: tm)
     return [rs, ag]
@@ -89,8 +74,6 @@ def peak(held: tuple[int, ...], pp: int, m: int, rank: int, act_layer: float, gr
     last chunk of the last: embedding, output layer) is allocated at its first backward and held until it is
     reduced, after its last backward of the step (``every`` 0) or after every ``every`` backwards (a round),
     while that backward still holds its activations; ``act_layer`` a layer per micro-batch."""
-    from tandem.plan.stages import schedule_order
-
     v, act, grads, best = len(held), 0.0, 0.0, (0.0, 0.0)
     done = [0] * v
     extra_chunk = 0 if rank == 0 else v - 1 if rank == pp - 1 else -1
@@ -108,29 +91,3 @@ def peak(held: tuple[int, ...], pp: int, m: int, rank: int, act_layer: float, gr
             if every and done[c] % every == 0:
                 grads -= size[c]
     return best
-
-
-def sentence(p) -> str:
-    """The explain[] line: when the stage's gradients are reduced and what that holds at the memory peak."""
-    from tandem.plan.comm import grad_reduce_bytes
-    from tandem.plan.memory import shard_group
-
-    t, s, mem = p.training, p.strategy, p.memory
-    if not deferred(t, s) or p.model.gpt is None or p.model.moe is not None:
-        return ""
-    by = t.bytes
-    gb = grad_reduce_bytes(t.precision, s.zero, by["grad"], t.grad_reduce)
-    n, d = reductions(t, s, p.grad_accum), shard_group(s, p.cluster)
-    psi = mem.params / by["param"]
-    shard = psi * by["grad"] / d
-    when = (f"after its last backward of each of the {n} rounds of the interleaved schedule" if n > 1 else
-            "after its last backward of the step")
-    g = 1024**3
-    return (f"Gradient sync under the pipeline (pp_grad_sync {t.pp_grad_sync}): each chunk's gradients accumulate "
-            f"unsharded at {gb} B a parameter and are reduce-scattered {when} ({n} call(s) per step, the compute "
-            f"waiting for each, as torch's pipelining does); parameters held unsharded, {psi / 1e9:.4g}B x "
-            f"{by['param']} B = {mem.params / g:.3g} GiB. At the busiest rank's (pipeline rank {mem.peak_rank}) peak "
-            f"of activations + gradients: "
-            f"activations {mem.activations / g:.3g} GiB + the live chunks' gradients {(mem.grads - shard) / g:.3g} "
-            f"GiB (of {psi * gb / g:.3g} GiB for the whole stage) + their shard {psi / 1e9:.4g}B x {by['grad']} B / "
-            f"{d} = {shard / 2**20:.4g} MiB: grads {mem.grads / g:.3g} GiB.")

@@ -20,16 +20,15 @@ PRECISIONS = {
 
 # Optimizer state bytes per parameter, besides the master copy: Adam keeps m and v in FP32.
 OPTIMIZERS = {"adam": 8, "adamw": 8, "sgd-momentum": 4, "sgd": 0}
-ATTENTION_KERNELS = ("unfused", "fused", "fa1", "triton", "fa2", "fa3", "cudnn")   # tandem/plan/efficiency.py
+ATTENTION_KERNELS = ("unfused", "fused", "fa1", "triton", "fa2", "fa3", "cudnn")   # terms/efficiency.py
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
-KERNELS = ("fused", "compiled", "eager")   # tandem.plan.memory_bound
-# the modes each module models, named there (one list): FSDP implementations, tp overlap, ring attention, and when a
-# pipeline reduces sharded gradients
-from tandem.plan.fsdp_runtime import IMPLS as FSDP_IMPLS  # noqa: E402
-from tandem.plan.grad_sync import MODES as PP_GRAD_SYNC  # noqa: E402
-from tandem.plan.ring import CP_IMPLS  # noqa: E402
-from tandem.plan.tp_overlap import MODES as TP_OVERLAP  # noqa: E402
+# The modes of the framework choices, each modelled in its term module:
+KERNELS = ("fused", "compiled", "eager")              # what the framework fuses: terms/bandwidth_bound.py
+FSDP_IMPLS = ("fsdp1", "fsdp2")                       # ZeRO-3's implementation: terms/fsdp_copies.py
+PP_GRAD_SYNC = ("microbatch", "step", "round")        # when a pipeline reduces sharded gradients: terms/grad_sync.py
+CP_IMPLS = ("megatron", "torch", "allgather")         # ring attention: terms/context.py
+TP_OVERLAP = ("none", "bulk", "ring")                 # tensor-parallel overlap: terms/tensor_parallel.py
 
 
 def _choice(value: str, valid, field: str) -> str:
@@ -52,7 +51,7 @@ class Training:
                                              # communication (None: as the framework schedules it)
     flash_attention: bool = False            # fused attention (FlashAttention, cuDNN/TE): no s x s score matrix
                                              # stored, so no 5as/h term without recompute
-    attention_kernel: str = ""               # unfused | fused | fa1 | triton | fa2 | fa3 | cudnn (efficiency.py); "": from
+    attention_kernel: str = ""               # unfused | fused | fa1 | triton | fa2 | fa3 | cudnn (terms/efficiency.py); "": from
                                              # flash_attention (fused: the architecture's usual kernel)
     overlap_param_gather: bool = False       # ZeRO-1/2: gather updated params during the next forward
                                              # (Megatron --overlap-param-gather); else exposed
@@ -61,7 +60,7 @@ class Training:
     pp_grad_sync: str = "microbatch"         # ZeRO-2/3 under a pipeline: gradients reduce-scattered every micro-batch
                                              # | "step": accumulated unsharded in the reduce dtype, reduced once a step
                                              # (torch.distributed.pipelining) | "round": once a round of the
-                                             # interleaved schedule (Llama 3); tandem/plan/grad_sync.py
+                                             # interleaved schedule (Llama 3); terms/grad_sync.py
     compute_time_s: float | None = None      # measured compute time per step per GPU (replaces FLOPs/rate)
     steps: int | None = None                 # length of the run, one of steps / tokens / samples
     tokens: float | None = None
@@ -76,21 +75,21 @@ class Training:
                                              # trainer): the step writes no 16-bit copy, ZeRO/FSDP gather fp32
     weight_decay: bool = False               # SGD's coupled weight decay is on, and Nesterov momentum (a job spec:
     nesterov: bool = False                   # optim.weight_decay > 0, optim.nesterov): a foreach pass each
-                                             # (memory_bound.py; torch's defaults, the flags' plans: off)
+                                             # (terms/bandwidth_bound.py; torch's defaults, the flags' plans: off)
     cp_impl: str = "megatron"                # ring attention: Megatron-core/TE's p2p ring, torch's context_parallel as
-                                             # torchtitan runs it, or Meta's all-gather CP (tandem/plan/ring.py)
+                                             # torchtitan runs it, or Meta's all-gather CP (terms/context.py)
     kv_repeat: bool = False                  # K/V repeated to every query head before attention (GQA the kernel does
                                              # not take: torchtitan's Llama, repeat_kv, Dec 2024): what the ring moves
-    kernels: str = "fused"                   # what the framework fuses (memory_bound.py): fused (Megatron/NeMo/TE,
+    kernels: str = "fused"                   # what the framework fuses (terms/bandwidth_bound.py): fused (Megatron/NeMo/TE,
                                              # the default) | compiled (torch.compile) | eager (PyTorch eager)
     fused_loss: bool | None = None           # a fused cross-entropy kernel (None: as `kernels` has it; eager
                                              # stacks may still use one, e.g. llm-foundry's flash-attn loss)
     fsdp: str = "fsdp2"                      # ZeRO-3 as torch's fully_shard (FSDP2, tandem's trainer, torchtitan) or
-                                             # FullyShardedDataParallel (fsdp1): its copies (fsdp_runtime.py)
+                                             # FullyShardedDataParallel (fsdp1): its copies (fsdp_copies.py)
     tp_overlap: str = "none"                 # tensor-parallel AG/RS behind their GEMMs: none | bulk | ring
-                                             # (TE userbuffers, torch async TP: tandem/plan/tp_overlap.py)
+                                             # (TE userbuffers, torch async TP: terms/tensor_parallel.py)
     overlap_p2p: bool = False                # interleaved pipeline sends posted async, waited before use
-                                             # (Megatron-core overlap_p2p_comm: model_parallel.py); else blocking
+                                             # (Megatron-core overlap_p2p_comm: terms/pipeline.py); else blocking
 
     def __post_init__(self):
         if not isinstance(self.global_batch, int) or self.global_batch <= 0:

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from tandem.core.dims import from_spec
+import yaml
+
+from tandem.core.config import load_spec
+from tandem.core.dims import ZERO_STAGE, from_spec
 from tandem.core.errors import ConfigError
-from tandem.plan.config import Strategy, Training
-from tandem.plan.hardware import Cluster, load_cluster_file, make_cluster
-from tandem.plan.model import (CNN_PRESETS, GPT_PRESETS, GPTShape, ModelStats, from_hf_config, gpt_stats,
-                               params_only, preset)
+from tandem.plan.inputs.calibration import cluster_for
+from tandem.plan.inputs.hardware import Cluster, load_cluster_file, make_cluster
+from tandem.plan.inputs.measure import measure, measure_module
+from tandem.plan.inputs.model import (CNN_PRESETS, GPT_PRESETS, GPTShape, ModelStats, MoEShape, from_hf_config,
+                                      gpt_stats, moe_stats, params_only, preset)
+from tandem.plan.inputs.training import Strategy, Training
 
 
 @dataclass
@@ -85,8 +90,6 @@ DEFAULTS = dict(gpu="a100-80gb", gpus_per_node=8, nodes=1, inter="ib-hdr", nics_
 
 def from_job_spec(path: str) -> dict:
     """The plan inputs a tandem job spec implies (tandem.core.config.load_spec)."""
-    from tandem.core.config import load_spec
-
     spec = load_spec(path, {}, check=False)
     nnodes = str(spec.launch.nnodes).split(":")[-1]
     opt = spec.optim.name.lower()
@@ -96,8 +99,6 @@ def from_job_spec(path: str) -> dict:
                micro_batch=spec.schedule.micro_batch, precision=spec.precision.dtype, optimizer=opt,
                gpus_per_node=spec.launch.nproc_per_node, nodes=int(nnodes), ref_batch=spec.optim.ref_batch,
                warmup_steps=spec.schedule.warmup_steps, threads_per_worker=spec.launch.threads_per_worker or None)
-    from tandem.core.dims import ZERO_STAGE
-
     par = spec.parallel
     # the degrees as flags would give them (what `--tp 2` then overrides); without degree flags,
     # `strategy` lays the spec's parallel section out as the trainer does (ParallelDims, "_job")
@@ -144,10 +145,10 @@ def resolve_model(v: dict, spec: dict) -> ModelStats:
     shape_keys = ("layers", "hidden", "heads", "vocab")
     name = v.get("model")
     if "_spec_model" in spec:  # a small ResNet from a job spec: measure it as it is configured
-        from tandem.models import build_model
-        from tandem.plan.measure import measure_module
-
+        # torch and the model zoo only for a job spec's ResNet (a heavy import `tandem plan` otherwise skips)
         import torch
+
+        from tandem.models import build_model
 
         with torch.device("meta"):
             mod = build_model(spec["_spec_model"])
@@ -156,8 +157,6 @@ def resolve_model(v: dict, spec: dict) -> ModelStats:
     if v.get("params") is not None and not name:
         return params_only(v["params"])
     if name and ":" in name and not Path(name).suffix == ".json":
-        from tandem.plan.measure import measure
-
         return measure(name, v["input_shape"])
     if name and name.endswith(".json"):
         return from_hf_config(name, v.get("seq"))
@@ -170,8 +169,6 @@ def resolve_model(v: dict, spec: dict) -> ModelStats:
                          vocab=v["vocab"], kv_heads=v.get("kv_heads") or 0, ffn=v.get("ffn") or 0,
                          gated=bool(v.get("gated")), tied=spec.get("_tied", True))
         if v.get("experts") is not None:
-            from tandem.plan.moe_cp import MoEShape
-
             return with_moe(MoEShape(shape, experts=v["experts"], top_k=v.get("top_k") or 1,
                                      expert_ffn=v.get("expert_ffn") or shape.ffn), v, "moe")
         return gpt_stats(shape, source="job spec" if "_tied" in spec else "formula")
@@ -193,10 +190,6 @@ MOE_KEYS = ("experts", "top_k", "expert_ffn", "capacity_factor")
 
 def with_moe(moe, v: dict, name: str) -> ModelStats:
     """An MoE shape with the --experts/--top-k/--expert-ffn/--capacity-factor given, checked."""
-    from dataclasses import replace
-
-    from tandem.plan.moe_cp import moe_stats
-
     kw = {k: v[k] for k in MOE_KEYS if v.get(k) is not None}
     moe = replace(moe, **kw)
     for k in ("experts", "top_k", "expert_ffn"):
@@ -226,8 +219,6 @@ def resolve_cluster(v: dict, spec: dict | None = None) -> Cluster:
                  intra=file_cluster.intra.name, inter=file_cluster.inter.name,
                  nics_per_node=file_cluster.nics_per_node)
     if v.get("calibration"):
-        from tandem.plan.calibrated import cluster_for
-
         # a job spec's launch shape is the job's, as if given on the command line
         given |= {k for k in ("gpus_per_node", "nodes") if k in (spec or {})}
         return cluster_for(v["calibration"], v, given, file_cluster)
@@ -235,8 +226,6 @@ def resolve_cluster(v: dict, spec: dict | None = None) -> Cluster:
 
 
 def cluster_file_keys(path: str) -> set[str]:
-    import yaml
-
     keys = set(yaml.safe_load(Path(path).read_text()) or {})
     return {"gpu" if k == "custom_gpu" else k for k in keys}
 

@@ -1,4 +1,4 @@
-"""Memory-bound work outside the GEMMs: a transformer's elementwise and normalisation kernels, its loss over the
+"""Bandwidth-bound kernels (memory-bound work outside the GEMMs): a transformer's elementwise and normalisation kernels, its loss over the
 vocabulary, and the optimizer step (AdamW, SGD), timed as bytes moved at the GPU's achievable memory bandwidth.
 
 A layer norm, a residual add, GeLU, SwiGLU or a rotary embedding does a few FLOPs per element it reads, far below
@@ -32,8 +32,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-
-KERNELS = ("fused", "compiled", "eager")
 
 # Achievable share of the datasheet memory bandwidth for streaming kernels. A STREAM triad (a = b + x*c, the
 # standard sustained-bandwidth kernel) timed with CUDA events on an H100 SXM reaches 3,089 of its 3,350 GB/s
@@ -176,48 +174,3 @@ def optimizer_bytes_per_param(t) -> float:
 def optimizer_seconds(params_per_gpu: float, c, t) -> float:
     bw = c.gpu.memory_Bps * BANDWIDTH_SHARE
     return params_per_gpu * optimizer_bytes_per_param(t) / bw if bw > 0 else 0.0
-
-
-def _coef(c: tuple, g) -> str:
-    names = ("h", "ffn", "(h+kv)", "V")
-    return " + ".join(f"{k:g}{n}" for k, n in zip(c, names) if k)
-
-
-def explain(p) -> list[str]:
-    """The arithmetic of the memory-bound terms of a plan (tandem.plan.explain)."""
-    m, c, t, s = p.model, p.cluster, p.training, p.strategy
-    if m.gpt is None or not (p.mem_bound_s or p.optimizer_s):
-        return []
-    from tandem.plan.cost import updated_params
-
-    g, bw = m.gpt, c.gpu.memory_Bps * BANDWIDTH_SHARE
-    fp8 = t.precision == "fp8"
-    per_layer, per_model = layer_bytes(g, t.kernels, t.bytes["act"], s.recompute, t.fused_loss, fp8)
-    ops = "; ".join(f"{o.name} {_coef(o.fwd, g) or 0} fwd, {_coef(o.bwd, g) or 0} bwd"
-                    for o in layer_ops(g, t.kernels, t.fused_loss, fp8))
-    tokens = t.global_batch * g.seq
-    rc = " (full recompute: forward twice)" if s.recompute == "full" else ""
-    out = [f"Memory-bound ops ({t.kernels} kernels; element passes per token: {ops}): {si(per_layer)} a layer"
-           f"{rc} x {g.layers} layers + {si(per_model)} the loss = {si(g.layers * per_layer + per_model)} a token "
-           f"at {t.bytes['act']} B an element, x {tokens:,} tokens / {s.world} GPUs at {BANDWIDTH_SHARE} x "
-           f"{si(c.gpu.memory_Bps, 'B/s')} = {ms(p.mem_bound_s / p.stage_imbalance)} (memory_bound.py; norms, "
-           "residual adds, activation, rotary, loss: memory-bound, so FLOPs do not time them)."]
-    if p.optimizer_s:
-        params = updated_params(m, s, c)
-        parts = " + ".join(f"{k} {b} B" for k, b in optimizer_parts(t).items())
-        out.append(f"Optimizer step: {parts} = {optimizer_bytes_per_param(t)} B per parameter x {si(params, '')} "
-                   f"parameters this GPU updates{' (experts included)' if m.moe is not None else ''}{' (ZeRO-sharded)' if s.zero else ''} at {BANDWIDTH_SHARE} x "
-                   f"{si(c.gpu.memory_Bps, 'B/s')} = {ms(p.optimizer_s)}.")
-    return out
-
-
-def si(x: float, unit: str = "B") -> str:
-    from tandem.plan.explain import si as _si
-
-    return _si(x, unit)
-
-
-def ms(x: float) -> str:
-    from tandem.plan.explain import ms as _ms
-
-    return _ms(x)

@@ -1,5 +1,5 @@
 """FSDP's own memory traffic: the copies and divisions each implementation runs on every unsharded parameter and
-gradient of every micro-batch, timed at the memory bandwidth (memory_bound.BANDWIDTH_SHARE).
+gradient of every micro-batch, timed at the memory bandwidth (bandwidth_bound.BANDWIDTH_SHARE).
 
 Both implementations move the gathered parameters and the unsharded gradients through extra kernels besides the
 collectives; which ones, and on which stream, differs (read in torch 2.13's source, torch/distributed/fsdp/):
@@ -33,14 +33,17 @@ into the reduce-scatter buffer once per reduction (grad_sync.reductions). FSDP1'
 stays per micro-batch; its cast and divide run once per reduction.
 
 Left out: the shard-sized casts and copy-ins (1/shard of these bytes), the optimizer step's own passes
-(memory_bound.py), CPU time of the hooks.
+(bandwidth_bound.py), CPU time of the hooks.
 """
 
 from __future__ import annotations
 
-from tandem.plan import moe_cp as MC
+from tandem.plan.inputs.model import dense_layer_params
+from tandem.plan.terms.bandwidth_bound import BANDWIDTH_SHARE
+from tandem.plan.terms.collectives import grad_reduce_bytes
+from tandem.plan.terms.grad_sync import deferred, reductions
+from tandem.plan.terms.params import stage_psi
 
-IMPLS = ("fsdp1", "fsdp2")
 NAME = {"fsdp1": "torch's FullyShardedDataParallel", "fsdp2": "torch's fully_shard"}
 
 
@@ -49,7 +52,7 @@ def units(m, s, psi: float) -> tuple[int, float]:
     unit per largest layer. Returns (units, root parameters per GPU before sharding)."""
     if m.gpt is not None:
         n = max(1, m.gpt.layers // s.pp)
-        lp = m.gpt.layer_params() if m.moe is None else MC.dense_layer_params(m.moe)
+        lp = m.gpt.layer_params() if m.moe is None else dense_layer_params(m.moe)
         return n, max(0.0, psi - n * lp / s.tp)
     if m.largest_layer_params:
         return max(1, int(-(-psi // m.largest_layer_params))), 0.0
@@ -71,74 +74,35 @@ def plan_seconds(m, c, t, s, micro_batches: int) -> tuple[float, float]:
     whose data-parallel ranks shard (0, 0 otherwise)."""
     if s.zero != 3 or s.dp * s.cp <= 1 or c.gpu.memory_Bps <= 0:
         return 0.0, 0.0
-    from tandem.plan.cost import stage_psi
-    from tandem.plan.memory_bound import BANDWIDTH_SHARE
-
     bw = c.gpu.memory_Bps * BANDWIDTH_SHARE
-    return stage_psi(m, s) * step_bytes(m, t, s, micro_batches)[0] / bw, copy_bytes(t.fsdp, *_dtypes(t, s))[1] / bw
+    return stage_psi(m, s) * step_bytes(m, t, s, micro_batches) / bw, copy_bytes(t.fsdp, *dtypes(t, s))[1] / bw
 
 
-def step_bytes(m, t, s, micro_batches: int, psi: float = 0.0) -> tuple[float, str]:
-    """Compute-stream bytes per unsharded parameter a step, and its arithmetic: per micro-batch x m, or when
-    ``_once`` one gather's copy-out 2p + the copy-in (p + r) at each of the step's reductions."""
-    pb, rb, fp16 = _dtypes(t, s)
-    if not _once(m, t, s):
-        comp = copy_bytes(t.fsdp, pb, rb, fp16)[0]
-        return comp * micro_batches, (f"{comp:g} B per unsharded parameter (p = {pb} B, r = {rb} B) x {psi / 1e9:.4g}B "
-                                     f"parameters x {micro_batches} micro-batch(es)")
+def step_bytes(m, t, s, micro_batches: int) -> float:
+    """Compute-stream bytes per unsharded parameter a step: per micro-batch x m, or when ``once`` one gather's
+    copy-out 2p + the copy-in (p + r) at each of the step's reductions."""
+    pb, rb, fp16 = dtypes(t, s)
+    if not once(m, t, s):
+        return copy_bytes(t.fsdp, pb, rb, fp16)[0] * micro_batches
     n = times(m, t, s, micro_batches)
-    return 2 * pb + n * (pb + rb), (
-        f"(2 x p once + (p + r) x {n} reduction(s)) = {2 * pb + n * (pb + rb):g} B per unsharded parameter a step "
-        f"(p = {pb} B, r = {rb} B; pp_grad_sync {t.pp_grad_sync}: torch's pipelining keeps FSDP2 unsharded and skips "
-        f"gradient sync until the last backward, stage.py) x {psi / 1e9:.4g}B parameters")
+    return 2 * pb + n * (pb + rb)
 
 
-def _once(m, t, s) -> bool:
+def once(m, t, s) -> bool:
     """FSDP2 kept unsharded across a pipeline's micro-batches and synced per reduction (grad_sync.deferred; MoE
     models stay per micro-batch, as cost.dp_ops charges them)."""
-    from tandem.plan import grad_sync as GS
-
-    return GS.deferred(t, s) and t.fsdp == "fsdp2" and m.moe is None
+    return deferred(t, s) and t.fsdp == "fsdp2" and m.moe is None
 
 
 def times(m, t, s, micro_batches: int) -> int:
     """How often the compute-stream copies run a step: every micro-batch, or once per reduction
-    (grad_sync.reductions: 1 a step, or one a round) when ``_once``."""
-    from tandem.plan import grad_sync as GS
-
-    return GS.reductions(t, s, micro_batches) if _once(m, t, s) else micro_batches
+    (grad_sync.reductions: 1 a step, or one a round) when ``once``."""
+    return reductions(t, s, micro_batches) if once(m, t, s) else micro_batches
 
 
-def explain(p) -> list[str]:
-    """The arithmetic of the FSDP copies' line (tandem.plan.explain), reproducing ``p.fsdp_copy_s``."""
-    if not p.fsdp_copy_s:
-        return []
-    from tandem.plan.cost import stage_psi
-    from tandem.plan.explain import ms
-    from tandem.plan.memory_bound import BANDWIDTH_SHARE
-
-    t, s, c = p.training, p.strategy, p.cluster
-    psi, bw = stage_psi(p.model, s), c.gpu.memory_Bps * BANDWIDTH_SHARE
-    pb, rb, fp16 = _dtypes(t, s)
-    side = copy_bytes(t.fsdp, pb, rb, fp16)[1]
-    how = ("backward concatenates the views' gradients into the flat gradient (split's backward), 2 x p"
-           if t.fsdp == "fsdp1" else "all-gather copy-out 2 x p at each gather + reduce-scatter copy-in p + r")
-    line = (f"FSDP copies (--fsdp {t.fsdp}: {NAME[t.fsdp]}; fsdp_runtime.py): {how} = "
-            f"{step_bytes(p.model, t, s, p.grad_accum, psi)[1]} at {BANDWIDTH_SHARE} x {c.gpu.memory_Bps / 1e12:.4g} TB/s = {ms(p.fsdp_copy_s)}, on the compute stream")
-    if side:
-        n, root = units(p.model, s, psi)
-        block = (psi - root) / n
-        what = ("cast to the reduce dtype p + r and " if t.fsdp == "fsdp1" and rb != pb else "") + "in-place divide 2 x r"
-        line += (f"; the {what} = {side:g} B per parameter run on the reduce-scatter stream ahead of each "
-                 f"collective: {block / 1e9:.4g}B parameters a block = {ms(block * side / bw)}, counted in its r")
-    return [line + "."]
-
-
-def _dtypes(t, s) -> tuple[int, int, bool]:
+def dtypes(t, s) -> tuple[int, int, bool]:
     """(gathered parameter bytes, reduced gradient bytes, fp16 reduction) of this plan."""
-    from tandem.plan import comm as C
-
-    r = C.grad_reduce_bytes(t.precision, s.zero, t.bytes["grad"], t.grad_reduce)
+    r = grad_reduce_bytes(t.precision, s.zero, t.bytes["grad"], t.grad_reduce)
     fp16 = (t.grad_reduce or ("fp16" if t.precision == "fp16" else "")) == "fp16"
     if t.gather_bytes > t.bytes["param"]:   # autocast: fp32 parameters, so fp32 gradients reduced as they are
         return t.gather_bytes, t.gather_bytes, False   # fp32 reductions divide inside NCCL

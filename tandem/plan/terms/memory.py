@@ -13,13 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from tandem.plan import grad_sync as GS
-from tandem.plan.comm import grad_reduce_bytes
-from tandem.plan.config import Strategy, Training, fused_attention
-from tandem.plan.hardware import Cluster
-from tandem.plan.model import ModelStats
-from tandem.plan.stages import (busiest_stage_params, chunks, chunks_of, first_stage_inflight, max_stage_params, split,
-                                 stage_inflight, stage_params)
+from tandem.plan.inputs.hardware import Cluster
+from tandem.plan.inputs.model import ModelStats, MoEShape, expert_params, mlp_act_coeff, moe_params
+from tandem.plan.inputs.training import Strategy, Training, fused_attention
+from tandem.plan.terms.collectives import grad_reduce_bytes
+from tandem.plan.terms.grad_sync import deferred, model_state_bytes, peak, reductions
+from tandem.plan.terms.params import expert_shard_group, shard_group, stage_states
+from tandem.plan.terms.stages import (busiest_stage_params, chunks, chunks_of, first_stage_inflight, max_stage_params,
+                                      split, stage_inflight, stage_params)
 
 CONTEXT_BYTES = 1.0 * 1024**3   # CUDA context, cuBLAS/cuDNN workspaces, allocator slack (rough)
 
@@ -44,18 +45,6 @@ class Memory:
         return self.total <= self.capacity
 
 
-def shard_group(s: Strategy, c: Cluster) -> int:
-    """Ranks a ZeRO stage shards over: all of dp, or (HSDP) only the dp ranks on one node: the
-    dims' dp_shard (ParallelDims.from_degrees sized it for the cluster's nodes), times cp: the cp ranks
-    hold the same weights, and Megatron's distributed optimizer shards over dp x cp."""
-    return s.dims.dp_shard * s.cp
-
-
-def expert_shard_group(s: Strategy, c: Cluster) -> int:
-    """Ranks the ZeRO stage shards expert states over: the expert-data-parallel ranks, dp x cp / ep."""
-    return max(1, shard_group(s, c) // s.ep)
-
-
 def gpt_layer_act_bytes(m: ModelStats, s: Strategy, t: Training, b: int, recompute: str | None = None) -> float:
     """Activation bytes of one transformer layer for one micro-batch of b sequences.
 
@@ -77,8 +66,6 @@ def _layer_act_bytes(g, moe, act_bytes: int, fused: bool, tp: int, cp: int, b: i
         return 2 * sq * b * h / tp * scale
     mlp = 3 + (6 if g.gated else 4) * g.ffn / h
     if moe is not None:
-        from tandem.plan.moe_cp import mlp_act_coeff
-
         mlp = mlp_act_coeff(moe)
     # the two 1-byte dropout masks (after attention's projection and after the MLP), 1 each in the 7 and the 3:
     # none in a model trained without dropout (Llama 3)
@@ -101,7 +88,7 @@ def inflight_layers(m: ModelStats, s: Strategy, micro_batches: int) -> float:
 
 
 def activation_parts(m: ModelStats, s: Strategy, t: Training, micro_batches: int) -> dict[str, float]:
-    """Activation bytes of the stage that holds the most, in parts (explain.py prints them):
+    """Activation bytes of the stage that holds the most, in parts (explain_memory.py prints them):
 
     - ``stored``: the per-layer bytes (Korthikanti et al.) x the layers in flight on the first stage;
     - ``working``: with full recompute, the layer being recomputed holds its forward working set while its
@@ -147,11 +134,6 @@ def _activation_parts(g, moe, act_bytes: int, fused: bool, tp: int, cp: int, pp:
     return out
 
 
-def middle_inflight(m: ModelStats, s: Strategy, micro_batches: int) -> tuple[int, float]:
-    """(rank, layers in flight) of the middle pipeline rank that holds the most under (interleaved) 1F1B."""
-    return _middle_inflight(chunks(m.gpt, s.pp, chunks_of(s), s.stage_layers), s.pp, micro_batches)
-
-
 @lru_cache(maxsize=65536)   # the search asks for the same split and micro-batch count across ZeRO stages and hsdp
 def _middle_inflight(held: tuple[tuple[int, ...], ...], pp: int, micro_batches: int) -> tuple[int, float]:
     # of the ranks with the same chunks the first holds the most (2 warm-up chunk forwards more than the next)
@@ -164,8 +146,6 @@ def memory(m: ModelStats, c: Cluster, t: Training, s: Strategy, micro_batches: i
     by = t.bytes
     zero, tp, pp = s.zero, s.tp, s.pp   # read once: the search calls this for every candidate
     if m.moe is not None:   # experts split over ep x tp, sharded over the expert-data-parallel ranks
-        from tandem.plan.moe_cp import stage_states
-
         psi, psi_e = stage_states(m.moe, split(m.gpt, pp, s.stage_layers, chunks_of(s)), tp, s.ep)
     elif m.gpt is not None and pp > 1:   # the stage that holds the most (embedding or output layer)
         psi, psi_e = busiest_stage_params(m.gpt, pp, s.stage_layers, chunks_of(s)) / tp, 0.0
@@ -174,14 +154,14 @@ def memory(m: ModelStats, c: Cluster, t: Training, s: Strategy, micro_batches: i
     d, de = shard_group(s, c), expert_shard_group(s, c)
     params = psi * by["param"] / (d if zero >= 3 else 1) + psi_e * by["param"] / (de if zero >= 3 else 1)
     grads = psi * by["grad"] / (d if zero >= 2 else 1) + psi_e * by["grad"] / (de if zero >= 2 else 1)
-    deferred = GS.deferred(t, s) and m.moe is None and m.gpt is not None
-    if deferred:   # reduced once a step: unsharded until then (grad_sync.py)
-        params, grads = GS.model_state_bytes(t, s, psi, d, grad_reduce_bytes(t.precision, zero, by["grad"],
+    defer = deferred(t, s) and m.moe is None and m.gpt is not None
+    if defer:   # reduced once a step: unsharded until then (grad_sync.py)
+        params, grads = model_state_bytes(t, s, psi, d, grad_reduce_bytes(t.precision, zero, by["grad"],
                                                                               t.grad_reduce))
     ob = t.optimizer_bytes
     optim = psi * ob / (d if zero >= 1 else 1) + psi_e * ob / (de if zero >= 1 else 1)
     b, peak_rank = s.micro_batch, None
-    if deferred:   # the rank whose activations + gradients accumulated so far peak highest
+    if defer:   # the rank whose activations + gradients accumulated so far peak highest
         act, grads, peak_rank = deferred_peak(m, t, s, micro_batches, grads - psi * by["grad"] / d)
         grads += psi * by["grad"] / d
     elif m.gpt is not None:
@@ -198,7 +178,7 @@ def memory(m: ModelStats, c: Cluster, t: Training, s: Strategy, micro_batches: i
     if zero >= 3 and d > 1:   # gathered layer + prefetched next (an MoE layer's experts: / ep); deferred:
         # the stage's parameters are already counted unsharded (params above), nothing gathered per layer
         ep = s.ep if m.moe is not None else 1
-        other += 0.0 if deferred else 2 * m.largest_layer_params / (tp * ep) * t.gather_bytes
+        other += 0.0 if defer else 2 * m.largest_layer_params / (tp * ep) * t.gather_bytes
     elif s.dp > 1:
         other += 2 * t.bucket_bytes if by["grad"] == 4 else 2 * t.bucket_bytes / 2
     return Memory(params, grads, optim, act, other, c.gpu.memory_bytes, notes, peak_rank)
@@ -215,12 +195,30 @@ def deferred_peak(m: ModelStats, t: Training, s: Strategy, micro_batches: int,
     layers = split(g, s.pp, s.stage_layers, chunks_of(s))
     per_param = full / max_stage_params(g, layers)   # gradient bytes per parameter of a stage (/ tp inside)
     grad_layer, sp = g.layer_params() * per_param, stage_params(g, layers)
-    n = GS.reductions(t, s, micro_batches)
+    n = reductions(t, s, micro_batches)
     every, best, rank = (micro_batches // n if n > 1 else 0), (0.0, 0.0), 0
     for r in range(s.pp):   # extra: the embedding (first rank), the output layer and final norm (last)
         extra = (sp[r] - layers[r] * g.layer_params()) * per_param
-        a, gr = GS.peak(held[r], s.pp, micro_batches, r, parts["per_layer"], grad_layer, extra, every)
+        a, gr = peak(held[r], s.pp, micro_batches, r, parts["per_layer"], grad_layer, extra, every)
         a += parts["working"] + (4 * (g.seq // s.cp) * s.micro_batch * g.vocab / s.tp if r == s.pp - 1 else 0.0)
         if a + gr > sum(best):
             best, rank = (a, gr), r
     return (*best, rank)
+
+
+def states_per_gpu(m: MoEShape, tp: int, pp: int, ep: int, dp: int, zero: int, by: dict, optimizer_bytes: int) -> dict:
+    """Model-state bytes per GPU (even layers per stage): expert weights / (ep x tp x pp), sharded further
+    over the expert-data-parallel group (dp / ep) by ZeRO; everything else / (tp x pp), sharded over dp."""
+    if dp % ep:
+        raise ValueError(f"ep {ep} must divide dp {dp}")
+    e = expert_params(m) / (ep * tp * pp)
+    rest = (moe_params(m) - expert_params(m)) / (tp * pp)
+    edp = dp // ep
+
+    def sharded(x, d, stage):
+        return x / d if zero >= stage else x
+
+    return {"params": sharded(e, edp, 3) * by["param"] + sharded(rest, dp, 3) * by["param"],
+            "grads": sharded(e, edp, 2) * by["grad"] + sharded(rest, dp, 2) * by["grad"],
+            "optimizer": sharded(e, edp, 1) * optimizer_bytes + sharded(rest, dp, 1) * optimizer_bytes,
+            "expert_params_per_gpu": e, "dense_params_per_gpu": rest}

@@ -28,7 +28,7 @@ import math
 from functools import lru_cache
 
 from tandem.core.errors import ConfigError
-from tandem.plan.model import GPTShape
+from tandem.plan.inputs.model import GPTShape
 
 
 def head_cost(g: GPTShape) -> float:
