@@ -1,8 +1,8 @@
 import pytest
 
-from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.cost import evaluate, validate
 from tandem.plan.inputs.hardware import make_cluster
+from tandem.plan.inputs.training import Strategy, Training
 
 
 @pytest.fixture

@@ -5,13 +5,12 @@ import json
 import pytest
 
 from tandem.core.errors import ConfigError
-from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.cost import check, evaluate
 from tandem.plan.inputs.hardware import make_cluster
-from tandem.plan.inputs.model import preset
+from tandem.plan.inputs.model import DEEPSEEK_V3, expert_params, mlp_params, moe_params, preset
+from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.report import to_dict
 from tandem.plan.search import candidates, search
-from tandem.plan.inputs.model import DEEPSEEK_V3, expert_params, mlp_params, moe_params
 from tandem.plan.terms.memory import states_per_gpu
 from tandem.plan.terms.params import stage_states
 

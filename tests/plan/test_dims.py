@@ -5,8 +5,8 @@ import pytest
 from tandem.core.config import load_spec
 from tandem.core.dims import ParallelDims, from_spec
 from tandem.core.errors import ConfigError
-from tandem.plan.inputs.training import Strategy
 from tandem.plan.inputs.args import PlanArgs, resolve, strategy
+from tandem.plan.inputs.training import Strategy
 from tandem_testing import ROOT
 
 GPT = ROOT / "examples" / "gpt_reverse.toml"

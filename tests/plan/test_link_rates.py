@@ -12,9 +12,9 @@ protocols and the per-hop latencies were modelled, 8 KB took 42 us of latency al
 
 import pytest
 
+from tandem.plan.inputs.hardware import LINKS, make_cluster
 from tandem.plan.terms import nccl_algos as NA
 from tandem.plan.terms.collectives import collective, layout
-from tandem.plan.inputs.hardware import LINKS, make_cluster
 
 GiB = 1 << 30
 

@@ -10,11 +10,11 @@ import functools
 
 import pytest
 
-from tandem.plan.terms import stages as ST
-from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.cost import evaluate
 from tandem.plan.inputs.hardware import make_cluster
 from tandem.plan.inputs.model import GPTShape, gpt_stats
+from tandem.plan.inputs.training import Strategy, Training
+from tandem.plan.terms import stages as ST
 from tests.plan.megatron_schedule import step_time
 
 F, B = 1.0, 2.0   # a chunk's forward and backward (one layer a chunk); only ratios matter

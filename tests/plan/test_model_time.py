@@ -4,11 +4,11 @@ import json
 
 import pytest
 
-from tandem.plan.terms.collectives import Group, all_reduce, layout
-from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.cost import evaluate
 from tandem.plan.inputs.hardware import make_cluster
 from tandem.plan.inputs.model import GPTShape, from_hf_config, gpt_stats, preset
+from tandem.plan.inputs.training import Strategy, Training
+from tandem.plan.terms.collectives import Group, all_reduce, layout
 
 
 def test_megatron_param_counts():

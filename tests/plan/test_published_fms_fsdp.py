@@ -64,10 +64,10 @@ parameters); "align with FMS config" (247f22c, same day, not an ancestor of 0d31
 
 from statistics import median
 
-from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.cost import evaluate, validate
 from tandem.plan.inputs.hardware import make_cluster
 from tandem.plan.inputs.model import GPTShape, gpt_stats
+from tandem.plan.inputs.training import Strategy, Training
 
 LLAMA2 = dict(gated=True, bias=False, norm="rmsnorm", tied=False, learned_pos=False, vocab=32000, seq=4096)
 SHAPES = {

@@ -42,10 +42,10 @@ too fast here, so a slower network is no explanation for the fast rows.
 
 from statistics import median
 
-from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.cost import evaluate, validate
 from tandem.plan.inputs.hardware import make_cluster
 from tandem.plan.inputs.model import GPTShape, gpt_stats
+from tandem.plan.inputs.training import Strategy, Training
 
 GPT_175B = dict(layers=96, hidden=12288, heads=96, seq=2048, vocab=50000, tied=False)
 # Section 5.4: batch size per GPU -> TFLOPS per GPU ("more than"), at 128-512 GPUs

@@ -57,11 +57,11 @@ from statistics import median
 
 import pytest
 
-from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.cost import evaluate, validate
 from tandem.plan.inputs.hardware import make_cluster
-from tandem.plan.terms.memory import gpt_layer_act_bytes, memory
 from tandem.plan.inputs.model import GPTShape, gpt_stats
+from tandem.plan.inputs.training import Strategy, Training
+from tandem.plan.terms.memory import gpt_layer_act_bytes, memory
 
 S, V = 2048, 51200   # Section 6: sequence 2048, vocabulary 51200 for every model
 # Table 3: model, attention heads, hidden, layers, tp, pp, GPUs, global batch, micro-batch; m: interleaving

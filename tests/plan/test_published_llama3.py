@@ -104,11 +104,11 @@ from statistics import median
 
 import pytest
 
-from tandem.plan.terms import stages as ST
-from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.cost import check, evaluate
 from tandem.plan.inputs.hardware import make_cluster
 from tandem.plan.inputs.model import GPTShape, gpt_stats
+from tandem.plan.inputs.training import Strategy, Training
+from tandem.plan.terms import stages as ST
 
 SHAPE = dict(layers=126, hidden=16384, heads=128, kv_heads=8, ffn=53248, vocab=128256, gated=True, bias=False,
              norm="rmsnorm", tied=False, learned_pos=False, dropout=False)

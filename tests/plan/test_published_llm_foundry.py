@@ -114,10 +114,10 @@ from statistics import median
 
 import pytest
 
-from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.cost import evaluate
 from tandem.plan.inputs.hardware import make_cluster
 from tandem.plan.inputs.model import GPTShape, gpt_stats
+from tandem.plan.inputs.training import Strategy, Training
 
 # MPT yamls (llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml; 760m and 30b read at commit 39393a21):
 # n_layers, d_model, n_heads

@@ -87,10 +87,10 @@ from statistics import median
 
 import pytest
 
-from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.cost import evaluate, validate
 from tandem.plan.inputs.hardware import make_cluster
 from tandem.plan.inputs.model import GPTShape, gpt_stats
+from tandem.plan.inputs.training import Strategy, Training
 from tests.plan.published_fit import fit
 
 # Batch, GPUs, Iter Time (s), MFU (Megatron-LM rows of Table 2)

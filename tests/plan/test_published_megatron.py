@@ -25,10 +25,10 @@ from statistics import median
 
 import pytest
 
-from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.cost import evaluate
 from tandem.plan.inputs.hardware import make_cluster
 from tandem.plan.inputs.model import GPTShape, gpt_stats
+from tandem.plan.inputs.training import Strategy, Training
 
 # parameters (B), heads, hidden, layers, tp, pp, GPUs, batch, achieved TFLOP/s per GPU
 TABLE_1 = [

@@ -71,10 +71,10 @@ from statistics import median
 
 import pytest
 
-from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.cost import check, evaluate
 from tandem.plan.inputs.hardware import make_cluster
 from tandem.plan.inputs.model import GPTShape, gpt_stats
+from tandem.plan.inputs.training import Strategy, Training
 
 GPT3_175B = GPTShape(layers=96, hidden=12288, heads=96, seq=2048, vocab=50688, dropout=False)   # custom.yaml: 0.0
 # submitter, GPUs, global batch, gradient accumulation (micro-batches a step), step time (s): the logs' medians

@@ -66,10 +66,10 @@ from statistics import median
 
 import pytest
 
-from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.cost import evaluate, validate
 from tandem.plan.inputs.hardware import make_cluster
 from tandem.plan.inputs.model import GPTShape, gpt_stats
+from tandem.plan.inputs.training import Strategy, Training
 from tests.plan.published_fit import fit
 
 MT_NLG = GPTShape(layers=105, hidden=20480, heads=128, seq=2048, vocab=51200)

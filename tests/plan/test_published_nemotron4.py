@@ -57,10 +57,10 @@ from statistics import median
 
 import pytest
 
-from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.cost import evaluate, validate
 from tandem.plan.inputs.hardware import make_cluster
 from tandem.plan.inputs.model import GPTShape, gpt_stats
+from tandem.plan.inputs.training import Strategy, Training
 
 NEMOTRON4_340B = GPTShape(layers=96, hidden=18432, heads=96, kv_heads=8, ffn=73728, seq=4096, vocab=256000,
                           gated=False, bias=False, tied=False, learned_pos=False)

@@ -133,10 +133,10 @@ from statistics import median
 
 import pytest
 
-from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.cost import evaluate, validate
 from tandem.plan.inputs.hardware import make_cluster
 from tandem.plan.inputs.model import GPTShape, gpt_stats
+from tandem.plan.inputs.training import Strategy, Training
 
 LLAMA = dict(gated=True, bias=False, norm="rmsnorm", tied=False, learned_pos=False)
 L3 = dict(vocab=128256, kv_heads=8, **LLAMA)

@@ -28,10 +28,10 @@ planner's, test_published_korthikanti.py) includes.
 
 import pytest
 
-from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.inputs.hardware import make_cluster
-from tandem.plan.terms.memory import memory
 from tandem.plan.inputs.model import params_only
+from tandem.plan.inputs.training import Strategy, Training
+from tandem.plan.terms.memory import memory
 
 GB = 1e9
 # Table 1: model -> {Nd: (P_os, P_os+g, P_os+g+p) GB}

@@ -1,12 +1,12 @@
 import statistics
 import time
 
-from tandem.plan.inputs.training import Training
 from tandem.plan.cost import check, evaluate
 from tandem.plan.inputs.hardware import make_cluster
-from tandem.plan.terms.memory import memory
 from tandem.plan.inputs.model import preset
+from tandem.plan.inputs.training import Training
 from tandem.plan.search import reasons, search
+from tandem.plan.terms.memory import memory
 
 
 def test_1t_gpt_on_3072_gpus_costs_a_few_evaluations_per_candidate():

@@ -2,10 +2,10 @@
 
 import pytest
 
-from tandem.plan.inputs.training import Strategy
 from tandem.plan.explain import explain, warnings
 from tandem.plan.inputs.hardware import make_cluster
 from tandem.plan.inputs.model import params_only, preset
+from tandem.plan.inputs.training import Strategy
 
 SEED_TRAIN = dict(global_batch=1024, precision="tf32", optimizer="sgd-momentum", compute_time_s=0.220)
 

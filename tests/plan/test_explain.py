@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.cost import evaluate
 from tandem.plan.explain import explain
-from tandem.plan.inputs.hardware import make_cluster
 from tandem.plan.inputs.args import PlanArgs, resolve, strategy
+from tandem.plan.inputs.hardware import make_cluster
 from tandem.plan.inputs.model import preset
+from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.terms.params import stage_psi
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gpt_stdlib.toml"

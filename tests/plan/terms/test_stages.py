@@ -4,11 +4,11 @@ import re
 
 import pytest
 
-from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.cost import evaluate, validate
 from tandem.plan.explain import explain
 from tandem.plan.inputs.hardware import make_cluster
 from tandem.plan.inputs.model import GPTShape, gpt_stats, preset
+from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.terms.stages import balanced, head_cost, split, stage_params
 from tandem.plan.units import ms
 

@@ -24,13 +24,12 @@ from statistics import median
 import pytest
 
 from tandem.core.errors import ConfigError
-from tandem.plan.terms import tensor_parallel as TPO
-from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.cost import evaluate
 from tandem.plan.explain import explain
 from tandem.plan.inputs.hardware import make_cluster
 from tandem.plan.inputs.model import GPTShape, gpt_stats
-from tandem.plan.inputs.training import TP_OVERLAP
+from tandem.plan.inputs.training import TP_OVERLAP, Strategy, Training
+from tandem.plan.terms import tensor_parallel as TPO
 from tests.plan import test_published_torchtitan as TT
 
 # label, model, GPUs, dp, local batch, recompute, precision, kernels, TPS/GPU vanilla TP, with async TP

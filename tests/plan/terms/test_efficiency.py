@@ -5,15 +5,13 @@ share and pays for its casts; --efficiency overrides all of it."""
 
 import pytest
 
-from tandem.plan.terms import efficiency as E
-from tandem.plan.terms import gemm as G
-from tandem.plan.terms import bandwidth_bound as MB
-from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.cost import evaluate
 from tandem.plan.explain import explain
+from tandem.plan.explain_compute import attention_source
 from tandem.plan.inputs.hardware import GPUS, get_gpu, make_cluster
 from tandem.plan.inputs.model import GPTShape, gpt_stats, preset
-from tandem.plan.explain_compute import attention_source
+from tandem.plan.inputs.training import Strategy, Training
+from tandem.plan.terms import bandwidth_bound as MB, efficiency as E, gemm as G
 
 
 def test_every_preset_gpu_has_an_architecture_with_sources():
@@ -193,7 +191,7 @@ def test_cpu_calibration_of_gpt_reverse_plans_compute_as_flops_over_the_measured
     from plan.test_user_paths import cpu_calibration
     from tandem.plan.inputs.args import PlanArgs, resolve, strategy
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     a = PlanArgs(config=str(root / "examples" / "gpt_reverse.toml"),
                  calibration=str(cpu_calibration(tmp_path / "cal.json")))
     m, c, t, v = resolve(a)

@@ -1,19 +1,20 @@
-"""Ring attention as the frameworks run it (tandem/plan/ring.py): kernel speed on the ring's blocks, torch's
-all-gather rotation, fp32 dK/dV and merges, against hand arithmetic."""
+"""Context parallelism, ring attention as the frameworks run it (tandem/plan/terms/context.py, attention_kernels.py):
+kernel speed on the ring's blocks, torch's all-gather rotation, fp32 dK/dV and merges, against hand arithmetic."""
 
 import math
 from dataclasses import replace
 
 import pytest
 
-from tandem.plan.inputs.training import Strategy, Training
-from tandem.plan.cost import evaluate
+from tandem.plan.cost import check_cp_ep, evaluate
 from tandem.plan.inputs.hardware import make_cluster
 from tandem.plan.inputs.model import GPTShape, gpt_stats
-from tandem.plan.cost import check_cp_ep
+from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.terms.attention_kernels import speed, train_speed
-from tandem.plan.terms.context import block_length, cp_comm, diagonal_fraction, kv_width, merge_s
+from tandem.plan.terms.context import (block_length, cp_comm, cp_shape, diagonal_fraction, kv_width, merge_s,
+                                      min_chunk_for_overlap)
 from tandem.plan.terms.efficiency import block_share
+from tandem.plan.terms.memory import gpt_layer_act_bytes
 
 LLAMA3_8B = GPTShape(layers=32, hidden=4096, heads=32, kv_heads=8, seq=262144, vocab=128256, ffn=14336,
                      gated=True, bias=False, norm="rmsnorm", tied=False, learned_pos=False)
@@ -151,3 +152,24 @@ def test_torch_balances_the_causal_ring_by_default():
     m = gpt_stats(replace(LLAMA3_8B, seq=12), "odd")
     assert "2 x cp = 8 equal chunks" in check_cp_ep(m, Strategy(cp=4))
     assert check_cp_ep(gpt_stats(replace(LLAMA3_8B, seq=16), "even"), Strategy(cp=4)) is None
+
+
+def test_context_parallel_activations_and_ring_overlap():
+    g = GPTShape(layers=32, hidden=4096, heads=32, kv_heads=8, seq=32768, vocab=32000, gated=True, bias=False,
+                 norm="rmsnorm", tied=False, learned_pos=False)
+    t = Training(global_batch=8, precision="bf16")
+    s = Strategy(dp=1, micro_batch=1, recompute="selective")
+    full = gpt_layer_act_bytes(gpt_stats(g), s, t, 1)
+    quarter = gpt_layer_act_bytes(gpt_stats(cp_shape(g, 4)), s, t, 1)
+    assert quarter == pytest.approx(full / 4)           # flash-style attention: linear in the tokens held
+    c = make_cluster("h100-sxm", 8, 1)
+    rate = 989.4e12 * 0.5
+    chunk = min_chunk_for_overlap(g, 2, rate, 450e9)
+    assert chunk == pytest.approx(rate * 1024 * 2 / (2 * 4096 * 450e9))   # ~275 tokens on H100 NVLink
+    r = cp_comm(g, 1, 4, 2, rate, c)
+    assert r["bytes_per_step"] == 2 * 8192 * 1024 * 2 and r["steps"] == 3 * 32
+    assert r["exposed_s"] == 0.0 and r["time_s"] > 0   # 8192 tokens a GPU >> 275: hidden behind attention
+    slow = cp_comm(g, 1, 4, 2, rate, make_cluster("h100-sxm", 1, 4, inter="eth-10"), crosses_nodes=True)
+    assert slow["exposed_s"] > 0                        # across 10 GbE it is not
+    with pytest.raises(ValueError):
+        cp_shape(g, 5)

@@ -6,11 +6,11 @@ import re
 
 import pytest
 
-from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.cost import evaluate
 from tandem.plan.explain_compute import pipeline_line
 from tandem.plan.inputs.hardware import make_cluster
 from tandem.plan.inputs.model import GPTShape, gpt_stats
+from tandem.plan.inputs.training import Strategy, Training
 
 G = GPTShape(layers=96, hidden=12288, heads=128, seq=2048, vocab=64000)   # MegaScale's 175B (its §6.1)
 

@@ -5,12 +5,12 @@ import json
 import pytest
 
 from tandem.core.errors import ConfigError
-from tandem.plan.inputs import calibration
-from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.cost import evaluate
+from tandem.plan.inputs import calibration
 from tandem.plan.inputs.hardware import make_cluster
 from tandem.plan.inputs.host_model import ModelCalibration
 from tandem.plan.inputs.model import ModelStats
+from tandem.plan.inputs.training import Strategy, Training
 
 FWD = 4e6  # forward FLOPs per sample of the test model: 12 MFLOP per training sample
 

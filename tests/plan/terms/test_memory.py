@@ -2,10 +2,10 @@
 
 import pytest
 
-from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.inputs.hardware import make_cluster
-from tandem.plan.terms.memory import gpt_layer_act_bytes, memory
 from tandem.plan.inputs.model import GPTShape, gpt_stats, params_only
+from tandem.plan.inputs.training import Strategy, Training
+from tandem.plan.terms.memory import gpt_layer_act_bytes, memory
 
 
 def states(zero, precision="bf16", optimizer="adam", dp=64, params=7.5e9):

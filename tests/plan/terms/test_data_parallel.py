@@ -4,13 +4,12 @@ import math
 
 import pytest
 
-from tandem.plan.terms import nccl_algos as NA
-from tandem.plan.terms import dp_overlap as O
-from tandem.plan.terms.collectives import TREE_BW, Group, collective, layout
-from tandem.plan.inputs.training import Strategy
 from tandem.plan.explain import explain
 from tandem.plan.inputs.hardware import make_cluster
 from tandem.plan.inputs.model import preset
+from tandem.plan.inputs.training import Strategy
+from tandem.plan.terms import dp_overlap as O, nccl_algos as NA
+from tandem.plan.terms.collectives import TREE_BW, Group, collective, layout
 
 MiB = 1024**2
 

@@ -5,9 +5,9 @@ import math
 
 import pytest
 
+from tandem.plan.inputs.hardware import make_cluster
 from tandem.plan.terms import nccl_algos as NA
 from tandem.plan.terms.collectives import collective, layout
-from tandem.plan.inputs.hardware import make_cluster
 
 
 def test_protocol_shares():

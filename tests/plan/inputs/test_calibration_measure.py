@@ -4,8 +4,8 @@ import pytest
 
 from tandem.core.errors import ConfigError
 from tandem.plan.inputs import calibration
-from tandem.plan.terms.collectives import all_reduce, layout
 from tandem.plan.inputs.hardware import make_cluster
+from tandem.plan.terms.collectives import all_reduce, layout
 
 
 def doc(**over):

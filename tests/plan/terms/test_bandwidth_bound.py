@@ -4,13 +4,12 @@ fuses; and where it is not charged (CPU hosts, a measured compute time, --effici
 
 import pytest
 
-from tandem.plan.terms import efficiency as E
-from tandem.plan.terms import bandwidth_bound as MB
-from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.cost import evaluate
 from tandem.plan.explain import explain
 from tandem.plan.inputs.hardware import make_cluster
 from tandem.plan.inputs.model import GPTShape, gpt_stats, preset
+from tandem.plan.inputs.training import Strategy, Training
+from tandem.plan.terms import bandwidth_bound as MB, efficiency as E
 
 
 def test_llama_layer_bytes_counted_op_by_op():
@@ -105,7 +104,7 @@ def test_a_tandem_job_spec_is_planned_as_tandems_trainer_runs(tmp_path):
 
     from tandem.plan.inputs.args import from_job_spec
 
-    src = Path(__file__).resolve().parents[2] / "examples" / "gpt_stdlib.toml"
+    src = Path(__file__).resolve().parents[3] / "examples" / "gpt_stdlib.toml"
     spec = from_job_spec(str(src))
     assert spec["kernels"] == "eager" and spec["_clip_grad"] is False and spec["_autocast"] is False
     t = Training(precision="fp32", kernels=spec["kernels"], clip_grad=False)
@@ -156,7 +155,7 @@ def test_a_tandem_sgd_job_spec_times_its_step(tmp_path):
 
     from tandem.plan.inputs.args import PlanArgs, resolve, strategy
 
-    src = Path(__file__).resolve().parents[2] / "examples" / "gpt_stdlib.toml"
+    src = Path(__file__).resolve().parents[3] / "examples" / "gpt_stdlib.toml"
     text = src.read_text().replace('name = "adamw"', 'name = "sgd"').replace("weight_decay = 0.0\n", "")
     text = text.replace("[launch]\n", '[precision]\ndtype = "bf16"\n[launch]\n')
     (tmp_path / "j.toml").write_text(text)

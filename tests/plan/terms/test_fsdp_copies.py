@@ -8,13 +8,13 @@ from typer.testing import CliRunner
 
 from tandem.cli import app
 from tandem.core.errors import ConfigError
-from tandem.plan.terms import fsdp_copies as FR
-from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.cost import evaluate
 from tandem.plan.explain import explain
 from tandem.plan.explain_compute import pipeline_line
 from tandem.plan.inputs.hardware import make_cluster
 from tandem.plan.inputs.model import preset
+from tandem.plan.inputs.training import Strategy, Training
+from tandem.plan.terms import fsdp_copies as FR
 
 
 def test_bytes_per_parameter_by_implementation():
