@@ -67,7 +67,7 @@ class Plan:
     cp_merge_s: float = 0.0              # torch's ring attention: fp32 merges of partial outputs (in compute_s)
     mem_bound_s: float = 0.0             # norms, adds, activations, loss at the memory bandwidth (in compute_s)
     optimizer_s: float = 0.0             # optimizer step + clipping at the memory bandwidth (in compute_s)
-    fsdp_copy_s: float = 0.0             # FSDP's copies of unsharded params/grads, compute stream (fsdp_runtime.py)
+    fsdp_copy_s: float = 0.0             # FSDP's copies of unsharded params/grads, compute stream (fsdp_copies.py)
     bubble_comm_s: float = 0.0           # tp / cp / ep communication the fill and drain repeat (in bubble_s)
 
     @property

@@ -86,7 +86,7 @@ def test_pp_grad_sync_round_under_1f1b_reads_once_a_step(capsys):
      "state: it has no effect)"),
     (("--zero", "1",), "--overlap-p2p given, but pp 1 (no pipeline sends): it has no effect")])
 def test_overlap_p2p_says_where_it_takes_effect(capsys, args, note):
-    """--overlap-p2p hides steady-state sends of the interleaved schedule only (model_parallel.py); elsewhere the
+    """--overlap-p2p hides steady-state sends of the interleaved schedule only (pipeline.py); elsewhere the
     assumptions say it has no effect, and the JSON strategy reports the flag either way."""
     code, out, _ = _run(capsys, "--zero", "1", *args, "--overlap-p2p", "--json")
     assert code == 0, out

@@ -91,7 +91,7 @@ def test_the_ring_kernels_line_reproduces_attention_time(gpu, impl):
 
 def test_allgather_cp_reports_the_gathered_bytes():
     """Meta's all-gather CP: the JSON's bytes per call are the gathered K/V of all cp chunks (the all-gather's
-    output, the reduce-scatter's input: comm.all_gather's convention, as fsdp-params), not one chunk; the collective
+    output, the reduce-scatter's input: collectives.all_gather's convention, as fsdp-params), not one chunk; the collective
     times are those of exactly these bytes, and the explain line prints cp x chunk = gathered."""
     from tandem.plan.terms.collectives import collective
     from tandem.plan.units import si

@@ -57,9 +57,9 @@ def _no_transfer(p, v, m, overlap):   # the same schedule without transfer time 
 @pytest.mark.parametrize("ct", [0.5, 1.5, 2.5])   # a send against a chunk's forward (F = 1, backward 2)
 def test_overlapped_sends_match_megatron_core(p, v, k, ct):
     """Megatron-core's overlap_p2p_comm (df727128, the schedule MLPerf v3.1's NeMo GPT-3 runs): the sends left on
-    the critical path are model_parallel.p2p_exposed's, exactly while a send is no longer than a chunk's forward;
+    the critical path are pipeline.p2p_exposed's, exactly while a send is no longer than a chunk's forward;
     longer, the closed form is an approximation, within 12% of it on this grid (m up to 4 p, a send up to 2.5 x a
-    chunk's forward; it over-charges more as m grows: model_parallel.py); m = k p micro-batches."""
+    chunk's forward; it over-charges more as m grows: pipeline.py); m = k p micro-batches."""
     from tandem.plan.terms.pipeline import p2p_exposed
 
     m = k * p

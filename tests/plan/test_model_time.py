@@ -53,7 +53,7 @@ def test_bubble_fraction(p, m):
     c = make_cluster("a100-80gb", 8, p)
     plan = evaluate(model, c, Training(global_batch=m), Strategy(dp=1, tp=8, pp=p, micro_batch=1))
     compute = plan.compute_s - plan.optimizer_s   # the optimizer step runs once, after the pipeline drains
-    # a micro-batch's time on a stage includes its tp all-reduces, which the fill and drain repeat (model_parallel.py)
+    # a micro-batch's time on a stage includes its tp all-reduces, which the fill and drain repeat (pipeline.py)
     work = compute + sum(o.exposed_s for o in plan.comm if o.name == "tp-activations")
     assert plan.bubble_s / (work + plan.bubble_s) == pytest.approx((p - 1) / (m + p - 1), rel=1e-4)
 
@@ -102,7 +102,7 @@ def test_fp8_runs_only_the_linear_layers_at_the_fp8_rate():
     linear = (fp8.hw_flops_per_gpu - attn) / (1978.9e12 * fp8.efficiency * fp8.linear_share)
     f = attn / 3 / 2                                 # one forward's half square
     assert fp8.compute_s == pytest.approx(linear + f / 518e12 + 2.5 * f / (499e12 * 518 / 609) + cast
-                                          + fp8.mem_bound_s + fp8.optimizer_s)   # memory_bound.py
+                                          + fp8.mem_bound_s + fp8.optimizer_s)   # bandwidth_bound.py
     assert 0.9 < fp8.gemm_shape < 0.97             # FP8 loses more at K 4096 than BF16 (tilelang)
     bf16 = evaluate(m, c, Training(global_batch=8, precision="bf16", flash_attention=True), s)
     assert fp8.attn_bf16_s == pytest.approx(bf16.attn_s) and bf16.gemm_shape == 1.0 and bf16.fp8_cast_s == 0

@@ -20,7 +20,7 @@ max 34.9%: 7B +15%, 13B +35%, 34B -10%, 70B -9%. The full-recompute rows now pas
 sample of 4096 tokens a GPU) ran at 40% MFU against the 7B row's 48% and is predicted FAST: a per-GPU batch of
 one sequence keeps the GEMMs large (M = 4096 tokens), so neither the roofline nor the measured GEMM shapes slow
 it. Term at fault: not found (HSDP's replica all-reduce and FSDP's exposed traffic are under 2% here, asserted).
-With the memory-bound ops charged (memory_bound.py, --kernels eager: the README's runs predate fms-fsdp's
+With the memory-bound ops charged (bandwidth_bound.py, --kernels eager: the README's runs predate fms-fsdp's
 torch.compile work (a later PyTorch blog, "Maximizing training throughput using PyTorch FSDP and
 Torch.compile"); RMSNorm, SwiGLU, rotary and the loss as eager kernels, foreach
 AdamW) and the A100 linear share re-derived without them (0.71): median 9.2%, max 26.6% (7B +8.8%, 13B +26.6%,
@@ -33,7 +33,7 @@ faster rows, the 13B miss larger; pinned just above.
 With both the memory-bound ops and the attention-kernel model, as merged: median 9.8%, max 29.1% (7B +11.5%,
 13B +29.1%, 34B -8.1%, 70B -7.0%): KNOWN MISS on the max, pinned at 10% / 30%; the 13B row (40% MFU published
 against 7B's 48%) is still not explained.
-With FSDP1's own copies timed (fsdp_runtime.py, fsdp="fsdp1": fms-fsdp wraps the model in FullyShardedDataParallel,
+With FSDP1's own copies timed (fsdp_copies.py, fsdp="fsdp1": fms-fsdp wraps the model in FullyShardedDataParallel,
 use_orig_params only with compile; backward concatenates the flat parameter's views' gradients, 4 B per unsharded
 parameter per micro-batch, and pre-divides the unsharded gradient before each reduce-scatter, hidden with it) and
 the blog's 400 Gb/s a node: median 9.2%, max 25.8% (7B +9.9%, 13B +25.8%, 34B -8.5%, 70B -7.3%): KNOWN MISS on the

@@ -21,13 +21,13 @@ Errors, measured after the per-architecture compute model (efficiency.py: the A1
 peak, from the FlashAttention-2 paper's runs; nothing fitted to this paper): median 6.7%, max 10.3%, within issue
 14's tolerance (before it, with one default efficiency, 14.2% / 17.1%, both slow). FSDP's communication is not
 what sets the step: under 1% of it is exposed (prefetch hides the all-gathers behind the previous block).
-KNOWN MISS since the memory-bound ops were charged apart (memory_bound.py: minGPT's eager LayerNorm, GeLU, adds and
+KNOWN MISS since the memory-bound ops were charged apart (bandwidth_bound.py: minGPT's eager LayerNorm, GeLU, adds and
 loss, 1-2% of this step) and the A100 linear share re-derived without them from the same FlashAttention-2 runs
 (0.67 -> 0.71): median 11.1%, max 14.8% (batch 1 +14.8%, batch 2 +7.4%, both FAST). minGPT's dropout (0.1 on the
-residuals and embeddings, separate eager kernels) is not modelled (memory_bound.py takes dropout as off).
+residuals and embeddings, separate eager kernels) is not modelled (bandwidth_bound.py takes dropout as off).
 With A100 unfused attention at its measured 0.156 of peak (was 0.163): median 10.5%, max 14.2% (batch 1 +14.2%,
 batch 2 +6.8%), pinned at 11% / 15%.
-PASSES since FSDP1's own copies are timed (fsdp_runtime.py, fsdp="fsdp1": the paper's FullyShardedDataParallel;
+PASSES since FSDP1's own copies are timed (fsdp_copies.py, fsdp="fsdp1": the paper's FullyShardedDataParallel;
 read in torch's source): backward concatenates the flat parameter's split views' gradients into the flat gradient,
 4 B per unsharded parameter per micro-batch on the compute stream, 175.2B x 4 B / (0.9 x 2.039 TB/s) = 382 ms a
 micro-batch, a fixed cost per micro-batch that weighs twice as much at batch 1 (the paper's batch 1 runs 7% below

@@ -43,7 +43,7 @@ As merged (memory-bound ops apart, A100 linear 0.71, unfused attention 0.163 of 
 A100 peak: iteration 5.5% / 11.9% (1T present work +11.9%), increase 6.4% / 10.0% (22B -10.0%), Table 4 3.1% /
 12.0% ("Selective + Sequence" +12.0%): all within issue 14's tolerance.
 With the pipeline's fill and drain repeating each micro-batch's tensor-parallel all-reduces and the tied
-embedding's gradient all-reduced between the first and last stage (model_parallel.py): iteration 5.8% / 12.5% (1T
+embedding's gradient all-reduced between the first and last stage (pipeline.py): iteration 5.8% / 12.5% (1T
 present work +12.5%), increase 6.3% / 10.0%, Table 4 unchanged (no pipeline).
 
 Tensor-parallel overlap (session 8): Megatron-LM of 2022, which these runs used, launches the column-parallel

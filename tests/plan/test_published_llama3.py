@@ -19,7 +19,7 @@ The paper's stated settings (§3.3, Table 4), given to the planner as stated:
   (grad_sync.py): each chunk's gradients accumulate unsharded in FP32 over a round of the interleaved schedule and
   are reduce-scattered after its last backward of the round (2 rounds at 8,192 GPUs, 1 at 16,384), the compute
   waiting for it as torch's pipelining does.
-- "we adopt asynchronous point-to-point communication in PP" (§3.3.2): --overlap-p2p (model_parallel.py: the
+- "we adopt asynchronous point-to-point communication in PP" (§3.3.2): --overlap-p2p (pipeline.py: the
   fill and drain's 2 (p v - 1) sends exposed, the steady state's hidden; the rule was read in Megatron-core's
   schedule, Meta's own is not public). Only the 8,192-GPU row has a steady state (m = 32 > p = 16): -7.6% -> -5.1%.
 Assumptions (not stated in the paper): no recompute (§3.3.2: "without activation checkpointing"); fused attention,
@@ -59,7 +59,7 @@ With the per-architecture compute model (H100 linear layers at 0.50 of peak, eff
 -3.4%, a median just over the issue's 10%.
 
 With the gradients reduce-scattered in FP32, as the paper says Meta's training does (§3.3.4, "reduce-scatter
-gradients in FP32 across data parallel workers"; comm.grad_reduce_bytes): -16.7%, -18.8%, -3.6% (under 1F1B: -32.7%, -43.9%, -37.5%). KNOWN MISS, pinned at
+gradients in FP32 across data parallel workers"; collectives.grad_reduce_bytes): -16.7%, -18.8%, -3.6% (under 1F1B: -32.7%, -43.9%, -37.5%). KNOWN MISS, pinned at
 17% / 19%: at 8,192 GPUs each micro-batch reduce-scatters the stage's 12.75 GB of FP32 gradients (ZeRO-2 as the
 paper describes it shards gradients, so they cannot accumulate locally), 0.264 s against 0.232 s of backward to
 hide behind. Term at fault: when the sharded gradients are reduced under a pipeline. torch.distributed.pipelining
@@ -71,13 +71,13 @@ With the attention-kernel model (efficiency.py: cuDNN's causal speed from the Fl
 counted square): -7.1%, -9.6%, +31.8%: the two 8k-context rows improve and pass, the 131k-token CP 16 row is now
 FAST (+31.8%): on the ring the planner runs each causal half-block at the kernel's non-causal speed and leaves out
 the diagonal block's masking and the ring's load imbalance. Pinned at 9.6% / 31.8%; term at fault: ring
-attention's per-block kernel time at long context (ring.py / efficiency.kernel_shares with cp > 1).
+attention's per-block kernel time at long context (context.py / efficiency.kernel_shares with cp > 1).
 
 As merged (FP32 reduce-scatter, memory-bound ops, cuDNN attention by length): -15.7%, -17.6%, +31.5%: KNOWN MISS,
 pinned at 18% / 32%: the 8k rows slow by the FP32 reduce-scatter per micro-batch (above), the CP 16 row fast by
 the ring's per-block attention time (as torchtitan's CP rows).
 
-With Meta's CP as §3.3.2 describes it (cp_impl "allgather", ring.allgather_cp: per layer the K/V chunks are
+With Meta's CP as §3.3.2 describes it (cp_impl "allgather", context.allgather_cp: per layer the K/V chunks are
 all-gathered and "the all-gather communication latency is exposed in the critical path", the dK/dV reduce-scatter
 backward exposed too; no p2p ring and no diagonal step): -15.7%, -17.6%, +27.7% (the CP 16 row was +31.5%; its
 exposed gather and scatter, 1.35 + 2.66 ms a layer over RoCE across 16 nodes, add 0.51 s to an 11.6 s step).
@@ -93,7 +93,7 @@ backend were each ruled out against torch's and torchtitan's source. Two indepen
 CP, torch's ring) agree on it; no source found says why. Meta's FLOP count is still unstated (torchtitan's MFU,
 by Meta's PyTorch team, counts the full square: "we follow the convention and do not account for sparsity").
 
-With the fill and drain repeating each micro-batch's tensor-parallel (and ring) communication (model_parallel.py:
+With the fill and drain repeating each micro-batch's tensor-parallel (and ring) communication (pipeline.py:
 the bubble is in micro-batch times, and a micro-batch's time on a stage includes its exposed TP all-reduces) and the
 tied-embedding all-reduce (none here: Llama 3 unties them): -16.3%, -18.8%, +25.8%. Pinned at 19% / 26%.
 Then with the paper's layout and "round" gradient sync (above), both merged: -7.6%, -6.9%, +33.7% (step: -5.7%,

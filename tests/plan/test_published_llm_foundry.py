@@ -13,7 +13,7 @@ v0.3.0 installed with its "gpu" extra (flash-attn 1.0.9 and triton-pre-mlir; the
 layer), attn_impl = its --attn_impl default "triton" (the yamls say "triton" too; the default stayed until March
 2024): flash-attn 1.x's Triton FlashAttention (llmfoundry/models/layers/flash_attn_triton.py), a
 first-generation kernel, "slightly slower than CUDA [FlashAttention-1] forward + backward" by its own header.
-The planner times it as attn_v1.py does (--attention-kernel triton: FlashAttention-2's speed x FlashAttention /
+The planner times it as attention_kernels.py does (--attention-kernel triton: FlashAttention-2's speed x FlashAttention /
 FlashAttention-2 in the FlashAttention-2 paper's H100 figure x Triton / FlashAttention in its A100 figure;
 0.40-0.55 of FlashAttention-2 at head dim 128, 512-8k tokens). All three tables are planned with it (the lead's
 merge: the A100 and H100 BF16 tables would pass with FlashAttention-2, but the source says they did not run it,
@@ -38,7 +38,7 @@ share with its casts timed; nothing fitted to this table):
   ran at 15-30% of the FP8 peak, below their own BF16 rows' MFU; the planner's FP8 (0.942 x the BF16 share, smaller
   K penalised as measured, casts at 4 B an element) still gains 1.3-1.5x over BF16 at these sizes. Term: FP8
   overheads of early Transformer Engine at small shapes.
-With the memory-bound ops charged (memory_bound.py; MPT's 2023 stack is eager PyTorch 1.13 without
+With the memory-bound ops charged (bandwidth_bound.py; MPT's 2023 stack is eager PyTorch 1.13 without
 torch.compile, "TODO: Update tables with torch 2.0" in the README, with its low-precision LayerNorm kernel, GeLU,
 FlashAttention and flash-attn's fused cross-entropy, llm-foundry's default loss_fn: --kernels eager with a fused
 loss; composer's DecoupledAdamW step as PyTorch's foreach passes) and the A100 / H100 linear shares re-derived
@@ -59,11 +59,11 @@ With both the memory-bound ops (eager, fused loss) and the attention-kernel mode
 A100 median 6.4%, max 22.6% (125M +22.6%) and H100 BF16 9.9% / 21.4% (760M +21.4%) both WITHIN the issue's
 tolerance (tests below); H100 FP8 23.8% / 43.4%, all fast: KNOWN MISS, pinned at 24% / 44% (early Transformer
 Engine FP8 at 350M-3B, and the s8192 rows' attention).
-With FSDP1's own copies timed (fsdp_runtime.py, fsdp="fsdp1": Composer wraps MPT in FullyShardedDataParallel;
+With FSDP1's own copies timed (fsdp_copies.py, fsdp="fsdp1": Composer wraps MPT in FullyShardedDataParallel;
 backward concatenates each flat parameter's views' gradients, 4 B per unsharded parameter per micro-batch, and
 pre-divides before each reduce-scatter): A100 7.0% / 22.5%, H100 BF16 9.4% / 21.2% (both still within the
 tolerance), H100 FP8 23.2% / 42.6%.
-With the attention kernel the runs used (attn_v1.py, "triton", above) for the H100 FP8 table: 7.8% / 23.9%
+With the attention kernel the runs used (attention_kernels.py, "triton", above) for the H100 FP8 table: 7.8% / 23.9%
 (3b s8192 -13.0%, 1b s8192 -9.6%, 3b s2048 -5.9%, 1b s512 -2.1%, 3b s512 +1.7%, 350m s512 +23.9%): WITHIN the
 issue's tolerance (test below); before, 1b/3b s8192 were +43% / +34% fast: their attention (38% / 33% of the
 model FLOPs) at FlashAttention-2's speed, 2.3x what Triton FlashAttention runs at 8k on H100. The 350m row stays
@@ -106,7 +106,7 @@ input: the A100 7b s8192 row's published
 MFU is 54.5% (HFU 72.6%) with its Triton attention (24% of its model FLOPs) and full recompute: with the linear
 layers at the planner's 0.71 of peak, the causal attention must have run at 0.39 of peak or faster (1/0.5447 -
 0.757 x 4/3 / 0.71 = 0.415 peak-units left for 0.243 x 4/3 / 2 = 0.162 of attention work, and nothing else),
-where attn_v1.py takes the FlashAttention-2 paper's A100 "Triton" bar (Fig. 4, head dim 128, causal, 8k: 78
+where attention_kernels.py takes the FlashAttention-2 paper's A100 "Triton" bar (Fig. 4, head dim 128, causal, 8k: 78
 TFLOPS, 0.25 of peak); whether that bar is the triton-pre-mlir kernel MPT ran is not stated in the paper. That
 factor, not an input, is the first candidate for the slow attention-heavy rows (not changed here: no source)."""
 

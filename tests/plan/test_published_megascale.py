@@ -31,12 +31,12 @@ for another variant); the attention kernel was wrong (FlashAttention-2, now 1: m
 
 Measured on main when written: median 9.5%, max 19.6%, all rows predicted SLOW (+20% at 256 GPUs, 0% at
 12,288). With the per-architecture compute model: median 12.6%, max 19.2%, all rows FAST. With Megatron-LM's BF16
-gradients reduce-scattered in FP32 (comm.grad_reduce_bytes: its arguments.py forces
+gradients reduce-scattered in FP32 (collectives.grad_reduce_bytes: its arguments.py forces
 accumulate_allreduce_grads_in_fp32 for --bf16): median 11.5%, max 16.5%, all rows fast, -4.5% at 256 GPUs to
 -16.5% at 12,288. With A100 unfused attention at its measured 0.156 of peak and FlashAttention-2 as MegaScale runs
 it: median 15.2%, max 19.8%. With the paper's vocabulary (64,000), the fill and drain repeating each micro-batch's
 tensor-parallel all-reduces and the tied embedding's gradient all-reduced between the first and last stage
-(model_parallel.py): median 14.5%, max 18.8%, every row fast (-8.0% at 256 GPUs to -18.8% at 12,288). With the
+(pipeline.py): median 14.5%, max 18.8%, every row fast (-8.0% at 256 GPUs to -18.8% at 12,288). With the
 baseline's FlashAttention 1 instead of MegaScale's FlashAttention-2: median 11.8%, max 16.4% (-5.0% at 256 GPUs to
 -16.4% at 12,288). Table 3's baseline (256 GPUs, batch 256, 47.7% MFU, i.e. 40.0 s x 256/768 x 53.0/47.7 = 14.8 s a
 step): 13.2 s, -10.8% (12.8 s, -13.6% with FlashAttention-2).
@@ -61,7 +61,7 @@ What Megatron-LM 285068c8 (the commit §6.1 names) does once a step, read in its
 - the tied embedding's gradient all-reduce between the first and last stage (optimizer.py
   allreduce_word_embedding_grads, FP32 main_grad, 393 MB): 16 ms, now charged; the fill's TP all-reduces: 24 ms,
   now charged;
-- the optimizer step on the ZeRO shard: 18 ms at dp 4 (memory_bound.py); the grad-norm all-reduce of one float over
+- the optimizer step on the ZeRO shard: 18 ms at dp 4 (bandwidth_bound.py); the grad-norm all-reduce of one float over
   the world and the layer-norm grads over tp: microseconds to a millisecond;
 - data: get_batch runs per micro-batch and chunk (next() and a broadcast over tp), so it is per micro-batch. §3.4
   says loading leaves "non-negligible GPU idle time at the beginning of each training step" without a number, and
@@ -127,10 +127,10 @@ def test_step_time_known_miss():
     every row FAST. With BF16 gradients reduce-scattered in FP32 as Megatron-LM does: median 11.5%, max 16.5%
     (-4.5% at 256 GPUs ... -16.5% at 12,288): a per-step time independent of dp is missing (next test), not
     data-parallel communication. With the memory-bound ops charged apart and the A100 linear share re-derived
-    without them (memory_bound.py, efficiency.py 0.67 -> 0.71): median 15.0%, max 19.5%. With the attention-kernel
+    without them (bandwidth_bound.py, efficiency.py 0.67 -> 0.71): median 15.0%, max 19.5%. With the attention-kernel
     model (FlashAttention-2 at its own 0.615 of A100 peak at 2048) as well: median 15.2%, max 19.8%. With the
     paper's vocabulary (64,000), the fill and drain repeating each micro-batch's TP all-reduces and the tied
-    embedding's gradient all-reduce (model_parallel.py): median 14.5%, max 18.8% (-8.0% at 256 GPUs to -18.8% at
+    embedding's gradient all-reduce (pipeline.py): median 14.5%, max 18.8% (-8.0% at 256 GPUs to -18.8% at
     12,288). With the baseline's kernel, FlashAttention 1 (the input audit, module docstring): median 11.8%, max 16.4%
     (-5.0% ... -16.4%). With --tp-overlap bulk (285068c8's sequence-parallel layers overlap the dgrad reduce-scatter
     with the wgrad GEMM): measured median 14.1%, max 18.4% (-7.4% at 256 GPUs ... -18.4% at 12,288). Pinned just
@@ -163,7 +163,7 @@ def test_error_whatever_the_unstated_inputs_known_miss(virtual, recompute):
     """Recompute is not stated; 6 virtual stages is (§6.1), 2 and 12 show the error does not rest on it."""
     errs = {k: abs(e) for k, e in errors(virtual, recompute).items()}
     # known miss under these alternatives (with the selective rows at FlashAttention-2's speed, as MegaScale runs it:
-    # median 12.1-14.4%, max 15.4-19.4%; with the paper's vocabulary and model_parallel.py's fill and embedding
+    # median 12.1-14.4%, max 15.4-19.4%; with the paper's vocabulary and pipeline.py's fill and embedding
     # terms: 2, 12 virtual 13.4% / 16.2%, 13.5% / 18.6%; selective at 2, 6, 12: 11.3% / 14.2%, 12.4% / 17.0%,
     # 11.4% / 16.7% (median / max); with the baseline's FlashAttention 1: 2, 12 virtual 10.7% / 13.6%, 10.8% /
     # 16.2%; selective at 2, 6, 12: 5.7% / 9.0%, 7.0% / 12.2%, 6.0% / 12.0%; with --tp-overlap bulk (measured now):

@@ -18,7 +18,7 @@ As merged (memory-bound ops charged apart, A100 linear layers at 0.71, unfused a
 peak): median 6.1%, max 11.0%. With unfused attention at its measured 0.156 of A100 peak (the mean of Table 3's
 0.162 / 0.149): median 5.0%, max 10.5% (+4.6% 1.7B, +10.5% 76.1B, +0.7% 529.6B; every row fast). With the
 pipeline's fill and drain repeating each micro-batch's tensor-parallel all-reduces and the tied embedding's gradient
-all-reduced between the first and last stage (model_parallel.py): median 4.5%, max 9.7% (+4.6% 1.7B, +9.7% 76.1B,
+all-reduced between the first and last stage (pipeline.py): median 4.5%, max 9.7% (+4.6% 1.7B, +9.7% 76.1B,
 -0.1% 529.6B)."""
 
 from statistics import median

@@ -24,11 +24,11 @@ The planner gets what the submission's own files say (NVIDIA/benchmarks/gpt3/imp
   overlapped (conf/optim/distributed_fused_adam.yaml: overlap_grad_sync, overlap_param_sync True), gradients
   reduced in BF16 (grad_sync_dtype: bf16);
 - the interleaved schedule's sends posted async (custom.yaml: overlap_p2p_comm True, batch_p2p_comm False; set by
-  no config): ``--overlap-p2p`` (model_parallel.py), as Megatron-core df727128 (the Dockerfile's MEGATRON_REVISION)
+  no config): ``--overlap-p2p`` (pipeline.py), as Megatron-core df727128 (the Dockerfile's MEGATRON_REVISION)
   runs it;
 - Transformer Engine's userbuffers TP overlap on (TP_COMM_OVERLAP True, conf/tp_overlap/h100tp4pp8mbs1.yaml:
   ring_exchange for qkv/fc1 fprop and proj/fc2 dgrad, pipeline in 4 splits for proj/fc2 fprop, bulk for the qkv/fc1
-  dgrad and wgrad): tp_overlap.py's ``ring``. config_common.sh also sets NVTE_UB_ATOMIC_GEMM_RS=1 and
+  dgrad and wgrad): tensor_parallel.py's ``ring``. config_common.sh also sets NVTE_UB_ATOMIC_GEMM_RS=1 and
   NVTE_RS_STRIDED_ATOMIC=1, which likely run the proj/fc2 forward reduce-scatter as an FP8 atomic GEMM rather than
   the 4-split pipeline ``ring`` times (not modelled: ~10 ms of exposed TP time a step at m = 16);
 - attention: FlashAttention-2. The Dockerfile pins Transformer Engine 09ba8427 and installs flash-attn 2.0.8; at

@@ -40,7 +40,7 @@ send, as planned (kept). Changed: BF16 -> FP16. Unstated, not modelled: DeepSpee
 options (partition_activations, contiguous checkpointing), which no source read gives for this run.
 
 Measured when written: -21.7%, -22.8%, -25.1% (280, 350, 420 servers): median 22.8%, max 25.1%, every row FAST.
-With the fill and drain repeating each micro-batch's tensor-parallel communication (model_parallel.py): median
+With the fill and drain repeating each micro-batch's tensor-parallel communication (pipeline.py): median
 21.9%, max 24.1% (the fixed part of a step 6.1 s against the table's 12.7 s). In FP16 (the input audit): -21.3%,
 -22.2%, -24.5%: median 22.2%, max 24.5% (FP16 gradients reduced in FP16 where Megatron's BF16 reduces FP32).
 KNOWN MISS on both bounds (test_step_time_known_miss, pinned just above). Sensitivity: ZeRO 0 or BF16 gradient
@@ -86,7 +86,7 @@ def _plan(servers: int):
     # FP16 with dynamic loss scaling, not BF16: DeepSpeed's pipeline engine took BF16 only in April 2022 ("bf16 +
     # pipeline parallelism", microsoft/DeepSpeed #1801, 56c52238), after MT-NLG's 2021 training and this paper; the
     # engine of January 2022 (deepspeed/runtime/pipe/engine.py) scales the loss for fp16 only. FP16 gradients are
-    # reduced as FP16 (comm.grad_reduce_bytes), as DeepSpeed's ZeRO-1 does.
+    # reduced as FP16 (collectives.grad_reduce_bytes), as DeepSpeed's ZeRO-1 does.
     t = Training(global_batch=BATCH, precision="fp16", optimizer="adam", overlap=0.0)
     s = Strategy(dp=servers * 8 // (TP * PP), tp=TP, pp=PP, zero=1, micro_batch=1, recompute="full",
                  ranks_per_node=8)

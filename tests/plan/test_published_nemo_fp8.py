@@ -13,16 +13,16 @@ Issue 14's tolerance: 10% median, 25% max. Measured when written: median 6.0%, m
 share of H100 peak (efficiency.py): median 8.5%, max 13.4% (+13.4% LLAMA3-8B cp 2, -8.5% LLAMA2-70B); with the
 per-architecture compute model (H100 linear layers at 0.50 of peak, FP8 at 0.942 of that share, GEMM shapes and FP8
 casts timed: efficiency.py, gemm.py): median 8.9%, max 16.0% (-16.0% LLAMA2-70B, -14.5% GPT3-175B on 512). With torch's ring
-terms (ring.py) the cp rows' blocks run on cuDNN's fused attention. With the attention-kernel model (attention_kernel
+terms (context.py) the cp rows' blocks run on cuDNN's fused attention. With the attention-kernel model (attention_kernel
 "cudnn", Transformer Engine's fused attention; its causal speed from the FlashAttention-3 paper, half the counted
 square): median 7.7%, max 22.5%, within the tolerance. The model FLOPs per token the table implies (TFLOP/s over
 tokens/s) match the planner's count to 0.1% on every row.
 As merged (memory-bound ops and the optimizer step charged apart, H100 linear share 0.508): median 8.4%, max 16.7%
 (+16.7% LLAMA3-8B, -14.3% LLAMA2-70B, -13.7% GPT3-175B on 512), within the tolerance.
 With the pipeline's fill and drain repeating each micro-batch's TP and ring communication and the tied embedding's
-gradient all-reduce (model_parallel.py): median 8.7%, max 14.9% (+14.9% LLAMA3-8B, -14.3% LLAMA2-70B, -13.9%
+gradient all-reduce (pipeline.py): median 8.7%, max 14.9% (+14.9% LLAMA3-8B, -14.3% LLAMA2-70B, -13.9%
 GPT3-175B on 512).
-Tensor-parallel overlap (--tp-overlap, tandem/plan/tp_overlap.py) as the NeMo-Framework-Launcher's 24.07 training
+Tensor-parallel overlap (--tp-overlap, tandem/plan/terms/tensor_parallel.py) as the NeMo-Framework-Launcher's 24.07 training
 configs set ub_tp_comm_overlap (TP_OVERLAP below): on (ring) for LLAMA2-70B (llama2_70b.yaml: TP 4, PP 4, VP 20 as
 the row) and LLAMA3-70B (llama3_70b.yaml: TP 4, PP 4, CP 2; VP 10 where the row has 5); off for GPT3-175B
 (gpt3/175b.yaml and 175b_fp8.yaml both False; neither has the rows' TP 4 / PP 8 / VP 6 exactly); the tp 1 rows
@@ -32,11 +32,11 @@ With Megatron-LM's even split as the interleaved schedule's default (stages.py: 
 where the balanced split put one layer fewer on the last stage): LLAMA3-70B +5.5% -> +5.3%, median 5.3%, max 14.9%.
 The GPT-3 175B rows' configs turn userbuffers off, but Transformer Engine's layers (which they run: mcore_gpt,
 transformer_engine True, sequence parallel) still launch the column-parallel dgrad reduce-scatter async beside the
-wgrad GEMM (TE v1.7 layernorm_linear.py, "Overlap dgrad-RS/AR with wgrad"): --tp-overlap bulk (tp_overlap.py).
+wgrad GEMM (TE v1.7 layernorm_linear.py, "Overlap dgrad-RS/AR with wgrad"): --tp-overlap bulk (tensor_parallel.py).
 GPT3-175B -8.7% -> -6.2% (128) and -13.9% -> -11.7% (512): median 5.3%, max 14.9% (+14.9% LLAMA3-8B).
 The interleaved schedule's sends as the same 24.07 launcher files set them (session 9): overlap_p2p_comm True and
 batch_p2p_comm False in gpt3/175b.yaml, 175b_fp8.yaml, llama/llama2_13b.yaml, llama2_70b.yaml and llama3_70b.yaml
-(NeMo-Framework-Launcher tag 24.07, 8325688d), so --overlap-p2p (model_parallel.py; no effect on the pp 1 rows):
+(NeMo-Framework-Launcher tag 24.07, 8325688d), so --overlap-p2p (pipeline.py; no effect on the pp 1 rows):
 GPT3-175B -6.2% -> -2.9% (128) and -11.7% -> -8.6% (512), LLAMA2-13B +1.0% -> +3.0%, LLAMA2-70B -3.4% -> +6.0%,
 LLAMA3-70B +5.3% -> +7.7%: median 6.0%, max 14.9% (+14.9% LLAMA3-8B).
 """
@@ -74,7 +74,7 @@ ROWS = [
 # configs set it (launcher_scripts/conf/training/llama/llama2_70b.yaml, llama3_70b.yaml: true; gpt3/175b.yaml and
 # 175b_fp8.yaml: false; the tp 1 rows have none to overlap)
 # With ub_tp_comm_overlap False the GPT-3 rows still run Transformer Engine's async dgrad reduce-scatter beside the
-# wgrad GEMM (mcore_gpt, transformer_engine, sequence_parallel True in both files): "bulk" (tp_overlap.py)
+# wgrad GEMM (mcore_gpt, transformer_engine, sequence_parallel True in both files): "bulk" (tensor_parallel.py)
 TP_OVERLAP = {"llama2-70b": "ring", "llama3-70b": "ring", "gpt3-175b": "bulk"}
 
 

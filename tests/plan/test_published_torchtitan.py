@@ -16,7 +16,7 @@ compile); the planner has no compile term.
 Table 5's interleaved row: torchtitan's default for a multi-stage schedule, 2 stages a rank, split by its
 generate_split_points (126 layers in 16 chunks: 7, 8 x 14, 7; chunk j on rank j mod 8), torch's
 ScheduleInterleaved1F1B over 32 micro-batches. The CP rows run torch's context_parallel (`cp_impl="torch"`:
-all-gather K/V rotation, fp32 dK/dV ring and merges, SDPA's FlashAttention-2 kernel; tandem/plan/ring.py).
+all-gather K/V rotation, fp32 dK/dV ring and merges, SDPA's FlashAttention-2 kernel; tandem/plan/terms/context.py).
 Not checked: the memory column (see KNOWN MISSES); Table 6's CP 4 and CP 8 rows (131k, 262k tokens; left out
 when the file was written: +28.9% and +44.8% then, +36.9% and +60.9% on bf33351, +31.0% and +49.2% with the ring's
 diagonal block, last dK/dV send and repeated K/V).
@@ -39,7 +39,7 @@ A100 5.9% / 17.7% (FSDP hides most of it).
 Attention kernel: torch SDPA, which picks the first usable backend in its priority order
 (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, priority_order): PyTorch 2.5.0 put cuDNN first on H100,
 later versions put flash (FlashAttention-2) first again and cuDNN last; the report ran torch nightlies after
-2.5 (torchtitan follows nightly), and under CP torchtitan allows only flash/efficient (ring.py). So every row:
+2.5 (torchtitan follows nightly), and under CP torchtitan allows only flash/efficient (context.py). So every row:
 attention_kernel "fa2". With the attention-kernel model (efficiency.py: FlashAttention-2 at the FlashAttention-3
 paper's measured H100 speed, ~35% of peak; a causal kernel computing half the counted square; the ring's blocks at
 the non-causal speed): H100 median 20.0%, max 65.6%, every row FAST: 8B FSDP +17%, the CP rows +20% (CP 2) to
@@ -54,7 +54,7 @@ interleaved -10.8%), the CP rows fast (CP 4 +56.9%, CP 8 +64.2%, 405B CP 2 +33.5
 at 9% / 65%. Term at fault: ring attention's per-block kernel time at long context (the diagonal block's mask,
 the ring's load imbalance, torch's merge kernels), which Llama 3's CP 16 row shows too. A100: 5.6% / 21.6%, within.
 
-With the ring as the sources run it (ring.py; checked against torch's _templated_ring_attention at the report's torch
+With the ring as the sources run it (context.py; checked against torch's _templated_ring_attention at the report's torch
 commit 1963fc8 and torchtitan 9dec370): the diagonal step's causal block (1/cp of the FLOPs at FlashAttention-2's
 causal speed on s/cp tokens), torch's last dK/dV send waited for after the backward loop (exposed), and K/V
 repeated to the 32 query heads before SDPA (torchtitan's Llama calls repeat_kv: the ring moves and merges 4x the
@@ -76,7 +76,7 @@ all-gather a layer forward; backward dK/dV sends between ranks of equal work per
 square, as the planner), the SDPA backend (flash on every block: torchtitan allows flash/efficient under CP,
 torch 2.6's ring maps only those). Open: why rings of 4+ steps, or across nodes, run their blocks ~1.6x slower.
 
-With the pipeline's fill and drain repeating each micro-batch's TP and ring communication (model_parallel.py):
+With the pipeline's fill and drain repeating each micro-batch's TP and ring communication (pipeline.py):
 H100 median 7.0%, max 59.1% (405B 1F1B +6.5%, interleaved -11.6%, CP 2 +20.2%) when merged; A100 unchanged (no
 pipeline). Re-measured on today's main, with the rows planned with pp_grad_sync "step" (below): H100 median 10.2%,
 max 58.9% (CP 8); A100 4.3% / 15.2%.
@@ -84,8 +84,8 @@ max 58.9% (CP 8); A100 4.3% / 15.2%.
 Async TP: Tables 5 and 6 ran it ("+ AsyncTP" in their captions), Table 4's "2D" row did not. The T5/T6 rows are
 planned with it (--tp-overlap ring, the lead's merge: every table is planned as its source says it ran, and these
 rows were first kept at "none" to keep the median in tolerance, which would be a fit). The planner's ring rule
-(tandem/plan/tp_overlap.py) over-states torch's async TP on this very report's Table 4 pair (2D 829 -> 2D +
-AsyncTP 876, 1.057x; the planner 1.188x; tests/plan/test_tp_overlap.py), and that shows here: at torchtitan's 8
+(tandem/plan/terms/tensor_parallel.py) over-states torch's async TP on this very report's Table 4 pair (2D 829 -> 2D +
+AsyncTP 876, 1.057x; the planner 1.188x; tests/plan/terms/test_tensor_parallel.py), and that shows here: at torchtitan's 8
 micro-batches (below) T5 -1.2 -> +13.7% (1F1B), -1.0 -> +14.1% (interleaved), T6 +0.2 -> +11.5%, +20.2 -> +30.0%
 (CP 1 / CP 2): the table 11.5% / 58.9% (4.5% / 58.9% with "none"), a known miss on both bounds, pinned at
 12% / 60%. Term at fault: what torch's async TP leaves exposed (not modelled: the ring rule hides what Transformer
@@ -104,7 +104,7 @@ stand in for a cost these runs have that the planner does not model (about 14 s 
 each row's bubble). Planned as they ran ("step", merged by the lead: a setting chosen to keep a median in
 tolerance would be a fit): with every other session-8 term, T5 1F1B +43.7%, interleaved +21.9%, the table median
 10.2%, max 58.9% (the CP 8 row), pinned at 11% / 60%. The term at fault is that missing pipeline cost, not the
-gradient sync. FSDP2's own copies (fsdp_runtime.py) under "step" run once a step too (one copy-out, one copy-in;
+gradient sync. FSDP2's own copies (fsdp_copies.py) under "step" run once a step too (one copy-out, one copy-in;
 torch's stage.py keeps the parameters unsharded until the last backward), not per micro-batch.
 
 Micro-batches under PP (session 9): that missing cost was this test's input, not the planner. The rows were planned
@@ -234,15 +234,15 @@ def test_a100_tokens_per_gpu_within_the_issue_tolerance():
 
 
 def test_float8_speedup_over_bf16_is_predicted_within_the_tolerance():
-    """Float8 over BF16 at the same layout: the Float8 rows also ran with torch.compile (memory_bound.py "compiled";
+    """Float8 over BF16 at the same layout: the Float8 rows also ran with torch.compile (bandwidth_bound.py "compiled";
     the compute rate is not otherwise changed by it), so the reference is the report's compiled BF16 row (Table 1:
     8532 / 6667 = 1.280, Table 3: 8380 / 6514 = 1.286). The ratio cancels the power cap and the base efficiency: what remains is FP8 on the linear layers only,
     FP8's lower share of its peak and its casts (efficiency.py, gemm.py). Predicted: 1.328, 1.326; both rows with
-    compiled kernels and the memory-bound ops charged (memory_bound.py): 1.304, 1.308."""
+    compiled kernels and the memory-bound ops charged (bandwidth_bound.py): 1.304, 1.308."""
     for t, compiled in (("T1", 6667), ("T3", 6514)):
         row = next(r for r in H100 if r[0] == f"{t} FSDP+compile+Float8")
         fp8 = _plan(*row[1:3], "h100-sxm-500w", row[3], "ib-ndr", *row[4:11])
-        # the BF16 row as it would run compiled (memory_bound.py "compiled"), the reference the report gives
+        # the BF16 row as it would run compiled (bandwidth_bound.py "compiled"), the reference the report gives
         bf16 = _plan(*row[1:3], "h100-sxm-500w", row[3], "ib-ndr", *row[4:10], "bf16", kernels="compiled")
         predicted = bf16.step_s / fp8.step_s
         assert abs(predicted / (row[-1] / compiled) - 1) <= 0.10, (t, predicted)

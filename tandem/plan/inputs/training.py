@@ -56,7 +56,7 @@ class Training:
     overlap_param_gather: bool = False       # ZeRO-1/2: gather updated params during the next forward
                                              # (Megatron --overlap-param-gather); else exposed
     grad_reduce: str | None = None           # dtype gradients are reduced in: fp32 | bf16 | fp16 (None: the
-                                             # framework's, comm.grad_reduce_bytes)
+                                             # framework's, collectives.grad_reduce_bytes)
     pp_grad_sync: str = "microbatch"         # ZeRO-2/3 under a pipeline: gradients reduce-scattered every micro-batch
                                              # | "step": accumulated unsharded in the reduce dtype, reduced once a step
                                              # (torch.distributed.pipelining) | "round": once a round of the

@@ -77,7 +77,7 @@ _H100_LINEAR = ("Databricks, 'Turbocharged Training: Optimizing the Databricks M
                 "the MFU: it leaves out attention and communication, so the higher of the two published figures; "
                 "Megatron-LM's README: 47-48% end to end for its largest models on 6144 H100s, 41% at 2B; 0.47 would "
                 "put NeMo's FP8 table at 13.5% median error); / (1 - 0.0158) for the memory-bound ops and optimizer "
-                "step memory_bound.py charges apart, at GPT-3 175B's shape = 0.508")
+                "step bandwidth_bound.py charges apart, at GPT-3 175B's shape = 0.508")
 # The sources' MFU holds the memory-bound time bandwidth_bound.py now charges apart: at GPT-3 175B's shape
 # (Megatron-LM's strong-scaling model: sequence 4096, vocabulary 131072, fused kernels, BF16) that time is 1.45%
 # of compute and the optimizer step 0.13% of the step: 0.50 / (1 - 0.0158) = 0.508.

@@ -90,7 +90,7 @@ def step_bytes(m, t, s, micro_batches: int) -> float:
 
 def once(m, t, s) -> bool:
     """FSDP2 kept unsharded across a pipeline's micro-batches and synced per reduction (grad_sync.deferred; MoE
-    models stay per micro-batch, as cost.dp_ops charges them)."""
+    models stay per micro-batch, as data_parallel.dp_ops charges them)."""
     return deferred(t, s) and t.fsdp == "fsdp2" and m.moe is None
 
 

@@ -83,7 +83,7 @@ def _protos(*links: str) -> list[str]:
 
 
 def ring(factor: float, nbytes: float, g, c, proto: str) -> float:
-    """Hierarchical ring (comm.ring_time's arithmetic) at the protocol's share of each link's rate."""
+    """Hierarchical ring (collectives.ring_time's arithmetic) at the protocol's share of each link's rate."""
     share = PROTO_SHARE[proto]
     t = BASE_US[("ring", proto)] * 1e-6
     if g.nodes == 1:
@@ -100,7 +100,7 @@ def ring(factor: float, nbytes: float, g, c, proto: str) -> float:
 
 
 def tree(nbytes: float, g, c, proto: str) -> float:
-    """Double binary tree across nodes, a chain inside each (as comm.tree_all_reduce)."""
+    """Double binary tree across nodes, a chain inside each (as collectives.tree_all_reduce)."""
     share = PROTO_SHARE[proto]
     l, nn = g.local, g.nodes
     t = BASE_US[("tree", proto)] * 1e-6 + 2 * nbytes / l / (TREE_SHARE * share * c.node_rate_Bps / c.gpus_per_node)

@@ -23,7 +23,7 @@ a reduce-scatter of c/2. How much of them is exposed, by mode:
   NeMo-Framework-Launcher conf/training/tp_overlap/*.yaml): the all-gathers ring-exchanged in tp chunks (qkv/fc1
   fprop, proj/fc2 dgrad: the first GEMM chunk runs on the local shard, so k-1 transfers hide behind k-1 of the k
   chunks, exposed max(0, a - G (k-1)/k)), the forward reduce-scatters pipelined in 4 splits (proj/fc2 fprop: the
-  last split is reduced after the last GEMM chunk, exposed max(r/4, r - G x 3/4), overlap.pipelined's rule with the
+  last split is reduced after the last GEMM chunk, exposed max(r/4, r - G x 3/4), dp_overlap.pipelined's rule with the
   GEMM as the window), the dgrad reduce-scatters in bulk (qkv/fc1). torch's async TP (torchtitan's
   enable_async_tensor_parallel: symmetric-memory micro-pipelining of all-gather + matmul and matmul +
   reduce-scatter, torch/_inductor/fx_passes/micro_pipeline_tp.py) splits both into tp chunks, which this rule
@@ -34,7 +34,7 @@ symmetric memory): a tp group across nodes is charged in full whatever the mode.
 Not charged: the SM cost of the overlap kernels (ring-exchange uses the copy engines, 1 SM in NeMo's configs; the
 "pipeline" method's reduce-scatter takes 16-24 of the H100's 132 SMs from its GEMM, set_sm_margin) and the lower
 speed of the tp-times-smaller GEMM chunks; MoE layers' MLP GEMMs are counted as the dense shape's. Against
-torchtitan's own async-TP pairs the ring rule hides more than torch did (tests/plan/test_tp_overlap.py).
+torchtitan's own async-TP pairs the ring rule hides more than torch did (tests/plan/terms/test_tensor_parallel.py).
 """
 
 from __future__ import annotations

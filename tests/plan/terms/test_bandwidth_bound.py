@@ -1,4 +1,4 @@
-"""Memory-bound work outside the GEMMs (tandem/plan/memory_bound.py): the per-layer elementwise and norm passes, the
+"""Memory-bound work outside the GEMMs (tandem/plan/terms/bandwidth_bound.py): the per-layer elementwise and norm passes, the
 loss over the vocabulary and the optimizer step, as bytes at 0.9 of the memory bandwidth, by what the framework
 fuses; and where it is not charged (CPU hosts, a measured compute time, --efficiency)."""
 

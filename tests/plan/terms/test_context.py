@@ -107,7 +107,7 @@ def test_the_diagonal_step_runs_at_the_causal_speed():
 
 def test_allgather_cp_exposes_its_gather_and_scatter():
     """Llama 3 §3.3.2: K/V all-gathered per layer, "exposed in the critical path"; dK/dV reduce-scattered back:
-    exposed = time = layers x (passes x AG(cp x kv) + RS(cp x kv)), comm.collective's times over the cp group."""
+    exposed = time = layers x (passes x AG(cp x kv) + RS(cp x kv)), collectives.collective's times over the cp group."""
     from tandem.plan.terms.collectives import collective, layout
 
     g = replace(LLAMA3_8B, layers=4)
@@ -135,7 +135,7 @@ def test_kv_repeated_to_the_query_heads_moves_and_merges_h_over_tp():
 
 
 def test_torch_balances_the_causal_ring_by_default():
-    """The torch ring model (ring.py: every rank the same work a step, the diagonal first, K/V all-gathered) is
+    """The torch ring model (context.py: every rank the same work a step, the diagonal first, K/V all-gathered) is
     what the pinned torch's ``context_parallel`` runs by default: load balancing on, head-tail chunks (rank r
     holds chunks r and 2cp-1-r), the all-gather rotation, and no step skipped on any rank; when 2 x cp does not
     divide the sequence torch shards sequentially (unbalanced), and the planner refuses that cp instead."""

@@ -1,4 +1,4 @@
-"""Per-architecture efficiency (tandem/plan/efficiency.py, gemm.py): every preset GPU has a row with its sources;
+"""Per-architecture efficiency (tandem/plan/terms/efficiency.py, gemm.py): every preset GPU has a row with its sources;
 the A100 linear-layer share and the unfused-attention rate follow from the FlashAttention-2 paper's end-to-end
 runs by the arithmetic in efficiency.py; measured GEMM speeds give the per-shape factor; FP8 keeps 0.942 of BF16's
 share and pays for its casts; --efficiency overrides all of it."""
@@ -30,7 +30,7 @@ def test_every_preset_gpu_has_an_architecture_with_sources():
 def test_a100_figures_follow_from_flashattention2_table3():
     # GPT-3 1.3B (h 2048, 24 layers) and 2.7B (h 2560, 32 layers), sequence 2048, vocabulary 50257, 8 A100 80GB:
     # 196 / 205 TFLOP/s with FlashAttention-2, 142 / 149 without (Dao 2023, Table 3); the memory-bound ops of the
-    # fused training stack are taken out before the linear layers' share is read off (memory_bound.py)
+    # fused training stack are taken out before the linear layers' share is read off (bandwidth_bound.py)
     lin, unf, absolute, mems = [], [], [], []
     for h, L, fa2, base in ((2048, 24, 196, 142), (2560, 32, 205, 149)):
         s, V = 2048, 50257

@@ -1,4 +1,4 @@
-"""FSDP's own copies (tandem/plan/fsdp_runtime.py): bytes per unsharded parameter a micro-batch by implementation,
+"""FSDP's own copies (tandem/plan/terms/fsdp_copies.py): bytes per unsharded parameter a micro-batch by implementation,
 where they are charged (compute stream vs before each reduce-scatter), the explain line's arithmetic, the flag."""
 
 import re

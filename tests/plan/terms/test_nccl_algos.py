@@ -1,4 +1,4 @@
-"""NCCL's algorithm x protocol choice (tandem/plan/nccl_algos.py), against hand-computed numbers from NCCL's
+"""NCCL's algorithm x protocol choice (tandem/plan/terms/nccl_algos.py), against hand-computed numbers from NCCL's
 tuning tables (src/graph/tuning.cc baseLat/hwLat, 2.18-2.23) and the protocols' payload shares (NCCL_PROTO)."""
 
 import math

@@ -1,4 +1,4 @@
-"""model_parallel.py's once-a-step and fill terms: the tied embedding's gradient all-reduce between the first and
+"""pipeline.py's once-a-step and fill terms: the tied embedding's gradient all-reduce between the first and
 last pipeline stage (Megatron-LM's allreduce_word_embedding_grads) and the tensor-parallel communication the
 pipeline's fill and drain repeat, with the explain[] line's arithmetic."""
 

@@ -40,7 +40,7 @@ def test_slowest_stage_sets_the_pace():
     p = evaluate(m, c, t, s)
     assert p.stage_layers == split(LLAMA3_405B, 16)
     unit = p.hw_flops_per_gpu / p.rate / (32 * 126.608 / 16)
-    # (the fill and drain also repeat each micro-batch's tp all-reduces: bubble_comm_s, test_model_parallel.py)
+    # (the fill and drain also repeat each micro-batch's tp all-reduces: bubble_comm_s, terms/test_pipeline.py)
     assert p.compute_s + p.bubble_s - p.bubble_comm_s == pytest.approx(unit * 374.608, rel=1e-4)
     assert p.stage_imbalance == pytest.approx(8 / (126.608 / 16), rel=1e-4)
     text = " ".join(explain(p))

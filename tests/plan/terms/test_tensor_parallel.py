@@ -1,4 +1,4 @@
-"""--tp-overlap (tandem/plan/tp_overlap.py): what each mode leaves exposed, its explain line's arithmetic, the rule that
+"""--tp-overlap (tandem/plan/terms/tensor_parallel.py): what each mode leaves exposed, its explain line's arithmetic, the rule that
 a tensor-parallel group across nodes is not overlapped, and torchtitan's published async-TP pairs.
 
 The published pairs (TPS/GPU without and with async TP, same job, same Grand Teton H100s):
