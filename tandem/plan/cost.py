@@ -1,7 +1,8 @@
 """The cost model: one strategy in, memory / communication / time / throughput / cost out.
 
-Pure arithmetic; ``evaluate`` is called tens of thousands of times by the search, so
-it builds no strings (``tandem.plan.explain`` writes the sentences afterwards).
+The composer: ``check`` says whether a strategy can run, ``evaluate`` adds up the terms (terms/: compute,
+pipeline stages, each communication term, memory) into a Plan. Pure arithmetic; ``evaluate`` is called tens of
+thousands of times by the search, so it builds no strings (explain.py writes the sentences afterwards).
 """
 
 from __future__ import annotations
