@@ -89,18 +89,6 @@ def slurm_record(run_dir: Path) -> dict | None:
     return rec if rec.get("engine") == "slurm" else None
 
 
-def engine_note(run_dir: Path) -> str | None:
-    """The submitting engine's word on where it kept output of its own (tandem.submit's Backend.logs)."""
-    from tandem.submit.registry import BACKENDS  # deferred: the engines load only for a submitted run dir
-    from tandem.submit.record import read_record
-
-    try:
-        backend = BACKENDS.get(read_record(run_dir).get("engine"))
-    except ConfigError:
-        return None
-    return backend.logs(run_dir) if backend is not None else None
-
-
 def job_end(run_dir: Path, slurm: dict | None) -> str | None:
     """Why the job is over, or None while it may still write logs."""
     from tandem.core.runlock import alive
@@ -201,9 +189,9 @@ def logs_cmd(
         raise ConfigError("no such run dir", field="run_dir", value=str(run_dir),
                           fix="give the --run-dir of a `tandem launch`, `tandem train` or `tandem submit`")
     slurm = slurm_record(run_dir)
-    note = engine_note(run_dir)
-    if note:
-        print(note, file=sys.stderr, flush=True)
+    if slurm is not None:
+        print(f"slurm job {slurm['job_id']}: sbatch output in {run_dir / 'submit'}/slurm-{slurm['job_id']}.out",
+              file=sys.stderr, flush=True)
     files = scan(run_dir)
     current = current_attempt(run_dir, files)
     chosen = attempt or current

@@ -173,10 +173,11 @@ def test_k8s_state_of_a_job_not_yet_started():
         "PENDING", "jobs active 0, ready 0, succeeded 0, failed 0; restarted 0 time(s)")
 
 
-def test_logs_of_a_k8s_run_dir_names_kubectl_logs(tmp_path, capsys, monkeypatch):
-    run = _k8s_run(tmp_path)
-    (run / "logs").mkdir()
-    (run / "logs" / "rank-0.log").write_text("hello\n")
-    code, out, err = tandem_in_process(["logs", str(run)], capsys, monkeypatch)
-    assert (code, out) == (0, "[rank 0] hello\n"), err
-    assert err == "k8s jobset hello: the pods' own output: kubectl logs -n team -l tandem.dev/job=hello --prefix\n"
+def test_each_engine_says_where_its_own_output_is(tmp_path):
+    """Backend.logs: the line `tandem logs` can print before the rank logs (None: the rank logs are all)."""
+    assert BACKENDS["k8s"].logs(_k8s_run(tmp_path)) == \
+        "k8s jobset hello: the pods' own output: kubectl logs -n team -l tandem.dev/job=hello --prefix"
+    write_record(tmp_path / "s", {"engine": "slurm", "job_id": "42"})
+    assert BACKENDS["slurm"].logs(tmp_path / "s") == f"slurm job 42: sbatch output in {tmp_path / 's' / 'submit'}" \
+                                                     "/slurm-42.out"
+    assert BACKENDS["ssh"].logs(tmp_path / "s") is None and BACKENDS["ray"].logs(tmp_path / "s") is None
