@@ -1,6 +1,6 @@
 """`tandem submit --on ray`: this process is Ray's driver, and tandem's worker is Ray Train's training function.
 
-    result = submit_ray(config, overrides, run_dir, workers=2, max_failures=3, address="", console=console)
+    result = submit_ray(RayOptions(spec_path, overrides, run_dir, workers=2, max_failures=3), console)
                                           # checks, connects, TorchTrainer.fit(), RUN_DIR/result.json's content
     ray_status(run_dir)                   # (state, one line) from RUN_DIR/submit/job.json and the run dir
     RayBackend                            # the same, as backend.py's interface

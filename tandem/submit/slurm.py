@@ -9,7 +9,7 @@
 The batch script runs on the job's first node. It finds the rendezvous there (that node's
 address as Slurm reaches it, a free port on it), exports MASTER_ADDR/MASTER_PORT, and starts
 one `tandem launch` per node with `srun --kill-on-bad-exit=1`; each agent reads its node rank
-and the node count from Slurm's env (slurm_env.py) and starts nproc_per_node workers. The
+and the node count from Slurm's env (launch/slurm_env.py) and starts nproc_per_node workers. The
 interpreter is the absolute path of the one that submitted, so every node runs this tandem.
 
 Preemption and time limits: with ``max_requeues`` > 0 the job is ``--requeue``-able, and a
