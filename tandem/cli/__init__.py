@@ -59,7 +59,7 @@ def _register() -> None:
     from tandem.serve.cli import serve_cmd; app.command("serve")(serve_cmd)  # noqa: E702
     from tandem.data.cli import data_app; app.add_typer(data_app, name="data")  # noqa: E702
     from tandem.data.cli import generate_cmd; app.command("generate")(generate_cmd)  # noqa: E702
-    from tandem.launch.submit_cli import submit_cmd, status_cmd, cancel_cmd  # noqa: E402
+    from tandem.cli.submit import submit_cmd, status_cmd, cancel_cmd  # noqa: E402
     app.command("submit", context_settings=PASSTHROUGH)(submit_cmd)
     app.command("status")(status_cmd)
     app.command("cancel")(cancel_cmd)

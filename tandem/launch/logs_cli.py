@@ -80,7 +80,7 @@ def current_attempt(run_dir: Path, files: list[RankLog]) -> int:
 
 
 def slurm_record(run_dir: Path) -> dict | None:
-    from tandem.launch.slurm import read_record
+    from tandem.submit.record import read_record
 
     try:
         rec = read_record(run_dir)
@@ -94,7 +94,7 @@ def job_end(run_dir: Path, slurm: dict | None) -> str | None:
     from tandem.core.runlock import alive
 
     if slurm is not None and shutil.which("scontrol"):
-        from tandem.launch.slurm import TERMINAL, job_fields
+        from tandem.submit.slurm import TERMINAL, job_fields
 
         f = job_fields(slurm["job_id"])
         if f is None:

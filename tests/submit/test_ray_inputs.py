@@ -57,11 +57,11 @@ def test_status_of_a_ray_job_from_the_run_dir(tmp_path, capsys, monkeypatch):
     import subprocess
     import sys
 
-    from tandem.launch.ray_job import write_record
+    from tandem.submit.record import update_record
 
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True).stdout.strip()
-    write_record(tmp_path, engine="ray", state="FAILED", run_id="abc", workers=2, address="local", device="cpu",
+    update_record(tmp_path, engine="ray", state="FAILED", run_id="abc", workers=2, address="local", device="cpu",
                  backend="gloo", max_failures=1, reason="rank 1: RuntimeError: told to fail")
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"kind": "start", "total_steps": 10, "start_step": 0}) + "\n"
                                             + json.dumps({"kind": "step", "step": 4}) + "\n"
@@ -69,7 +69,7 @@ def test_status_of_a_ray_job_from_the_run_dir(tmp_path, capsys, monkeypatch):
     code, out, err = tandem_in_process(["status", str(tmp_path)], capsys, monkeypatch)
     assert code == 1 and out == ("ray job abc: FAILED; 2 worker(s) on local (cpu/gloo); step 4/10; restarted 1 "
                                  "time(s) (limit --max-failures 1); rank 1: RuntimeError: told to fail\n"), out
-    write_record(tmp_path, state="RUNNING", driver_pid=int(gone), driver_host=socket.gethostname())
+    update_record(tmp_path, state="RUNNING", driver_pid=int(gone), driver_host=socket.gethostname())
     code, out, err = tandem_in_process(["status", str(tmp_path)], capsys, monkeypatch)
     assert code == 1 and "FAILED;" in out and f"the driver (pid {gone}) is gone" in out, out
 
@@ -78,7 +78,7 @@ def test_the_failure_line_names_the_rank_that_failed_not_its_peers():
     import pytest
 
     exceptions = pytest.importorskip("ray.train.v2.api.exceptions")
-    from tandem.launch.ray_job import _one_line
+    from tandem.submit.ray_driver import _one_line
 
     peer = RuntimeError("Traceback ...\nRuntimeError: [/gloo/pair.cc:553] Connection closed by peer [127.0.0.1]:9894. "
                         "This is typically caused by a remote worker crashing.")

@@ -1,7 +1,7 @@
-"""`tandem submit --on k8s`: a Kubernetes manifest that runs `tandem launch` (or `tandem train`) once per node.
+"""`tandem submit --on k8s`'s manifests: objects that run `tandem launch` (or `tandem train`) once per node.
 
-    text = submit_k8s(K8sJob(run_dir=Path("runs/x"), command=["train.py"], nodes=2, nproc_per_node=4,
-                             image="registry/me/train:1"), dry_run=True)
+    text = render(K8sJob(run_dir=Path("runs/x"), command=["train.py"], nodes=2, nproc_per_node=4,
+                         image="registry/me/train:1"))      # k8s.py applies it and asks for its status
 
 Three kinds, one pod per node each, torchrun's static rendezvous on pod 0:
 
@@ -23,15 +23,12 @@ the tests validate the manifests against Kubeflow's published models (kubeflow-t
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
-import shutil
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tandem.core.errors import ConfigError, LaunchError
+from tandem.core.errors import ConfigError
 
 KINDS = ("jobset", "trainjob", "indexed")
 PORT = 29500
@@ -165,24 +162,3 @@ def render(job: K8sJob) -> str:
     import yaml
 
     return "".join("---\n" + yaml.safe_dump(m, sort_keys=False) for m in manifests(job))
-
-
-def submit_k8s(job: K8sJob, *, dry_run: bool = False) -> str:
-    """The manifest text; unless ``dry_run``, written to RUN_DIR/submit/job.yaml and applied with kubectl."""
-    text = render(job)
-    if dry_run:
-        return text
-    kubectl = shutil.which("kubectl")
-    if not kubectl:
-        raise LaunchError("kubectl is not on PATH", field="--on", value="k8s",
-                          fix="install kubectl and point it at your cluster, or use --dry-run to see the manifest")
-    sub = job.run_dir / "submit"
-    sub.mkdir(parents=True, exist_ok=True)
-    (sub / "job.yaml").write_text(text)
-    r = subprocess.run([kubectl, "apply", "-f", str(sub / "job.yaml")], capture_output=True, text=True, timeout=120)
-    if r.returncode != 0:
-        raise LaunchError(f"kubectl apply failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}", field="--on",
-                          value="k8s", fix=f"fix what kubectl says; the manifest is {sub / 'job.yaml'}")
-    (sub / "job.json").write_text(json.dumps({"engine": "k8s", "kind": job.kind, "name": job.name,
-                                              "namespace": job.namespace}) + "\n")
-    return text

@@ -23,7 +23,7 @@ from tandem_testing import ROOT, skip_here_fail_in_ci, tandem_in_process, wait_f
 
 ADDR = ("10.231.9.1", "10.231.9.2")
 IFNAME = "tdmnet"  # both ends of the veth pair: one GLOO_SOCKET_IFNAME (an allowlisted GLOO_*) fits both hosts
-PROBE = str(ROOT / "tests" / "launch" / "ssh_probe.py")
+PROBE = str(ROOT / "tests" / "submit" / "ssh_probe.py")
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def job_processes(h, run_dir) -> list[int]:
 
 @pytest.mark.slow
 def test_job_spans_both_hosts_with_uneven_slots_and_only_the_allowlisted_env(hosts, tmp_path):
-    from tandem.launch.ssh_run import ssh_status
+    from tandem.submit.ssh_run import ssh_status
 
     proc, run_dir = submit(hosts, tmp_path, (1, 3), PROBE)
     out, err = proc.communicate(timeout=240)
@@ -86,7 +86,8 @@ def test_job_spans_both_hosts_with_uneven_slots_and_only_the_allowlisted_env(hos
 
 @pytest.mark.slow
 def test_killing_one_hosts_agent_fails_the_other_cleanly(hosts, tmp_path):
-    from tandem.launch.ssh_run import read_ssh_record, ssh_status
+    from tandem.submit.record import read_record
+    from tandem.submit.ssh_run import ssh_status
 
     watchdog_s = 20
     ready = tmp_path / "ready"
@@ -94,9 +95,9 @@ def test_killing_one_hosts_agent_fails_the_other_cleanly(hosts, tmp_path):
     proc, run_dir = submit(hosts, tmp_path, (1, 1), "--watchdog-s", str(watchdog_s), PROBE, str(ready))
     try:
         wait_for(lambda: len(list(ready.iterdir())) == 2, timeout=180, what="both ranks to all_reduce")
-        wait_for(lambda: all(n["pid"] for n in read_ssh_record(run_dir)["nodes"]), timeout=30,
+        wait_for(lambda: all(n["pid"] for n in read_record(run_dir)["nodes"]), timeout=30,
                  what="both agents' pids in submit/job.json")
-        rec = read_ssh_record(run_dir)
+        rec = read_record(run_dir)
         state, line = ssh_status(run_dir)
         assert state == "RUNNING" and f"agent pid {rec['nodes'][1]['pid']}" in line, line
         os.kill(rec["nodes"][1]["pid"], signal.SIGKILL)  # one pid namespace: the second host's agent
@@ -112,13 +113,13 @@ def test_killing_one_hosts_agent_fails_the_other_cleanly(hosts, tmp_path):
         err[-2000:]
     state, line = ssh_status(run_dir)
     assert state == "FAILED" and f"host {ADDR[1]} (node 1)" in line, line
-    assert read_ssh_record(run_dir)["nodes"][0]["rc"] not in (None, 0)
+    assert read_record(run_dir)["nodes"][0]["rc"] not in (None, 0)
     wait_for(lambda: not job_processes(hosts, run_dir), timeout=30, what="no process of the job left on either host")
 
 
 @pytest.mark.slow
 def test_cancel_from_the_run_dir_stops_every_host(hosts, tmp_path):
-    from tandem.launch.ssh_run import ssh_status
+    from tandem.submit.ssh_run import ssh_status
 
     ready = tmp_path / "ready"
     ready.mkdir()

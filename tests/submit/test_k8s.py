@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tandem.core.errors import ConfigError
-from tandem.launch.k8s import INDEX_ANNOTATION, K8sJob, manifests
+from tandem.submit.k8s_manifests import INDEX_ANNOTATION, K8sJob, manifests
 from tandem.launch.launcher import free_port
 from tandem_testing import ROOT, tandem_in_process
 

@@ -2,13 +2,14 @@
 
     job = SlurmJob(run_dir=Path("runs/x"), command=["examples/hello_dist.py"], nodes=2, nproc_per_node=2)
     text = render_sbatch(job)           # the script, as RUN_DIR/submit/job.sbatch will hold it
-    job_id = submit(job)                # checks, writes job.sbatch + job.json, `sbatch --parsable`
+    job_id, text = submit(job)          # checks, writes job.sbatch + job.json, `sbatch --parsable`
     slurm_status(run_dir) / slurm_cancel(run_dir)
+    SlurmBackend                        # the same, as backend.py's interface
 
 The batch script runs on the job's first node. It finds the rendezvous there (that node's
 address as Slurm reaches it, a free port on it), exports MASTER_ADDR/MASTER_PORT, and starts
 one `tandem launch` per node with `srun --kill-on-bad-exit=1`; each agent reads its node rank
-and the node count from Slurm's env (slurm_env.py) and starts nproc_per_node workers. The
+and the node count from Slurm's env (launch/slurm_env.py) and starts nproc_per_node workers. The
 interpreter is the absolute path of the one that submitted, so every node runs this tandem.
 
 Preemption and time limits: with ``max_requeues`` > 0 the job is ``--requeue``-able, and a
@@ -22,7 +23,6 @@ same path.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import re
 import shlex
 import shutil
@@ -31,9 +31,16 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from rich.console import Console
+
 from tandem.core.errors import ConfigError, LaunchError
+from tandem.launch import failures as fl
+from tandem.submit.backend import Status, SubmitFlags, Submitted
+from tandem.submit.record import read_record, write_record
 
 TIME = re.compile(r"^(\d+|\d+:\d{2}(:\d{2})?|\d+-\d+(:\d{2}){0,2})$")
+# the states `tandem status` exits 1 on: the job ended badly (PREEMPTED is on its way to a requeue)
+ENDED_BADLY = {"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
             "PREEMPTED"}
 
@@ -195,16 +202,8 @@ def submit(job: SlurmJob, *, dry_run: bool = False) -> tuple[str | None, str]:
               "submitted": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
               **{k: v for k, v in asdict(job).items() if k not in ("run_dir", "workdir")},
               "run_dir": str(job.run_dir), "workdir": str(job.workdir)}
-    (sub / "job.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
+    write_record(_abs_run_dir(job), record)
     return job_id, text
-
-
-def read_record(run_dir: Path) -> dict:
-    path = Path(run_dir) / "submit" / "job.json"
-    if not path.is_file():
-        raise ConfigError("no submitted job here", field="run_dir", value=str(run_dir),
-                          fix="give the --run-dir of a `tandem submit` (it holds submit/job.json)")
-    return json.loads(path.read_text())
 
 
 def job_fields(job_id: str) -> dict[str, str] | None:
@@ -244,8 +243,6 @@ def slurm_status(run_dir: Path) -> tuple[str, str]:
 
 
 def _why(run_dir: Path, f: dict[str, str], rec: dict) -> str:
-    from tandem.launch import failures as fl
-
     cause = fl.root_cause(fl.read_failures(run_dir))
     if cause is not None:
         return (f"root cause: rank {cause.rank} (node {cause.node}) exit {cause.exitcode}: {cause.message}; "
@@ -265,3 +262,37 @@ def slurm_cancel(run_dir: Path) -> str:
         raise LaunchError(f"scancel failed: {r.stderr.strip()}", field="run_dir", value=str(run_dir),
                           fix="check the job id with `squeue`")
     return rec["job_id"]
+
+
+class SlurmBackend:
+    """`--on slurm`: an sbatch script; Slurm queues, places, signals and requeues it."""
+
+    name = "slurm"
+
+    def options(self, flags: SubmitFlags) -> SlurmJob:
+        return SlurmJob(run_dir=flags.run_dir, command=flags.command, train=flags.train, nodes=flags.nodes,
+                        nproc_per_node=flags.nproc_per_node, partition=flags.partition, time=flags.time,
+                        job_name=flags.job_name, max_requeues=flags.max_requeues, signal_s=flags.signal_s,
+                        cpus_per_task=flags.cpus_per_task, gpus_per_node=flags.gpus_per_node,
+                        sbatch_args=[a if a.startswith("--") else f"--{a}" for a in flags.sbatch_args])
+
+    def dry_run(self, options: SlurmJob) -> str:
+        return submit(options, dry_run=True)[1]
+
+    def submit(self, options: SlurmJob, console: Console) -> Submitted:
+        job_id, _ = submit(options)
+        sub = options.run_dir / "submit"
+        return Submitted((f"submitted: slurm job {job_id} ({options.nodes} node(s) x {options.nproc_per_node} "
+                          f"worker(s)); script {sub / 'job.sbatch'}; output {sub}/slurm-{job_id}.out",
+                          f"  follow it: tandem status {options.run_dir}"))
+
+    def status(self, run_dir: Path) -> Status:
+        state, line = slurm_status(run_dir)
+        return Status(state, line, ended_badly=state in ENDED_BADLY)
+
+    def cancel(self, run_dir: Path) -> str:
+        return f"cancelled: slurm job {slurm_cancel(run_dir)}"
+
+    def logs(self, run_dir: Path) -> str | None:
+        job_id = read_record(run_dir)["job_id"]
+        return f"slurm job {job_id}: sbatch output in {Path(run_dir) / 'submit'}/slurm-{job_id}.out"

@@ -1,16 +1,18 @@
-"""`tandem submit --on ray`: the worker loop as Ray Train's training function.
+"""`tandem submit --on ray`: this process is Ray's driver, and tandem's worker is Ray Train's training function.
 
-    job = RayJob(spec=spec, run_dir=Path("/shared/runs/x"), workers=2, max_failures=3)
-    result = submit_ray(job, console)     # checks, connects, TorchTrainer.fit(), RUN_DIR/result.json
+    result = submit_ray(RayOptions(spec_path, overrides, run_dir, workers=2, max_failures=3), console)
+                                          # checks, connects, TorchTrainer.fit(), RUN_DIR/result.json's content
     ray_status(run_dir)                   # (state, one line) from RUN_DIR/submit/job.json and the run dir
+    RayBackend                            # the same, as backend.py's interface
 
 What runs where: this process is Ray's driver (it starts a local Ray, or joins the cluster at
 ``address``); Ray Train's controller runs on the driver's node; each of the ``workers`` training
 workers is a Ray actor that Ray places on a node with a free CPU (or GPU) and in which Ray has
 already formed the torch process group (gloo, or nccl with GPUs) and exported torchrun's
 variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR ...; ``ClusterEnv`` reads them, see
-core/environment.py). ``ray_worker`` then runs tandem's own worker (tandem.train.worker.main):
-checkpoints, metrics and rank logs go to the run dir, which every node must see.
+core/environment.py). ``ray_worker`` (ray_worker.py) then runs the worker named by ``RayJob.entry``,
+tandem's own (``tandem.train.worker:main``) unless told otherwise: checkpoints, metrics and rank
+logs go to the run dir, which every node must see.
 
 Failures: a worker that raises, or dies with its node, makes Ray Train tear down the whole group
 and start a new one, up to ``max_failures`` times (Ray's FailureConfig). The new group is a new
@@ -26,22 +28,23 @@ import importlib.util
 import json
 import os
 import re
-import runpy
 import socket
-import sys
 import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from rich.console import Console
+
 from tandem.core import rundir
-from tandem.core.contract import AGENT_STARTS_ENV
-from tandem.core.environment import ENV_BACKEND, ENV_DEVICE
+from tandem.core.config import load_spec, to_dict
 from tandem.core.errors import ConfigError, LaunchError, WorkerFailure
 from tandem.core.ray_address import check_ray_address
+from tandem.core.runlock import RunLock
 from tandem.core.spec import JobSpec
-
-RAY_DIR = "ray"            # RUN_DIR/ray/: Ray Train's own storage (RunConfig.storage_path) and start files
+from tandem.submit.backend import SPEC_SUFFIXES, Status, SubmitFlags, Submitted
+from tandem.submit.record import read_record, update_record
+from tandem.submit.ray_worker import RAY_DIR, WORKER_ENTRY, ray_worker
 # Sent to every worker (Ray starts them from its raylets, not from this shell): tandem's settings,
 # the import path, and the knobs of the libraries underneath.
 ENV_PREFIXES = ("TANDEM_", "GLOO_", "NCCL_", "TORCH_")
@@ -56,6 +59,7 @@ class RayJob:
     max_failures: int = 0
     address: str = ""               # "" : start a local Ray for this job (stopped at the end)
     use_gpu: bool | None = None     # None: when the spec's device is cuda, or auto and the cluster has GPUs
+    entry: str = WORKER_ENTRY       # MODULE:FUNCTION each Ray worker imports and runs (ray_worker.py)
 
 
 def check_installed() -> None:
@@ -99,64 +103,6 @@ def _device(job: RayJob, resources: dict) -> tuple[bool, str, str]:
     return gpu, "cuda" if gpu else "cpu", backend
 
 
-def ray_worker(config: dict) -> None:
-    """Ray Train's training function: one tandem worker, with the rank and world Ray gave it."""
-    import ray
-    import ray.train
-
-    rank = ray.train.get_context().get_world_rank()
-    run = Path(config["run_dir"])
-    # This rank's starts so far, on shared storage: a restarted group is attempt K for the log names,
-    # the restart report and the fault injection (the group agrees on the maximum, resume.agree_attempt).
-    starts_file = run / RAY_DIR / "starts" / f"rank-{rank}"
-    starts_file.parent.mkdir(parents=True, exist_ok=True)
-    starts = len(starts_file.read_text().splitlines()) if starts_file.is_file() else 0
-    with open(starts_file, "a") as f:
-        f.write(f"{socket.gethostname()} {os.getpid()}\n")
-    # intra-op threads: the spec's, else the CPUs Ray gave this worker (never an OMP_NUM_THREADS the raylet
-    # inherited from whoever started it: the sums, and so the bits, depend on the thread count)
-    cpus = ray.get_runtime_context().get_assigned_resources().get("CPU") or 1
-    os.environ["OMP_NUM_THREADS"] = str(config.get("threads") or max(1, int(cpus)))
-    os.environ.update({ENV_DEVICE: config["device"], ENV_BACKEND: config["backend"], AGENT_STARTS_ENV: str(starts),
-                       "TORCHELASTIC_RUN_ID": config["run_id"], "PYTHONUNBUFFERED": "1"})
-    tag = rundir.log_tag(rank, config["attempt"], starts)
-    for d in (rundir.LOGS, rundir.ERRORS):
-        (run / d).mkdir(parents=True, exist_ok=True)
-    os.environ["TORCHELASTIC_ERROR_FILE"] = str(run / rundir.ERRORS / f"{tag}.json")
-    # The worker by module name, as the agents start it (`-m tandem.train.worker`): launch never imports
-    # train. Not as __main__: that path leaves with os._exit, and Ray must see the function return.
-    main = runpy.run_module("tandem.train.worker")["main"]
-    # the rank's output in the run dir, as under `tandem launch` (Ray's own worker logs stay Ray's)
-    with _redirect(1, run / rundir.LOGS / f"{tag}.log"), _redirect(2, run / rundir.LOGS / f"{tag}.err.log"):
-        main(str(run))
-
-
-class _redirect:
-    def __init__(self, fd: int, path: Path) -> None:
-        self.fd, self.path = fd, path
-
-    def __enter__(self) -> None:
-        sys.stdout.flush(), sys.stderr.flush()
-        self.saved = os.dup(self.fd)
-        with open(self.path, "a") as f:
-            os.dup2(f.fileno(), self.fd)
-
-    def __exit__(self, *exc) -> None:
-        sys.stdout.flush(), sys.stderr.flush()
-        os.dup2(self.saved, self.fd)
-        os.close(self.saved)
-
-
-def write_record(run_dir: Path, /, **fields) -> dict:
-    path = run_dir / "submit" / "job.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    rec = {**(json.loads(path.read_text()) if path.is_file() else {}), **fields}
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(rec, indent=1, default=str) + "\n")
-    tmp.replace(path)
-    return rec
-
-
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
@@ -170,14 +116,15 @@ def fit(job: RayJob, attempt: int, on_poll=None) -> dict:
 
     gpu, device, backend = _device(job, ray.cluster_resources())
     run_id = uuid.uuid4().hex[:12]
-    write_record(job.run_dir, engine="ray", state="RUNNING", submitted=_now(), address=job.address or "local",
+    update_record(job.run_dir, engine="ray", state="RUNNING", submitted=_now(), address=job.address or "local",
                  workers=job.workers, max_failures=job.max_failures, device=device, backend=backend,
                  driver_pid=os.getpid(), driver_host=socket.gethostname(), run_id=run_id, attempt=attempt,
                  run_dir=str(job.run_dir), reason="")
     trainer = TorchTrainer(
         ray_worker,
         train_loop_config={"run_dir": str(job.run_dir), "run_id": run_id, "attempt": attempt, "device": device,
-                           "backend": backend, "threads": job.spec.launch.threads_per_worker},
+                           "backend": backend, "threads": job.spec.launch.threads_per_worker,
+                           "entry": job.entry},
         torch_config=TorchConfig(backend=backend),
         scaling_config=ScalingConfig(num_workers=job.workers, use_gpu=gpu),
         # Ray keeps no checkpoints of its own: tandem's are in the run dir (resume = auto finds them)
@@ -196,12 +143,12 @@ def fit(job: RayJob, attempt: int, on_poll=None) -> dict:
         trainer.fit()
     except Exception as e:  # ray.train.TrainingFailedError and its kin: the last worker error, as Ray saw it
         reason = _one_line(e)
-        write_record(job.run_dir, state="FAILED", ended=_now(), reason=reason)
+        update_record(job.run_dir, state="FAILED", ended=_now(), reason=reason)
         raise WorkerFailure(f"Ray Train gave up after {job.max_failures} restart(s): {reason}",
                             fix=f"read {job.run_dir / rundir.LOGS}/rank-*.err.log; raise --max-failures to ride "
                                 "out more failures") from None
     except BaseException:  # Ctrl-C: Ray Train's own handler aborts the workers; say so in the record
-        write_record(job.run_dir, state="CANCELLED", ended=_now(), reason="the driver was interrupted")
+        update_record(job.run_dir, state="CANCELLED", ended=_now(), reason="the driver was interrupted")
         raise
     finally:
         done.set()
@@ -209,9 +156,9 @@ def fit(job: RayJob, attempt: int, on_poll=None) -> dict:
         result = json.loads((job.run_dir / rundir.RESULT).read_text())
     except (OSError, ValueError) as e:
         reason = f"Ray Train returned, but the workers wrote no readable {rundir.RESULT} ({e})"
-        write_record(job.run_dir, state="FAILED", ended=_now(), reason=reason)
+        update_record(job.run_dir, state="FAILED", ended=_now(), reason=reason)
         raise WorkerFailure(reason, fix=f"read {job.run_dir / rundir.LOGS}/rank-*.err.log") from None
-    write_record(job.run_dir, state="COMPLETED", ended=_now(), step=result.get("step"),
+    update_record(job.run_dir, state="COMPLETED", ended=_now(), step=result.get("step"),
                  restarts=len(result.get("restarts") or []))
     return result
 
@@ -234,8 +181,6 @@ def _one_line(e: BaseException) -> str:
 def ray_status(run_dir: Path) -> tuple[str, str]:
     """(state, one line): the driver's record, checked against the driver still being alive, and the run
     dir's progress (last step, restarts)."""
-    from tandem.launch.slurm import read_record
-
     rec = read_record(run_dir)
     state = rec.get("state", "?")
     if state == "RUNNING" and rec.get("driver_host") == socket.gethostname() and not _alive(rec.get("driver_pid")):
@@ -264,36 +209,55 @@ def _alive(pid) -> bool:
     return True
 
 
-def submit_ray(config: str, overrides: list[str], run_dir: Path, *, workers: int, max_failures: int,
-               address: str, console) -> dict:
+@dataclass(frozen=True)
+class RayOptions:
+    """`--on ray`'s flags; the spec is loaded, and the cluster asked, only once the checks pass."""
+    target: str                     # a job spec (.toml/.yaml)
+    overrides: tuple[str, ...] = ()
+    run_dir: Path = Path("runs/submit")
+    workers: int = 1
+    max_failures: int = 0
+    address: str = ""
+
+
+def load_job(options: RayOptions) -> RayJob:
+    """Every check that needs no cluster (one line each, nothing written), then the spec as the workers get it."""
+    if options.workers < 1:
+        raise ConfigError("must be at least 1", field="--workers", value=options.workers, fix="use 1 or more workers")
+    if options.max_failures < 0:
+        raise ConfigError("must not be negative", field="--max-failures", value=options.max_failures,
+                          fix="use 0 or more")
+    run_dir = options.run_dir.resolve()  # the workers run in Ray's folders: every path they get is absolute
+    spec = load_spec(options.target, [*options.overrides, "--launch.run_dir", str(run_dir), "--launch.nproc_per_node",
+                                      str(options.workers), "--launch.nnodes", "1", "--launch.simulate_nodes", "0"])
+    return RayJob(spec, run_dir, options.workers, options.max_failures, options.address)
+
+
+def check_target(target: str) -> None:
+    if not target.endswith(SPEC_SUFFIXES):
+        raise ConfigError("Ray runs a job spec (the trainer is Ray Train's training function)", field="--on",
+                          value=target, fix="give a .toml/.yaml job spec, or use --on slurm|k8s for a script")
+
+
+def submit_ray(options: RayOptions, console: Console) -> dict:
     """The driver of `tandem submit --on ray`: every check first (one line each, nothing written), then the
     run dir's lock, spec and attempt, then TorchTrainer.fit() with a progress bar; returns result.json."""
-    from tandem.core.config import load_spec
-    from tandem.core.runlock import RunLock
-
+    check_target(options.target)
     check_installed()
-    if workers < 1:
-        raise ConfigError("must be at least 1", field="--workers", value=workers, fix="use 1 or more workers")
-    if max_failures < 0:
-        raise ConfigError("must not be negative", field="--max-failures", value=max_failures, fix="use 0 or more")
-    run_dir = run_dir.resolve()  # the workers run in Ray's folders: every path they get is absolute
-    spec = load_spec(config, [*overrides, "--launch.run_dir", str(run_dir), "--launch.nproc_per_node", str(workers),
-                              "--launch.nnodes", "1", "--launch.simulate_nodes", "0"])
+    job = load_job(options)
+    run_dir, workers, address = job.run_dir, job.workers, job.address
     ray = connect(address)
     try:
-        job = RayJob(spec, run_dir, workers, max_failures, address)
         check_resources(ray.cluster_resources(), workers, _device(job, ray.cluster_resources())[0])
         run_dir.mkdir(parents=True, exist_ok=True)
         lock = RunLock(run_dir).acquire(lambda m: console.print(m, highlight=False, soft_wrap=True))
         try:
-            from tandem.core.config import to_dict
-
             tmp = run_dir / f".{rundir.SPEC}.{os.getpid()}"
-            tmp.write_text(json.dumps(to_dict(spec), indent=1))
+            tmp.write_text(json.dumps(to_dict(job.spec), indent=1))
             tmp.replace(run_dir / rundir.SPEC)
             attempt = rundir.start_attempt(run_dir)
             console.print(f"submitted: ray job, {workers} worker(s) on {address or 'a local Ray'}, up to "
-                          f"{max_failures} restart(s); run dir {run_dir}", highlight=False, soft_wrap=True)
+                          f"{job.max_failures} restart(s); run dir {run_dir}", highlight=False, soft_wrap=True)
             console.print(f"  follow it: tandem status {run_dir}", highlight=False, soft_wrap=True)
             return _fit_with_progress(job, attempt, console)
         finally:
@@ -302,7 +266,55 @@ def submit_ray(config: str, overrides: list[str], run_dir: Path, *, workers: int
         ray.shutdown()  # a local Ray stops with it; a cluster's processes stay (they are the user's)
 
 
-def _fit_with_progress(job: RayJob, attempt: int, console) -> dict:
+def render(job: RayJob) -> str:
+    """The dry run's text: what the driver would start, and the spec every worker would read."""
+    return (f"# ray job: TorchTrainer with {job.workers} worker(s) on {job.address or 'a local Ray'}, up to "
+            f"{job.max_failures} restart(s) (FailureConfig), device {job.spec.launch.device}\n"
+            f"# each worker runs {job.entry}({str(job.run_dir)!r}) once Ray has formed its process group; "
+            f"{job.run_dir / rundir.SPEC}:\n{json.dumps(to_dict(job.spec), indent=1)}\n")
+
+
+def done_line(result: dict, run_dir: Path) -> str:
+    restarts = result.get("restarts") or []
+    redone = sum(x.get("steps_redone", 0) for x in restarts)
+    last = next((m for m in reversed(rundir.read_metrics(run_dir)) if m.get("kind") == "step"), {})
+    acc = f"{result['accuracy']:.4f}" if result.get("accuracy") is not None else "not measured"
+    return (f"[green]done[/]: {result['step']} steps on {result['world']} Ray workers, last loss "
+            f"{last.get('loss', 0):.4f}, "
+            f"held-out accuracy {acc}, {len(restarts)} restart(s) ({redone} step(s) redone)\n"
+            f"  checkpoint: {result.get('checkpoint')}\n  logs: {run_dir.resolve() / 'logs'}/rank-*.log")
+
+
+class RayBackend:
+    """`--on ray`: Ray Train's workers run tandem's worker; this process drives them, in the foreground."""
+
+    name = "ray"
+
+    def options(self, flags: SubmitFlags) -> RayOptions:
+        return RayOptions(target=flags.target, overrides=flags.args, run_dir=flags.run_dir,
+                          workers=flags.workers or flags.nodes * flags.nproc_per_node,
+                          max_failures=flags.max_failures, address=flags.address)
+
+    def dry_run(self, options: RayOptions) -> str:
+        check_target(options.target)
+        return render(load_job(options))
+
+    def submit(self, options: RayOptions, console: Console) -> Submitted:
+        return Submitted((done_line(submit_ray(options, console), options.run_dir),))
+
+    def status(self, run_dir: Path) -> Status:
+        state, line = ray_status(run_dir)
+        return Status(state, line, ended_badly=state in ("FAILED", "CANCELLED"))
+
+    def cancel(self, run_dir: Path) -> str:
+        raise ConfigError("cancel of ray jobs is not implemented", field="run_dir", value=str(run_dir),
+                          fix="ray: Ctrl-C the `tandem submit` driver (Ray stops the workers); k8s: kubectl delete")
+
+    def logs(self, run_dir: Path) -> str | None:
+        return None  # the workers' output is redirected into the run dir's rank logs (ray_worker.py)
+
+
+def _fit_with_progress(job: RayJob, attempt: int, console: Console) -> dict:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("[bold]ray"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

@@ -1,4 +1,4 @@
-"""`tandem submit --on ssh --hostfile H`: one `tandem launch` agent per host, started over OpenSSH.
+"""The plan of `tandem submit --on ssh --hostfile H`: one `tandem launch` agent per host, over OpenSSH.
 
     hosts = parse_hostfile(path)          # `host slots=N` lines (DeepSpeed's format); typos name their line
     job = SshJob(run_dir, command, hosts=hosts, ...)

@@ -18,7 +18,7 @@ import tempfile
 import pytest
 
 from elastic.fault_helpers import assert_bitwise_equal, final_state, processes_with, records
-from tandem.launch.ray_job import ray_status
+from tandem.submit.ray_driver import ray_status
 from tandem_testing import ROOT, TINY, run_tandem, skip_here_fail_in_ci, wait_for
 
 pytestmark = pytest.mark.slow

@@ -1,10 +1,10 @@
-"""Run an ssh job (ssh.py's Plan), and `tandem status` / `tandem cancel` of one, from RUN_DIR/submit/job.json.
+"""Run an ssh job (ssh_plan.py's Plan), and `tandem status` / `tandem cancel` of one, from RUN_DIR/submit/job.json.
 
     code = run_job(plan)        # one ssh client per host; their lines printed as `[host] ...`; blocks
     state, line = ssh_status(run_dir)
     ssh_cancel(run_dir)         # `ssh HOST kill -TERM AGENT_PID` on every host still running
 
-The record (submit/job.json, rewritten whole at each change) holds the hosts in node order,
+The record (submit/job.json, record.py, rewritten whole at each change) holds the hosts in node order,
 each with its agent's pid (the remote shell's first line) and its exit code once ssh returns,
 and the submitting process's host and pid. When one host fails, the others' agents get
 SIGTERM at once (what `srun --kill-on-bad-exit` does): nobody waits on a collective whose peer
@@ -15,7 +15,6 @@ only, which passes it on as that same SIGTERM through ssh; they also die with th
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import signal
@@ -27,25 +26,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tandem.core.errors import ConfigError
 from tandem.launch.orphans import die_with_parent
-from tandem.launch.ssh import PID_TAG, Plan, SshJob, ssh_base
+from tandem.submit.record import read_record, submit_dir, write_record
+from tandem.submit.ssh_plan import PID_TAG, Plan, SshJob, ssh_base
 
-RECORD, CANCELLED = "job.json", "cancelled"
+CANCELLED = "cancelled"  # RUN_DIR/submit/cancelled: `tandem cancel` asked, so the end is CANCELLED, not FAILED
 DONE_STATES = ("DONE", "FAILED", "CANCELLED")
-
-
-def _sub(run_dir: Path) -> Path:
-    return Path(run_dir) / "submit"
-
-
-def write_record(run_dir: Path, rec: dict) -> None:
-    """Atomic: `tandem status` may read it while this process rewrites it."""
-    sub = _sub(run_dir)
-    sub.mkdir(parents=True, exist_ok=True)
-    tmp = sub / f".{RECORD}.{os.getpid()}"
-    tmp.write_text(json.dumps(rec, indent=1) + "\n")
-    tmp.replace(sub / RECORD)
 
 
 def _ssh_job(rec: dict) -> SshJob:
@@ -117,7 +103,7 @@ def run_job(plan: Plan) -> int:
     """Start every host's agent, stream their output, record them; 0 when every host exits 0."""
     job = plan.job
     run_dir = job.run_dir if job.run_dir.is_absolute() else job.workdir / job.run_dir
-    (_sub(run_dir) / CANCELLED).unlink(missing_ok=True)
+    (submit_dir(run_dir) / CANCELLED).unlink(missing_ok=True)
     rec = {"engine": "ssh", "state": "RUNNING", "reason": "", "submit_host": socket.gethostname(),
            "submit_pid": os.getpid(), "submit_started": _started(os.getpid()), "started": time.time(),
            "ended": None, "world": plan.world,
@@ -166,7 +152,7 @@ def run_job(plan: Plan) -> int:
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
-    cancelled = (_sub(run_dir) / CANCELLED).exists() or bool(told)
+    cancelled = (submit_dir(run_dir) / CANCELLED).exists() or bool(told)
     codes = [r["rc"] for r in rec["nodes"]]
     if not any(codes):
         state, reason, code = "DONE", f"every host exited 0 (world {plan.world})", 0
@@ -182,14 +168,6 @@ def run_job(plan: Plan) -> int:
     write_record(run_dir, rec)
     print(f"tandem submit: {state.lower()}: {reason}", file=sys.stderr if code else sys.stdout, flush=True)
     return code
-
-
-def read_ssh_record(run_dir: Path) -> dict:
-    path = _sub(run_dir) / RECORD
-    if not path.is_file():
-        raise ConfigError("no submitted job here", field="run_dir", value=str(run_dir),
-                          fix="give the --run-dir of a `tandem submit` (it holds submit/job.json)")
-    return json.loads(path.read_text())
 
 
 def _started(pid: int) -> str | None:
@@ -216,7 +194,7 @@ def _alive(rec: dict) -> bool:
 
 def ssh_status(run_dir: Path) -> tuple[str, str]:
     """(state, one line): RUNNING, DONE, FAILED, CANCELLED, or LOST (the submitting process is gone)."""
-    rec = read_ssh_record(run_dir)
+    rec = read_record(run_dir)
     hosts = ", ".join(f"{n['host']} (node {n['node_rank']}, {n['nproc']} worker(s), agent pid {n['pid'] or '?'}"
                       + ("" if n["rc"] is None else f", exit {n['rc']}") + ")" for n in rec["nodes"])
     head = f"ssh job, world {rec['world']} on {len(rec['nodes'])} host(s)"
@@ -233,10 +211,10 @@ def ssh_status(run_dir: Path) -> tuple[str, str]:
 
 def ssh_cancel(run_dir: Path) -> list[str]:
     """SIGTERM to every host's agent still running (they stop their workers, a train job saves); the hosts."""
-    rec = read_ssh_record(run_dir)
+    rec = read_record(run_dir)
     if rec["state"] in DONE_STATES:
         return []
-    (_sub(run_dir) / CANCELLED).touch()
+    (submit_dir(run_dir) / CANCELLED).touch()
     told = kill_agents(_ssh_job(rec), rec["nodes"])
     if rec["submit_host"] == socket.gethostname() and not _alive(rec):
         rec.update(state="CANCELLED", reason="cancelled after tandem submit had ended", ended=time.time())
