@@ -14,9 +14,15 @@ import json
 import time
 from dataclasses import dataclass
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST
+from tandem.core.extras import require
+
+try:  # the `serve` extra: without it, one line saying so (core.extras), not a traceback
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse, Response
+    from prometheus_client import CONTENT_TYPE_LATEST
+except ImportError:
+    require("serve", "tandem serve")
+    raise
 
 from tandem.serve import schemas
 from tandem.serve.auth import OPEN_PATHS, ApiKeys, presented_key

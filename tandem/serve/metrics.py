@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from tandem.core.extras import require
+
+try:  # the `serve` extra: without it, one line saying so (core.extras), not a traceback
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+except ImportError:
+    require("serve", "tandem serve")
+    raise
 
 LATENCY_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)

@@ -23,7 +23,14 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationError
+
+from tandem.core.extras import require
+
+try:  # the `serve` extra: without it, one line saying so (core.extras), not a traceback
+    from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationError
+except ImportError:
+    require("serve", "tandem serve")
+    raise
 
 FLOAT32_MAX = 3.4028234663852886e38
 BYTE_VOCAB = 256          # text prompts: UTF-8 bytes are the token ids 0..255 (`tandem data prepare-text`)
