@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from tandem.core.extras import require
 
-try:  # the `serve` extra: without it, one line saying so (core.extras), not a traceback
-    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-except ImportError:
-    require("serve", "tandem serve")
-    raise
+require("serve", "tandem serve")  # the whole serving stack, checked before any of it is imported: a
+# missing extra is one line naming it, even where part of the stack is installed
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest  # noqa: E402
 
 LATENCY_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
