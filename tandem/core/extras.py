@@ -32,7 +32,7 @@ def require(extra: str, what: str) -> None:
 
 
 def _importable(module: str) -> bool:
-    try:  # finds it without importing it (sklearn alone costs ~1.8 s of CPU)
+    try:  # finds it without importing it (importing sklearn costs more than a small job's data path)
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):  # a finder that refuses it, a half-imported module
         return False
