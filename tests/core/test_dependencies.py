@@ -1,6 +1,8 @@
 """Every module the package imports is declared in pyproject.toml (the click that typer stopped
 installing crashed every usage error), checked two ways: statically over every import
-statement (fast), and by importing every module in a fresh venv made from pyproject alone (slow)."""
+statement (fast), and by importing every module in a fresh venv made from pyproject alone (slow).
+A stage's own packages are extras (serve, examples: tandem/core/extras.py): the core verbs run
+without them, and a verb that needs a missing one says which in one line, exit 2."""
 
 import ast
 import importlib.metadata as md
