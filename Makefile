@@ -11,15 +11,27 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
 # torch first and pinned: here pip takes the local CPU wheel; a bare `torch`
-# requirement would pull a multi-GB CUDA build.
+# requirement would pull a multi-GB CUDA build. Each target installs the extras it uses
+# (pyproject.toml): the demo trains on scikit-learn's digits (examples); the suite also
+# serves, plots, trains a BPE, dumps native stacks and runs Ray.
+DEMO_EXTRAS := examples
+ALL_EXTRAS  := test,serve,examples,plot,debug,text,ray
+DEMO_STAMP  := $(VENV)/.installed-demo
+
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[test,plot,debug,text,ray]"
+	$(BIN)/pip install -q -e ".[$(ALL_EXTRAS)]"
 	touch $(STAMP)
+
+$(DEMO_STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q -e ".[$(DEMO_EXTRAS)]"
+	touch $(DEMO_STAMP)
 
 install: $(STAMP)
 
-demo: $(STAMP)
+# after `make install` the full set is there already: nothing more to install
+demo: $(if $(wildcard $(STAMP)),$(STAMP),$(DEMO_STAMP))
 	$(BIN)/tandem demo
 
 test: $(STAMP)

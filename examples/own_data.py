@@ -12,6 +12,8 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from tandem.core.extras import require
+
 
 class Table(Dataset):
     """Map-style: a length and item i, an (x, y) pair of tensors."""
@@ -28,6 +30,7 @@ class Table(Dataset):
 
 def datasets(seed: int = 0, held_out: float = 0.2):
     """(train, held_out): the same on every rank, a pure function of the seed."""
+    require("examples", "examples/own_data.py")  # scikit-learn: one line naming the extra when absent
     from sklearn.datasets import load_breast_cancer
 
     d = load_breast_cancer()

@@ -243,7 +243,9 @@ def serve_cmd(
     Example: tandem bench serve http://127.0.0.1:8000 --rate 100 --duration 10 --kill-replica-at 5
     """
     from tandem.core.errors import ConfigError
+    from tandem.core.extras import require
 
+    require("serve", "tandem bench serve")  # its client (httpx) and, with --vs-batch-1, the servers it starts
     if rate <= 0 or duration <= 0:
         raise ConfigError("must be positive", field="--rate" if rate <= 0 else "--duration",
                           value=rate if rate <= 0 else duration, fix="give a positive number")

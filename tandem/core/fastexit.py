@@ -1,9 +1,9 @@
 """Leave a process that imported torch without paying for the interpreter's teardown.
 
-Python's finalization frees every module one by one: with torch and DCP imported that takes
-1-1.5 s of CPU (measured on the 2-core VM: ``import torch`` alone, 0.9 s from the last
-atexit handler to the end of the process). A job pays it in every worker and again in the
-launcher, at each start and restart; the test suite pays it a few hundred times.
+Python's finalization frees every module one by one: with torch and DCP imported that costs
+about a second of CPU (docs/bench.md, "Measurements behind the code's choices"). A job pays it
+in every worker and again in the launcher, at each start and restart; the test suite pays it a
+few hundred times.
 
 So a process entry point (the ``tandem`` command, a worker) ends with ``run_and_exit``: once
 its function has returned, it runs the atexit handlers (log handlers flush, sockets are

@@ -10,8 +10,8 @@ followed by a line with the CRC-32 of the JSON text (8 hex digits). ``time`` is 
 beat, ``step_time`` when ``step`` finished (the last progress).
 
 The file is a fixed-size page the rank keeps open and rewrites in place with one
-``pwrite`` (microseconds), where writing a new file and renaming it cost 0.4-2 ms, twice a
-step, on a 2-core machine. The page's blocks are written once when the file is made, so a
+``pwrite`` (microseconds), where writing a new file and renaming it cost milliseconds under
+load, twice a step (docs/bench.md). The page's blocks are written once when the file is made, so a
 beat never allocates disk: on a full disk the rank fails at start with a clear OSError,
 never later (a memory-mapped page over a sparse file dies of SIGBUS instead). The page
 cache makes the bytes visible at once to readers on the same host (the agent's watchdog

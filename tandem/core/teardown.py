@@ -5,14 +5,14 @@ the op still holds it (and the op's tensors) until it loops back, and that threa
 the GIL to drop a tensor Python also sees. If the main thread meanwhile leaves the script,
 the interpreter is finalizing by the time the gloo thread asks for the GIL; Python then ends
 that thread from inside a C++ destructor and the process dies with "terminate called without
-an active exception" (SIGABRT), after a run that had succeeded (seen on rank 0 of a 2-rank
-gloo run on a busy 2-core machine, 4 runs in 86; the core showed ~AsyncAllgatherWork -> take_gil ->
-pthread_exit while the main thread was in Py_FinalizeEx). ``destroy_process_group`` does not
+an active exception" (SIGABRT), after a run that had succeeded (seen on rank 0 of 2-rank gloo
+runs on a busy CPU machine, a few runs in a hundred: docs/bench.md; the core dump showed
+~AsyncAllgatherWork -> take_gil -> pthread_exit while the main thread was in Py_FinalizeEx). ``destroy_process_group`` does not
 stop those threads while anything (a DDP module) still holds the group.
 
 So on success every rank meets in a barrier first (no rank closes its sockets while a peer is
-still sending), then lets go of the GIL for ``DRAIN_S``: the barrier alone was not enough (1
-abort in 18 runs under load with it): when the peer is already waiting it completes in
+still sending), then lets go of the GIL for ``DRAIN_S``: the barrier alone was not enough (runs
+under load still aborted with it: docs/bench.md): when the peer is already waiting it completes in
 microseconds, and the main thread takes the GIL back before a starved gloo thread gets it. A
 sleep hands the GIL over, and a runnable thread gets a core within it on a machine loaded 5x
 over. It is a margin, not a proof: torch offers no way to wait for gloo's threads to go idle

@@ -24,7 +24,7 @@ import inspect
 import torch
 from torch.utils.data import Dataset, IterableDataset, default_collate
 
-from tandem.core.errors import ConfigError, DataError
+from tandem.core.errors import ConfigError, DataError, TandemError
 from tandem.models.factory import import_factory
 
 VALID = "digits | synthetic | npz | reverse | sort | tokens | an import path 'pkg.module:factory'"
@@ -72,6 +72,8 @@ def load_user(spec, seed: int, num_classes: int, in_channels: int, seq: int) -> 
                "image_size": spec.image_size, "seq": seq, "num_classes": num_classes, "in_channels": in_channels}
     try:
         got = factory(**_kwargs(factory, offered))
+    except TandemError:  # already one line that says what to do (a missing extra: core.extras.require)
+        raise
     except Exception as e:
         raise DataError(f"factory {name!r} raised {type(e).__name__}: {_one_line(e)}", field="data.name",
                         value=name, fix="fix the factory; it is called with the keywords it accepts among "

@@ -14,9 +14,13 @@ import json
 import time
 from dataclasses import dataclass
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST
+from tandem.core.extras import require
+
+require("serve", "tandem serve")  # the whole serving stack, checked before any of it is imported: a
+# missing extra is one line naming it, even where part of the stack is installed
+from fastapi import FastAPI, Request  # noqa: E402
+from fastapi.responses import JSONResponse, Response  # noqa: E402
+from prometheus_client import CONTENT_TYPE_LATEST  # noqa: E402
 
 from tandem.serve import schemas
 from tandem.serve.auth import OPEN_PATHS, ApiKeys, presented_key

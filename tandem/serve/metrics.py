@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from tandem.core.extras import require
+
+require("serve", "tandem serve")  # the whole serving stack, checked before any of it is imported: a
+# missing extra is one line naming it, even where part of the stack is installed
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest  # noqa: E402
 
 LATENCY_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)

@@ -31,7 +31,7 @@ except ImportError:  # the `ray` extra is not installed: cli_ray says so in one 
 
 
 def _batch(fn):
-    """Ray Serve's @serve.batch (the module stays importable without Ray, as every tandem module is)."""
+    """Ray Serve's @serve.batch (the module stays importable without Ray: cli_ray names the extra)."""
     return serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)(fn) if serve is not None else fn
 
 

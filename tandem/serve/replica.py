@@ -17,8 +17,8 @@ answered one by one, in the order they finish, not the order sent:
     replica -> front   {"id": K, "outputs": [tok, ...]} | {"id": K, "shape", ...} + bytes | {"id": K, "error"}
 A reader thread parses frames while the main thread decodes, so a request sent mid-generation joins
 at the next step instead of waiting for the batch to drain.
-Arrays travel as bytes: a batch of 32 8x8 examples cost ~50 ms of JSON encoding and parsing per round
-trip on the loaded 2-core VM, more than the model's forward.
+Arrays travel as bytes: as JSON lists, encoding and parsing a batch cost more than the model's
+forward (docs/bench.md, "Measurements behind the code's choices").
 The protocol stream is the process's original stdout; anything else printing to stdout (a library's
 message) goes to stderr instead, so it cannot corrupt a reply.
 """
@@ -82,7 +82,7 @@ def generate(model, torch, reqs: list[dict]) -> list[list[int]]:
 
 def generate_cached(model, torch, reqs: list[dict]) -> list[list[int]]:
     """The same tokens as ``generate`` (same picks, same per-request generators), decoded with a KV
-    cache (kvcache.py): at batch 32 about 2x faster here, as each step no longer recomputes the prefix."""
+    cache (kvcache.py): faster, as each step no longer recomputes the prefix (docs/bench.md)."""
     from tandem.serve import kvcache
 
     gens = [torch.Generator().manual_seed(int(r.get("seed", 0))) for r in reqs]

@@ -23,7 +23,12 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationError
+
+from tandem.core.extras import require
+
+require("serve", "tandem serve")  # the whole serving stack, checked before any of it is imported: a
+# missing extra is one line naming it, even where part of the stack is installed
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationError  # noqa: E402
 
 FLOAT32_MAX = 3.4028234663852886e38
 BYTE_VOCAB = 256          # text prompts: UTF-8 bytes are the token ids 0..255 (`tandem data prepare-text`)

@@ -86,8 +86,8 @@ def cache_dir() -> Path:
 def _digits_split(k: int, seed: int) -> tuple[np.ndarray, ...]:
     """(x_train, y_train, x_held, y_held) of digits, stratified, from a cache when one exists.
 
-    Importing scikit-learn costs every worker ~1.8 s of CPU at every (re)start, more than
-    the rest of a small job's data path; the split is a pure function of (k, seed, the
+    Importing scikit-learn costs every worker more CPU at every (re)start than the rest of a
+    small job's data path (docs/bench.md); the split is a pure function of (k, seed, the
     scikit-learn release), so one run computes it and the next ones read 0.5 MB of arrays."""
     from importlib.metadata import version
 

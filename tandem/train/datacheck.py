@@ -15,6 +15,7 @@ import numpy as np
 from numpy.lib import format as npy
 
 from tandem.core.errors import ConfigError, DataError
+from tandem.core.extras import require
 from tandem.core.spec import DataSpec, JobSpec
 
 DIGITS_CLASSES = 10
@@ -59,6 +60,8 @@ def check_source(spec: JobSpec, model=None) -> None:
 
 
 def check_digits(num_classes: int) -> None:
+    """Before the parent starts workers, and in each worker before it loads the set."""
+    require("examples", "the digits data set (data.name = \"digits\")")
     if num_classes < DIGITS_CLASSES:
         raise DataError(f"digits has {DIGITS_CLASSES} classes, the model only {num_classes}",
                         field="model.num_classes", value=num_classes, fix="set model.num_classes = 10")

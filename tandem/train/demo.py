@@ -1,4 +1,4 @@
-"""`tandem demo`: the seed's "2 machines x 2 GPUs" case as 2 simulated nodes x 2 CPU workers.
+"""`tandem demo`: the reference case (ResNet-50 on 2 machines x 2 GPUs) as 2 simulated nodes x 2 CPU workers.
 
 Two runs of the same job spec: a short one on 1 worker to measure its throughput, then
 the full run on 4 workers (DDP, bf16, DistributedSampler, cosine LR) to >= 95% held-out
@@ -28,7 +28,8 @@ def run_demo(config: str | None, run_dir: Path, console: Console) -> dict:
     base = load_spec(str(config or SPEC))
     shutil.rmtree(run_dir, ignore_errors=True)  # the demo owns this folder: start clean
     # The same threads per worker in both runs: a lone worker given every core is a different
-    # program (and on a loaded 2-core machine 2 threads ran 4-7x slower than 1: the ratio was noise).
+    # program (and on a loaded machine of few cores, more threads made it several times slower than
+    # one: the ratio was noise; docs/bench.md).
     threads = base.launch.threads_per_worker or max(1, (os.cpu_count() or 1) // 4)
     one = dataclasses.replace(
         base, name="demo-1-worker",
