@@ -10,6 +10,8 @@ moves, or what it needs moves down.
 
 The stage order, low to high (a file may import its own stage and any lower one):
 
+    tandem/__init__.py                     the package's name and version: imports nothing of tandem
+                                           (every ``import tandem.x`` runs it first anyway)
     core                                   the contracts and helpers every stage meets in
     models, data                           what is trained on what: neither imports the other
     plan                                   the cost model and search (reads models' shapes)
@@ -18,15 +20,16 @@ The stage order, low to high (a file may import its own stage and any lower one)
     bench, diagnose, export                measure, explain, and package a trained run
     serve                                  inference from an export
     cli                                    the command line: a file per verb
-    tandem/__init__.py, tandem/__main__.py the package's face and ``python -m tandem``
+    tandem/__main__.py                     ``python -m tandem``
 
-Packages on one line are siblings: they never import each other, except where ``ABOVE`` says so
-(submit starts the agents of launch on each node; diagnose reads bench's measurements).
+Packages on one line are siblings: they never import each other, except where ``SIBLINGS`` says so
+(submit starts launch's agents on each node; diagnose's doctor runs bench's collective workers).
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,10 +37,10 @@ import tandem
 
 PKG = Path(tandem.__file__).parent
 
-STAGES = (("core",), ("models", "data"), ("plan",), ("launch", "submit"), ("train",),
-          ("bench", "diagnose", "export"), ("serve",), ("cli",), ("__init__", "__main__"))
+STAGES = (("__init__",), ("core",), ("models", "data"), ("plan",), ("launch", "submit"), ("train",),
+          ("bench", "diagnose", "export"), ("serve",), ("cli",), ("__main__",))
 RANK = {name: i for i, names in enumerate(STAGES) for name in names}
-ABOVE = {("submit", "launch")}   # (importer, imported) between siblings, the only ones allowed
+SIBLINGS = {("submit", "launch"), ("diagnose", "bench")}   # (importer, imported): the only arrows between siblings
 DYNAMIC = {"import_module", "run_module"}
 
 
@@ -84,6 +87,11 @@ def _file_of(name: str, root: Path) -> str | None:
 
 def arrows(pkg: Path = PKG) -> list[Arrow]:
     """Every import between two files of the package, as (importer, imported file)."""
+    return list(_arrows(pkg))
+
+
+@functools.lru_cache(maxsize=None)
+def _arrows(pkg: Path) -> tuple[Arrow, ...]:
     root = pkg.parent
     out = []
     for p in sorted(pkg.rglob("*.py")):
@@ -107,7 +115,7 @@ def arrows(pkg: Path = PKG) -> list[Arrow]:
                     if len(subs) == len(names) - 1:
                         found.pop(base)
             out.extend(found.values())
-    return out
+    return tuple(out)
 
 
 def stage_of(path: str) -> str:
@@ -117,11 +125,11 @@ def stage_of(path: str) -> str:
 
 
 def upward(pkg: Path = PKG) -> list[str]:
-    """Arrows from a stage to a later one, or between siblings that ABOVE does not allow."""
+    """Arrows from a stage to a later one, or between siblings that SIBLINGS does not allow."""
     bad = []
     for a in arrows(pkg):
         s, d = stage_of(a.src), stage_of(a.dst)
-        if s == d or (s, d) in ABOVE:
+        if s == d or (s, d) in SIBLINGS:
             continue
         if s not in RANK or d not in RANK:
             bad.append(f"{a.src}:{a.line} imports {a.name}: {s if s not in RANK else d} is in no stage (STAGES)")
@@ -131,8 +139,9 @@ def upward(pkg: Path = PKG) -> list[str]:
     return bad
 
 
-def circles(pkg: Path = PKG) -> list[list[str]]:
-    """Each strongly connected set of files (Tarjan), with one cycle through it, as file paths."""
+def circles(pkg: Path = PKG) -> list[tuple[list[str], list[str]]]:
+    """Each set of files tied in a circle (a strongly connected set, Tarjan's), with one cycle
+    through it (a -> b -> ... -> a): the set names every file to untie, the cycle shows how."""
     graph: dict[str, set[str]] = {}
     for a in arrows(pkg):
         graph.setdefault(a.src, set()).add(a.dst)
@@ -163,7 +172,7 @@ def circles(pkg: Path = PKG) -> list[list[str]]:
     for v in sorted(graph):
         if v not in index:
             visit(v)
-    return [_cycle(c, graph) for c in sorted(comps)]
+    return [(c, _cycle(c, graph)) for c in sorted(comps)]
 
 
 def _cycle(comp: list[str], graph: dict[str, set[str]]) -> list[str]:
@@ -191,13 +200,19 @@ def _report(items: list[str]) -> str:
 
 def test_no_circle_between_files():
     found = circles()
-    sizes = [f"circle of {len(c) - 1} files: " + " -> ".join(c) for c in found]
-    assert found == [], _report(sizes)
+    lines = [f"{len(files)} files in a circle: {', '.join(files)}\n    e.g. " + " -> ".join(cycle)
+             for files, cycle in found]
+    assert found == [], _report(lines)
 
 
 def test_no_import_from_a_later_stage():
     bad = upward()
     assert bad == [], _report(bad)
+
+
+def test_the_package_face_imports_nothing():
+    """tandem/__init__.py stands below every stage: it may not import one."""
+    assert [a for a in arrows() if a.src == "tandem/__init__.py"] == []
 
 
 def test_every_stage_is_declared():
@@ -223,7 +238,7 @@ def test_launch_never_imports_train():
 
 def test_the_contract_imports_no_stage():
     """What both sides import must import neither."""
-    stages = tuple(f"tandem.{s}" for s in RANK if RANK[s] > 0 and not s.startswith("__"))
+    stages = tuple(f"tandem.{s}" for s in RANK if RANK[s] > RANK["core"] and not s.startswith("__"))
     contract = {f"tandem/core/{m}.py" for m in ("contract", "rundir", "heartbeat", "runlock", "errors")}
     found = _offending("core", stages)
     assert {p: found[p] for p in contract if p in found} == {}
@@ -253,7 +268,7 @@ def test_the_check_finds_an_upward_arrow_and_a_sibling(tmp_path):
                            "tandem/serve/auth.py": "from tandem.core import util\n",
                            "tandem/bench/x.py": "from tandem.export.y import z\n",
                            "tandem/export/y.py": "z = 1\n",
-                           "tandem/submit/s.py": "from tandem.launch import n\n",   # allowed by ABOVE
+                           "tandem/submit/s.py": "from tandem.launch import n\n",   # allowed by SIBLINGS
                            "tandem/launch/n.py": "import runpy\nrunpy.run_module('tandem.train.w')\n",
                            "tandem/train/w.py": ""})
     assert upward(pkg) == ["tandem/bench/x.py:1 (bench) imports tandem.export.y (export, a sibling)",
@@ -266,4 +281,5 @@ def test_the_check_finds_a_circle(tmp_path):
                            "tandem/serve/b.py": "def f():\n    from . import c\n",
                            "tandem/serve/c.py": "import tandem.serve.a\n",
                            "tandem/serve/d.py": "from tandem.serve import a\n"})
-    assert circles(pkg) == [["tandem/serve/a.py", "tandem/serve/b.py", "tandem/serve/c.py", "tandem/serve/a.py"]]
+    abc = ["tandem/serve/a.py", "tandem/serve/b.py", "tandem/serve/c.py"]
+    assert circles(pkg) == [(abc, abc + ["tandem/serve/a.py"])]
