@@ -62,7 +62,7 @@ def generate_cmd(
                                                             "run's data.path)."),
 ) -> None:
     """Print the prompt and a sample of TOKENS more from a language model trained on data.name = "tokens"."""
-    from tandem.data.generate import generate
+    from tandem.serve.generate import generate
 
     text, loaded = generate(source, prompt, tokens, temperature, seed, data)
     print(f"# {tokens} tokens from {loaded.source}, temperature {temperature:g}, seed {seed}")

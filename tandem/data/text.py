@@ -12,6 +12,7 @@ The held-out split is made of whole files, picked in the order of the sha256 of 
 their SRC (stable, spread over the folder tree) until it holds ``--held-out`` of the bytes; a single
 file is cut at a line break instead. Files that are not UTF-8 (binaries, .pyc) are skipped and counted.
 The folder is written as DIR.tmp-PID and renamed when complete: an interrupted run leaves no DIR.
+``Codec`` reads a folder's tokenizer back (text <-> token ids, for tandem generate).
 """
 
 from __future__ import annotations
@@ -264,3 +265,24 @@ def read_manifest(folder: Path, field_: str = "data.path") -> dict:
         raise DataError(f"unknown token format {man.get('format')!r} version {man.get('version')!r}",
                         field=field_, value=str(folder), fix="prepare the folder again with this tandem")
     return man
+
+
+class Codec:
+    """Text <-> token ids with the token folder's tokenizer."""
+
+    def __init__(self, folder: str) -> None:
+        man = read_manifest(Path(folder), "--data")
+        self.kind, self.vocab = man["tokenizer"]["kind"], man["vocab"]
+        self.tok = None
+        if self.kind == "bpe":
+            from tokenizers import Tokenizer  # optional (tandem[text]), only for a BPE folder
+
+            self.tok = Tokenizer.from_file(str(Path(folder) / man["tokenizer"]["file"]))
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8")) if self.tok is None else self.tok.encode(text).ids
+
+    def decode(self, ids: list[int]) -> str:
+        if self.tok is None:
+            return bytes(ids).decode("utf-8", errors="replace")
+        return self.tok.decode(ids)

@@ -1,6 +1,6 @@
 """``data.name = "pkg.module:factory"``: your own data sets, trained on like the built-in ones.
 
-The factory is imported as model factories are (tandem/models/factory.py: the working directory,
+The factory is imported as model factories are (tandem/core/factory.py: the working directory,
 then PYTHONPATH) and called with the keywords it accepts among
 
     seed, held_out, path, num_samples, image_size, seq, num_classes, in_channels
@@ -25,7 +25,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, default_collate
 
 from tandem.core.errors import ConfigError, DataError, TandemError
-from tandem.models.factory import import_factory
+from tandem.core.factory import import_factory
 
 VALID = "digits | synthetic | npz | reverse | sort | tokens | an import path 'pkg.module:factory'"
 FIX_RETURN = "return (train, held_out): two map-style torch Datasets whose items are (x, y) tensors"

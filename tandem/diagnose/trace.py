@@ -15,8 +15,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tandem.core.errors import DataError
-from tandem.diagnose import cuda_memory
 from tandem.core import rundir
+from tandem.train import memory_snapshot
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 # the GPU timeline in torch's (Kineto's) Chrome trace: pid = the device, tid = the stream, args carry
@@ -157,7 +157,7 @@ def load_run(run_dir: Path) -> list[RankTrace]:
         meta = json.loads(meta_p.read_text()) if meta_p.exists() else {}
         if (d / "flight_recorder.json").exists():
             meta["flight_recorder"] = json.loads((d / "flight_recorder.json").read_text())
-        snap = cuda_memory.read(d)  # on GPUs: the allocator's snapshot instead of MemTracker's peak
+        snap = memory_snapshot.read(d)  # on GPUs: the allocator's snapshot instead of MemTracker's peak
         if snap is not None:
             meta["memory_check"] = snap.pop("check", None)
             meta["memory_peak_bytes"], meta["memory_source"] = snap, "cuda_snapshot"

@@ -5,8 +5,8 @@ from __future__ import annotations
 from torch import nn
 
 from tandem.core.errors import ConfigError
+from tandem.core.factory import import_factory
 from tandem.core.spec import ModelSpec
-from tandem.models.factory import import_factory
 from tandem.models.resnet import ResNet, resnet18, resnet34, resnet50
 
 BUILTIN = {"resnet18": 18, "resnet34": 34, "resnet50": 50}

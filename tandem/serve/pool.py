@@ -15,42 +15,18 @@ import os
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from tandem.serve.autoscale import Scaler, ScalePolicy, recent_p99_ms
 from tandem.serve.metrics import Metrics
+from tandem.serve.stream import serve_continuous
+from tandem.serve.work import DeadlineExceeded, QueueFull, Replica, ReplicaError, Work, read_frame
 
 STREAM_LIMIT = 64 << 20   # one reply line may hold a whole batch's outputs
 MAX_ATTEMPTS = 3          # a batch that has killed this many replicas is failed, not retried again
-
-
-class QueueFull(Exception):
-    pass
-
-
-class ReplicaError(Exception):
-    pass
-
-
-class DeadlineExceeded(Exception):
-    pass
-
-
-@dataclass
-class Work:
-    kind: str                 # "predict" | "generate"
-    payload: object           # examples (an array [N, ...]), or one generate request
-    size: int                 # batch slots it takes
-    future: asyncio.Future
-    t_enq: float = field(default_factory=time.monotonic)
-    attempts: int = 0
-    timeout_ms: int = 0       # 0: no deadline
-
-    def expired(self, now: float) -> bool:
-        return self.timeout_ms > 0 and now > self.t_enq + self.timeout_ms / 1000
 
 
 @dataclass
@@ -67,16 +43,6 @@ class PoolOptions:
     scale: ScalePolicy | None = None   # --replicas MIN:MAX (replicas is MIN then)
     continuous: bool = True   # GPT exports: iteration-level batching (stream.py); False: whole batches
     tp: int = 1               # processes per replica (tensor-parallel ranks of one model)
-
-
-class Replica:
-    def __init__(self, slot: int, proc: asyncio.subprocess.Process, log: Path):
-        self.slot, self.proc, self.log, self.pid = slot, proc, log, proc.pid
-        self.continuous, self.tp_pids = False, []
-
-    def kill(self) -> None:
-        if self.proc.returncode is None:
-            self.proc.kill()
 
 
 class Pool:
@@ -119,8 +85,14 @@ class Pool:
     def ready_count(self) -> int:
         return sum(r is not None for r in self.live)
 
-    def _retired(self, slot: int) -> bool:
+    def retired(self, slot: int) -> bool:
         return slot >= self.active
+
+    def hold(self, rep: Replica, now: bool) -> None:
+        """``busy`` counts replicas holding work (the autoscaler's "busy"); a replica counts once."""
+        if now != rep.holding:
+            self.busy += 1 if now else -1
+            rep.holding = now
 
     # ---- lifecycle ----
     async def start(self) -> None:
@@ -199,7 +171,7 @@ class Pool:
 
     async def _slot(self, slot: int) -> None:
         backoff = 0.5
-        while not self.closing and not self._retired(slot):
+        while not self.closing and not self.retired(slot):
             self.loading.add(slot)
             try:
                 rep = await self._spawn(slot)
@@ -222,8 +194,6 @@ class Pool:
             watch = asyncio.create_task(self._watch(rep))
             try:
                 if rep.continuous:
-                    from tandem.serve.stream import serve_continuous
-
                     await serve_continuous(self, rep)
                 else:
                     await self._serve(rep)
@@ -233,7 +203,7 @@ class Pool:
                 watch.cancel()
             if self.closing:
                 return
-            if self._retired(slot) and rep.proc.returncode is None:   # scaled down: stopped, not restarted
+            if self.retired(slot) and rep.proc.returncode is None:   # scaled down: stopped, not restarted
                 await _stop(rep)
                 self.procs[slot] = None
                 self.say(f"serve: replica {slot} (pid {rep.pid}) stopped (scaled down)")
@@ -250,7 +220,7 @@ class Pool:
         """The next batch, or None when the replica died while waiting (its watcher wakes us)."""
         async with self.cond:
             while not self.queue:
-                if rep.proc.returncode is not None or self.closing or self._retired(rep.slot):
+                if rep.proc.returncode is not None or self.closing or self.retired(rep.slot):
                     return None
                 await self.cond.wait()
             first = self.queue.popleft()
@@ -286,7 +256,7 @@ class Pool:
         self.queue.extendleft(reversed(keep))
         return n
 
-    async def _requeue(self, batch: list[Work]) -> None:
+    async def requeue(self, batch: list[Work]) -> None:
         async with self.cond:
             for w in reversed(batch):
                 w.attempts += 1
@@ -300,7 +270,7 @@ class Pool:
 
     async def _serve(self, rep: Replica) -> None:
         """Send batches to ``rep`` until it dies (then return)."""
-        while not self.closing and not self._retired(rep.slot):
+        while not self.closing and not self.retired(rep.slot):
             batch = await self._take(rep)
             if batch is None:
                 return
@@ -325,14 +295,14 @@ class Pool:
             try:
                 rep.proc.stdin.write(json.dumps(msg).encode() + b"\n" + raw)
                 await rep.proc.stdin.drain()
-                reply = await asyncio.wait_for(_read_frame(rep.proc.stdout), self.o.hang_s)
+                reply = await asyncio.wait_for(read_frame(rep.proc.stdout), self.o.hang_s)
             except (ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError, OSError) as e:
                 self.say(f"serve: replica {rep.slot} (pid {rep.pid}) lost a batch of {len(batch)} "
                          f"({type(e).__name__}); retrying it on another replica")
                 self.m.retries.inc()
                 if isinstance(e, asyncio.TimeoutError):  # hung: no batch back within the timeout
                     rep.kill()
-                await self._requeue(batch)
+                await self.requeue(batch)
                 return
             finally:
                 self.busy -= 1
@@ -367,16 +337,6 @@ class Pool:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(doc, indent=1) + "\n")
         os.replace(tmp, path)
-
-
-async def _read_frame(stream: asyncio.StreamReader) -> dict:
-    """One reply: its JSON header line and the header's ``nbytes`` raw bytes (as ``raw``)."""
-    line = await stream.readline()
-    if not line:
-        raise ConnectionError("replica closed its stdout")
-    hdr = json.loads(line)
-    hdr["raw"] = await stream.readexactly(int(hdr.get("nbytes", 0)))
-    return hdr
 
 
 async def _ensure_dead(rep: Replica) -> None:

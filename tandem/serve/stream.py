@@ -6,6 +6,11 @@ reader matches the replica's replies to requests by id, in whatever order they f
 request frees a slot at once. A replica that dies, or that has requests and sends nothing back for the
 hang timeout, is killed; every request it held goes back to the head of the queue (inference is
 idempotent) and the pool restarts it (pool.py).
+
+The pool owns the queue and the replicas and calls ``serve_continuous(pool, rep)`` for each replica
+that batches continuously; this module takes from the pool only its public face: the queue and its
+condition, the options, metrics and ``say``, ``closing``, ``retired(slot)``, ``requeue(work)`` and
+``hold(rep, now)``. What both batchers send and read is in work.py.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import time
 
 import numpy as np
 
-from tandem.serve.pool import DeadlineExceeded, Replica, Work, _read_frame
+from tandem.serve.work import DeadlineExceeded, Replica, ReplicaError, Work, read_frame
 
 
 async def serve_continuous(pool, rep: Replica) -> None:
@@ -33,12 +38,12 @@ async def serve_continuous(pool, rep: Replica) -> None:
     async def reader() -> None:
         try:
             while True:
-                reply = await _read_frame(rep.proc.stdout)
+                reply = await read_frame(rep.proc.stdout)
                 state["progress"] = time.monotonic()
                 w = inflight.pop(reply.get("id"), None)
                 if w is not None:
                     _answer(pool, w, reply)
-                _holding(pool, rep, bool(inflight))
+                pool.hold(rep, bool(inflight))
                 await wake()
         except (ConnectionError, asyncio.IncompleteReadError, ValueError, OSError) as e:
             state["dead"] = True
@@ -46,9 +51,9 @@ async def serve_continuous(pool, rep: Replica) -> None:
                 pool.say(f"serve: replica {rep.slot} (pid {rep.pid}) lost {len(inflight)} request(s) "
                          f"({type(e).__name__}); retrying them on another replica")
                 pool.m.retries.inc()
-            await pool._requeue(list(inflight.values()))
+            await pool.requeue(list(inflight.values()))
             inflight.clear()
-            _holding(pool, rep, False)
+            pool.hold(rep, False)
             await wake()
 
     async def watchdog() -> None:
@@ -95,15 +100,15 @@ async def serve_continuous(pool, rep: Replica) -> None:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         if inflight:
-            await pool._requeue(list(inflight.values()))
-        _holding(pool, rep, False)
+            await pool.requeue(list(inflight.values()))
+        pool.hold(rep, False)
 
 
 async def _take(pool, rep: Replica, inflight: dict, state: dict) -> list[Work] | None:
     """Requests for the replica's free slots, at once (the oldest first); None when it should stop."""
     async with pool.cond:
         while True:
-            if state["dead"] or rep.proc.returncode is not None or pool.closing or pool._retired(rep.slot):
+            if state["dead"] or rep.proc.returncode is not None or pool.closing or pool.retired(rep.slot):
                 return None
             room = pool.o.max_batch - sum(w.size for w in inflight.values())
             if pool.queue and room > 0:
@@ -132,21 +137,11 @@ async def _take(pool, rep: Replica, inflight: dict, state: dict) -> list[Work] |
             batch.append(w)
             room -= w.size
         pool.m.queue_depth.set(len(pool.queue))
-        _holding(pool, rep, bool(inflight or batch))
+        pool.hold(rep, bool(inflight or batch))
         return batch
 
 
-def _holding(pool, rep: Replica, now: bool) -> None:
-    """pool.busy counts replicas holding work (the autoscaler's "busy"); a replica counts once."""
-    was = getattr(rep, "holding", False)
-    if now != was:
-        pool.busy += 1 if now else -1
-        rep.holding = now
-
-
 def _answer(pool, w: Work, reply: dict) -> None:
-    from tandem.serve.pool import ReplicaError
-
     if w.future.done():
         return
     if "error" in reply:

@@ -34,7 +34,9 @@ from torch import nn
 
 from tandem.core.errors import CheckpointError
 from tandem.train import manifest
-from tandem.train.runtime import DistContext, barrier, rng_state, set_rng_state, sync_buffers
+from tandem.train.elastic import faults
+from tandem.train.rng import rng_state, set_rng_state
+from tandem.train.runtime import DistContext, barrier, sync_buffers
 
 def _dcp():
     """torch.distributed.checkpoint, imported on first use: 1.2 s that the launcher's checks
@@ -149,8 +151,6 @@ def save(ckpt_dir: Path, step: int, model: nn.Module, optim: torch.optim.Optimiz
     if async_pg is not None:
         torch.save(rng_state(), tmp / f"rng-rank{ctx.rank}.pt")
         fut = dcp.async_save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp), process_group=async_pg)
-        from tandem.train.elastic import faults
-
         faults.point("async_save", step=step, rank=ctx.rank)  # fault injection: die with the write in flight
         return PendingSave(fut, ckpt_dir, step, tmp, final, ctx, meta, keep_last)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
@@ -161,8 +161,6 @@ def save(ckpt_dir: Path, step: int, model: nn.Module, optim: torch.optim.Optimiz
 def publish(ckpt_dir: Path, step: int, tmp: Path, final: Path, ctx: DistContext, meta: dict,
             keep_last: int) -> Path:
     """Collective (sync saves), after every rank wrote its files: rank 0 publishes between two barriers."""
-    from tandem.train.elastic import faults
-
     faults.point("save", step=step, rank=ctx.rank)  # fault injection: die with the shards written
     barrier()
     if ctx.is_main:
@@ -175,8 +173,6 @@ def publish_files(ckpt_dir: Path, step: int, tmp: Path, final: Path, world: int,
     """Rank 0 only, no collective: meta, manifest, rename, pointer, pruning. The order is the
     safety argument: a kill before the rename leaves ``.tmp-step-N`` (cleaned at the next start),
     a kill before the pointer moves leaves a complete, hashed ``step-N`` and the old pointer."""
-    from tandem.train.elastic import faults
-
     (tmp / "meta.json").write_text(json.dumps({**meta, "step": step, "world_size": world}, indent=1))
     manifest.write(tmp, step)
     faults.point("publish", step=step, rank=0)  # fault injection: die hashed, not yet renamed

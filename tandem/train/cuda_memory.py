@@ -10,7 +10,7 @@ The pickle is ``torch.cuda.memory._snapshot()`` as torch writes it (pytorch.org/
 the JSON holds what the allocator cannot know: which addresses are parameters, buffers, gradients
 and optimizer state (when the optimizer phase begins, and at the step's end), and how many
 allocations the allocator had made when each phase began (its own counter, so the k-th ``alloc``
-of the trace is placed in its phase without timestamps). tandem/diagnose/cuda_memory.py turns both into the peak by category.
+of the trace is placed in its phase without timestamps). memory_snapshot.py turns both into the peak by category.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import pickle
 from pathlib import Path
 
 import torch
+
+from tandem.train.memory_snapshot import peak_by_category
 
 MAX_ENTRIES = 1_000_000   # trace entries kept (a ring): far more than one step allocates
 
@@ -104,8 +106,6 @@ class CudaMemoryStep:
                 "allocated_at_start": self.start, "allocator_peak": peak, "phases": self.marks,
                 "captures": self.captures}
         (self.dir / "memory_snapshot.json").write_text(json.dumps(info))
-        from tandem.diagnose.cuda_memory import peak_by_category  # the reader diagnose uses: one definition
-
         cats = peak_by_category(snap, info)
         return {"memory_source": "cuda_snapshot", "memory_peak_bytes": {k: v for k, v in cats.items() if k != "check"},
                 "memory_check": cats["check"]}

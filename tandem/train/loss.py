@@ -25,6 +25,7 @@ from typing import Callable
 
 import torch
 
+from tandem.core.factory import import_factory
 from tandem.train.parallel import loss_sum
 from tandem.train.tasks import IGNORE
 
@@ -62,5 +63,4 @@ def resolve_loss(name: str) -> Loss:
         return Loss()
     if name == MODEL:
         return Loss(None)
-    from tandem.models.factory import import_factory
     return Loss(import_factory(name, field="model.loss", valid=VALID))

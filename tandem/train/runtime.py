@@ -12,11 +12,9 @@ Run the script with `tandem launch` (or torchrun): the rank comes from the envir
 from __future__ import annotations
 
 import os
-import random
 from contextlib import nullcontext
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -25,6 +23,7 @@ from tandem.core.environment import ClusterEnv, resolve_device
 from tandem.core.errors import ConfigError
 from tandem.core.spec import ParallelSpec
 from tandem.core.teardown import BARRIER_TIMEOUT_S, DRAIN_S, close_process_group
+from tandem.train.rng import rng_state, seed_everything, set_rng_state  # noqa: F401 (this library's face too)
 
 
 @dataclass(frozen=True)
@@ -70,27 +69,6 @@ def barrier() -> None:
         dist.barrier()
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
 def convert_sync_bn(model: nn.Module, ctx: DistContext) -> nn.Module:
     if ctx.device.type != "cuda":
         raise ConfigError("torch's SyncBatchNorm runs only on GPUs", field="model.sync_bn", value=True,
@@ -102,7 +80,9 @@ def wrap_ddp(model: nn.Module, ctx: DistContext, p: ParallelSpec | None = None) 
     """DistributedDataParallel with the knobs that matter for speed exposed (a world of one: unchanged)."""
     if ctx.world == 1 or not dist.is_initialized():
         return model
-    from tandem.train.parallel.ddp import wrap_ddp as wrap  # the one DDP wrapper, parallelize()'s too
+    # the one DDP wrapper, parallelize()'s too; deferred: tandem.train.parallel imports torch.distributed.tensor
+    # (~2 s), which a script that never wraps a model should not pay
+    from tandem.train.parallel.ddp import wrap_ddp as wrap
 
     return wrap(model, p or ParallelSpec(), ctx.device)
 
@@ -116,10 +96,6 @@ def sync_buffers(model: nn.Module, ctx: DistContext) -> None:
     if dist.is_initialized() and ctx.world > 1:
         for b in model.buffers():
             dist.broadcast(b.data, src=0)
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 
 def no_sync(model: nn.Module, skip: bool):
@@ -137,7 +113,7 @@ def autocast(ctx: DistContext, dtype: str):
 
 def grad_scaler(ctx: DistContext, dtype: str):
     """fp16 needs loss scaling (a GradScaler whose overflow check spans every rank); bf16 and fp32 do not."""
-    from tandem.train.parallel.grads import grad_scaler as make
+    from tandem.train.parallel.grads import grad_scaler as make  # deferred as in wrap_ddp
 
     return make(ctx.device, dtype)
 

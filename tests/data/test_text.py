@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tandem.core.errors import ConfigError, DataError
-from tandem.data.text import entropy_bits, prepare_text
+from tandem.data.text import Codec, entropy_bits, prepare_text
 from tandem.data.tokens import TokenWindows, check_folder, held_out_summary, load_tokens, spread
 
 
@@ -116,8 +116,6 @@ def test_bpe_round_trip(tmp_path):
     assert man["tokenizer"]["kind"] == "bpe" and 256 < man["vocab"] <= 300 and man["dtype"] == "uint16"
     s = man["splits"]["train"]
     assert s["tokens"] < s["bytes"]  # merges: fewer tokens than bytes
-    from tandem.data.generate import Codec
-
     codec = Codec(str(out))
     ids = np.fromfile(out / "train.bin", dtype="<u2").tolist()
     files = [f for f in man["files"] if f["split"] == "train"]

@@ -7,7 +7,7 @@ import pathlib
 import pickle
 
 from diagnose.synth import TraceBuilder, ddp_step, write_run
-from tandem.diagnose.cuda_memory import load_snapshot, peak_by_category, read
+from tandem.train.memory_snapshot import load_snapshot, peak_by_category, read
 from tandem.diagnose.trace import load_run
 
 P, OPT, BUCKET, OLD_LOSS, A1, A2, G2, T1, T3 = 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0x9000, 0x7000, 0x8000

@@ -37,7 +37,7 @@ def build(path: str, kwargs: dict | None = None):
     import torch
     from torch import nn
 
-    from tandem.models.factory import import_factory
+    from tandem.core.factory import import_factory
 
     factory = import_factory(path, field="model", valid="pkg.module:factory")
     with torch.device("meta"):

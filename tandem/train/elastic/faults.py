@@ -27,6 +27,8 @@ import signal
 import threading
 import time
 
+from tandem.core.contract import attempt as group_attempt  # the group's attempt: a joined node counts too
+
 ENV = "TANDEM_FAULTS"
 
 
@@ -46,8 +48,6 @@ def _active() -> list[dict]:
     text = os.environ.get(ENV)
     if not text:  # the usual case, on the step loop's path: nothing to parse
         return []
-    from tandem.train.elastic.resume import attempt as group_attempt  # a join counts too
-
     attempt = group_attempt()
     return [f for f in parse(text)
             if f.get("attempts") == "all" or attempt == int(f.get("attempt", 0))]

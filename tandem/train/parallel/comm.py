@@ -140,9 +140,6 @@ class CommCounter(TorchDispatchMode):
         return {k: {"calls": self.calls[k] / steps, "payload_bytes": self.payload[k] / steps,
                     "sent_bytes": self.sent[k] / steps} for k in sorted(self.calls)}
 
-    def total_sent(self, steps: int = 1) -> float:
-        return sum(self.sent.values()) / steps
-
 
 def record(kind: str, nbytes: float, n: int) -> None:
     """Called by DDP's counting hooks: feeds every active counter."""

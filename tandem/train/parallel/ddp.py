@@ -15,6 +15,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from tandem.train.rng import rng_state, set_rng_state
+
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
@@ -76,8 +78,6 @@ def prime_buckets(stepper, dataset, micro_batch: int, fmt, device: torch.device)
     if not isinstance(model, nn.parallel.DistributedDataParallel) or par.hook_state is not None:
         return
     from torch.utils.data import default_collate
-
-    from tandem.train.runtime import rng_state, set_rng_state
 
     rng, buffers = rng_state(), [b.detach().clone() for b in model.buffers()]
     x, y = (t.to(device) for t in default_collate([dataset[i] for i in range(min(micro_batch, len(dataset)))]))

@@ -14,11 +14,11 @@ import os
 import sys
 from typing import Callable
 
+from tandem.core.errors import ConfigError
+
 
 def import_factory(path: str, *, field: str, valid: str) -> Callable:
     """The callable named by 'pkg.module:factory'; a ConfigError naming `field` if it is not there."""
-    from tandem.core.errors import ConfigError
-
     module_name, _, attr = path.partition(":")
     cwd = os.getcwd()
     added = cwd not in sys.path and "" not in sys.path

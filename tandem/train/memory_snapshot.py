@@ -1,7 +1,9 @@
 """Peak memory by category from a CUDA memory snapshot (the step after the window, on GPUs).
 
-The trainer (tandem/train/cuda_memory.py) runs that step with torch's allocator history on and
-writes, per rank:
+The snapshot's reader sits with its writer: the trainer (tandem/train/cuda_memory.py) puts the
+peak by category in window.json when it writes the files, and tandem diagnose (diagnose/trace.py)
+reads them again from the run dir; both call ``peak_by_category``. It imports no torch. The trainer
+runs that step with torch's allocator history on and writes, per rank:
 
     RUN_DIR/profile/rank-R/memory_snapshot.pickle   torch.cuda.memory._snapshot(): ``segments`` (the
                                                     blocks alive at the end) and ``device_traces`` (every

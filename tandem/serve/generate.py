@@ -2,10 +2,11 @@
 
 The weights come as ``tandem export`` reads them: a run dir (its newest checkpoint) or a checkpoint
 folder, its tensors assembled by DCP from whatever layout saved them (ddp, zero3, tp, pp), or an
-export folder (tandem.export.load). The tokenizer is the token folder's (tandem data prepare-text):
-the run's ``data.path`` (for an export folder inside its run dir too) unless ``--data DIR`` says otherwise. Sampling is plain: the logits of the
-last position over the model's last ``seq`` tokens, divided by the temperature (0: the most likely
-token), one token at a time, from a torch.Generator seeded by ``--seed``.
+export folder (tandem.export.load). The tokenizer is the token folder's (tandem data prepare-text
+wrote it, tandem.data.text.Codec reads it back): the run's ``data.path`` (for an export folder inside
+its run dir too) unless ``--data DIR`` says otherwise. Sampling is plain: the logits of the last
+position over the model's last ``seq`` tokens, divided by the temperature (0: the most likely token),
+one token at a time, from a torch.Generator seeded by ``--seed``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,12 @@ from pathlib import Path
 import torch
 
 from tandem.core.errors import ConfigError, DataError
-from tandem.data.text import read_manifest
+from tandem.core.spec import ModelSpec
+from tandem.data.text import Codec
+from tandem.export import load
+from tandem.export.format import tied_names
+from tandem.export.source import open_source
+from tandem.models import build_model
 
 
 @dataclass
@@ -31,17 +37,10 @@ class Loaded:
 def load_model(path: Path) -> Loaded:
     path = Path(path)
     if (path / "config.json").is_file() and not (path / "spec.json").is_file():
-        from tandem.export import load
-
         cfg = json.loads((path / "config.json").read_text())
         run_spec = path.parent.parent / "spec.json"  # tandem export's default place: RUN_DIR/export/step-N
         data = json.loads(run_spec.read_text()).get("data", {}).get("path", "") if run_spec.is_file() else ""
         return Loaded(load(path), int(cfg["model"].get("seq", 0)), data, str(path))
-    from tandem.core.spec import ModelSpec
-    from tandem.export.format import tied_names
-    from tandem.export.source import open_source
-    from tandem.models import build_model
-
     src = open_source(path)
     torch.manual_seed(0)
     model = build_model(ModelSpec(**src.spec["model"]))
@@ -54,27 +53,6 @@ def load_model(path: Path) -> Loaded:
     model.load_state_dict(src.read(names), strict=False)
     return Loaded(model.eval(), int(src.spec["model"].get("seq", 0)), src.spec.get("data", {}).get("path", ""),
                   str(src.path))
-
-
-class Codec:
-    """Text <-> token ids with the token folder's tokenizer."""
-
-    def __init__(self, folder: str) -> None:
-        man = read_manifest(Path(folder), "--data")
-        self.kind, self.vocab = man["tokenizer"]["kind"], man["vocab"]
-        self.tok = None
-        if self.kind == "bpe":
-            from tokenizers import Tokenizer
-
-            self.tok = Tokenizer.from_file(str(Path(folder) / man["tokenizer"]["file"]))
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8")) if self.tok is None else self.tok.encode(text).ids
-
-    def decode(self, ids: list[int]) -> str:
-        if self.tok is None:
-            return bytes(ids).decode("utf-8", errors="replace")
-        return self.tok.decode(ids)
 
 
 @torch.no_grad()

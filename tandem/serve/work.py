@@ -1,0 +1,61 @@
+"""What the pool and its two batchers share: a queued request (Work), the handle on one replica
+process (Replica), the reply frame a replica sends, and the errors a request can end in.
+
+The static batcher (pool.py) and the continuous one (stream.py) both send Work to a Replica and read
+its frames; the pool owns the queue and the replicas and hands each replica to one of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class QueueFull(Exception):
+    pass
+
+
+class ReplicaError(Exception):
+    pass
+
+
+class DeadlineExceeded(Exception):
+    pass
+
+
+@dataclass
+class Work:
+    kind: str                 # "predict" | "generate"
+    payload: object           # examples (an array [N, ...]), or one generate request
+    size: int                 # batch slots it takes
+    future: asyncio.Future
+    t_enq: float = field(default_factory=time.monotonic)
+    attempts: int = 0
+    timeout_ms: int = 0       # 0: no deadline
+
+    def expired(self, now: float) -> bool:
+        return self.timeout_ms > 0 and now > self.t_enq + self.timeout_ms / 1000
+
+
+class Replica:
+    def __init__(self, slot: int, proc: asyncio.subprocess.Process, log: Path):
+        self.slot, self.proc, self.log, self.pid = slot, proc, log, proc.pid
+        self.continuous, self.tp_pids = False, []
+        self.holding = False   # counted in the pool's busy replicas (it holds work now)
+
+    def kill(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.kill()
+
+
+async def read_frame(stream: asyncio.StreamReader) -> dict:
+    """One reply: its JSON header line and the header's ``nbytes`` raw bytes (as ``raw``)."""
+    line = await stream.readline()
+    if not line:
+        raise ConnectionError("replica closed its stdout")
+    hdr = json.loads(line)
+    hdr["raw"] = await stream.readexactly(int(hdr.get("nbytes", 0)))
+    return hdr
