@@ -10,7 +10,8 @@ import torch
 
 from tandem.bench import fit, report
 from tandem.bench.collectives import COLLECTIVES, _pattern, bus_factor, check, numel_for
-from tandem.bench.options import CommOptions, check_memory, parse_size
+from tandem.bench.options import CommOptions, check_memory
+from tandem.core.units import parse_size
 from tandem.core.errors import ConfigError
 
 
