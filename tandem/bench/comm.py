@@ -10,6 +10,7 @@ from rich.console import Console
 
 from tandem.bench.options import CommOptions
 from tandem.bench.runner import procs_on_this_host, read_result, run_module
+from tandem.core.environment import resolve_device
 from tandem.core.spec import LaunchSpec
 
 RESULT_FILE = "bench-comm.json"
@@ -31,9 +32,8 @@ def measure(opts: CommOptions, launch: LaunchSpec, run_dir: Path) -> dict | None
 def comm_workers(counts: list[int]) -> int:
     """Workers for the quick link measurement: two at least, but NCCL takes one rank per GPU, so on a
     host with one GPU there is no link to measure (the calibration then holds the host and compute)."""
-    import torch
+    import torch  # only when the quick measurement runs: `tandem --help` stays torch-free
 
-    from tandem.core.environment import resolve_device
     n = max(2, max(counts))
     if resolve_device("auto", "auto", os.environ)[0] == "cuda":
         n = min(n, max(1, torch.cuda.device_count()))

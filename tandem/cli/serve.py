@@ -62,6 +62,7 @@ def serve_cmd(
 
     Example: tandem serve runs/gpt-reverse/export/step-00000116 --replicas 2
     """
+    # the serving modules load when a server starts (fastapi/pydantic are the serving extra's)
     from tandem.serve.pool import PoolOptions
     from tandem.serve.schemas import ModelInfo
 
