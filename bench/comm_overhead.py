@@ -105,7 +105,7 @@ def parent(a: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from tandem.bench.options import format_size
+    from tandem.core.units import format_size
     from tandem.core.spec import LaunchSpec
     from tandem.launch.launcher import launch
 
@@ -134,7 +134,7 @@ def parent(a: argparse.Namespace) -> int:
 
 
 def main() -> int:
-    from tandem.bench.options import parse_size
+    from tandem.core.units import parse_size
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nproc", type=int, default=2)

@@ -36,7 +36,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tandem.bench import fit, train as tb  # noqa: E402
-from tandem.bench.cli import measure  # noqa: E402
+from tandem.bench.comm import measure  # noqa: E402
 from tandem.bench.options import CommOptions  # noqa: E402
 from tandem.core.spec import LaunchSpec  # noqa: E402
 

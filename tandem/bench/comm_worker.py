@@ -31,7 +31,8 @@ import torch
 import torch.distributed as dist
 
 from tandem.bench.collectives import COLLECTIVES, DTYPES, Collective, bus_factor, check, numel_for, tolerance
-from tandem.bench.options import CommOptions, buffer_bytes_per_rank, format_size
+from tandem.bench.options import CommOptions, buffer_bytes_per_rank
+from tandem.core.units import format_size
 from tandem.core.environment import ClusterEnv, resolve_device
 from tandem.core.errors import ConfigError
 from tandem.core.teardown import close_process_group

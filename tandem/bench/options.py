@@ -3,34 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass, field
+
+from tandem.core.errors import ConfigError
+from tandem.core.units import format_size
 
 # Names only: importing tandem.bench.collectives would pull torch into every `tandem` start-up.
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "sendrecv")
 DTYPES = ("fp32", "bf16", "fp16", "fp64", "int32")
-from tandem.core.errors import ConfigError
-
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
-          "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
 
 MODES = ("both", "out", "in")
-
-
-def parse_size(text: str, field_name: str = "size") -> int:
-    """'8', '64K', '1M', '1GiB' -> bytes (binary units, as nccl-tests' -b/-e)."""
-    m = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", str(text))
-    if not m or m.group(2).upper() not in _UNITS:
-        raise ConfigError(f"{text!r} is not a size", field=field_name, value=text,
-                          fix="write a byte count with an optional unit: 8, 64K, 16M, 1G")
-    return int(m.group(1)) * _UNITS[m.group(2).upper()]
-
-
-def format_size(n: int) -> str:
-    for unit, mult in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= mult and n % mult == 0:
-            return f"{n // mult}{unit}"
-    return f"{n}B" if n < 1024 else f"{n / 1024:.1f}K"
 
 
 @dataclass

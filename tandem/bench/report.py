@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from tandem.bench.options import format_size
+from tandem.core.units import format_size
 
 CSV_FIELDS = ["link", "group_size", "collective", "size", "count", "dtype", "mode", "time_us",
               "algbw_GBps", "busbw_GBps", "max_err", "ok"]

@@ -14,17 +14,6 @@ import random
 import signal
 import time
 from pathlib import Path
-from typing import Optional
-
-import typer
-
-
-def typer_arg(help: str):
-    return typer.Argument(..., help=help)
-
-
-def typer_opt(default, flag: str, help: str):
-    return typer.Option(default, flag, help=help)
 
 
 def body_for(info: dict, max_new_tokens: int, seed: int) -> tuple[str, bytes]:
@@ -213,88 +202,3 @@ def bench_serve(url: str, rate: float, duration: float, kill_at: float | None, m
     res = asyncio.run(run_load(url, rate, duration, kill_at, max_new_tokens, api_key=api_key))
     res["wall_s"] = time.perf_counter() - t
     return res
-
-
-def serve_cmd(
-    url: str = typer_arg("URL of a running `tandem serve`, e.g. http://127.0.0.1:8000 (with --vs-batch-1: an "
-                         "export folder)"),
-    rate: float = typer_opt(50.0, "--rate", "Requests per second, sent on schedule (open loop)."),
-    duration: float = typer_opt(10.0, "--duration", "Seconds of load."),
-    kill_replica_at: Optional[float] = typer_opt(None, "--kill-replica-at",
-                                                 "SIGKILL one replica this many seconds in (same machine: its pid "
-                                                 "comes from the server's run dir)."),
-    max_new_tokens: int = typer_opt(8, "--max-new-tokens", "Tokens per /v1/generate request (gpt exports)."),
-    json_out: Optional[Path] = typer_opt(None, "--json", "Write the results as JSON."),
-    api_key_file: Optional[Path] = typer_opt(None, "--api-key-file", "Send the first key of this file (the "
-                                                                     "server's --api-key-file) as a Bearer token."),
-    vs_batch_1: bool = typer_opt(False, "--vs-batch-1", "Start two servers of the export URL names (--max-batch "
-                                                        "32 and 1), step the rate up on both and print the "
-                                                        "capacity ratio at the same p99 bound."),
-    p99_ms: float = typer_opt(1000.0, "--p99-ms", "--vs-batch-1: the p99 a sustained rate stays within."),
-    start_rate: float = typer_opt(5.0, "--start-rate", "--vs-batch-1: the first rate (then x1.5 a step)."),
-    vs_static: bool = typer_opt(False, "--vs-static", "Like --vs-batch-1, but continuous against static batching "
-                                                      "(same --max-batch 32) under a mixed load: every 4th "
-                                                      "request --max-new-tokens long, the others 2 tokens."),
-    plot: Optional[Path] = typer_opt(None, "--plot", "Write a PNG of latency over intended send time, errors "
-                                                     "and the replica kill marked (needs the `plot` extra)."),
-) -> None:
-    """Open-loop constant-rate load: throughput, p50/p90/p99/max from each request's due time, codes.
-
-    Example: tandem bench serve http://127.0.0.1:8000 --rate 100 --duration 10 --kill-replica-at 5
-    """
-    from tandem.core.errors import ConfigError
-    from tandem.core.extras import require
-
-    require("serve", "tandem bench serve")  # its client (httpx) and, with --vs-batch-1, the servers it starts
-    if rate <= 0 or duration <= 0:
-        raise ConfigError("must be positive", field="--rate" if rate <= 0 else "--duration",
-                          value=rate if rate <= 0 else duration, fix="give a positive number")
-    if kill_replica_at is not None and not 0 <= kill_replica_at < duration:
-        raise ConfigError(f"must be within the run (0..{duration:g} s)", field="--kill-replica-at",
-                          value=kill_replica_at, fix="give a time inside --duration")
-    if plot is not None:
-        from tandem.bench.serve_plot import check_path, require_matplotlib
-
-        check_path(plot)
-        require_matplotlib(plot)
-    if vs_batch_1 or vs_static:
-        return _vs_batch_1(Path(url), duration, p99_ms, start_rate, max_new_tokens, json_out, vs_static)
-    import httpx
-
-    try:
-        key = None
-        if api_key_file is not None:
-            from tandem.serve.auth import first_key
-            key = first_key(api_key_file)
-        res = bench_serve(url, rate, duration, kill_replica_at, max_new_tokens, key)
-    except httpx.ConnectError as e:
-        raise ConfigError(f"no server answers ({e})", field="URL", value=url,
-                          fix="start one with `tandem serve EXPORT_DIR` and give its URL") from None
-    print_report(res)
-    if plot is not None:
-        from tandem.bench.serve_plot import plot_latency
-
-        plot_latency(res, plot)
-        print(f"  plot: {plot}")
-    if json_out:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(res, indent=1) + "\n")
-
-
-def _vs_batch_1(export: Path, duration: float, p99_ms: float, start_rate: float, max_new_tokens: int,
-                json_out: Path | None, vs_static: bool = False) -> None:
-    from tandem.bench import serve_batching as sb
-    from tandem.core.errors import ConfigError
-
-    if not (export / "config.json").is_file():
-        raise ConfigError("--vs-batch-1 takes an export folder (no config.json here)", field="URL",
-                          value=str(export), fix="give a folder written by `tandem export`")
-    what = "continuous vs static batching (mixed lengths)" if vs_static else "dynamic batching vs --max-batch 1"
-    print(f"{what} on {export}: open loop, {duration:g} s per rate, both servers on this machine, alternating",
-          flush=True)
-    res = sb.compare(export, duration=duration, p99_ms=p99_ms, start_rate=start_rate, max_new_tokens=max_new_tokens,
-                     say=lambda m: print(m, flush=True), sides=sb.STATIC if vs_static else None, mixed=vs_static)
-    sb.print_summary(res)
-    if json_out:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(res, indent=1) + "\n")

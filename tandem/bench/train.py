@@ -142,7 +142,7 @@ def model_entry(spec: JobSpec, wdir: Path, pred: dict, background: float) -> dic
 
 def run(opts: TrainBenchOptions, run_dir: Path, calibration: Path, console: Console) -> dict:
     """Measure every worker count; the 1-worker run (first) calibrates the model, the others are predicted."""
-    from tandem.train.cli import run_training
+    from tandem.train.run import run_training
 
     base = load_spec(opts.config) if opts.config else builtin_spec()
     rows, model = [], {}

@@ -1,7 +1,7 @@
 """The `tandem` command: one entry that dispatches to the stages; no logic of its own.
 
-Every verb lives in its stage's ``cli.py``; this file only registers them and
-turns a TandemError into one line on stderr and a non-zero exit.
+Every verb is a file of this package (tandem/cli/<verb>.py: parse, call its stage, render); this file
+only registers them and turns a TandemError into one line on stderr and a non-zero exit.
 """
 
 from __future__ import annotations
@@ -42,28 +42,37 @@ PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "allow_
 
 
 def _register() -> None:
-    from tandem.core.cli import spec_cmd
-    from tandem.launch.cli import launch_cmd
-    from tandem.train.cli import demo_cmd, train_cmd
+    from tandem.cli.bench import bench_app
+    from tandem.cli.data import data_app
+    from tandem.cli.demo import demo_cmd
+    from tandem.cli.diagnose import diagnose_cmd
+    from tandem.cli.doctor import doctor_cmd
+    from tandem.cli.export import export_cmd
+    from tandem.cli.generate import generate_cmd
+    from tandem.cli.launch import launch_cmd
+    from tandem.cli.logs import logs_cmd
+    from tandem.cli.plan import plan_cmd
+    from tandem.cli.serve import serve_cmd
+    from tandem.cli.spec import spec_cmd
+    from tandem.cli.submit import cancel_cmd, status_cmd, submit_cmd
+    from tandem.cli.train import train_cmd
 
     app.command("launch", context_settings=PASSTHROUGH)(launch_cmd)
     app.command("train", context_settings=PASSTHROUGH)(train_cmd)
     app.command("spec", context_settings=PASSTHROUGH)(spec_cmd)
     app.command("demo")(demo_cmd)
-    # Later stages register here, one line each.
-    from tandem.bench.cli import bench_app; app.add_typer(bench_app, name="bench")  # noqa: E702
-    from tandem.diagnose.cli import doctor_cmd; app.command("doctor")(doctor_cmd)  # noqa: E702
-    from tandem.cli.plan import plan_cmd; app.command("plan")(plan_cmd)  # noqa: E702
-    from tandem.export.cli import export_cmd; app.command("export")(export_cmd)  # noqa: E702
-    from tandem.diagnose.run_cli import diagnose_cmd; app.command("diagnose")(diagnose_cmd)  # noqa: E702
-    from tandem.serve.cli import serve_cmd; app.command("serve")(serve_cmd)  # noqa: E702
-    from tandem.data.cli import data_app; app.add_typer(data_app, name="data")  # noqa: E702
-    from tandem.data.cli import generate_cmd; app.command("generate")(generate_cmd)  # noqa: E702
-    from tandem.cli.submit import submit_cmd, status_cmd, cancel_cmd  # noqa: E402
+    app.add_typer(bench_app, name="bench")
+    app.command("doctor")(doctor_cmd)
+    app.command("plan")(plan_cmd)
+    app.command("export")(export_cmd)
+    app.command("diagnose")(diagnose_cmd)
+    app.command("serve")(serve_cmd)
+    app.add_typer(data_app, name="data")
+    app.command("generate")(generate_cmd)
     app.command("submit", context_settings=PASSTHROUGH)(submit_cmd)
     app.command("status")(status_cmd)
     app.command("cancel")(cancel_cmd)
-    from tandem.launch.logs_cli import logs_cmd; app.command("logs")(logs_cmd)  # noqa: E702
+    app.command("logs")(logs_cmd)
 
 
 _register()

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from tandem.core.config import load_spec
 from tandem.core.validate import effective_lr, grad_accum
-from tandem.train.cli import run_training
+from tandem.train.run import run_training
 from tandem.core import rundir
 
 

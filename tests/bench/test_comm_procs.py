@@ -54,7 +54,7 @@ def test_every_collective_checked_and_a_broken_one_caught(tmp_path):
 @pytest.mark.slow
 def test_cli_through_launcher_with_simulated_nodes(tmp_path):
     """2 simulated nodes x 2 workers: intra-node, inter-node and world are measured apart."""
-    from tandem.bench.cli import comm_cmd
+    from tandem.cli.bench import comm_cmd
 
     comm_cmd(collectives="all_reduce,all_gather", min_bytes="64", max_bytes="16K", factor=16, dtype="fp32",
              warmup=1, iters=2, mode="out", no_check=False, no_compute=False, nproc_per_node=2, nnodes="1",

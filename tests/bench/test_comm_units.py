@@ -10,7 +10,8 @@ import torch
 
 from tandem.bench import fit, report
 from tandem.bench.collectives import COLLECTIVES, _pattern, bus_factor, check, numel_for
-from tandem.bench.options import CommOptions, check_memory, parse_size
+from tandem.bench.options import CommOptions, check_memory
+from tandem.core.units import parse_size
 from tandem.core.errors import ConfigError
 
 
@@ -136,7 +137,7 @@ def test_wrong_rows_are_not_fitted_and_render_as_wrong(tmp_path, fake_result):
 
 def test_cli_exits_nonzero_on_wrong_results(tmp_path, monkeypatch, fake_result):
     _result = fake_result
-    from tandem.bench import cli
+    from tandem.cli import bench as cli
     from tandem.core.errors import WorkerFailure
 
     monkeypatch.setattr(cli, "measure", lambda opts, wl, run_dir: _result(wrong=True))
@@ -147,7 +148,7 @@ def test_cli_exits_nonzero_on_wrong_results(tmp_path, monkeypatch, fake_result):
 
 def _comm_cmd(run_dir, **over):
     """`bench comm` as its typer defaults would call it, on a tiny all_reduce sweep."""
-    from tandem.bench import cli
+    from tandem.cli import bench as cli
 
     kw = dict(collectives="all_reduce", min_bytes="8", max_bytes="1M", factor=2, dtype="fp32", warmup=1,
               iters=1, mode="both", no_check=False, no_compute=True, nproc_per_node=2, nnodes="1",

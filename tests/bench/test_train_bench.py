@@ -66,7 +66,7 @@ def test_runnable_sampler_background():
 
 @pytest.mark.slow
 def test_bench_train_real_run(tmp_path, fake_result):
-    from tandem.bench.cli import train_cmd
+    from tandem.cli.bench import train_cmd
 
     cal = tmp_path / "cal.json"
     res = fake_result()

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from tandem.diagnose.checks import FAIL, PASS, ChecksFailed
-from tandem.diagnose.cli import doctor_cmd
+from tandem.cli.doctor import doctor_cmd
 
 
 def _call(**kw):

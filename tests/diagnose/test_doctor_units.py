@@ -153,7 +153,7 @@ def test_nccl_log_bad_input(tmp_path):
 
 def test_doctor_cli_nccl_log_json_and_exit(tmp_path):
     from tandem.diagnose.checks import ChecksFailed
-    from tandem.diagnose.cli import nccl_log_report
+    from tandem.cli.doctor import nccl_log_report
 
     nccl_log_report(DATA / "two_nodes_ib.log", tmp_path / "ok.json")
     doc = json.loads((tmp_path / "ok.json").read_text())
@@ -177,13 +177,13 @@ def test_quick_all_reduce_judgement(tmp_path):
     assert judge_busbw(4.0, 8 << 20, 4, 0.0, 0.0).status == INFO
     assert judge_busbw(10.0, 8 << 20, 4, 2.0, 12.0).status == FAIL
     # The expectation can come from a calibration file: its link bandwidth, in GB/s.
-    from tandem.diagnose.cli import _expected_busbw
+    from tandem.diagnose.doctor import expected_busbw
 
     cal = tmp_path / "cal.json"
     cal.write_text(json.dumps({"links": {"intra_node": {"bandwidth_Bps": 2e9}, "inter_node": {"bandwidth_Bps": 5e8}}}))
-    assert _expected_busbw(0.0, cal, 1) == 2.0 and _expected_busbw(0.0, cal, 2) == 0.5
-    assert _expected_busbw(3.0, cal, 2) == 3.0
+    assert expected_busbw(0.0, cal, 1) == 2.0 and expected_busbw(0.0, cal, 2) == 0.5
+    assert expected_busbw(3.0, cal, 2) == 3.0
     from tandem.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="calibration"):
-        _expected_busbw(0.0, tmp_path / "missing.json", 1)
+        expected_busbw(0.0, tmp_path / "missing.json", 1)

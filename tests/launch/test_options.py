@@ -65,7 +65,7 @@ def test_launch_bench_and_doctor_agree(verb, nnodes, ok, capsys, monkeypatch):
         raise SystemExit(0)
 
     if ok:  # each verb imports check from tandem.launch.options
-        for mod in ("tandem.launch.cli", "tandem.bench.cli", "tandem.diagnose.cli"):
+        for mod in ("tandem.cli.launch", "tandem.cli.bench", "tandem.cli.doctor"):
             monkeypatch.setattr(f"{mod}.check", stop_after)
     args = [*verb, "--nnodes", nnodes, "--simulate-nodes", "2"] + (["examples/hello_dist.py"] if verb == ["launch"] else [])
     try:

@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from tandem.core.errors import LaunchError
-from tandem.launch.cli import from_cluster
+from tandem.launch.cluster_env import from_cluster
 from tandem.core.spec import LaunchSpec as LaunchArgs
 from tandem.launch.slurm_env import default_port, expand_hostlist, node_address, slurm_env, slurm_rendezvous
 from tandem_testing import skip_here_fail_in_ci, tandem_in_process

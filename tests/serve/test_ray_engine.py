@@ -192,9 +192,9 @@ def test_bad_address_is_refused_before_anything_starts(gpt_export, tmp_path, cap
 
 
 def test_replicas_min_max_maps_onto_ray_serve_autoscaling(tmp_path):
-    """No cluster: the options handed to serve.deployment(...).options() (cli_ray.deployment_options)."""
+    """No cluster: the options handed to serve.deployment(...).options() (ray_engine.deployment_options)."""
     from tandem.serve.autoscale import ScalePolicy
-    from tandem.serve.cli_ray import deployment_options
+    from tandem.serve.ray_engine import deployment_options
     from tandem.serve.pool import PoolOptions
 
     fixed = deployment_options(PoolOptions(export=tmp_path, replicas=3, max_batch=32), nodes=2)

@@ -110,7 +110,7 @@ PET_ENV = {"PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_MASTER_ADDR": "train-no
 
 def test_launch_takes_kubeflow_pet_env_unless_flags_say_otherwise():
     from tandem.core.spec import LaunchSpec
-    from tandem.launch.cli import from_cluster
+    from tandem.launch.cluster_env import from_cluster
 
     got = from_cluster(LaunchSpec(), PET_ENV)
     assert (got.nproc_per_node, got.nnodes, got.node_rank, got.master_addr, got.master_port) == \

@@ -19,7 +19,7 @@ def test_a_new_start_appends_after_the_previous_starts_records(tmp_path):
     """A rerun after a stop: the first start's records and logs stay where they are; the new
     start is marked by an ``attempt`` record and readers see its records only."""
     from tandem.core import rundir
-    from tandem.train.cli import begin_attempt
+    from tandem.train.run import begin_attempt
 
     run = tmp_path / "run"
     (run / "logs").mkdir(parents=True)

@@ -1,4 +1,5 @@
-"""`tandem diagnose RUN_DIR`: read a run's profiler window on every rank and say where the step goes."""
+"""`tandem diagnose RUN_DIR`: read a run's profiler window on every rank and say where the step goes
+(the diagnosis is tandem/diagnose/diagnosis.py's; here the flags, the extra files asked for, the report)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,6 @@ from typing import Optional
 
 import typer
 from rich.console import Console
-
-from tandem.core.errors import DataError
-from tandem.core import rundir
 
 
 def diagnose_cmd(
@@ -32,11 +30,13 @@ def diagnose_cmd(
 ) -> None:
     """Where each rank's step goes (data, compute, exposed communication, idle), which rank and section
     is slow, and what to change. Writes RUN_DIR/diagnose.json."""
+    # the analysis loads when a run is diagnosed, not at every `tandem` start
+    from tandem.diagnose.diagnosis import diagnose_run, write_diagnosis
     from tandem.diagnose.report import merged_trace, render
 
-    traces, rep = _analyze(run_dir, calibration, nccl_log)
+    traces, rep = diagnose_run(run_dir, calibration, nccl_log)
     if not rep["steps"]:  # no profiler window: the hangs and the NCCL log alone
-        _write(run_dir, rep)
+        write_diagnosis(run_dir, rep)
         if as_json:
             print(json.dumps(rep, indent=1))
             return
@@ -53,7 +53,7 @@ def diagnose_cmd(
     if compare is not None:
         from tandem.diagnose import compare as cmp
 
-        other = _analyze(compare, calibration)[1]
+        other = diagnose_run(compare, calibration)[1]
         cmp.render(rep, other, (str(run_dir), str(compare)), Console())
         return
     if trace is not None:
@@ -68,7 +68,7 @@ def diagnose_cmd(
         from tandem.diagnose import html
 
         html.write(rep, traces, html_out)
-    out = _write(run_dir, rep)
+    out = write_diagnosis(run_dir, rep)
     if as_json:
         print(json.dumps(rep, indent=1))
         return
@@ -86,39 +86,3 @@ def diagnose_cmd(
     if html_out is not None:
         console.print(f"html report: {html_out}", highlight=False)
     console.print(f"written: {out}", highlight=False)
-
-
-def _write(run_dir: Path, rep: dict) -> Path:
-    out = run_dir / "diagnose.json"
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(rep, indent=1))
-    tmp.replace(out)
-    return out
-
-
-def _analyze(run_dir: Path, calibration: Path | None = None, nccl_log: Path | None = None):
-    from tandem.diagnose import incidents
-    from tandem.diagnose.analyze import SCHEMA, analyze
-    from tandem.diagnose.trace import load_run
-
-    if not run_dir.is_dir():
-        raise DataError("run dir not found", field="run_dir", value=str(run_dir),
-                        fix="give the run_dir of a finished tandem train run")
-    story = {"hangs": incidents.hangs(run_dir), "nccl": incidents.nccl(nccl_log) if nccl_log else None}
-    if not (run_dir / "profile").is_dir() and (story["hangs"] or story["nccl"]):
-        rep = {"schema": SCHEMA, "run_dir": str(run_dir), "world": None, "steps": [], **story}
-        rep["verdicts"] = incidents.verdicts(rep)
-        return [], rep
-    traces = load_run(run_dir)
-    spec_p = run_dir / rundir.SPEC
-    spec = json.loads(spec_p.read_text()) if spec_p.exists() else None
-    if calibration is not None and not calibration.is_file():
-        raise DataError("no such file", field="calibration", value=str(calibration),
-                        fix="give the calibration.json that `tandem bench train` wrote")
-    rep = analyze(traces, spec, run_dir, str(calibration) if calibration else None)
-    rep.update(story)
-    rep["verdicts"] += incidents.verdicts(rep)
-    if not rep["steps"]:
-        raise DataError("the ranks' windows share no step", field="run_dir", value=str(run_dir),
-                        fix="profile again: every rank must record the same steps")
-    return traces, rep

@@ -1,19 +1,17 @@
-"""`tandem serve EXPORT_DIR [options]`: the local engine (one front, N replica processes)."""
+"""`tandem serve EXPORT_DIR [options]`: the flags checked and turned into PoolOptions, then the server
+(serve/server.py) over the local engine (one front, N replica processes) or Ray Serve (serve/ray_engine.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
-import json
 import os
-import signal
-import socket
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from tandem.core.errors import ConfigError, WorkerFailure
+from tandem.core.errors import ConfigError
+from tandem.serve.server import check_tp, is_loopback, run_server
 
 
 def serve_cmd(
@@ -64,12 +62,13 @@ def serve_cmd(
 
     Example: tandem serve runs/gpt-reverse/export/step-00000116 --replicas 2
     """
+    # the serving modules load when a server starts (fastapi/pydantic are the serving extra's)
     from tandem.serve.pool import PoolOptions
     from tandem.serve.schemas import ModelInfo
 
     make_pool = None
     if engine == "ray":
-        from tandem.serve.cli_ray import ray_pool_factory
+        from tandem.serve.ray_engine import ray_pool_factory
 
         if tp != 1:  # a Ray replica is one actor; spanning actors with one process group is not built
             raise ConfigError("tensor-parallel replicas are the local engine's", field="--tp", value=tp,
@@ -101,7 +100,7 @@ def serve_cmd(
     if batching not in ("continuous", "static"):
         raise ConfigError("must be continuous or static", field="--batching", value=batching,
                           fix="give --batching continuous or --batching static")
-    _check_tp(export, tp)
+    check_tp(export, tp)
     if not 0 <= port <= 65535:
         raise ConfigError("not a TCP port", field="--port", value=port, fix="give 0..65535")
     keys = None
@@ -122,110 +121,11 @@ def serve_cmd(
                        # one core left to the front: torch's spinning threads on an oversubscribed CPU
                        # made a replica ~10x slower here (2 cores: p99 6.8 s against 0.2 s at 60 req/s)
                        threads=threads or max(1, ((os.cpu_count() or 1) - 1) // (hi_rep * tp)))
-    if not _loopback(host) and keys is None:
+    if not is_loopback(host) and keys is None:
         print(f"warning: binding {host} exposes the server beyond this machine and it has no authentication; "
               f"give --api-key-file, or put it behind a proxy that checks clients", flush=True)
     try:  # uvloop's event loop costs the front less per request than asyncio's
         from uvloop import run
     except ImportError:
         run = asyncio.run
-    run(_serve(opts, info, host, port, drain_s, max_body, timeout_ms, keys, make_pool))
-
-
-def _check_tp(export: Path, tp: int) -> None:
-    if tp == 1:
-        return
-    have = json.loads((export / "config.json").read_text()).get("tp", 1)
-    if tp < 1 or have != tp:
-        raise ConfigError(f"the export holds tp-R-of-{have} shards" if have > 1 else
-                          "the export has no tensor-parallel shards", field="--tp", value=tp,
-                          fix=f"give --tp {have}" if have > 1 else
-                          f"export again with `tandem export RUN --tp {tp}`, or serve without --tp")
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    fam = socket.AF_INET6 if ":" in host else socket.AF_INET
-    s = socket.socket(fam, socket.SOCK_STREAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        s.bind((host, port))
-    except OSError as e:
-        s.close()
-        raise ConfigError(f"cannot bind ({e.strerror})", field="--port", value=f"{host}:{port}",
-                          fix="choose a free port (or --port 0 for any)") from None
-    s.listen(2048)
-    s.set_inheritable(False)
-    return s
-
-
-async def _serve(opts, info, host: str, port: int, drain_s: float, max_body: int, timeout_ms: int, keys,
-                 make_pool=None) -> None:
-    import uvicorn
-
-    from tandem.serve.app import FrontState, build_app, drain
-    from tandem.serve.metrics import Metrics
-    from tandem.serve.pool import Pool, ReplicaError
-
-    metrics, state = Metrics(), FrontState()
-    pool = (make_pool or Pool)(opts, metrics, say=lambda m: print(m, flush=True))
-    sock = _bind(host, port)
-    bound = sock.getsockname()[1]
-    url = f"http://{host if ':' not in host else f'[{host}]'}:{bound}"
-    app = build_app(pool, info, metrics, state, max_body=max_body, run_dir=str(opts.run_dir),
-                    default_timeout_ms=timeout_ms, keys=keys)
-    loop = asyncio.get_running_loop()
-
-    async def on_term() -> None:
-        print(f"serve: SIGTERM: draining {state.inflight} in-flight request(s), at most {drain_s:g} s", flush=True)
-        await drain(state, drain_s)
-        server.should_exit = True
-
-    class Server(uvicorn.Server):
-        """uvicorn stops accepting at once on SIGTERM; we first answer 503 and let admitted work finish."""
-
-        def handle_exit(self, sig, frame):
-            if sig == signal.SIGTERM and not state.draining:
-                state.draining = True
-                loop.call_soon_threadsafe(lambda: asyncio.ensure_future(on_term()))
-            else:
-                super().handle_exit(sig, frame)
-
-    server = Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5,
-                                   lifespan="off"))
-    opts.run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = opts.run_dir / "server.json.tmp"   # whole or absent: a reader polls for it
-    tmp.write_text(json.dumps({"url": url, "pid": os.getpid(), "export": str(opts.export)}) + "\n")
-    os.replace(tmp, opts.run_dir / "server.json")
-    served = asyncio.create_task(server.serve(sockets=[sock]))
-    print(f"serve: {info.name} ({info.kind}) from {opts.export} on {url}; loading {opts.replicas} replica(s)",
-          flush=True)
-    try:
-        try:
-            await pool.start()
-        except ReplicaError as e:
-            server.should_exit = True
-            await served
-            raise WorkerFailure(str(e), field="replica", value=str(opts.export),
-                                fix=f"see {opts.run_dir}/replica-*.log; check the export with "
-                                    f"`tandem export verify`") from None
-        state.started = True
-        pids = ", ".join(str(r.pid) for r in pool.live if r)
-        auth = f"; {len(keys)} API key(s) required" if keys is not None else ""
-        sc = opts.scale
-        scaling = f" of {sc.min_replicas}:{sc.max_replicas}" if sc else ""
-        tp = f" of {opts.tp} tp ranks" if opts.tp > 1 else ""
-        print(f"ready: {url} ({opts.replicas}{scaling} replica(s){tp}, pids {pids}; max batch {opts.max_batch}, "
-              f"queue {opts.max_queue}{auth}); Ctrl-C or SIGTERM to stop", flush=True)
-        await served
-    finally:
-        await pool.close()
-        print("serve: stopped", flush=True)
+    run(run_server(opts, info, host, port, drain_s, max_body, timeout_ms, keys, make_pool))

@@ -1,10 +1,10 @@
-"""`tandem doctor`: a pass / warn / fail preflight of this node (and every node through the launcher)."""
+"""`tandem doctor`: a pass / warn / fail preflight of this node (and every node through the launcher).
+
+The checks are tandem/diagnose/'s (doctor.py); here the flags, the table and the exit code."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -12,36 +12,13 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from tandem.bench.options import parse_size
-from tandem.bench.runner import procs_on_this_host, read_result, run_module
-from tandem.core.errors import ConfigError, LaunchError, TandemError, WorkerFailure
-from tandem.diagnose import nccl_log, network, system
-from tandem.diagnose.checks import FAIL, Check, ChecksFailed, print_summary, table, worst
-from tandem.diagnose.options import DoctorOptions
+from tandem.bench.runner import procs_on_this_host
 from tandem.core.spec import LaunchSpec
+from tandem.core.units import parse_size
+from tandem.diagnose.checks import FAIL, Check, ChecksFailed, print_summary, table, worst
+from tandem.diagnose.doctor import expected_busbw, local_checks, nccl_log_checks, run_workers
+from tandem.diagnose.options import DoctorOptions
 from tandem.launch.options import check, launch_options
-
-
-def _expected_busbw(expect: float, calibration: Optional[Path], nnodes_max: int) -> float:
-    if expect > 0 or calibration is None:
-        return expect
-    try:
-        cal = json.loads(calibration.read_text())
-        link = cal["links"]["inter_node" if nnodes_max > 1 and "inter_node" in cal["links"] else "intra_node"]
-        return float(link["bandwidth_Bps"]) / 1e9
-    except (OSError, ValueError, KeyError) as e:
-        raise ConfigError(f"cannot read a bandwidth from the calibration ({type(e).__name__}: {e})",
-                          field="--calibration", value=str(calibration),
-                          fix="give a file written by `tandem bench comm` (schema tandem.calibration/1)") from None
-
-
-def local_checks(opts: DoctorOptions, wl: LaunchSpec) -> list[Check]:
-    """What this machine can tell alone, before (or without) starting any worker."""
-    return [*system.node_checks(opts.device, opts.nproc_per_node, opts.checkpoint_path),
-            *network.network_checks(dict(os.environ), wl.master_addr if not wl.rdzv_endpoint
-                                    else wl.rdzv_endpoint.rsplit(":", 1)[0],
-                                    wl.master_port if not wl.rdzv_endpoint
-                                    else int(wl.rdzv_endpoint.rsplit(":", 1)[1]))]
 
 
 def _emit(checks: list[Check], json_out: Optional[Path], title: str, extra: dict | None = None) -> None:
@@ -61,12 +38,7 @@ def _emit(checks: list[Check], json_out: Optional[Path], title: str, extra: dict
 
 
 def nccl_log_report(path: Path, json_out: Optional[Path]) -> None:
-    s = nccl_log.read(path)
-    local_ib = network.rdma().devices
-    checks = nccl_log.judge(s, local_ib if s.hosts and os.uname().nodename in s.hosts else None)
-    extra = {"nccl_log": {**{k: v for k, v in dataclasses.asdict(s).items() if k not in ("peers", "transports")},
-                          "transports": dict(s.transports),
-                          "peers": {f"{a}->{b}": t for (a, b), t in sorted(s.peers.items())}}}
+    checks, extra = nccl_log_checks(path)
     _emit(checks, json_out, f"NCCL log: {path}", extra)
 
 
@@ -110,7 +82,7 @@ def doctor_cmd(
     opts = DoctorOptions(device=device, nproc_per_node=nproc_per_node, checkpoint_path=str(checkpoint_path),
                          shared_path=str(shared_path or ""), busbw_bytes=parse_size(busbw_size, "--busbw-size"),
                          collective_timeout_s=max(60.0, 4.0 * timeout),
-                         expect_busbw_GBps=_expected_busbw(expect_busbw, calibration,
+                         expect_busbw_GBps=expected_busbw(expect_busbw, calibration,
                                                            node_counts(wl)[1]))
     checks = local_checks(opts, wl)
     if local_only:
@@ -124,30 +96,3 @@ def doctor_cmd(
     else:
         _emit(workers, json_out, f"tandem doctor ({procs_on_this_host(wl) if simulate_nodes else nproc_per_node} "
                                  f"workers per {'machine' if simulate_nodes else 'node'})")
-
-
-def run_workers(opts: DoctorOptions, wl: LaunchSpec, run_dir: Path) -> list[Check] | Check | None:
-    """Checks gathered from every node, None on a node without rank 0, or a fail row if they could not run."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    opts_path, res_path = run_dir / "doctor-options.json", run_dir / "doctor.json"
-    opts_path.write_text(json.dumps(dataclasses.asdict(opts)))
-    res_path.unlink(missing_ok=True)
-    try:
-        with Console(stderr=True).status(f"checking {procs_on_this_host(wl)} local workers ..."):
-            run_module(wl, "tandem.diagnose.doctor_worker",
-                       ["--options", str(opts_path.resolve()), "--out", str(res_path.resolve())], run_dir)
-        res = read_result(res_path, wl)
-    except LaunchError as e:
-        # The launcher's fix speaks of jobs; here a missing node is the finding itself.
-        return Check("nodes joined", FAIL, e.message, node="all",
-                     fix=f"start `tandem doctor` with the same --nnodes/--master-addr/--master-port on every "
-                         f"node within --timeout {wl.timeout_s} s; a node that never joins is down or cannot "
-                         f"reach the master (see 'route to master' on that node)")
-    except WorkerFailure as e:
-        return Check("workers", FAIL, e.message.splitlines()[0][:300], node="all",
-                     fix=f"see the per-rank logs in {run_dir / 'logs'}")
-    except TandemError:
-        raise
-    if res is None:
-        return None
-    return [Check.from_dict(d) for d in res["checks"]]

@@ -10,14 +10,11 @@ from typing import Optional
 import typer
 
 from tandem.core.errors import ConfigError
+from tandem.core.units import parse_size
 
 
 def _size(text: Optional[str], field: str) -> Optional[int]:
-    if text is None:
-        return None
-    from tandem.bench.options import parse_size
-
-    return parse_size(text, field)
+    return None if text is None else parse_size(text, field)
 
 
 def _mib(n: float) -> str:
@@ -49,7 +46,7 @@ def export_cmd(
     if folder is not None:
         raise ConfigError("unexpected second argument", field="export", value=folder,
                           fix="give one RUN_DIR or CHECKPOINT, or `tandem export verify DIR`")
-    from tandem.export.exporter import ExportOptions, export
+    from tandem.export.exporter import ExportOptions, export  # torch inside: `tandem --help` stays fast
 
     opts = ExportOptions(Path(source), out, dtype, tp, _size(max_memory, "--max-memory"),
                          _size(shard_size, "--shard-size"), force, spec, progress=not as_json and sys.stderr.isatty())
@@ -68,7 +65,7 @@ def export_cmd(
 
 
 def _verify(folder: str, as_json: bool) -> None:
-    from tandem.export.loader import verify
+    from tandem.export.loader import verify  # torch inside
 
     r = verify(Path(folder))
     if as_json:

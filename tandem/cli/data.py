@@ -1,9 +1,9 @@
-"""`tandem data prepare-text SRC... --out DIR` and `tandem generate RUN_DIR|CHECKPOINT --prompt TEXT`."""
+"""`tandem data prepare-text SRC... --out DIR`: text files to token files (data/text.py), with a progress bar."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import List
 
 import typer
 
@@ -49,21 +49,3 @@ def prepare_text_cmd(
               f"({s['tokens_per_byte']:.3f} per byte), order-0 entropy {s['order0_bits_per_byte']:.3f} bits per byte")
     if man["skipped_not_utf8"]:
         print(f"  skipped {man['skipped_not_utf8']} file(s) that are not UTF-8 text")
-
-
-def generate_cmd(
-    source: str = typer.Argument(..., metavar="RUN_DIR|CHECKPOINT|EXPORT",
-                                 help="A run dir (its newest checkpoint), a checkpoint folder, or an export folder."),
-    prompt: str = typer.Option(..., "--prompt", help="Text to continue."),
-    tokens: int = typer.Option(200, "--tokens", help="Tokens to generate."),
-    temperature: float = typer.Option(0.8, "--temperature", help="Softmax temperature (0: the most likely token)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the sampler."),
-    data: Optional[str] = typer.Option(None, "--data", help="Token folder whose tokenizer to use (default: the "
-                                                            "run's data.path)."),
-) -> None:
-    """Print the prompt and a sample of TOKENS more from a language model trained on data.name = "tokens"."""
-    from tandem.serve.generate import generate
-
-    text, loaded = generate(source, prompt, tokens, temperature, seed, data)
-    print(f"# {tokens} tokens from {loaded.source}, temperature {temperature:g}, seed {seed}")
-    print(prompt + text)

@@ -1,4 +1,4 @@
-"""`tandem train CONFIG [--section.key VALUE ...]` and `tandem demo`.
+"""A training run from the parent's side: what `tandem train` and `tandem demo` run (cli/train.py, cli/demo.py).
 
 The parent validates everything it can before a process starts (spec, device, the
 checkpoint to resume and its model), writes RUN_DIR/spec.json, launches the workers,
@@ -13,24 +13,17 @@ import os
 import threading
 from pathlib import Path
 
-import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tandem.core import contract, rundir
-from tandem.core.config import load_spec, to_dict
-from tandem.core.console import make_console
+from tandem.core.config import to_dict
 from tandem.core.errors import ConfigError, JobStopped, WorkerFailure
 from tandem.core.runlock import RunLock
 from tandem.core.spec import JobSpec
 from tandem.launch import failures as fl
 from tandem.launch.launcher import launch
 from tandem.train import metrics
-
-
-def split_flags(args: list[str], names: tuple[str, ...]) -> tuple[list[str], set[str]]:
-    """Our own flags may come after CONFIG, among the overrides: take them out."""
-    return [a for a in args if a not in names], {a for a in args if a in names}
 
 
 def run_dir_of(spec: JobSpec) -> Path:
@@ -247,50 +240,3 @@ def print_result(result: dict, run_dir: Path, console: Console) -> None:
                       f"{r.get('steps_redone')} step(s) redone, {r.get('lost_s', 0):.1f} s lost", highlight=False)
     console.print(f"  checkpoint: {result['checkpoint']}\n  logs: {run_dir / rundir.LOGS}/rank-*.log"
                   f"\n  metrics: {run_dir / rundir.METRICS}", highlight=False)
-
-
-def train_cmd(
-    ctx: typer.Context,
-    config: str = typer.Argument(..., help="Job spec (.toml or .yaml); see `tandem spec` for every field."),
-    stream: bool = typer.Option(False, "--stream", help="Stream every rank's output (rank-prefixed) "
-                                                        "instead of a progress bar."),
-    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
-    fresh: bool = typer.Option(False, "--fresh", help="Start over: move the run dir's previous run aside "
-                                                      "(RUN_DIR.<time>), then train from step 0."),
-) -> None:
-    """Train the job in CONFIG; override any field with --section.key VALUE.
-
-    Example: tandem train examples/digits_resnet.toml --launch.simulate_nodes 2 --launch.nproc_per_node 2
-    """
-    overrides, flags = split_flags(ctx.args, ("--json", "--stream", "--fresh"))
-    as_json, stream, fresh = as_json or "--json" in flags, stream or "--stream" in flags, fresh or "--fresh" in flags
-    spec = load_spec(config, overrides)
-    console = make_console(stderr=as_json)
-    try:
-        result = run_training(spec, console, stream=stream, fresh=fresh)
-    except AlreadyComplete as e:
-        old = e.run_dir / rundir.RESULT
-        if as_json and old.is_file():
-            print(old.read_text())
-        console.print(f"{e} (result: {old if old.is_file() else 'n/a'}). To train it again from the start: "
-                      "--fresh; to train longer: raise --schedule.epochs or --schedule.max_steps", highlight=False,
-                      soft_wrap=True)
-        return
-    if as_json:
-        print(json.dumps(result, indent=1))
-    else:
-        print_result(result, run_dir_of(spec), console)
-
-
-def demo_cmd(
-    config: str = typer.Option(None, "--config", help="Job spec of the demo (default: the packaged "
-                                                      "examples/digits_resnet.toml)."),
-    run_dir: str = typer.Option("runs/demo", "--run-dir", help="Where both runs go."),
-) -> None:
-    """The seed's case at CPU scale: 2 simulated nodes x 2 workers, DDP, bf16, cosine LR, digits.
-
-    Measures throughput on 1 worker, then trains on 4 and prints the table.
-    """
-    from tandem.train.demo import run_demo
-
-    run_demo(config, Path(run_dir), make_console())

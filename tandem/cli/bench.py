@@ -1,9 +1,8 @@
-"""`tandem bench comm` (and later `tandem bench train`): measure, render, calibrate."""
+"""`tandem bench comm|train|serve`: the flags in, the measurement (tandem/bench/), the tables and files out."""
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -12,18 +11,19 @@ import typer
 from rich.console import Console
 
 from tandem.bench import fit, report
-from tandem.bench.options import CommOptions, check_memory, mem_available, parse_size
-from tandem.bench.runner import procs_on_this_host, read_result, run_module
+from tandem.bench.comm import comm_workers, measure
+from tandem.bench.options import CommOptions, check_memory, mem_available
+from tandem.bench.runner import procs_on_this_host
+from tandem.bench.serve import bench_serve, print_report as print_load_report
 from tandem.core.errors import ConfigError, WorkerFailure
+from tandem.core.extras import require
 from tandem.core.spec import LaunchSpec
+from tandem.core.units import parse_size
 from tandem.launch.options import check, launch_options
 
 bench_app = typer.Typer(help="Measure collectives (nccl-tests style), training scaling and a served model under load; "
                         "calibrate `tandem plan`.",
                         no_args_is_help=True)
-
-RESULT_FILE = "bench-comm.json"
-
 
 @launch_options("nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "rdzv_endpoint",
                 "simulate_nodes", "timeout", "device", "backend", nproc_per_node=(2, "Workers per node."),
@@ -95,31 +95,6 @@ def comm_cmd(
                                 "rerun with NCCL_DEBUG=INFO and check `tandem doctor`")
 
 
-def measure(opts: CommOptions, launch: LaunchSpec, run_dir: Path) -> dict | None:
-    """Run the workers and return rank 0's result (None on nodes without rank 0)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    opts_path, res_path = run_dir / "bench-comm-options.json", run_dir / RESULT_FILE
-    opts_path.write_text(json.dumps(opts.to_dict()))
-    res_path.unlink(missing_ok=True)  # a stale file must never pass for this run's result
-    with Console(stderr=True).status(f"measuring {', '.join(opts.collectives)} on "
-                                     f"{procs_on_this_host(launch)} local workers ..."):
-        run_module(launch, "tandem.bench.comm_worker",
-                   ["--options", str(opts_path.resolve()), "--out", str(res_path.resolve())], run_dir)
-    return read_result(res_path, launch)
-
-
-def _comm_workers(counts: list[int]) -> int:
-    """Workers for the quick link measurement: two at least, but NCCL takes one rank per GPU, so on a
-    host with one GPU there is no link to measure (the calibration then holds the host and compute)."""
-    import torch
-
-    from tandem.core.environment import resolve_device
-    n = max(2, max(counts))
-    if resolve_device("auto", "auto", os.environ)[0] == "cuda":
-        n = min(n, max(1, torch.cuda.device_count()))
-    return n
-
-
 def train_cmd(
     config: Optional[str] = typer.Argument(None, help="Job spec (toml/yaml); default: a small built-in "
                                                       "ResNet-18 on the digits set."),
@@ -154,7 +129,7 @@ def train_cmd(
         out.print(f"no calibration at {cal}: measuring all_reduce on {max(counts)} workers first")
         quick = CommOptions(collectives=["all_reduce"], min_bytes=1 << 10, max_bytes=16 << 20, factor=4,
                             warmup=2, iters=10, mode="in").validate()  # DDP reduces its buckets in place
-        res = measure(quick, LaunchSpec(nproc_per_node=_comm_workers(counts)), run_dir / "comm")
+        res = measure(quick, LaunchSpec(nproc_per_node=comm_workers(counts)), run_dir / "comm")
         fit.write_calibration(cal, res)
     res = tb.run(opts, run_dir, cal, Console(stderr=True))
     out.print(tb.table(res))
@@ -172,6 +147,95 @@ def train_cmd(
         json_out.write_text(json.dumps(res, indent=1))
 
 
+def typer_arg(help: str):
+    return typer.Argument(..., help=help)
+
+
+def typer_opt(default, flag: str, help: str):
+    return typer.Option(default, flag, help=help)
+
+
+def serve_cmd(
+    url: str = typer_arg("URL of a running `tandem serve`, e.g. http://127.0.0.1:8000 (with --vs-batch-1: an "
+                         "export folder)"),
+    rate: float = typer_opt(50.0, "--rate", "Requests per second, sent on schedule (open loop)."),
+    duration: float = typer_opt(10.0, "--duration", "Seconds of load."),
+    kill_replica_at: Optional[float] = typer_opt(None, "--kill-replica-at",
+                                                 "SIGKILL one replica this many seconds in (same machine: its pid "
+                                                 "comes from the server's run dir)."),
+    max_new_tokens: int = typer_opt(8, "--max-new-tokens", "Tokens per /v1/generate request (gpt exports)."),
+    json_out: Optional[Path] = typer_opt(None, "--json", "Write the results as JSON."),
+    api_key_file: Optional[Path] = typer_opt(None, "--api-key-file", "Send the first key of this file (the "
+                                                                     "server's --api-key-file) as a Bearer token."),
+    vs_batch_1: bool = typer_opt(False, "--vs-batch-1", "Start two servers of the export URL names (--max-batch "
+                                                        "32 and 1), step the rate up on both and print the "
+                                                        "capacity ratio at the same p99 bound."),
+    p99_ms: float = typer_opt(1000.0, "--p99-ms", "--vs-batch-1: the p99 a sustained rate stays within."),
+    start_rate: float = typer_opt(5.0, "--start-rate", "--vs-batch-1: the first rate (then x1.5 a step)."),
+    vs_static: bool = typer_opt(False, "--vs-static", "Like --vs-batch-1, but continuous against static batching "
+                                                      "(same --max-batch 32) under a mixed load: every 4th "
+                                                      "request --max-new-tokens long, the others 2 tokens."),
+    plot: Optional[Path] = typer_opt(None, "--plot", "Write a PNG of latency over intended send time, errors "
+                                                     "and the replica kill marked (needs the `plot` extra)."),
+) -> None:
+    """Open-loop constant-rate load: throughput, p50/p90/p99/max from each request's due time, codes.
+
+    Example: tandem bench serve http://127.0.0.1:8000 --rate 100 --duration 10 --kill-replica-at 5
+    """
+    require("serve", "tandem bench serve")  # its client (httpx) and, with --vs-batch-1, the servers it starts
+    if rate <= 0 or duration <= 0:
+        raise ConfigError("must be positive", field="--rate" if rate <= 0 else "--duration",
+                          value=rate if rate <= 0 else duration, fix="give a positive number")
+    if kill_replica_at is not None and not 0 <= kill_replica_at < duration:
+        raise ConfigError(f"must be within the run (0..{duration:g} s)", field="--kill-replica-at",
+                          value=kill_replica_at, fix="give a time inside --duration")
+    if plot is not None:
+        from tandem.bench.serve_plot import check_path, require_matplotlib
+
+        check_path(plot)
+        require_matplotlib(plot)
+    if vs_batch_1 or vs_static:
+        return _vs_batch_1(Path(url), duration, p99_ms, start_rate, max_new_tokens, json_out, vs_static)
+    import httpx
+
+    try:
+        key = None
+        if api_key_file is not None:
+            from tandem.serve.auth import first_key
+            key = first_key(api_key_file)
+        res = bench_serve(url, rate, duration, kill_replica_at, max_new_tokens, key)
+    except httpx.ConnectError as e:
+        raise ConfigError(f"no server answers ({e})", field="URL", value=url,
+                          fix="start one with `tandem serve EXPORT_DIR` and give its URL") from None
+    print_load_report(res)
+    if plot is not None:
+        from tandem.bench.serve_plot import plot_latency
+
+        plot_latency(res, plot)
+        print(f"  plot: {plot}")
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(res, indent=1) + "\n")
+
+
+def _vs_batch_1(export: Path, duration: float, p99_ms: float, start_rate: float, max_new_tokens: int,
+                json_out: Path | None, vs_static: bool = False) -> None:
+    from tandem.bench import serve_batching as sb
+
+    if not (export / "config.json").is_file():
+        raise ConfigError("--vs-batch-1 takes an export folder (no config.json here)", field="URL",
+                          value=str(export), fix="give a folder written by `tandem export`")
+    what = "continuous vs static batching (mixed lengths)" if vs_static else "dynamic batching vs --max-batch 1"
+    print(f"{what} on {export}: open loop, {duration:g} s per rate, both servers on this machine, alternating",
+          flush=True)
+    res = sb.compare(export, duration=duration, p99_ms=p99_ms, start_rate=start_rate, max_new_tokens=max_new_tokens,
+                     say=lambda m: print(m, flush=True), sides=sb.STATIC if vs_static else None, mixed=vs_static)
+    sb.print_summary(res)
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(res, indent=1) + "\n")
+
+
 bench_app.command("comm")(comm_cmd)
 bench_app.command("train")(train_cmd)
-from tandem.bench.serve import serve_cmd as _serve_cmd; bench_app.command("serve")(_serve_cmd)  # noqa: E402,E702
+bench_app.command("serve")(serve_cmd)
