@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -10,7 +11,8 @@ import typer
 
 from tandem.core import rundir
 from tandem.core.errors import ConfigError
-from tandem.launch.log_reader import RankLog, Tail, current_attempt, job_end, scan, slurm_record
+from tandem.launch.log_reader import RankLog, Tail, current_attempt, job_end, scan
+from tandem.submit.slurm import slurm_job_end, slurm_record
 
 POLL_S = 0.25  # how often --follow looks for new lines and for the job's end
 
@@ -33,13 +35,20 @@ def logs_cmd(
     if slurm is not None:
         print(f"slurm job {slurm['job_id']}: sbatch output in {run_dir / 'submit'}/slurm-{slurm['job_id']}.out",
               file=sys.stderr, flush=True)
+    # a Slurm job's end is its controller's to say, where scontrol answers; else the run dir tells
+    if slurm is not None and shutil.which("scontrol"):
+        def ended_why() -> str | None:
+            return slurm_job_end(slurm)
+    else:
+        def ended_why() -> str | None:
+            return job_end(run_dir)
     files = scan(run_dir)
     current = current_attempt(run_dir, files)
     chosen = attempt or current
     if attempt and not 1 <= attempt <= current:
         raise ConfigError(f"the run dir has attempts 1 to {current}", field="--attempt", value=attempt,
                           fix=f"use 1 to {current}, or leave it out for the current one")
-    ended = job_end(run_dir, slurm) if follow else "not followed"
+    ended = ended_why() if follow else "not followed"
     mine = [f for f in files if f.attempt == chosen]
     if not mine and ended is not None:  # nothing to print and nothing more will come
         if not files:
@@ -62,7 +71,7 @@ def logs_cmd(
         _emit(tail.read(wanted(mine), final=True))
         return
     while True:
-        ended = job_end(run_dir, slurm)  # before reading: whatever was written before the end gets read
+        ended = ended_why()  # before reading: whatever was written before the end gets read
         _emit(tail.read(wanted(scan(run_dir)), final=ended is not None))
         if ended is not None:
             print(f"tandem logs: the job has ended ({ended})", file=sys.stderr, flush=True)

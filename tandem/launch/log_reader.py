@@ -24,13 +24,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import socket
 from dataclasses import dataclass
 from pathlib import Path
 
 from tandem.core import rundir
-from tandem.core.errors import ConfigError
+from tandem.core.runlock import alive, process_start
 
 NAME = re.compile(r"^rank-(?P<rank>\d+)(?P<join>\.join-.+?-\d+)?(?:\.attempt(?P<attempt>\d+))?"
                   r"(?:\.restart(?P<restart>\d+))?(?P<err>\.err)?\.log$")
@@ -76,32 +75,9 @@ def current_attempt(run_dir: Path, files: list[RankLog]) -> int:
     return max([1, *(f.attempt for f in files), *([starts[-1]["attempt"]] if starts else [])])
 
 
-def slurm_record(run_dir: Path) -> dict | None:
-    from tandem.submit.record import read_record
-
-    try:
-        rec = read_record(run_dir)
-    except ConfigError:
-        return None
-    return rec if rec.get("engine") == "slurm" else None
-
-
-def job_end(run_dir: Path, slurm: dict | None) -> str | None:
-    """Why the job is over, or None while it may still write logs."""
-    from tandem.core.runlock import alive
-
-    if slurm is not None and shutil.which("scontrol"):
-        from tandem.submit.slurm import TERMINAL, job_fields
-
-        f = job_fields(slurm["job_id"])
-        if f is None:
-            return f"slurm job {slurm['job_id']} is no longer known to the controller"
-        state = f.get("JobState", "?")
-        # a preempted job that will be requeued is not over
-        if state in TERMINAL and not (state == "PREEMPTED"
-                                      and int(f.get("Restarts", "0")) < int(slurm.get("max_requeues", 0))):
-            return f"slurm job {slurm['job_id']} {state}"
-        return None
+def job_end(run_dir: Path) -> str | None:
+    """Why the job is over, or None while it may still write logs (a Slurm job asks its controller first:
+    tandem.submit.slurm.slurm_job_end, chosen by the verb)."""
     sub = _read_json(Path(run_dir) / "submit" / "job.json") or {}
     if sub.get("engine") in ("ssh", "ray") and sub.get("state") in ("DONE", "COMPLETED", "FAILED", "CANCELLED", "LOST"):
         return f"{sub['engine']} job {sub['state']}"   # tandem submit recorded the end (the first host may be remote)
@@ -126,8 +102,6 @@ def _read_json(path: Path) -> dict | None:
 def _runs(start: dict) -> bool:
     """Whether the process that recorded ``start`` (attempts.jsonl) still runs: its pid, started no later than
     the record (a pid reused by a later process started after it)."""
-    from tandem.core.runlock import process_start
-
     ticks = process_start(int(start.get("pid", -1)))
     if ticks is None:
         return False

@@ -219,6 +219,28 @@ def job_fields(job_id: str) -> dict[str, str] | None:
     return out
 
 
+def slurm_record(run_dir: Path) -> dict | None:
+    """The run record of a Slurm submission in RUN_DIR, or None (no record, or another engine's)."""
+    try:
+        rec = read_record(run_dir)
+    except ConfigError:
+        return None
+    return rec if rec.get("engine") == "slurm" else None
+
+
+def slurm_job_end(rec: dict) -> str | None:
+    """Why the Slurm job of run record REC is over, from its controller; None while it runs or waits."""
+    f = job_fields(rec["job_id"])
+    if f is None:
+        return f"slurm job {rec['job_id']} is no longer known to the controller"
+    state = f.get("JobState", "?")
+    # a preempted job that will be requeued is not over
+    if state in TERMINAL and not (state == "PREEMPTED"
+                                  and int(f.get("Restarts", "0")) < int(rec.get("max_requeues", 0))):
+        return f"slurm job {rec['job_id']} {state}"
+    return None
+
+
 def slurm_status(run_dir: Path) -> tuple[str, str]:
     """(state, one line) for the job submitted into run_dir."""
     rec = read_record(run_dir)

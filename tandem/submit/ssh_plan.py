@@ -181,7 +181,7 @@ def remote_command(job: SshJob, env: dict[str, str], tandem_args: list[str]) -> 
     q = shlex.quote
     assigns = " ".join(f"{k}={q(v)}" for k, v in env.items())
     return (f"cd {q(str(job.workdir))} && echo {PID_TAG} $$ && exec env {assigns + ' ' if assigns else ''}"
-            f"{q(job.python)} -m tandem.launch.ssh_remote $PPID {' '.join(q(a) for a in tandem_args)}")
+            f"{q(job.python)} -m tandem.cli.ssh_remote $PPID {' '.join(q(a) for a in tandem_args)}")
 
 
 def master_address(job: SshJob, host: Host) -> str:

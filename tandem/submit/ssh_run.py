@@ -46,7 +46,7 @@ def kill_agents(job: SshJob, nodes: list[dict], sig: str = "TERM", timeout: floa
     def one(n: dict) -> str | None:
         try:
             pid = int(n["pid"])
-            cmd = f"grep -q tandem.launch.ssh_remote /proc/{pid}/cmdline && kill -{sig} {pid}"
+            cmd = f"grep -qE 'tandem[.](cli|launch)[.]ssh_remote' /proc/{pid}/cmdline && kill -{sig} {pid}"
             r = subprocess.run([*ssh_base(job), n["host"], cmd], capture_output=True,
                                stdin=subprocess.DEVNULL, timeout=timeout)
             return n["host"] if r.returncode == 0 else None

@@ -162,7 +162,7 @@ def test_dry_run_prints_one_ssh_command_per_host(tmp_path, capsys, monkeypatch):
     assert len(cmds) == 2 and "world 3" in out, out
     assert cmds[1].startswith("ssh -o BatchMode=yes b 'cd ")
     assert "NCCL_DEBUG=WARN" in cmds[0] and "NOT_PASSED" not in out and "K=***" in cmds[0] and "v w" not in out, cmds[0]   # --env values masked
-    assert f"{sys.executable} -m tandem.launch.ssh_remote $PPID launch --cluster none --nproc-per-node 1 --nnodes 2 " \
+    assert f"{sys.executable} -m tandem.cli.ssh_remote $PPID launch --cluster none --nproc-per-node 1 --nnodes 2 " \
            "--node-rank 1 --master-addr a --master-port 29500 --run-dir /r examples/hello_dist.py --n 1" in cmds[1]
 
 

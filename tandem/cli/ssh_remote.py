@@ -1,4 +1,4 @@
-"""What `tandem submit --on ssh` runs on each host: `python -m tandem.launch.ssh_remote SSHD_PID ARGS...`.
+"""What `tandem submit --on ssh` runs on each host: `python -m tandem.cli.ssh_remote SSHD_PID ARGS...`.
 
 sshd leaves a command without a terminal running when its connection drops (the client
 killed, the network gone): the agent would train on with nobody reading its output. So the
@@ -13,14 +13,13 @@ from __future__ import annotations
 import signal
 import sys
 
+from tandem.cli import main as cli_main
+from tandem.core.fastexit import run_and_exit
 from tandem.launch.orphans import die_with_parent
 
 
 def main(args: list[str]) -> None:
     die_with_parent(int(args[0]), signal.SIGTERM)
-    from tandem.cli import main as cli_main
-    from tandem.core.fastexit import run_and_exit
-
     run_and_exit(cli_main, args[1:])
 
 
