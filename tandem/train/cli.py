@@ -26,6 +26,7 @@ from tandem.core.spec import JobSpec
 from tandem.launch import failures as fl
 from tandem.launch.launcher import launch
 from tandem.train import metrics
+from tandem.train.checkpoint_meta import CheckpointMeta
 
 
 def split_flags(args: list[str], names: tuple[str, ...]) -> tuple[list[str], set[str]]:
@@ -50,16 +51,15 @@ def preflight(spec: JobSpec, run_dir: Path) -> tuple[Path | None, dict | None]:
     return path, meta
 
 
-def check_same_layout(spec: JobSpec, meta: dict, path: Path) -> None:
+def check_same_layout(spec: JobSpec, meta: CheckpointMeta, path: Path) -> None:
     """`resume = auto` finds the run dir's own checkpoint: a spec that splits the model another way
     (another strategy, tp or pp) is most likely a new experiment pointed at an old run dir.
     Resharding is what DCP does well, but only when asked for (resume = that path)."""
     from tandem.train.elastic.resume import layout_of
 
-    old, new = meta.get("parallel"), layout_of(spec)
+    old, new = meta.parallel, layout_of(spec)
     if not old:  # checkpoints written before layouts were recorded
         return
-    old = {**old, "strategy": "zero3" if old.get("strategy") == "fsdp" else old.get("strategy")}
     diff = next((k for k in ("strategy", "tp", "pp") if old.get(k) != new[k]), None)
     if diff is None:
         return
@@ -73,12 +73,12 @@ def check_same_layout(spec: JobSpec, meta: dict, path: Path) -> None:
                                            f"or reshard that checkpoint on purpose with --checkpoint.resume {path}")
 
 
-def finished(spec: JobSpec, meta: dict | None) -> bool:
+def finished(spec: JobSpec, meta: CheckpointMeta | None) -> bool:
     """The checkpoint to resume is the last step of this same schedule: a rerun would train nothing."""
     from tandem.train.elastic.resume import schedule_key
 
-    return (meta is not None and meta.get("total_steps") is not None and meta["step"] >= meta["total_steps"]
-            and meta.get("schedule_key") == schedule_key(spec))
+    return (meta is not None and meta.total_steps is not None and meta.step >= meta.total_steps
+            and meta.schedule_key == schedule_key(spec))
 
 
 def archive(spec: JobSpec, run_dir: Path, console: Console) -> None:
@@ -160,7 +160,7 @@ def run_training(spec: JobSpec, console: Console, *, stream: bool = False, label
     else:
         path, meta = preflight(spec, run_dir)
     if finished(spec, meta):
-        raise AlreadyComplete(run_dir, path, meta["step"])
+        raise AlreadyComplete(run_dir, path, meta.step)
     run_dir.mkdir(parents=True, exist_ok=True)
     if lock is not None:
         lock.acquire(say)
