@@ -7,7 +7,6 @@ from pathlib import Path
 
 from tandem.core.errors import WorkerFailure
 from tandem.core.spec import LaunchSpec
-from tandem.core.validate import parse_nnodes
 
 
 def procs_on_this_host(launch: LaunchSpec) -> int:
@@ -17,7 +16,7 @@ def procs_on_this_host(launch: LaunchSpec) -> int:
 def is_result_node(launch: LaunchSpec) -> bool:
     """Whether global rank 0 (which writes results) runs under this command."""
     # c10d rendezvous hands out ranks by arrival, so with several real nodes any node may hold it.
-    if launch.simulate_nodes or parse_nnodes(launch.nnodes)[1] == 1:
+    if launch.simulate_nodes or launch.nodes.max == 1:
         return True
     return not launch.rdzv_endpoint and launch.node_rank == 0
 

@@ -83,7 +83,7 @@ def doctor_cmd(
                          shared_path=str(shared_path or ""), busbw_bytes=parse_size(busbw_size, "--busbw-size"),
                          collective_timeout_s=max(60.0, 4.0 * timeout),
                          expect_busbw_GBps=expected_busbw(expect_busbw, calibration,
-                                                           node_counts(wl)[1]))
+                                                           node_counts(wl).max))
     checks = local_checks(opts, wl)
     if local_only:
         _emit(checks, json_out, "tandem doctor (this machine only)")

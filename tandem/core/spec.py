@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tandem.core.errors import ConfigError
+from tandem.core.noderange import NodeRange
 
 
 def f(default: Any, help: str, **kw: Any) -> Any:
@@ -170,6 +171,12 @@ class LaunchSpec:
     watchdog_s: float = f(0, "Hang watchdog: a rank without training progress for this many seconds gets its "
                              "stacks dumped and the group is ended (restarted with max_restarts). 0: off.")
     last_call_s: int = f(3, "Elastic MIN:MAX: seconds the rendezvous waits for more nodes once MIN joined.")
+
+    @property
+    def nodes(self) -> NodeRange:
+        """``nnodes`` as numbers (validate_launch refused any text that does not parse, naming the
+        field as the user wrote it). Derived from the text each time: a caller may replace ``nnodes``."""
+        return NodeRange.parse(self.nnodes)
 
 
 @dataclass

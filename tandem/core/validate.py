@@ -11,6 +11,7 @@ from typing import Callable
 
 from tandem.core.dims import from_spec
 from tandem.core.errors import ConfigError
+from tandem.core.noderange import NodeRange
 from tandem.core.spec import JobSpec, LaunchSpec
 
 LAUNCH_CHOICES = {"device": ("auto", "cpu", "cuda"), "backend": ("auto", "gloo", "nccl")}
@@ -28,20 +29,6 @@ CHOICES = {
     "elastic.on_resize": ("keep_batch", "scale_lr"),
     **{f"launch.{k}": v for k, v in LAUNCH_CHOICES.items()},
 }
-
-
-def parse_nnodes(nnodes: str, field: str = "launch.nnodes") -> tuple[int, int]:
-    """'2' -> (2, 2); '1:4' -> (1, 4)."""
-    try:
-        lo, _, hi = str(nnodes).partition(":")
-        mn, mx = int(lo), int(hi or lo)
-    except ValueError:
-        raise ConfigError("expected N or MIN:MAX", field=field, value=nnodes,
-                          fix="write --nnodes 2 or --nnodes 1:4") from None
-    if mn < 1 or mx < mn:
-        raise ConfigError(f"{nnodes!r} is not a valid range (need 1 <= MIN <= MAX)",
-                          field=field, fix="write --nnodes 2 or --nnodes 1:4")
-    return mn, mx
 
 
 def spec_field(name: str) -> str:
@@ -71,14 +58,14 @@ def validate_launch(launch: LaunchSpec, name: Callable[[str], str] = spec_field)
     if launch.timeout_s <= 0:
         raise ConfigError(f"must be positive, got {launch.timeout_s}", field=name("timeout_s"),
                           value=launch.timeout_s, fix="give the seconds to wait for the rendezvous, e.g. 60")
-    mn, mx = parse_nnodes(launch.nnodes, name("nnodes"))
+    nodes = NodeRange.parse(launch.nnodes, name("nnodes"))  # the one parse that names the field as written
     k = launch.simulate_nodes
-    if k and (mn, mx) != (1, 1) and mx != k:
+    if k and (nodes.min, nodes.max) != (1, 1) and nodes.max != k:
         raise ConfigError(f"{name('nnodes')} {launch.nnodes} does not fit {name('simulate_nodes')} {k}: the "
                           f"simulated nodes are the job's nodes, so nnodes is 1 (not given), {k}, or MIN:{k}",
                           field=name("nnodes"), value=launch.nnodes,
                           fix=f"drop {name('nnodes')}, or give MIN:{k} for an elastic job")
-    if mn != mx and not launch.rdzv_endpoint and not k:
+    if nodes.elastic and not launch.rdzv_endpoint and not k:
         raise ConfigError(f"elastic nnodes {launch.nnodes} needs a c10d rendezvous endpoint",
                           field=name("rdzv_endpoint"), fix=f"add {name('rdzv_endpoint')} HOST:PORT")
     if launch.backend == "nccl" and launch.device == "cpu":
@@ -87,17 +74,19 @@ def validate_launch(launch: LaunchSpec, name: Callable[[str], str] = spec_field)
     return launch
 
 
-def node_counts(launch: LaunchSpec) -> tuple[int, int]:
-    if launch.simulate_nodes:  # elastic simulated nodes: nnodes MIN:K
-        mn = parse_nnodes(launch.nnodes)[0] if ":" in str(launch.nnodes) else launch.simulate_nodes
-        return mn, launch.simulate_nodes
-    return parse_nnodes(launch.nnodes)
+def node_counts(launch: LaunchSpec) -> NodeRange:
+    """The job's nodes, simulated ones included: ``simulate_nodes`` K with nnodes MIN:K is an elastic
+    job of K nodes that goes on with MIN; with nnodes 1 (not given) or K, K fixed nodes."""
+    nodes, k = launch.nodes, launch.simulate_nodes
+    if k:
+        return NodeRange(nodes.min if nodes.elastic else k, k)
+    return nodes
 
 
 def world_sizes(launch: LaunchSpec) -> tuple[int, int]:
     """Smallest and largest world size the launch can produce."""
-    mn, mx = node_counts(launch)
-    return mn * launch.nproc_per_node, mx * launch.nproc_per_node
+    nodes = node_counts(launch)
+    return nodes.min * launch.nproc_per_node, nodes.max * launch.nproc_per_node
 
 
 def grad_accum(spec: JobSpec, world: int) -> int:
@@ -123,9 +112,9 @@ def _check_scale_lr(spec: JobSpec) -> None:
     """scale_lr keeps micro x accum, so the global batch is dp x micro x accum at every world. A
     resized run continues the epoch at position D (samples done), D a sum of such global batches;
     every data rank of the new world must get D / dp of them: each dp must divide each global batch."""
-    mn, mx = node_counts(spec.launch)
+    nodes = node_counts(spec.launch)
     n = spec.launch.nproc_per_node
-    dps = sorted({from_spec(spec, k * n, warn=False).dp for k in range(mn, mx + 1)})
+    dps = sorted({from_spec(spec, k * n, warn=False).dp for k in range(nodes.min, nodes.max + 1)})
     m = spec.schedule.micro_batch
     for start in dps:  # the run may start at any allowed world; its accumulation then stays
         accum = grad_accum(spec, start)
@@ -200,14 +189,14 @@ def validate(spec: JobSpec) -> JobSpec:
                               "the graceful stop off")
 
     validate_launch(spec.launch)
-    mn, mx = parse_nnodes(spec.launch.nnodes)
     lo, hi = world_sizes(spec.launch)
     # The degrees' owner (ParallelDims) checks tp/pp/dp arithmetic before any process starts.
     for world in sorted({lo, hi}):
         grad_accum(spec, from_spec(spec, world, warn=world == hi).dp)
     if spec.elastic.on_resize == "scale_lr" and lo != hi:
         _check_scale_lr(spec)
-    if spec.elastic.join and (mn == mx or not spec.launch.rdzv_endpoint or spec.launch.simulate_nodes):
+    launch = spec.launch
+    if spec.elastic.join and (not launch.nodes.elastic or not launch.rdzv_endpoint or launch.simulate_nodes):
         raise ConfigError("joining a running job needs elastic nnodes MIN:MAX and the job's c10d rendezvous "
                           "endpoint (and no simulated nodes)", field="elastic.join", value=True,
                           fix="give the running job's --launch.nnodes MIN:MAX and --launch.rdzv_endpoint HOST:PORT")

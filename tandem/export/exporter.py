@@ -267,8 +267,8 @@ def provenance(src: Source) -> dict:
     stamp = (mpath if mpath.is_file() else src.path / "meta.json").stat().st_mtime
     return {"run_dir": str(src.run_dir.resolve()) if src.run_dir else None, "checkpoint": str(src.path.resolve()),
             "step": src.step, "checkpoint_manifest_sha256": manifest_sha256(src), "spec_sha256": spec_sha256(src),
-            "layout": src.meta.get("parallel", {"strategy": "ddp", "tp": 1, "pp": 1}),
-            "world_size": src.meta.get("world_size"), "job": src.meta.get("job"),
+            "layout": src.meta.parallel or {"strategy": "ddp", "tp": 1, "pp": 1},
+            "world_size": src.meta.world_size, "job": src.meta.job,
             "torch_version": torch.__version__,
             "checkpoint_time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(stamp))}
 

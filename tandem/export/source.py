@@ -22,7 +22,8 @@ import torch
 
 from tandem.core.errors import CheckpointError, ConfigError, TandemError
 from tandem.train import checkpoint as ckpt
-from tandem.train import manifest
+from tandem.train import checkpoint_meta, manifest
+from tandem.train.checkpoint_meta import CheckpointMeta
 from tandem.core import rundir
 
 
@@ -43,7 +44,7 @@ def _sha(path: Path) -> str:
 class Source:
     path: Path                       # the checkpoint folder
     run_dir: Path | None
-    meta: dict                       # meta.json
+    meta: CheckpointMeta             # meta.json
     spec: dict                       # the job spec (spec.json), as a dict
     spec_path: Path | None
     tensors: dict[str, tuple[torch.dtype, tuple[int, ...]]] = field(default_factory=dict)  # model entries
@@ -51,7 +52,7 @@ class Source:
 
     @property
     def step(self) -> int:
-        return int(self.meta.get("step", 0))
+        return self.meta.step
 
     def read(self, names: list[str]) -> dict[str, torch.Tensor]:
         """These model tensors (names without the ``model.`` prefix), full global shape, on the CPU."""
@@ -123,7 +124,7 @@ def open_source(path: Path, spec_path: Path | None = None) -> Source:
     if bad:
         raise CheckpointError(f"checkpoint {folder.name} failed its sha256 manifest: {bad}", field=FIELD,
                               value=str(folder), fix="export an earlier checkpoint that verifies")
-    meta = json.loads((folder / "meta.json").read_text())
+    meta = checkpoint_meta.read(folder)
     spec_file = Path(spec_path) if spec_path else (run / rundir.SPEC if run else None)
     if spec_file is None or not spec_file.is_file():
         raise ConfigError("no job spec for this checkpoint (no spec.json in its run dir)", field="--spec",

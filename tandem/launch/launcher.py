@@ -29,7 +29,7 @@ from typing import Callable
 from tandem.core.errors import ConfigError, JobStopped, LaunchError, WorkerFailure
 from tandem.core import environment
 from tandem.core.spec import LaunchSpec
-from tandem.core.validate import parse_nnodes
+from tandem.core.validate import node_counts
 from tandem.launch import failures as fl
 from tandem.launch import orphans
 from tandem.core import rundir
@@ -65,15 +65,15 @@ def _check_master_port(opts: LaunchSpec) -> None:
 
 def _rendezvous(opts: LaunchSpec, store_hosted: bool = False) -> tuple[str, str, dict]:
     """(backend, endpoint, configs) as torchrun would choose them."""
-    mn, mx = parse_nnodes(opts.nnodes)
+    nodes = opts.nodes
     cfg: dict = {"timeout": opts.timeout_s, "join_timeout": opts.timeout_s}
-    if mn != mx:  # elastic: notice a lost node in ~3 s; once MIN joined, wait last_call_s for more
+    if nodes.elastic:  # elastic: notice a lost node in ~3 s; once MIN joined, wait last_call_s for more
         cfg.update(last_call_timeout=opts.last_call_s, keep_alive_interval=1, keep_alive_max_attempt=3)
     if opts.rdzv_endpoint:
         if store_hosted:  # the store lives elsewhere: no agent may try to host it
             cfg["is_host"] = False
         return "c10d", opts.rdzv_endpoint, cfg
-    if mx == 1:  # torchrun --standalone: a private c10d store on a free port
+    if nodes.max == 1:  # torchrun --standalone: a private c10d store on a free port
         return "c10d", f"127.0.0.1:{free_port()}", cfg
     cfg["rank"] = opts.node_rank
     if opts.node_rank == 0:
@@ -106,8 +106,7 @@ def multi_attempt(opts: LaunchSpec) -> bool:
     restarts left (the hang watchdog's kill among them), or, in an elastic job (nnodes MIN:MAX), a
     node joining (``train.elastic.join``) or lost. With MIN == MAX a late node waits in torch's
     redundancy list, which ``num_nodes_waiting`` does not count, so it restarts no group."""
-    mn, mx = parse_nnodes(opts.nnodes)
-    return opts.max_restarts > 0 or mn != mx
+    return opts.max_restarts > 0 or opts.nodes.elastic
 
 
 def run_agent(opts: LaunchSpec, argv: list[str], run_dir: Path, *, agent_index: int = 0,
@@ -120,13 +119,13 @@ def run_agent(opts: LaunchSpec, argv: list[str], run_dir: Path, *, agent_index: 
 
     from tandem.launch.logs import RankLogsSpecs
 
-    mn, mx = parse_nnodes(opts.nnodes)
+    nodes = opts.nodes
     backend, endpoint, rdzv_cfg = _rendezvous(opts, store_hosted)
     _worker_env(opts, run_dir, nodes_here)
     logs = RankLogsSpecs(run_dir, tee=tee, run_attempt=run_attempt)
     config = LaunchConfig(
-        min_nodes=mn, max_nodes=mx, nproc_per_node=opts.nproc_per_node,
-        logs_specs=logs, run_id=run_id or _run_id(opts, mx),
+        min_nodes=nodes.min, max_nodes=nodes.max, nproc_per_node=opts.nproc_per_node,
+        logs_specs=logs, run_id=run_id or _run_id(opts, nodes.max),
         rdzv_endpoint=endpoint, rdzv_backend=backend, rdzv_configs=rdzv_cfg,
         max_restarts=opts.max_restarts, monitor_interval=0.1, start_method="spawn",
         log_line_prefix_template="[rank${rank}]:", local_addr="127.0.0.1" if _is_local(opts) else None,
@@ -317,11 +316,11 @@ def _simulate(opts: LaunchSpec, argv: list[str], run_dir: Path, *, quiet: bool,
     run_id = uuid.uuid4().hex[:12]
     cfg_dir = run_dir / rundir.LAUNCH
     cfg_dir.mkdir(parents=True, exist_ok=True)
+    nodes = node_counts(opts)  # elastic: MIN:K
     procs = []
     for i in range(k):
-        mn = parse_nnodes(opts.nnodes)[0] if ":" in str(opts.nnodes) else k  # elastic: MIN:K
-        node_opts = dataclasses.replace(opts, simulate_nodes=0, nnodes=f"{mn}:{k}" if mn < k else str(k),
-                                        node_rank=i, rdzv_endpoint=endpoint)
+        node_opts = dataclasses.replace(opts, simulate_nodes=0, nnodes=str(nodes), node_rank=i,
+                                        rdzv_endpoint=endpoint)
         cfg = cfg_dir / f"node-{i}.json"
         cfg.write_text(json.dumps({"opts": dataclasses.asdict(node_opts), "argv": argv, "run_dir": str(run_dir),
                                    "run_id": run_id, "agent_index": i, "nodes_here": k, "tee": not quiet, "store_hosted": True,
@@ -355,7 +354,7 @@ def _simulate(opts: LaunchSpec, argv: list[str], run_dir: Path, *, quiet: bool,
     del store
     if on_poll:
         on_poll()
-    if any(codes) and ":" in str(opts.nnodes) and codes.count(0) >= parse_nnodes(opts.nnodes)[0]:
+    if any(codes) and nodes.elastic and codes.count(0) >= nodes.min:
         lost = [i for i, c in enumerate(codes) if c]
         print(f"tandem: simulated node(s) {lost} lost (exit codes {[codes[i] for i in lost]}); the elastic job "
               f"finished on the {codes.count(0)} other(s)", file=sys.stderr, flush=True)

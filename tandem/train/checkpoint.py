@@ -5,7 +5,8 @@ Layout of a checkpoint folder (``<dir>/step-00000120/``):
     .metadata, __0_0.distcp ...   DCP: model and optimizer state (sharded by rank)
     rng-rank<R>.pt                 each rank's Python/NumPy/torch RNG states
     meta.json                      step, epoch, position in the epoch, scheduler,
-                                   world size, model name and signature (shapes)
+                                   world size, model name and signature (shapes):
+                                   CheckpointMeta (checkpoint_meta.py)
 
 A save writes into ``<dir>/.tmp-step-.../``; rank 0 renames it to its final name only
 after every rank finished, then moves ``<dir>/latest`` (a one-line file, replaced
@@ -20,7 +21,6 @@ With ``async_save`` the shards are written by ``dcp.async_save`` in a background
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -33,7 +33,8 @@ import torch
 from torch import nn
 
 from tandem.core.errors import CheckpointError
-from tandem.train import manifest
+from tandem.train import checkpoint_meta, manifest
+from tandem.train.checkpoint_meta import CheckpointMeta
 from tandem.train.elastic import faults
 from tandem.train.rng import rng_state, set_rng_state
 from tandem.train.runtime import DistContext, barrier, sync_buffers
@@ -96,7 +97,8 @@ def latest(ckpt_dir: Path) -> Path | None:
     return None
 
 
-def read_meta(path: Path) -> dict:
+def read_meta(path: Path) -> CheckpointMeta:
+    """The meta of a complete checkpoint that matches its manifest (old versions upgraded)."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError("not a checkpoint folder", field="checkpoint.resume", value=str(path),
@@ -107,16 +109,16 @@ def read_meta(path: Path) -> dict:
                               value=str(path), fix="resume from an earlier complete checkpoint, or 'auto' "
                                                    "(which skips incomplete ones)")
     manifest.verify(path)
-    return json.loads((path / "meta.json").read_text())
+    return checkpoint_meta.read(path)
 
 
-def check_compatible(meta: dict, model_name: str, signature: dict[str, list[int]], path: Path) -> None:
+def check_compatible(meta: CheckpointMeta, model_name: str, signature: dict[str, list[int]], path: Path) -> None:
     """Refuse a checkpoint of another model or shape, naming the first difference."""
-    theirs = meta.get("signature", {})
-    if meta.get("model") != model_name or theirs != signature:
+    theirs = meta.signature
+    if meta.model != model_name or theirs != signature:
         diff = next((k for k in sorted(set(theirs) | set(signature)) if theirs.get(k) != signature.get(k)), None)
         detail = (f"'{diff}' is {theirs.get(diff)} in the checkpoint but {signature.get(diff)} in this model"
-                  if diff else f"model {meta.get('model')!r} vs {model_name!r}")
+                  if diff else f"model {meta.model!r} vs {model_name!r}")
         raise CheckpointError(f"checkpoint is of another model or shape: {detail}", field="checkpoint.resume",
                               value=str(path), fix="resume with the model spec it was saved with, or set "
                                                    "checkpoint.resume=none / a fresh checkpoint.dir")
@@ -134,7 +136,7 @@ def clean_partial(ckpt_dir: Path) -> list[str]:
 
 
 def save(ckpt_dir: Path, step: int, model: nn.Module, optim: torch.optim.Optimizer, ctx: DistContext,
-         meta: dict, keep_last: int, async_pg=None):
+         meta: CheckpointMeta, keep_last: int, async_pg=None):
     """Collective: every rank calls it. Returns the published folder (None if it already existed),
     or, given ``async_pg`` (a gloo group for dcp.async_save), a PendingSave to ``poll``/``wait``."""
     final = ckpt_dir / f"step-{step:08d}"
@@ -158,22 +160,22 @@ def save(ckpt_dir: Path, step: int, model: nn.Module, optim: torch.optim.Optimiz
     return publish(ckpt_dir, step, tmp, final, ctx, meta, keep_last)
 
 
-def publish(ckpt_dir: Path, step: int, tmp: Path, final: Path, ctx: DistContext, meta: dict,
+def publish(ckpt_dir: Path, step: int, tmp: Path, final: Path, ctx: DistContext, meta: CheckpointMeta,
             keep_last: int) -> Path:
     """Collective (sync saves), after every rank wrote its files: rank 0 publishes between two barriers."""
     faults.point("save", step=step, rank=ctx.rank)  # fault injection: die with the shards written
     barrier()
     if ctx.is_main:
-        publish_files(ckpt_dir, step, tmp, final, ctx.world, meta, keep_last)
+        publish_files(ckpt_dir, step, tmp, final, meta, keep_last)
     barrier()
     return final
 
 
-def publish_files(ckpt_dir: Path, step: int, tmp: Path, final: Path, world: int, meta: dict, keep_last: int) -> None:
+def publish_files(ckpt_dir: Path, step: int, tmp: Path, final: Path, meta: CheckpointMeta, keep_last: int) -> None:
     """Rank 0 only, no collective: meta, manifest, rename, pointer, pruning. The order is the
     safety argument: a kill before the rename leaves ``.tmp-step-N`` (cleaned at the next start),
     a kill before the pointer moves leaves a complete, hashed ``step-N`` and the old pointer."""
-    (tmp / "meta.json").write_text(json.dumps({**meta, "step": step, "world_size": world}, indent=1))
+    checkpoint_meta.write(tmp, meta)
     manifest.write(tmp, step)
     faults.point("publish", step=step, rank=0)  # fault injection: die hashed, not yet renamed
     if final.exists():  # a copy that failed its manifest: replaced by this good one
@@ -213,8 +215,7 @@ class PendingSave:
             self.fut.result()
             self.written_at = time.perf_counter()
             if self.ctx.is_main:
-                publish_files(self.ckpt_dir, self.step, self.tmp, self.final, self.ctx.world, self.meta,
-                              self.keep_last)
+                publish_files(self.ckpt_dir, self.step, self.tmp, self.final, self.meta, self.keep_last)
             self.published_at = time.perf_counter()
         except BaseException as e:  # handed to the training thread by poll/wait
             self.error = e
@@ -245,7 +246,7 @@ class PendingSave:
         return self.final
 
 
-def load(path: Path, model: nn.Module, optim: torch.optim.Optimizer, ctx: DistContext) -> dict:
+def load(path: Path, model: nn.Module, optim: torch.optim.Optimizer, ctx: DistContext) -> CheckpointMeta:
     """Collective: restore model and optimizer (any world size), and RNG when the world matches."""
     meta = read_meta(path)
     dcp, opts, get_state_dict, set_state_dict = _dcp()
@@ -255,6 +256,6 @@ def load(path: Path, model: nn.Module, optim: torch.optim.Optimizer, ctx: DistCo
     set_state_dict(model, _optim(optim), model_state_dict=state["model"], optim_state_dict=state["optim"],
                    options=opts)
     rng = Path(path) / f"rng-rank{ctx.rank}.pt"
-    if meta.get("world_size") == ctx.world and rng.is_file():
+    if meta.world_size == ctx.world and rng.is_file():
         set_rng_state(torch.load(rng, weights_only=False))
     return meta

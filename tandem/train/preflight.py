@@ -18,6 +18,7 @@ from pathlib import Path
 from tandem.core.errors import TandemError
 from tandem.core.spec import JobSpec
 from tandem.core.validate import validate
+from tandem.train.checkpoint_meta import CheckpointMeta
 from tandem.train.datacheck import RESNETS, check_source
 
 
@@ -53,7 +54,7 @@ def build_on_meta(spec: JobSpec):
 
 
 def check_job(spec: JobSpec, run_dir: Path | None = None, *,
-              quick: bool = False) -> tuple[Path | None, dict | None]:
+              quick: bool = False) -> tuple[Path | None, CheckpointMeta | None]:
     """Raise a one-line TandemError for anything that would fail once the workers start.
     With ``run_dir``: the checkpoint the run would resume and its meta (None, None: a fresh start)."""
     device = resolve_device(spec, quick)

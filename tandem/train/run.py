@@ -24,13 +24,14 @@ from tandem.core.spec import JobSpec
 from tandem.launch import failures as fl
 from tandem.launch.launcher import launch
 from tandem.train import metrics
+from tandem.train.checkpoint_meta import CheckpointMeta
 
 
 def run_dir_of(spec: JobSpec) -> Path:
     return Path(spec.launch.run_dir.format(name=spec.name))
 
 
-def preflight(spec: JobSpec, run_dir: Path) -> tuple[Path | None, dict | None]:
+def preflight(spec: JobSpec, run_dir: Path) -> tuple[Path | None, CheckpointMeta | None]:
     """Checks that need torch but no process group: device, model, data, the checkpoint to resume
     and whether it is this spec's layout. Returns that checkpoint and its meta (None, None: fresh)."""
     from tandem.launch.launcher import quiet_cpp_logs
@@ -43,16 +44,15 @@ def preflight(spec: JobSpec, run_dir: Path) -> tuple[Path | None, dict | None]:
     return path, meta
 
 
-def check_same_layout(spec: JobSpec, meta: dict, path: Path) -> None:
+def check_same_layout(spec: JobSpec, meta: CheckpointMeta, path: Path) -> None:
     """`resume = auto` finds the run dir's own checkpoint: a spec that splits the model another way
     (another strategy, tp or pp) is most likely a new experiment pointed at an old run dir.
     Resharding is what DCP does well, but only when asked for (resume = that path)."""
     from tandem.train.elastic.resume import layout_of
 
-    old, new = meta.get("parallel"), layout_of(spec)
+    old, new = meta.parallel, layout_of(spec)
     if not old:  # checkpoints written before layouts were recorded
         return
-    old = {**old, "strategy": "zero3" if old.get("strategy") == "fsdp" else old.get("strategy")}
     diff = next((k for k in ("strategy", "tp", "pp") if old.get(k) != new[k]), None)
     if diff is None:
         return
@@ -66,12 +66,12 @@ def check_same_layout(spec: JobSpec, meta: dict, path: Path) -> None:
                                            f"or reshard that checkpoint on purpose with --checkpoint.resume {path}")
 
 
-def finished(spec: JobSpec, meta: dict | None) -> bool:
+def finished(spec: JobSpec, meta: CheckpointMeta | None) -> bool:
     """The checkpoint to resume is the last step of this same schedule: a rerun would train nothing."""
     from tandem.train.elastic.resume import schedule_key
 
-    return (meta is not None and meta.get("total_steps") is not None and meta["step"] >= meta["total_steps"]
-            and meta.get("schedule_key") == schedule_key(spec))
+    return (meta is not None and meta.total_steps is not None and meta.step >= meta.total_steps
+            and meta.schedule_key == schedule_key(spec))
 
 
 def archive(spec: JobSpec, run_dir: Path, console: Console) -> None:
@@ -153,7 +153,7 @@ def run_training(spec: JobSpec, console: Console, *, stream: bool = False, label
     else:
         path, meta = preflight(spec, run_dir)
     if finished(spec, meta):
-        raise AlreadyComplete(run_dir, path, meta["step"])
+        raise AlreadyComplete(run_dir, path, meta.step)
     run_dir.mkdir(parents=True, exist_ok=True)
     if lock is not None:
         lock.acquire(say)

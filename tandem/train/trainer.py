@@ -14,6 +14,7 @@ step of an epoch is short (tandem/train/loss.py).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -23,12 +24,14 @@ from typing import Callable
 import torch
 from torch.utils.data import DataLoader
 
+from tandem.core.contract import run_id
 from tandem.core.spec import JobSpec
 from tandem.core.validate import effective_lr
 from tandem.data.tokens import held_out_summary
 from tandem.models import model_signature
 from tandem.train import checkpoint as ckpt
 from tandem.train import runtime as rt
+from tandem.train.checkpoint_meta import CheckpointMeta
 from tandem.train.data import load_datasets
 from tandem.train.elastic import resume as el_resume
 from tandem.train.elastic.resume import checkpoint_dir, layout_of, resume_path, schedule_key
@@ -95,27 +98,11 @@ def _pp_forward(par, x):
     return forward_only(par, x)
 
 
-@dataclass
-class Job:
-    """What the loop works with, built once by ``setup``."""
+@dataclass(frozen=True, kw_only=True)
+class Counts:
+    """The run's numbers at this world size (elastic.on_resize's batch arithmetic applied)."""
 
-    spec: JobSpec
-    ctx: rt.DistContext
-    par: Parallel
-    stepper: Stepper
-    optim: torch.optim.Optimizer
-    sched: object
-    sampler: ResumableDistributedSampler
-    train_ds: object
-    held: object
-    fmt: torch.memory_format
-    signature: dict
-    ckdir: Path
-    metrics: MetricsWriter
-    el: FaultTolerance
-    prof: StepProfiler
-    log: Callable
-    accum: int
+    accum: int            # micro-batches per rank per optimizer step
     per_step: int         # samples per rank per optimizer step
     per_sample: int       # scored targets per sample (tokens for the gpt tasks)
     epoch_len: int        # samples per rank per epoch
@@ -123,28 +110,65 @@ class Job:
     total: int            # optimizer steps of the whole run
     global_batch: int
     lr0: float            # the effective peak LR at this world size
-    mem: PeakMemory | None = None  # the run's peak memory per rank (measured from before the build)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Data:
+    """What the steps and the evaluation read."""
+
+    train_ds: object
+    held: object          # the held-out set (None: none)
+    sampler: ResumableDistributedSampler
+    fmt: torch.memory_format  # of the image batches (and the model): channels_last under autocast
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outputs:
+    """Where the run leaves what it did."""
+
+    metrics: MetricsWriter
+    ckdir: Path
+    prof: StepProfiler
+    mem: PeakMemory       # the run's peak memory per rank (measured from before the build)
+
+
+@dataclass(kw_only=True)
+class Job:
+    """What the loop works with, built once by ``setup`` (``counts`` replaced when a resume resizes the run)."""
+
+    spec: JobSpec
+    ctx: rt.DistContext
+    par: Parallel
+    stepper: Stepper
+    optim: torch.optim.Optimizer
+    sched: object
+    signature: dict
+    el: FaultTolerance
+    log: Callable
+    data: Data
+    out: Outputs
+    counts: Counts
 
 
 def train(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> dict:
     job, st = setup(spec, ctx, run_dir)
     t_start = time.perf_counter()
-    records = _StepRecords(job.metrics, job.log, spec.schedule.log_every, job.total, job.par.dp)
+    records = _StepRecords(job.out.metrics, job.log, spec.schedule.log_every, job.counts.total, job.par.dp)
     vote = _StopVote(ctx)
     job.par.model.train()
-    while st.step < job.total:
-        job.sampler.set_epoch(st.epoch)
-        st.consumed = job.sampler.start
-        loader = iter(DataLoader(job.train_ds, batch_size=spec.schedule.micro_batch,
-                                 sampler=job.el.trace(job.sampler), num_workers=spec.data.num_workers))
-        while st.step < job.total and st.consumed < job.epoch_len:
+    while st.step < job.counts.total:
+        job.data.sampler.set_epoch(st.epoch)
+        st.consumed = job.data.sampler.start
+        loader = iter(DataLoader(job.data.train_ds, batch_size=spec.schedule.micro_batch,
+                                 sampler=job.el.trace(job.data.sampler), num_workers=spec.data.num_workers))
+        while st.step < job.counts.total and st.consumed < job.counts.epoch_len:
             _step(job, st, loader, records, vote)
         records.flush()
-        if st.consumed >= job.epoch_len:
-            if job.held is not None:
+        if st.consumed >= job.counts.epoch_len:
+            if job.data.held is not None:
                 st.accuracy, st.scored_at = _score(job, st), st.step
             st.epoch += 1
-    if job.held is not None and st.scored_at != st.step:  # max_steps ended the run inside an epoch
+    if job.data.held is not None and st.scored_at != st.step:  # max_steps ended the run inside an epoch
         st.accuracy = _score(job, st)
     return _finish(job, st, time.perf_counter() - t_start)
 
@@ -185,12 +209,14 @@ def setup(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> tuple[Job, Train
     ckdir = checkpoint_dir(spec, run_dir)
     prof = StepProfiler(spec.profile, ctx, run_dir)  # [profile]: a window of steps, phases named
     prof.track(par.model, optim)
-    job = Job(spec, ctx, par, Stepper(par, optim, spec, ctx, resolve_loss(spec.model.loss), prof.phase), optim,
-              sched, sampler, train_ds, held, fmt, signature, ckdir, metrics,
-              FaultTolerance(spec, ctx, run_dir, metrics, log, ckdir), prof, log, rz.accum, per_step,
-              int((y0 != -100).sum()) if y0.dim() else 1, epoch_len, steps_per_epoch, total, rz.global_batch,
-              effective_lr(spec) * rz.ratio)
-    job.mem = mem
+    stepper = Stepper(par, optim, spec, ctx, resolve_loss(spec.model.loss), prof.phase)
+    el = FaultTolerance(spec, ctx, run_dir, metrics, log, ckdir)
+    counts = Counts(accum=rz.accum, per_step=per_step, per_sample=int((y0 != -100).sum()) if y0.dim() else 1,
+                    epoch_len=epoch_len, steps_per_epoch=steps_per_epoch, total=total, global_batch=rz.global_batch,
+                    lr0=effective_lr(spec) * rz.ratio)
+    job = Job(spec=spec, ctx=ctx, par=par, stepper=stepper, optim=optim, sched=sched, signature=signature, el=el,
+              log=log, data=Data(train_ds=train_ds, held=held, sampler=sampler, fmt=fmt),
+              out=Outputs(metrics=metrics, ckdir=ckdir, prof=prof, mem=mem), counts=counts)
     st = TrainState()
     if path is not None:
         _resume(job, st, path, meta, rz)
@@ -198,73 +224,74 @@ def setup(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> tuple[Job, Train
     return job, st
 
 
-def _resume(job: Job, st: TrainState, path: Path, meta: dict, rz) -> None:
+def _resume(job: Job, st: TrainState, path: Path, meta: CheckpointMeta, rz) -> None:
     spec, s, sched, log = job.spec, job.spec.schedule, job.sched, job.log
     ckpt.check_compatible(meta, spec.model.name, job.signature, path)
-    prime_buckets(job.stepper, job.train_ds, s.micro_batch, job.fmt, job.ctx.device)
+    prime_buckets(job.stepper, job.data.train_ds, s.micro_batch, job.data.fmt, job.ctx.device)
     ckpt.load(path, job.par.model, job.optim, job.ctx)
-    sched.load_state_dict(meta["scheduler"])
+    sched.load_state_dict(meta.scheduler)
     for group, lr in zip(job.optim.param_groups, sched.get_last_lr()):  # zero1's wrapper groups: not in DCP's state
         group["lr"] = lr
-    if job.stepper.scaler is not None and "grad_scaler" in meta:
-        job.stepper.scaler.load_state_dict(meta["grad_scaler"])
-    st.step, st.epoch = meta["step"], meta["epoch"]
-    old = {**meta, "world_size": meta.get("data_world", meta.get("world_size"))}
-    position = el_resume.carry_position(old, job.par.dp, log)  # per data rank, at this dp size
+    if job.stepper.scaler is not None and meta.grad_scaler is not None:
+        job.stepper.scaler.load_state_dict(meta.grad_scaler)
+    st.step, st.epoch = meta.step, meta.epoch
+    position = el_resume.carry_position(meta, job.par.dp, log)  # per data rank, at this dp size
     job.el.resumed(path, st.step)
-    if position >= job.epoch_len:
+    if position >= job.counts.epoch_len:
         st.epoch, position = st.epoch + 1, 0
     else:
-        job.sampler.set_epoch(st.epoch)
-        job.sampler.set_start(position)
+        job.data.sampler.set_epoch(st.epoch)
+        job.data.sampler.set_start(position)
     log(f"resumed from {path} at step {st.step}, epoch {st.epoch}", flush=True)
     old_ratio = sched.ratio
     if rz.ratio != 1 or old_ratio != 1:  # a global batch off the configured one: the schedule follows it
-        job.total = st.step + el_resume.steps_left(spec, st.epoch, position, job.epoch_len, job.per_step,
-                                                   job.steps_per_epoch, sched.position(st.step), rz.ratio)
-        sched.resize(st.step, rz.ratio, job.total - st.step)
+        c = job.counts
+        left = el_resume.steps_left(spec, st.epoch, position, c.epoch_len, c.per_step, c.steps_per_epoch,
+                                    sched.position(st.step), rz.ratio)
+        job.counts = dataclasses.replace(c, total=st.step + left)
+        sched.resize(st.step, rz.ratio, job.counts.total - st.step)
     if rz.changed:
         peak = effective_lr(spec)
         log(el_resume.describe_resize(rz, s.micro_batch, st.step, peak * old_ratio, peak * rz.ratio,
                                       sched.get_last_lr()[0], sched.position(st.step), sched.horizon,
-                                      job.total - st.step), flush=True)
-        job.metrics.write("resize", step=st.step, **rz.record(), peak_lr_before=peak * old_ratio,
-                          peak_lr_after=peak * rz.ratio, lr_now=sched.get_last_lr()[0],
-                          schedule_position=sched.position(st.step), schedule_horizon=sched.horizon,
-                          total_steps=job.total)
+                                      job.counts.total - st.step), flush=True)
+        job.out.metrics.write("resize", step=st.step, **rz.record(), peak_lr_before=peak * old_ratio,
+                              peak_lr_after=peak * rz.ratio, lr_now=sched.get_last_lr()[0],
+                              schedule_position=sched.position(st.step), schedule_horizon=sched.horizon,
+                              total_steps=job.counts.total)
 
 
 def _announce(job: Job, st: TrainState, rz, path: Path | None) -> None:
     """The start record and line: world, layout, batch, LR, steps, the remainder's samples."""
-    spec, s, ctx, par = job.spec, job.spec.schedule, job.ctx, job.par
+    spec, s, ctx, par, c = job.spec, job.spec.schedule, job.ctx, job.par, job.counts
     scaled = f" x {rz.global_batch}/{s.global_batch} (on_resize scale_lr)" if rz.ratio != 1 else ""
-    pad = job.sampler.padding
-    job.metrics.write("start", world=ctx.world, nodes=ctx.world // ctx.local_world, global_batch=rz.global_batch,
-                      micro_batch=s.micro_batch, grad_accum=job.accum, effective_lr=job.lr0, on_resize=rz.mode,
-                      lr_scale=rz.ratio, base_lr=spec.optim.lr, ref_batch=spec.optim.ref_batch,
-                      total_steps=job.total, steps_per_epoch=job.steps_per_epoch, train_samples=len(job.train_ds),
-                      remainder=spec.data.remainder, padding=pad, resumed_from=str(path) if path else None,
-                      start_step=st.step, device=str(ctx.device), backend=ctx.backend, dtype=spec.precision.dtype,
-                      clip_grad_norm=spec.optim.clip_grad_norm, parallel=par.dims.describe(),
-                      pipeline_split=par.split)
+    pad = job.data.sampler.padding
+    job.out.metrics.write("start", world=ctx.world, nodes=ctx.world // ctx.local_world, global_batch=rz.global_batch,
+                          micro_batch=s.micro_batch, grad_accum=c.accum, effective_lr=c.lr0, on_resize=rz.mode,
+                          lr_scale=rz.ratio, base_lr=spec.optim.lr, ref_batch=spec.optim.ref_batch,
+                          total_steps=c.total, steps_per_epoch=c.steps_per_epoch, train_samples=len(job.data.train_ds),
+                          remainder=spec.data.remainder, padding=pad, resumed_from=str(path) if path else None,
+                          start_step=st.step, device=str(ctx.device), backend=ctx.backend, dtype=spec.precision.dtype,
+                          clip_grad_norm=spec.optim.clip_grad_norm, parallel=par.dims.describe(),
+                          pipeline_split=par.split)
     job.log(f"world {ctx.world} ({ctx.world // ctx.local_world} nodes x {ctx.local_world}) on "
             f"{ctx.device}/{ctx.backend} | {par.dims.describe()}"
-            f" | global batch {rz.global_batch} = {par.dp} data ranks x micro {s.micro_batch} x accum {job.accum}"
-            f" | effective lr {job.lr0:g} = {spec.optim.lr:g} x {s.global_batch}/"
+            f" | global batch {rz.global_batch} = {par.dp} data ranks x micro {s.micro_batch} x accum {c.accum}"
+            f" | effective lr {c.lr0:g} = {spec.optim.lr:g} x {s.global_batch}/"
             f"{spec.optim.ref_batch or s.global_batch}{scaled}"
-            f" | {job.total} steps, {job.steps_per_epoch}/epoch | remainder {spec.data.remainder}: "
+            f" | {c.total} steps, {c.steps_per_epoch}/epoch | remainder {spec.data.remainder}: "
             f"{abs(pad)} sample(s) {'repeated' if pad >= 0 else 'left out'} per epoch", flush=True)
 
 
 def _step(job: Job, st: TrainState, loader, records: "_StepRecords", vote: "_StopVote") -> None:
     """One optimizer step, its record, and the checkpoint or agreed stop after it."""
-    spec, el, prof = job.spec, job.el, job.prof
+    spec, el, prof = job.spec, job.el, job.out.prof
     prof.step(st.step)
     t0 = time.perf_counter()
-    n_step = min(job.per_step, job.epoch_len - st.consumed)  # samples of this step on this rank
+    n_step = min(job.counts.per_step, job.counts.epoch_len - st.consumed)  # samples of this step on this rank
     n_micro = -(-n_step // spec.schedule.micro_batch)
     feed = _Feed(job, st.step)
-    out = job.stepper.train_step(feed.batches(loader, n_micro), n_micro, n_step * job.per_sample)
+    out = job.stepper.train_step(feed.batches(loader, n_micro), n_micro, n_step * job.counts.per_sample)
     with prof.phase("sync"):  # the step's loss over all replicas and the stop vote: read after the next step
         loss_all = rt.PendingSum([out.loss], job.ctx)
         vote.cast(el.stop.flag)
@@ -280,8 +307,8 @@ def _step(job: Job, st: TrainState, loader, records: "_StepRecords", vote: "_Sto
                 **fp16, time=time.time())
     el.on_step(st.step, st.epoch, dt, feed.data_s, time.perf_counter() - feed.sync_t0)
     every = spec.checkpoint.every_steps
-    periodic = bool(every and st.step % every == 0) or (st.step == job.total and spec.checkpoint.at_end)
-    stop = st.step < job.total and el.stop_here(vote.count(latest=periodic), st.step, periodic)
+    periodic = bool(every and st.step % every == 0) or (st.step == job.counts.total and spec.checkpoint.at_end)
+    stop = st.step < job.counts.total and el.stop_here(vote.count(latest=periodic), st.step, periodic)
     if periodic or stop:
         records.flush()
         with prof.phase("checkpoint"):
@@ -300,12 +327,12 @@ class _Feed:
         job = self.job
         for i in range(n_micro):
             td = time.perf_counter()
-            with job.prof.phase("data"):
+            with job.out.prof.phase("data"):
                 x, y = next(loader)
             self.data_s += time.perf_counter() - td
             x, y = x.to(job.ctx.device, non_blocking=True), y.to(job.ctx.device, non_blocking=True)
             if x.dim() == 4:
-                x = x.contiguous(memory_format=job.fmt)
+                x = x.contiguous(memory_format=job.data.fmt)
             if i == n_micro - 1:  # heartbeat: the last micro-batch enters the gradient sync
                 job.el.before_sync(self.step)
                 self.sync_t0 = time.perf_counter()
@@ -332,29 +359,29 @@ class _StopVote:
 
 def _score(job: Job, st: TrainState) -> float:
     job.el.pause("eval")  # the hang watchdog judges training steps, not evaluation
-    job.prof.end_memory()
+    job.out.prof.end_memory()
     stats: dict = {}
-    c, t = evaluate(job.par.model, job.held, job.ctx, job.spec, job.fmt, job.par, stats)
-    extra, text = held_out_summary(job.held, c, t, stats["nll"])  # tokens: held-out loss, bits per byte
+    c, t = evaluate(job.par.model, job.data.held, job.ctx, job.spec, job.data.fmt, job.par, stats)
+    extra, text = held_out_summary(job.data.held, c, t, stats["nll"])  # tokens: held-out loss, bits per byte
     st.held_stats.update(extra)
-    job.metrics.write("eval", epoch=st.epoch, step=st.step, accuracy=c / t, correct=c, total=t, **extra)
+    job.out.metrics.write("eval", epoch=st.epoch, step=st.step, accuracy=c / t, correct=c, total=t, **extra)
     job.log(f"epoch {st.epoch} held-out accuracy {c / t:.4f} ({c}/{t}){text}", flush=True)
     return c / t
 
 
 def _finish(job: Job, st: TrainState, wall: float) -> dict:
-    job.prof.close()
+    job.out.prof.close()
     st.last_saved = job.el.finish() or st.last_saved
     steady = st.rates[len(st.rates) // 5:] or st.rates  # the first steps pay for warm-up
     result = {"step": st.step, "epoch": st.epoch, "accuracy": st.accuracy, "world": job.ctx.world,
               "samples_per_s": sum(steady) / len(steady) if steady else None, "wall_s": wall,
-              "checkpoint": str(st.last_saved) if st.last_saved else None, "global_batch": job.global_batch,
-              "effective_lr": job.lr0, "grad_accum": job.accum, "parallel": job.par.dims.describe()}
+              "checkpoint": str(st.last_saved) if st.last_saved else None, "global_batch": job.counts.global_batch,
+              "effective_lr": job.counts.lr0, "grad_accum": job.counts.accum, "parallel": job.par.dims.describe()}
     result.update(st.held_stats)
     result.update(job.el.summary())
-    result["memory"] = job.mem.gather(job.ctx)  # collective: every rank reaches it
-    job.metrics.write("end", **result)
-    job.metrics.close()
+    result["memory"] = job.out.mem.gather(job.ctx)  # collective: every rank reaches it
+    job.out.metrics.write("end", **result)
+    job.out.metrics.close()
     return result
 
 
@@ -383,14 +410,14 @@ class _StepRecords:
 
 def _save(job: Job, st: TrainState) -> Path | None:
     t0 = time.perf_counter()
-    spec, scaler = job.spec, job.stepper.scaler
-    meta = {"epoch": st.epoch, "consumed": st.consumed, "scheduler": job.sched.state_dict(),
-            "model": spec.model.name, "signature": job.signature, "job": spec.name, "data_world": job.par.dp,
-            "grad_accum": job.accum, "global_batch": job.global_batch, "parallel": layout_of(spec),
-            "total_steps": job.total, "schedule_key": schedule_key(spec)}
-    if scaler is not None:
-        meta["grad_scaler"] = scaler.state_dict()
-    path = job.el.save(job.ckdir, st.step, job.par.model, job.optim, meta)
+    spec, scaler, c = job.spec, job.stepper.scaler, job.counts
+    meta = CheckpointMeta(step=st.step, epoch=st.epoch, consumed=st.consumed, world_size=job.ctx.world,
+                          data_world=job.par.dp, global_batch=c.global_batch, grad_accum=c.accum,
+                          scheduler=job.sched.state_dict(),
+                          grad_scaler=scaler.state_dict() if scaler is not None else None,
+                          model=spec.model.name, signature=job.signature, job=spec.name, parallel=layout_of(spec),
+                          total_steps=c.total, schedule_key=schedule_key(spec), run_id=run_id())
+    path = job.el.save(job.out.ckdir, st.step, job.par.model, job.optim, meta)
     if path is not None:
-        job.metrics.write("ckpt", step=st.step, path=str(path), save_s=time.perf_counter() - t0)
+        job.out.metrics.write("ckpt", step=st.step, path=str(path), save_s=time.perf_counter() - t0)
     return path

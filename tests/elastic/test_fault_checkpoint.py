@@ -9,6 +9,7 @@ from elastic.fault_helpers import assert_bitwise_equal, final_state, finish, rec
 from tandem.core.errors import CheckpointError
 from tandem.train import checkpoint as ckpt
 from tandem.train import manifest
+from tandem.train.checkpoint_meta import CheckpointMeta
 from tandem_testing import run_tandem
 
 
@@ -80,7 +81,8 @@ def _pending(tmp_path, step, fut, keep_last=2):
     tmp.mkdir(parents=True)
     (tmp / ".metadata").write_bytes(b"meta")
     (tmp / "__0_0.distcp").write_bytes(bytes(range(256)) * 64)
-    return ck, ckpt.PendingSave(fut, ck, step, tmp, ck / f"step-{step:08d}", ctx, {"model": "x"}, keep_last)
+    meta = CheckpointMeta(step=step, epoch=0, world_size=1, model="x")
+    return ck, ckpt.PendingSave(fut, ck, step, tmp, ck / f"step-{step:08d}", ctx, meta, keep_last)
 
 
 def test_background_publish_moves_latest_only_after_write_and_hash(tmp_path):

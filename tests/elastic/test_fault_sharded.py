@@ -58,6 +58,6 @@ def test_zero2_node_loss_reshards_to_the_smaller_world(zero3_reference, tmp_path
     log = (run / "logs" / "rank-0.restart1.log").read_text()
     assert f"resumed from {run / 'checkpoints' / f'step-{resumed:08d}'}" in log
     meta = ckpt.read_meta(ckpt.latest(run / "checkpoints"))
-    assert meta["world_size"] == 1 and meta["parallel"]["strategy"] == "zero2"
+    assert meta.world_size == 1 and meta.parallel["strategy"] == "zero2"
     losses = [r["loss"] for r in records(run, "step")]
     assert all(x == x for x in losses) and losses[-1] < losses[0]  # finite, and it learned

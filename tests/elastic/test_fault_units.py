@@ -14,6 +14,7 @@ from elastic.fault_helpers import wait_for
 from tandem.core.errors import CheckpointError
 from tandem.core.heartbeat import read_all
 from tandem.launch.watchdog import Watchdog, proc_state
+from tandem.train.checkpoint_meta import CheckpointMeta
 from tandem.train.elastic import faults
 from tandem.train.elastic.resume import carry_position, previous_attempt, restart_report
 from tandem_testing import ROOT
@@ -56,7 +57,7 @@ def test_watchdog_names_the_stopped_rank_dumps_stacks_and_ends_the_group(tmp_pat
 
 
 def test_data_position_carries_over_world_sizes():
-    meta = {"consumed": 160, "world_size": 2, "epoch": 0}
+    meta = CheckpointMeta(step=10, epoch=0, consumed=160, world_size=2, data_world=2)
     assert carry_position(meta, 2, log=lambda *a, **k: None) == 160
     assert carry_position(meta, 1, log=lambda *a, **k: None) == 320
     assert carry_position(meta, 4, log=lambda *a, **k: None) == 80

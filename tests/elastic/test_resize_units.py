@@ -10,6 +10,7 @@ from tandem.core.config import load_spec
 from tandem.core.errors import ConfigError
 from tandem.core.validate import validate
 from tandem.launch.logs import RankLogsSpecs
+from tandem.train.checkpoint_meta import CheckpointMeta
 from tandem.train.elastic.resume import plan_resize, steps_left
 from tandem.train.schedule import Schedule, lr_factor
 from tandem_testing import TINY
@@ -32,7 +33,7 @@ def cosine(pos, total=45, warmup=2):  # the configured curve, written out indepe
 
 def test_keep_batch_recomputes_accumulation_and_keeps_the_lr(tmp_path):
     s = spec(tmp_path)
-    rz = plan_resize(s, {"data_world": 2, "consumed": 160, "grad_accum": 2, "global_batch": 32}, 1)
+    rz = plan_resize(s, CheckpointMeta(step=10, epoch=0, data_world=2, consumed=160, grad_accum=2, global_batch=32), 1)
     assert (rz.accum, rz.global_batch, rz.ratio, rz.changed) == (4, 32, 1.0, True)
     fresh = plan_resize(s, None, 2)
     assert (fresh.accum, fresh.global_batch, fresh.ratio, fresh.changed) == (2, 32, 1.0, False)
@@ -40,12 +41,14 @@ def test_keep_batch_recomputes_accumulation_and_keeps_the_lr(tmp_path):
 
 def test_scale_lr_keeps_micro_and_accumulation_and_scales_the_batch(tmp_path):
     s = spec(tmp_path, "--elastic.on_resize", "scale_lr")
-    shrink = plan_resize(s, {"data_world": 2, "grad_accum": 2, "global_batch": 32}, 1)
+    shrink = plan_resize(s, CheckpointMeta(step=10, epoch=0, data_world=2, grad_accum=2, global_batch=32), 1)
     assert (shrink.accum, shrink.global_batch, shrink.ratio) == (2, 16, 0.5)
     assert shrink.record()["old_global_batch"] == 32 and shrink.record()["new_global_batch"] == 16
-    grow = plan_resize(s, {"data_world": 1, "grad_accum": 4, "global_batch": 32}, 2)  # started on 1 node
+    started_on_1 = CheckpointMeta(step=10, epoch=0, data_world=1, grad_accum=4, global_batch=32)
+    grow = plan_resize(s, started_on_1, 2)  # started on 1 node
     assert (grow.accum, grow.global_batch, grow.ratio) == (4, 64, 2.0)
-    old_ckpt = plan_resize(s, {"world_size": 2}, 1)  # a checkpoint written before on_resize existed
+    # a checkpoint written before on_resize existed (read through the one reader, which upgrades it)
+    old_ckpt = plan_resize(s, CheckpointMeta.from_dict({"step": 10, "epoch": 0, "world_size": 2}), 1)
     assert (old_ckpt.accum, old_ckpt.global_batch) == (2, 16)
 
 

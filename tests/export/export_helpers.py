@@ -45,6 +45,7 @@ def publish_checkpoint(run: Path, spec, step: int, mutate=None) -> Path:
     from tandem.core.config import to_dict
     from tandem.models import build_model, model_signature
     from tandem.train import checkpoint as ckpt
+    from tandem.train.checkpoint_meta import CheckpointMeta
 
     run.mkdir(parents=True, exist_ok=True)
     (run / "spec.json").write_text(json.dumps(to_dict(spec), indent=1))
@@ -59,9 +60,9 @@ def publish_checkpoint(run: Path, spec, step: int, mutate=None) -> Path:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         dcp.save({"model": sd}, checkpoint_id=str(tmp), no_dist=True)
-    meta = {"model": spec.model.name, "signature": model_signature(model), "epoch": 0,
-            "parallel": {"strategy": "ddp", "tp": 1, "pp": 1}}
-    ckpt.publish_files(cdir, step, tmp, cdir / f"step-{step:08d}", 1, meta, keep_last=2)
+    meta = CheckpointMeta(step=step, epoch=0, world_size=1, model=spec.model.name, signature=model_signature(model),
+                          parallel={"strategy": "ddp", "tp": 1, "pp": 1})
+    ckpt.publish_files(cdir, step, tmp, cdir / f"step-{step:08d}", meta, keep_last=2)
     return run
 
 

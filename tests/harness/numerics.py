@@ -160,7 +160,9 @@ def run_steps(spec, ctx, steps: int, count: bool = False, save: str = "", load: 
         states[0]["optimizer"] = local_state_bytes(par, optim)["optimizer"]  # state exists after a step
     if save:
         from tandem.train import checkpoint as ckpt
-        ckpt.save(Path(save), steps, par.model, optim, ctx, {"job": "check"}, keep_last=1)
+        from tandem.train.checkpoint_meta import CheckpointMeta
+        meta = CheckpointMeta(step=steps, epoch=0, world_size=ctx.world, job="check")
+        ckpt.save(Path(save), steps, par.model, optim, ctx, meta, keep_last=1)
     steady = sorted(times[1:] or times)
     return {"losses": losses, "grad_norms": norms, "skipped": skipped, "scales": scales, "unchanged": unchanged,
             "eval": held_out_eval(spec, par, ctx), "step_s": steady[len(steady) // 2] if steady else None, "state": full_state(par), "bytes": states[0] if states else {},

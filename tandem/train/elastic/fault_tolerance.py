@@ -24,6 +24,7 @@ from tandem.core import contract, rundir
 from tandem.core.heartbeat import Heartbeat, read_all
 from tandem.core.runlock import process_start
 from tandem.train import checkpoint as ckpt
+from tandem.train.checkpoint_meta import CheckpointMeta
 from tandem.train.elastic import faults
 from tandem.train.elastic import resume as rs
 from tandem.train.elastic.stop import Stopped, StopRequest
@@ -140,15 +141,15 @@ class FaultTolerance:
         faults.point("step", step=step, rank=self.ctx.rank)
 
     # -- checkpoints -----------------------------------------------------------------------------
-    def save(self, ckdir: Path, step: int, model, optim, meta: dict):
+    def save(self, ckdir: Path, step: int, model, optim, meta: CheckpointMeta):
         """The published folder (sync), or None while an async save is in flight."""
         self.hb.beat(step, "save")  # before the wait below: a slow previous publish is not a hang
         self.stop.progress(busy=True)  # a SIGTERM's deadline does not run during a save
         if self.pending is not None:  # one save in flight: DCP's group and the folder rules allow one
             self._published(self.pending.wait())
         t0 = time.perf_counter()
-        out = ckpt.save(ckdir, step, model, optim, self.ctx, {**meta, "run_id": rs.run_id()},
-                        self.spec.checkpoint.keep_last, async_pg=self.pg)
+        out = ckpt.save(ckdir, step, model, optim, self.ctx, meta, self.spec.checkpoint.keep_last,
+                        async_pg=self.pg)
         if isinstance(out, ckpt.PendingSave):
             out.t0, out.staged_s = t0, time.perf_counter() - t0
             self.pending = out

@@ -32,7 +32,8 @@ from tandem.core import rundir
 from tandem.core.contract import AGENT_STARTS_ENV, ATTEMPT_ENV, attempt, run_id  # noqa: F401 (re-exported)
 from tandem.core.errors import CheckpointError
 from tandem.train import checkpoint as ckpt
-from tandem.train import manifest
+from tandem.train import checkpoint_meta, manifest
+from tandem.train.checkpoint_meta import CheckpointMeta
 
 
 def agree_attempt(ctx) -> int:
@@ -58,10 +59,10 @@ def own_latest(ckpt_dir: Path) -> Path | None:
         return None
     for p in reversed(ckpt.list_complete(Path(ckpt_dir))):
         try:
-            meta = json.loads((p / "meta.json").read_text())
-        except (OSError, json.JSONDecodeError):
+            meta = checkpoint_meta.read(p)
+        except (OSError, json.JSONDecodeError, CheckpointError):
             continue
-        if meta.get("run_id") == rid and manifest.problem(p) is None:
+        if meta.run_id == rid and manifest.problem(p) is None:
             return p
     return None
 
@@ -97,9 +98,9 @@ def schedule_key(spec) -> dict:
             "micro_batch": s.micro_batch}
 
 
-def carry_position(meta: dict, world: int, log=print) -> int:
-    """Samples this rank has consumed in the checkpoint's epoch, at the current world size."""
-    c, old = int(meta.get("consumed", 0)), int(meta.get("world_size", world))
+def carry_position(meta: CheckpointMeta, world: int, log=print) -> int:
+    """Samples this rank has consumed in the checkpoint's epoch, at the current data world size."""
+    c, old = meta.consumed, meta.data_world if meta.data_world is not None else world
     if old == world:
         return c
     done = c * old
@@ -109,7 +110,7 @@ def carry_position(meta: dict, world: int, log=print) -> int:
                               fix="checkpoint at step boundaries (checkpoint.every_steps) with a global batch "
                                   "that every allowed world size divides")
     log(f"world size changed {old} -> {world}: data position carried over ({done} samples of epoch "
-        f"{meta.get('epoch')} done: {c} per rank before, {done // world} per rank now)", flush=True)
+        f"{meta.epoch} done: {c} per rank before, {done // world} per rank now)", flush=True)
     return done // world
 
 
@@ -135,16 +136,17 @@ class Resize:
                 "old_grad_accum": self.old_accum, "new_grad_accum": self.accum, "lr_scale": self.ratio}
 
 
-def plan_resize(spec, meta: dict | None, world: int) -> Resize:
+def plan_resize(spec, meta: CheckpointMeta | None, world: int) -> Resize:
     from tandem.core.validate import grad_accum
 
     s, mode = spec.schedule, spec.elastic.on_resize
     if meta is None:
         accum = grad_accum(spec, world)
         return Resize(mode, world, accum, s.global_batch, 1.0)
-    old_world = int(meta.get("data_world", meta.get("world_size", world)))
-    old_global = int(meta.get("global_batch", s.global_batch))  # checkpoints before on_resize: as configured
-    old_accum = int(meta.get("grad_accum", 0)) or max(1, old_global // (old_world * s.micro_batch))
+    old_world = meta.data_world if meta.data_world is not None else world
+    # checkpoints before on_resize recorded no batch: it was the configured one
+    old_global = meta.global_batch if meta.global_batch is not None else s.global_batch
+    old_accum = meta.grad_accum or max(1, old_global // (old_world * s.micro_batch))
     accum = old_accum if mode == "scale_lr" else grad_accum(spec, world)
     g = world * s.micro_batch * accum
     return Resize(mode, world, accum, g, g / s.global_batch, old_world, old_accum, old_global)
