@@ -1,4 +1,4 @@
-"""`tandem demo`: the seed's case at CPU scale (train/demo.py)."""
+"""`tandem demo`: the reference case (ResNet-50 on 2 machines x 2 GPUs) at CPU scale (train/demo.py)."""
 
 from __future__ import annotations
 

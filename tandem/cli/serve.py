@@ -119,7 +119,8 @@ def serve_cmd(
                        max_queue=max_queue, run_dir=run_dir.resolve(), hang_s=hang_s,
                        continuous=batching == "continuous", tp=tp,
                        # one core left to the front: torch's spinning threads on an oversubscribed CPU
-                       # made a replica ~10x slower here (2 cores: p99 6.8 s against 0.2 s at 60 req/s)
+                       # made a replica an order of magnitude slower (docs/bench.md, "Measurements behind
+                       # the code's choices")
                        threads=threads or max(1, ((os.cpu_count() or 1) - 1) // (hi_rep * tp)))
     if not is_loopback(host) and keys is None:
         print(f"warning: binding {host} exposes the server beyond this machine and it has no authentication; "

@@ -6,7 +6,7 @@ worker, loading included, with no communication). Expected: the planner's rate p
 run's spec with a calibration (``tandem diagnose --calibration FILE``): this model measured on one
 worker by `tandem bench train`, slowed by workers sharing the host's cores, or the calibration's
 achieved GEMM FLOP/s x the planner's default efficiency. Without a calibration, on a GPU the planner's
-preset names (tandem/plan/hardware.py: the device name torch reports mapped as `tandem plan` maps a
+preset names (tandem/plan/inputs/hardware.py: the device name torch reports mapped as `tandem plan` maps a
 calibration's) give the datasheet peak for the run's precision x the planner's default efficiency for
 the model kind; the evidence names that source. A CPU has no datasheet preset: the measured rate is
 reported with the reason, and no verdict is made (a guessed CPU peak would be an invented number).
@@ -29,12 +29,12 @@ def datasheet_gpu(device: dict | None):
     kind, name = str(dev.get("device") or "cpu"), dev.get("name")
     if not kind.startswith("cuda"):
         return None, ("on CPU there is no datasheet peak to compare with (the planner's presets in "
-                      "tandem/plan/hardware.py are GPUs)")
+                      "tandem/plan/inputs/hardware.py are GPUs)")
     if not name:
         return None, "the profiler window does not name its GPU (a window.json from before device_name)"
     preset = match_gpu(str(name))
     return (preset, "") if preset else (None, f"no planner preset matches the GPU '{name}' "
-                                              "(tandem/plan/hardware.py)")
+                                              "(tandem/plan/inputs/hardware.py)")
 
 
 def expected(spec: dict, calibration: str | None, gpu: str | None = None) -> dict:

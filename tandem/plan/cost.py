@@ -29,7 +29,7 @@ from tandem.plan.terms.tensor_parallel import tp_op
 
 # Fraction of the datasheet peak a model sustains when nothing better is known.
 # gpt: Megatron-LM reaches 44-52% of A100 peak at scale (Narayanan et al. 2021, Table 1).
-# cnn: the seed's own ResNet-50 step (256 images in 220 ms on one A100) is 18% of TF32 peak.
+# cnn: the reference case's ResNet-50 step (256 images in 220 ms on one A100) is 18% of TF32 peak.
 DEFAULT_EFFICIENCY = {"gpt": 0.5, "cnn": 0.18, "net": 0.4, "params": 0.5}
 # Per architecture where a publication says otherwise: terms/efficiency.py, each with its source.
 GEMM_FRACTION = 0.8  # a calibration's achieved FLOP/s is a large GEMM at ~80% of peak
@@ -81,7 +81,7 @@ class Plan:
 
     @property
     def serial_comm_share(self) -> float:
-        """Communication's share of compute + bubble + communication with nothing overlapped (the seed's
+        """Communication's share of compute + bubble + communication with nothing overlapped (the reference case's
         arithmetic: 33 / (220 + 33) = 13%)."""
         total = self.compute_s + self.bubble_s + self.comm_s
         return self.comm_s / total if total > 0 else 0.0

@@ -160,7 +160,7 @@ def bandwidth_bound_lines(p: Plan) -> list[str]:
     out = [f"Memory-bound ops ({t.kernels} kernels; element passes per token: {ops}): {si(per_layer)} a layer"
            f"{rc} x {g.layers} layers + {si(per_model)} the loss = {si(g.layers * per_layer + per_model)} a token "
            f"at {t.bytes['act']} B an element, x {tokens:,} tokens / {s.world} GPUs at {BANDWIDTH_SHARE} x "
-           f"{si(c.gpu.memory_Bps, 'B/s')} = {ms(p.mem_bound_s / p.stage_imbalance)} (memory_bound.py; norms, "
+           f"{si(c.gpu.memory_Bps, 'B/s')} = {ms(p.mem_bound_s / p.stage_imbalance)} (terms/bandwidth_bound.py; norms, "
            "residual adds, activation, rotary, loss: memory-bound, so FLOPs do not time them)."]
     if p.optimizer_s:
         params = updated_params(m, s, c)
@@ -194,7 +194,7 @@ def fsdp_copies_lines(p: Plan) -> list[str]:
     side = copy_bytes(t.fsdp, pb, rb, fp16)[1]
     how = ("backward concatenates the views' gradients into the flat gradient (split's backward), 2 x p"
            if t.fsdp == "fsdp1" else "all-gather copy-out 2 x p at each gather + reduce-scatter copy-in p + r")
-    line = (f"FSDP copies (--fsdp {t.fsdp}: {FSDP_NAME[t.fsdp]}; fsdp_runtime.py): {how} = "
+    line = (f"FSDP copies (--fsdp {t.fsdp}: {FSDP_NAME[t.fsdp]}; terms/fsdp_copies.py): {how} = "
             f"{_fsdp_step_arithmetic(p.model, t, s, p.grad_accum, psi)} at {BANDWIDTH_SHARE} x {c.gpu.memory_Bps / 1e12:.4g} TB/s = {ms(p.fsdp_copy_s)}, on the compute stream")
     if side:
         n, root = fsdp_units(p.model, s, psi)

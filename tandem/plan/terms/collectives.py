@@ -12,7 +12,8 @@ A group of ``n`` ranks is laid out with ``local`` members on each of ``nodes`` n
   inside the node. Every GPU of a node talks to the network at the same time, so each
   gets B_node / gpus_per_node, where B_node is all NICs of a node together. The
   inter-node part is 2(N-1)/N x S / B_node no matter how many GPUs share the node:
-  for the seed's 2 nodes that is exactly S / B_node = 102.4 MB / 3.125 GB/s = 33 ms.
+  for the reference case's 2 nodes (ResNet-50's 102.4 MB of gradients over RoCE 25 Gb/s)
+  that is exactly S / B_node = 102.4 MB / 3.125 GB/s = 33 ms.
 - Algorithm choice (``collective``): as NCCL's tuner, each call takes the algorithm its
   model predicts fastest. An all-reduce across nodes may run as a double binary tree: its
   latency grows with log2(nodes) instead of 2(nodes-1) ring steps, at 0.92 of the ring's
