@@ -14,7 +14,7 @@ from tandem.core.errors import CheckpointError, ConfigError
 from tandem.train import checkpoint as ckpt
 from tandem.train import checkpoint_meta
 from tandem.train.checkpoint_meta import VERSION, CheckpointMeta
-from tandem.train.cli import check_same_layout, finished
+from tandem.train.run import check_same_layout, finished
 from tandem.train.elastic.resume import carry_position, layout_of, plan_resize, schedule_key
 from tandem_testing import ROOT
 
