@@ -103,9 +103,10 @@ WORLD4 = {  # 2 simulated nodes of 2 ranks
     "llama-dp2xtp2-zero3-sp": llama_job("zero3", tp=2, world=2, sequence_parallel=True, qwen=True),
     "llama-tp2xpp2": llama_job("ddp", tp=2, pp=2, world=2),
 }
-WORLD8 = {"dp2xtp2xpp2": gpt_job("ddp", tp=2, pp=2, world=4)}
+WORLD8 = {"dp2xtp2xpp2": gpt_job("ddp", tp=2, pp=2, world=4),
+          "llama-dp2xtp2xpp2": llama_job("ddp", tp=2, pp=2, world=4, qwen=True)}
 WORLDS = {2: (WORLD2, 2), 4: (WORLD4, 2), 8: (WORLD8, 4)}
 # The quick subset's share of the 2-rank run (conftest.py): one configuration per strategy family
 # (~10 s of the ~40 s the 25 take on 2 cores); the tests of the others are slow-marked cases.
-QUICK = {2: ("ddp", "zero1", "zero2", "zero3", "tp2", "pp2-1f1b", "resnet-ddp")}
+QUICK = {2: ("ddp", "zero1", "zero2", "zero3", "tp2", "pp2-1f1b", "resnet-ddp", "qwen-tp2-sp")}
 
