@@ -204,7 +204,7 @@ def test_logits_match_hugging_face(case):
     assert torch.allclose(got, want, atol=2e-5, rtol=1e-4), (got - want).abs().max()
 
 
-GPT_REVERSE = str(ROOT / "examples" / "llama_reverse.toml")
+LLAMA_SPEC = str(ROOT / "examples" / "llama_reverse.toml")
 
 
 @pytest.mark.parametrize("overrides,field,needle", [
@@ -225,16 +225,30 @@ GPT_REVERSE = str(ROOT / "examples" / "llama_reverse.toml")
 ])
 def test_bad_shapes_are_one_line_errors(overrides, field, needle):
     if needle == "head_dim 6":  # the control: an even head_dim builds
-        load_spec(GPT_REVERSE, overrides)
+        load_spec(LLAMA_SPEC, overrides)
         return
     with pytest.raises(ConfigError) as e:
-        load_spec(GPT_REVERSE, overrides)
+        load_spec(LLAMA_SPEC, overrides)
     assert e.value.field == field and needle in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
 def test_rope_scaling_from_toml_and_the_command_line():
-    s = load_spec(GPT_REVERSE, {"model.rope_scaling": '{"rope_type": "llama3", "factor": 8}'})
+    s = load_spec(LLAMA_SPEC, {"model.rope_scaling": '{"rope_type": "llama3", "factor": 8}'})
     assert s.model.rope_scaling == {"rope_type": "llama3", "factor": 8}
     c = build_model(s.model).config
     assert c.rope_scaling == {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                               "original_max_position_embeddings": 8192}
+
+
+@pytest.mark.parametrize("ms", [ModelSpec(name="gpt", layers=2, hidden=32, heads=4, seq=8, vocab=16),
+                                ModelSpec(name="llama", layers=2, hidden=32, heads=4, seq=8, vocab=16, qk_norm=True)],
+                         ids=["gpt", "llama"])
+def test_every_name_a_layout_gives_is_a_module_of_the_model(ms):
+    m = build_model(ms)
+    lay = m.layout
+    for name in (*lay.embeddings, *lay.shared, *lay.final, lay.blocks):
+        m.get_submodule(name)
+    block = getattr(m, lay.blocks)["0"]
+    for name in (*lay.colwise, *lay.rowwise, *lay.norms, *lay.gathers, *lay.head_norms):
+        block.get_submodule(name)
+    assert bool(lay.head_norms) == (ms.name == "llama")
