@@ -1,8 +1,10 @@
 """Tensor parallelism for the decoders (GPT, Llama) with DTensor's ``parallelize_module`` (Megatron-LM split).
 
-Per block: q/k/v and the MLP's first matrix (Llama: its gate and up matrices) column-wise (each tp rank owns heads/tp heads and
-ffn/tp hidden units), the attention output and the MLP's second matrix row-wise (their partial
-sums are all-reduced, or reduce-scattered along the sequence with sequence parallelism).
+Per block: q/k/v and the MLP's first matrix (Llama: its gate and up matrices) column-wise
+(each tp rank owns heads/tp heads and ffn/tp hidden units), the attention output and the
+MLP's second matrix row-wise (their partial sums are all-reduced, or reduce-scattered along
+the sequence with sequence parallelism); Llama's qk-norm weights replicated, their gradients
+summed over the tp ranks. The module names come from the model's ``layout``.
 Embeddings are vocabulary-parallel (row-wise on the table); the output layer is column-wise
 with its logits left sharded over the vocabulary so the loss runs in place (``loss_parallel``).
 With ``sequence_parallel`` the norms and the residual stream are sharded along the sequence
