@@ -55,6 +55,12 @@ def coerce(key: str, raw: Any, tp: Any) -> Any:
             if isinstance(raw, (dict, list)):
                 raise ValueError
             return str(raw)
+        if tp is dict or typing.get_origin(tp) is dict:  # a TOML inline table, or JSON on the command line
+            if isinstance(raw, str):
+                raw = json.loads(raw)
+            if not isinstance(raw, dict):
+                raise ValueError
+            return dict(raw)
         if tp is list or typing.get_origin(tp) is list:
             if isinstance(raw, str):
                 raw = json.loads(raw)

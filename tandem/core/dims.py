@@ -19,6 +19,7 @@ import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 
+from tandem.core.decoder import DECODERS, ffn_size
 from tandem.core.errors import ConfigError
 
 SHARDED = ("zero2", "zero3", "fsdp", "hsdp")    # FSDP2 strategies
@@ -124,14 +125,13 @@ def from_spec(spec, world: int, local_world: int | None = None, warn: bool = Tru
           f"({world} % {tp * pp} = {world % (tp * pp)})", "parallel.tp", f"tp={tp} pp={pp}",
           f"choose tp x pp among the divisors of {world}, or change the number of workers")
     dp = world // (tp * pp)
-    is_gpt = m.name == "gpt"
     if tp > 1 or pp > 1:
-        _need(is_gpt, f"tensor and pipeline parallelism split transformer blocks; model {m.name!r} has none "
-              f"(tp {tp}, pp {pp})", "parallel.tp" if tp > 1 else "parallel.pp", tp if tp > 1 else pp,
-              "use model.name=gpt, or tp=1 pp=1 with a data-parallel strategy (ddp, zero1..3, hsdp)")
+        _need(m.name in DECODERS, f"tensor and pipeline parallelism split transformer blocks; model {m.name!r} "
+              f"has none (tp {tp}, pp {pp})", "parallel.tp" if tp > 1 else "parallel.pp", tp if tp > 1 else pp,
+              "use model.name=gpt or llama, or tp=1 pp=1 with a data-parallel strategy (ddp, zero1..3, hsdp)")
     if tp > 1:
         kv = m.kv_heads or m.heads
-        ffn = m.ffn or 4 * m.hidden
+        ffn = ffn_size(m)
         for name, val in (("heads", m.heads), ("kv_heads", kv), ("ffn", ffn), ("vocab", m.vocab)):
             _need(val % tp == 0, f"{name} {val} is not divisible by tp {tp} ({val} % {tp} = {val % tp})",
                   f"model.{name}", val, f"choose tp dividing {name}, or {name} a multiple of {tp}")

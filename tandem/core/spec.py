@@ -26,7 +26,9 @@ def f(default: Any, help: str, **kw: Any) -> Any:
 @dataclass
 class ModelSpec:
     name: str = f("resnet18", "resnet18 | resnet34 | resnet50 | gpt (a GPT decoder, sized by the gpt: fields "
-                              "below), or an import path 'pkg.module:factory' returning an nn.Module (called "
+                              "below) | llama (a Llama-style decoder: rotary positions, RMSNorm, SwiGLU, "
+                              "grouped-query attention, no biases; the gpt: fields and the llama: ones; "
+                              "docs/models.md), or an import path 'pkg.module:factory' returning an nn.Module (called "
                               "with num_classes=, in_channels=; the module found as the workers find it: "
                               "PYTHONPATH, then the working directory).")
     width: int = f(64, "Channels of the first ResNet stage (64 in the paper); smaller for CPU runs.")
@@ -41,10 +43,19 @@ class ModelSpec:
     hidden: int = f(64, "gpt: model width (hidden size).")
     heads: int = f(4, "gpt: attention heads (divides hidden; tp divides heads).")
     kv_heads: int = f(0, "gpt: key/value heads for grouped-query attention (0: same as heads).")
-    ffn: int = f(0, "gpt: MLP inner size (0: 4 x hidden).")
+    ffn: int = f(0, "gpt: MLP inner size (0: 4 x hidden; llama: 8/3 x hidden rounded up to a multiple of 256).")
     seq: int = f(16, "gpt: sequence length (the reverse/sort tasks use seq/2 digits).")
     vocab: int = f(16, "gpt: vocabulary size (the digit tasks need at least 11).")
     tied: bool = f(True, "gpt: output layer shares the token embedding matrix (refused with pp > 1).")
+    head_dim: int = f(0, "llama: features per attention head (0: hidden / heads; Qwen3 sets it apart).")
+    rope_theta: float = f(10000.0, "llama: rotary base (10000 Llama 2, 500000 Llama 3, 1000000 Qwen).")
+    rope_scaling: dict = f({}, "llama: rotary scaling, Hugging Face's rope_scaling keys: {} (none) | {rope_type = "
+                               "\"linear\", factor = F} | {rope_type = \"llama3\", factor = 8.0, low_freq_factor "
+                               "= 1.0, high_freq_factor = 4.0, original_max_position_embeddings = 8192} (left-out "
+                               "keys take these values); on the command line as JSON.")
+    norm_eps: float = f(1e-5, "llama: RMSNorm epsilon (1e-5 Llama, 1e-6 Qwen).")
+    qkv_bias: bool = f(False, "llama: biases on the query, key and value projections (Qwen2).")
+    qk_norm: bool = f(False, "llama: RMSNorm on each head's queries and keys before the rotation (Qwen3).")
     loss: str = f("cross_entropy", "The training loss, a sum over the micro-batch: cross_entropy (class labels "
                                    "or token targets, -100 ignored) | model (the model's forward(x, y) returns "
                                    "its loss, a mean over the targets, as a tensor, a dict with 'loss' or an "

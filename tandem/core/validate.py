@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+from tandem.core.decoder import check_llama
 from tandem.core.dims import from_spec
 from tandem.core.errors import ConfigError
 from tandem.core.noderange import NodeRange
@@ -183,6 +184,8 @@ def validate(spec: JobSpec) -> JobSpec:
         raise ConfigError("a gradient norm must be 0 (off) or positive", field="optim.clip_grad_norm",
                           value=spec.optim.clip_grad_norm, fix="use e.g. 1.0, or 0 to turn clipping off")
     _check_loss(spec)
+    if spec.model.name == "llama":
+        check_llama(spec.model)
     if spec.elastic.term_grace_s <= 0:
         raise ConfigError(f"must be positive, got {spec.elastic.term_grace_s}", field="elastic.term_grace_s",
                           fix="use e.g. 10 (seconds), below torchrun's 30 s; elastic.save_on_term=false turns "

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from tandem.core.decoder import DECODERS
 from tandem.core.errors import ConfigError, DataError
 from tandem.data.text import read_manifest
 
@@ -110,7 +111,7 @@ def check_tokens(spec) -> None:
     """The parent's check before any worker starts: the folder (sha256 included) against the model."""
     d, m = spec.data, spec.model
     man = check_folder(d.path, m.seq, d.held_out > 0, verify=True)
-    if m.name == "gpt" and m.vocab < man["vocab"]:
+    if m.name in DECODERS and m.vocab < man["vocab"]:
         raise ConfigError(f"the token folder's vocabulary is {man['vocab']} ({man['tokenizer']['kind']}), the "
                           f"model's {m.vocab}", field="model.vocab", value=m.vocab,
                           fix=f"set model.vocab = {man['vocab']}")

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from tandem.core.decoder import DECODERS
 from tandem.core.errors import CheckpointError
 
 FORMAT, VERSION = "tandem-export", 1
@@ -93,7 +94,7 @@ def match_model(model: nn.Module, src) -> tuple[list[str], dict[str, str]]:
 def example_input(spec: dict) -> dict:
     """A batch of one that the model accepts, for `export verify`'s forward."""
     m = spec["model"]
-    if m["name"] == "gpt":
+    if m["name"] in DECODERS:
         return {"shape": [1, m["seq"]], "dtype": "int64", "kind": "tokens", "high": m["vocab"]}
     size = spec.get("data", {}).get("image_size", 8)
     return {"shape": [1, m["in_channels"], size, size], "dtype": "float32", "kind": "normal"}

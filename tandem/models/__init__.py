@@ -10,7 +10,7 @@ from tandem.core.spec import ModelSpec
 from tandem.models.resnet import ResNet, resnet18, resnet34, resnet50
 
 BUILTIN = {"resnet18": 18, "resnet34": 34, "resnet50": 50}
-VALID = " | ".join(BUILTIN) + " | gpt | an import path 'pkg.module:factory'"
+VALID = " | ".join(BUILTIN) + " | gpt | llama | an import path 'pkg.module:factory'"
 
 __all__ = ["ResNet", "resnet18", "resnet34", "resnet50", "build_model", "model_signature",
            "count_params", "BUILTIN"]
@@ -23,6 +23,9 @@ def build_model(spec: ModelSpec) -> nn.Module:
         from tandem.models.gpt import gpt
         return gpt(layers=spec.layers, hidden=spec.hidden, heads=spec.heads, kv_heads=spec.kv_heads,
                    ffn=spec.ffn, seq=spec.seq, vocab=spec.vocab, tied=spec.tied)
+    if name == "llama":
+        from tandem.models.llama import from_spec
+        return from_spec(spec)
     if name in BUILTIN:
         return ResNet(depth=BUILTIN[name], width=spec.width, num_classes=spec.num_classes,
                       in_channels=spec.in_channels, small_input=spec.small_input)

@@ -22,6 +22,11 @@ from torch import nn
 
 from tandem.core.errors import ConfigError
 from tandem.models.init import init_weights
+from tandem.models.layout import DecoderLayout
+
+# what the parallel strategies cut (tandem/models/layout.py)
+LAYOUT = DecoderLayout(embeddings=("tok_emb", "pos_emb"), colwise=("attn.wq", "attn.wk", "attn.wv", "mlp.w1"),
+                       rowwise=("attn.wo", "mlp.w2"), norms=("ln1", "ln2"), gathers=("attn", "mlp"))
 
 
 @dataclass
@@ -100,6 +105,8 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
+    layout = LAYOUT
+
     def __init__(self, c: GPTConfig):
         super().__init__()
         self.config = c
@@ -127,6 +134,10 @@ class GPT(nn.Module):
             nn.init.normal_(t, 0.0, std / math.sqrt(2 * self.config.layers), generator=g)
         else:
             nn.init.normal_(t, 0.0, std, generator=g)
+
+    def part_cost(self, part: str) -> float:
+        """Forward FLOPs per token of ``embed``, one ``block`` or the ``head``: the pipeline's split weights."""
+        return block_cost(self.config, part)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens (B, T) int64 on the first stage, hidden states (B, T, H) on later pipeline stages."""

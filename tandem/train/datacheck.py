@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 from numpy.lib import format as npy
 
+from tandem.core.decoder import DECODERS
 from tandem.core.errors import ConfigError, DataError
 from tandem.core.extras import require
 from tandem.core.spec import DataSpec, JobSpec
@@ -40,14 +41,14 @@ def check_source(spec: JobSpec, model=None) -> None:
     if tokens and m.name in RESNETS:
         raise ConfigError(f"{d.name} is a token task; {m.name} reads images", field="data.name", value=d.name,
                           fix="use model.name=gpt for reverse/sort, or an image set (digits | synthetic | npz)")
-    if not tokens and m.name == "gpt":
-        raise ConfigError(f"gpt reads token sequences; {d.name} holds images", field="data.name", value=d.name,
-                          fix="use data.name=reverse or sort with gpt, or an image model (resnet18 ...)")
+    if not tokens and m.name in DECODERS:
+        raise ConfigError(f"{m.name} reads token sequences; {d.name} holds images", field="data.name", value=d.name,
+                          fix=f"use data.name=reverse or sort with {m.name}, or an image model (resnet18 ...)")
     if tokens:
         if m.seq < 2:
             raise DataError(f"seq {m.seq} leaves no room for digits (need seq >= 2)", field="model.seq",
                             value=m.seq, fix="set model.seq to 2 or more (n digits take 2n positions)")
-        if m.name == "gpt" and m.vocab < MIN_VOCAB:
+        if m.name in DECODERS and m.vocab < MIN_VOCAB:
             raise ConfigError(f"the {d.name} task has {MIN_VOCAB} tokens (digits and a separator), the model's "
                               f"vocabulary {m.vocab}", field="model.vocab", value=m.vocab,
                               fix=f"set model.vocab to {MIN_VOCAB} or more")

@@ -22,6 +22,7 @@ def build_and_step(spec, ctx, steps: int = 1) -> dict:
     import torch.distributed.tensor.parallel  # noqa: F401
 
     from harness.numerics import batches, local_state_bytes
+    from tandem.core.decoder import DECODERS
     from tandem.train import runtime as rt
     from tandem.train.loss import resolve_loss
     from tandem.train.optim import build_optimizer
@@ -41,7 +42,7 @@ def build_and_step(spec, ctx, steps: int = 1) -> dict:
     optim = build_optimizer(spec, par)
     stepper = Stepper(par, optim, spec, ctx, resolve_loss(spec.model.loss))
     per = s.global_batch // par.dp
-    denom = per * (spec.model.seq // 2 if spec.model.name == "gpt" else 1)
+    denom = per * (spec.model.seq // 2 if spec.model.name in DECODERS else 1)
     mb = s.micro_batch
     for step in range(steps):
         lo = step * s.global_batch + par.dp_rank * per

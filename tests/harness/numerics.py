@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from tandem.core.decoder import DECODERS
 from tandem.train import runtime as rt
 from tandem.train.loss import resolve_loss
 from tandem.train.optim import build_optimizer
@@ -70,11 +71,11 @@ def full_state(par) -> dict:
 
 
 def batches(spec, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """n samples: the reverse task for gpt; for image models one global batch of Gaussian blobs
+    """n samples: the reverse task for the decoders (gpt, llama); for image models one global batch of Gaussian blobs
     (``_blobs``) repeated, so that a few steps' losses, on the same images, fall when training works
     (on fresh noise images each step they rose or fell by the luck of the draw)."""
     g = torch.Generator().manual_seed(spec.schedule.seed + 1)
-    if spec.model.name == "gpt":
+    if spec.model.name in DECODERS:
         return make_task("reverse", n, spec.model.seq, spec.schedule.seed + 1)
     B = spec.schedule.global_batch  # images: one batch, trained on step after step (its loss must fall)
     x, y = _blobs(spec, min(n, B), g)
@@ -120,7 +121,7 @@ def run_steps(spec, ctx, steps: int, count: bool = False, save: str = "", load: 
     B, mb, dp = s.global_batch, s.micro_batch, par.dp
     per = B // dp
     x, y = batches(spec, steps * B)
-    denom = per * (spec.model.seq // 2 if spec.model.name == "gpt" else 1)
+    denom = per * (spec.model.seq // 2 if spec.model.name in DECODERS else 1)
     tp_rank = par.coords["tp"]
     if load:
         from tandem.train import checkpoint as ckpt
@@ -178,7 +179,7 @@ def held_out_eval(spec, par, ctx) -> tuple[tuple[int, int], float]:
     from tandem.train.trainer import evaluate
 
     g = torch.Generator().manual_seed(spec.schedule.seed + 2)
-    if spec.model.name == "gpt":
+    if spec.model.name in DECODERS:
         held = TensorDataset(*make_task("reverse", 64, spec.model.seq, spec.schedule.seed + 2))
     else:
         held = TensorDataset(*_blobs(spec, 64, g))

@@ -131,7 +131,7 @@ def parallelize(model: nn.Module, spec, ctx, log=lambda *a: None, materialize=No
         pp.keep_only(model, parts, mine)
     if dims.tp > 1:
         from tandem.train.parallel.tp import apply_tp
-        par.loss_parallel = p.loss_parallel and getattr(model, "head", None) is not None
+        par.loss_parallel = p.loss_parallel and getattr(model, model.layout.head) is not None
         apply_tp(model, mesh["tp"], p.sequence_parallel, par.loss_parallel)
     from tandem.train.parallel.ac import apply_ac
     apply_ac(model, p.activation_checkpoint, p.ac_every)

@@ -29,6 +29,9 @@ def apply_ac(model: nn.Module, mode: str, every: int = 2) -> int:
 
 
 def _parents(model: nn.Module):
-    if isinstance(getattr(model, "layers", None), nn.ModuleDict):
+    lay = getattr(model, "layout", None)
+    if lay is not None:   # a decoder (tandem/models/layout.py)
+        return [getattr(model, lay.blocks)]
+    if isinstance(getattr(model, "layers", None), nn.ModuleDict):   # a user's model laid out the same way
         return [model.layers]
     return [getattr(model, n) for n in ("layer1", "layer2", "layer3", "layer4") if hasattr(model, n)]

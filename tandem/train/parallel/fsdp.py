@@ -20,8 +20,11 @@ from torch.distributed.fsdp import fully_shard
 
 
 def blocks(model: nn.Module) -> list[nn.Module]:
-    """The repeated units: GPT blocks, or ResNet residual blocks."""
-    if hasattr(model, "layers") and isinstance(model.layers, nn.ModuleDict):
+    """The repeated units: a decoder's blocks (its ``layout``), or ResNet residual blocks."""
+    lay = getattr(model, "layout", None)
+    if lay is not None:
+        return list(getattr(model, lay.blocks).values())
+    if isinstance(getattr(model, "layers", None), nn.ModuleDict):   # a user's model laid out the same way
         return list(model.layers.values())
     out = []
     for name in ("layer1", "layer2", "layer3", "layer4"):

@@ -5,8 +5,10 @@ The layers are split into ``pp x virtual`` contiguous stages balanced by estimat
 large vocabulary the last stage gets fewer blocks), or into equal layer counts
 (``pp_split=even``). Rank r of the pp group owns stages r, r+pp, ... (interleaved
 1F1B's loop placement; one stage per rank otherwise). Each rank keeps a skeleton of the
-GPT with only its blocks (and the embeddings on the first stage, the norm and head on the
-last), so parameter names match the full model and checkpoints reshard across pp degrees.
+decoder with only its blocks (and the embeddings on the first stage, the norm and head on the
+last, the position tables on all: the model's ``layout``, ``tandem/models/layout.py``), so
+parameter names match the full model and checkpoints reshard across pp degrees. A decoder
+states each part's cost as ``part_cost("embed" | "block" | "head")``.
 """
 
 from __future__ import annotations
@@ -14,8 +16,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
-
-from tandem.models.gpt import GPT, block_cost
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
 
@@ -46,54 +46,64 @@ def balanced_split(costs: list[float], stages: int, first: float = 0.0, last: fl
     return starts[::-1]
 
 
-def split_layers(model: GPT, stages: int, how: str) -> list[list[int]]:
-    c = model.config
-    n = c.layers
+def split_layers(model: nn.Module, stages: int, how: str) -> list[list[int]]:
+    n = len(getattr(model, model.layout.blocks))
     if how == "even":
         starts = [s * n // stages for s in range(stages)]
     else:
-        starts = balanced_split([block_cost(c, "block")] * n, stages, block_cost(c, "embed"), block_cost(c, "head"))
+        cost = model.part_cost
+        starts = balanced_split([cost("block")] * n, stages, cost("embed"), cost("head"))
     bounds = starts + [n]
     return [list(range(bounds[s], bounds[s + 1])) for s in range(stages)]
 
 
-def describe_split(model: GPT, parts: list[list[int]]) -> str:
-    c = model.config
+def describe_split(model: nn.Module, parts: list[list[int]]) -> str:
     out = []
     for s, ids in enumerate(parts):
-        cost = len(ids) * block_cost(c, "block") + (block_cost(c, "head") if s == len(parts) - 1 else 0)
+        cost = len(ids) * model.part_cost("block") + (model.part_cost("head") if s == len(parts) - 1 else 0)
         extra = ("+emb" if s == 0 else "") + ("+head" if s == len(parts) - 1 else "")
         out.append(f"stage {s}: layers {ids[0]}-{ids[-1]}{extra} ({cost / 1e6:.3g} MFLOP/token)")
     return "; ".join(out)
 
 
 class Chunk(nn.Module):
-    """One pipeline stage: a view on some of the skeleton's modules (shared, not copied)."""
+    """One pipeline stage: a view on some of the skeleton's modules (shared, not copied), run by the
+    model's own forward (which skips the parts a stage does not hold)."""
 
-    def __init__(self, model: GPT, ids: list[int], first: bool, last: bool):
+    def __init__(self, model: nn.Module, ids: list[int], first: bool, last: bool):
         super().__init__()
-        self.tok_emb = model.tok_emb if first else None
-        self.pos_emb = model.pos_emb if first else None
-        self.layers = nn.ModuleDict({str(i): model.layers[str(i)] for i in ids})
-        self.norm = model.norm if last else None
-        self.head = model.head if last else None
+        lay = model.layout
+        self.layout, self._forward = lay, type(model).forward
+        for name in lay.embeddings:
+            setattr(self, name, getattr(model, name) if first else None)
+        for name in lay.shared:
+            setattr(self, name, getattr(model, name))
+        blocks = getattr(model, lay.blocks)
+        setattr(self, lay.blocks, nn.ModuleDict({str(i): blocks[str(i)] for i in ids}))
+        for name in lay.final:
+            setattr(self, name, getattr(model, name) if last else None)
 
-    forward = GPT.forward
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._forward(self, x)
 
 
-def keep_only(model: GPT, parts: list[list[int]], mine: list[int]) -> None:
+def keep_only(model: nn.Module, parts: list[list[int]], mine: list[int]) -> None:
     """Turn ``model`` into this rank's skeleton: only the blocks of stages ``mine``."""
+    lay = model.layout
     owned = {i for s in mine for i in parts[s]}
-    for i in list(model.layers.keys()):
+    blocks = getattr(model, lay.blocks)
+    for i in list(blocks.keys()):
         if int(i) not in owned:
-            del model.layers[i]
+            del blocks[i]
     if 0 not in mine:
-        model.tok_emb = model.pos_emb = None
+        for name in lay.embeddings:
+            setattr(model, name, None)
     if len(parts) - 1 not in mine:
-        model.norm = model.head = None
+        for name in lay.final:
+            setattr(model, name, None)
 
 
-def build_schedule(model: GPT, parts, mine, pp_rank: int, pp_size: int, group, device, schedule: str,
+def build_schedule(model: nn.Module, parts, mine, pp_rank: int, pp_size: int, group, device, schedule: str,
                    n_micro: int, loss_fn):
     stages = [PipelineStage(Chunk(model, parts[s], s == 0, s == len(parts) - 1), s, len(parts), device,
                             group=group) for s in mine]

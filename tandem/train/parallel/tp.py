@@ -1,8 +1,10 @@
-"""Tensor parallelism for the GPT decoder with DTensor's ``parallelize_module`` (Megatron-LM split).
+"""Tensor parallelism for the decoders (GPT, Llama) with DTensor's ``parallelize_module`` (Megatron-LM split).
 
-Per block: q/k/v and the MLP's first matrix column-wise (each tp rank owns heads/tp heads and
-ffn/tp hidden units), the attention output and the MLP's second matrix row-wise (their partial
-sums are all-reduced, or reduce-scattered along the sequence with sequence parallelism).
+Per block: q/k/v and the MLP's first matrix (Llama: its gate and up matrices) column-wise
+(each tp rank owns heads/tp heads and ffn/tp hidden units), the attention output and the
+MLP's second matrix row-wise (their partial sums are all-reduced, or reduce-scattered along
+the sequence with sequence parallelism); Llama's qk-norm weights replicated, their gradients
+summed over the tp ranks. The module names come from the model's ``layout``.
 Embeddings are vocabulary-parallel (row-wise on the table); the output layer is column-wise
 with its logits left sharded over the vocabulary so the loss runs in place (``loss_parallel``).
 With ``sequence_parallel`` the norms and the residual stream are sharded along the sequence
@@ -20,33 +22,32 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
 
 
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool, loss_parallel: bool) -> nn.Module:
-    sp = sequence_parallel
+    """The plan from the model's ``layout`` (``tandem/models/layout.py``): the same for every decoder."""
+    lay, sp = model.layout, sequence_parallel
     stream = Shard(1) if sp else Replicate()        # layout of the residual stream between blocks
-    tied = model.head is not None and model.tok_emb is not None and model.head.weight is model.tok_emb.weight
+    emb, head = getattr(model, lay.token_embedding), getattr(model, lay.head)
+    tied = head is not None and emb is not None and head.weight is emb.weight
     top: dict = {}
-    if model.tok_emb is not None:
-        top["tok_emb"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=stream)
-        top["pos_emb"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=stream)
-    if model.norm is not None and sp:
-        top["norm"] = SequenceParallel()
-    if model.head is not None:
-        top["head"] = ColwiseParallel(input_layouts=stream, output_layouts=Shard(-1) if loss_parallel else Replicate(),
-                                      use_local_output=not loss_parallel)
+    if emb is not None:
+        for name in lay.embeddings:
+            top[name] = RowwiseParallel(input_layouts=Replicate(), output_layouts=stream)
+    if getattr(model, lay.norm) is not None and sp:
+        top[lay.norm] = SequenceParallel()
+    if head is not None:
+        top[lay.head] = ColwiseParallel(input_layouts=stream, output_layouts=Shard(-1) if loss_parallel else Replicate(),
+                                        use_local_output=not loss_parallel)
     if top:
         parallelize_module(model, tp_mesh, top)
     if tied:  # both became Shard(0) on the vocabulary: share the one DTensor again
-        model.head.weight = model.tok_emb.weight
-    for block in model.layers.values():
-        plan = {
-            "attn.wq": ColwiseParallel(), "attn.wk": ColwiseParallel(), "attn.wv": ColwiseParallel(),
-            "attn.wo": RowwiseParallel(output_layouts=stream),
-            "mlp.w1": ColwiseParallel(), "mlp.w2": RowwiseParallel(output_layouts=stream),
-        }
-        if sp:
-            plan.update({
-                "ln1": SequenceParallel(), "ln2": SequenceParallel(),
-                "attn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-                "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-            })
+        getattr(model, lay.head).weight = getattr(model, lay.token_embedding).weight
+    plan = {name: ColwiseParallel() for name in lay.colwise}
+    plan.update({name: RowwiseParallel(output_layouts=stream) for name in lay.rowwise})
+    # (B, T, heads, head_dim) with the heads split: a replicated weight, its gradient summed over tp
+    plan.update({name: SequenceParallel(sequence_dim=2, use_local_output=True) for name in lay.head_norms})
+    if sp:
+        plan.update({name: SequenceParallel() for name in lay.norms})
+        plan.update({name: PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+                     for name in lay.gathers})
+    for block in getattr(model, lay.blocks).values():
         parallelize_module(block, tp_mesh, plan)
     return model

@@ -1,4 +1,4 @@
-"""Job specs of the parallel tests: tiny GPT and ResNet runs per strategy and mesh."""
+"""Job specs of the parallel tests: tiny GPT, Llama and ResNet runs per strategy and mesh."""
 
 from __future__ import annotations
 
@@ -21,6 +21,14 @@ def gpt_job(strategy="ddp", tp=1, pp=1, world=2, dtype="fp32", optim="sgd", **pa
     s.schedule.global_batch, s.schedule.micro_batch = 16, 4
     s.precision.dtype = dtype
     s.launch.nproc_per_node = world
+    return s
+
+
+def llama_job(strategy="ddp", tp=1, pp=1, world=2, qwen=False, **par) -> JobSpec:
+    """The GPT's job on the Llama decoder (SwiGLU of 64 units); ``qwen``: qkv biases and qk-norm too."""
+    s = gpt_job(strategy, tp, pp, world, **par)
+    s.model.name, s.model.ffn = "llama", 64
+    s.model.qkv_bias = s.model.qk_norm = qwen
     return s
 
 
@@ -62,6 +70,14 @@ WORLD2 = {
     "hook-bf16": gpt_job("ddp", comm_hook="bf16"),
     "hook-powersgd": gpt_job("ddp", comm_hook="powersgd", powersgd_rank=2),
     "local-sgd": gpt_job("ddp", local_sgd_every=2, local_sgd_warmup=0),
+    "llama-ddp": llama_job("ddp"),
+    "llama-zero3": llama_job("zero3"),
+    "llama-tp2": llama_job(tp=2),
+    "llama-tp2-sp": llama_job(tp=2, sequence_parallel=True),
+    "qwen-tp2-sp": llama_job(tp=2, sequence_parallel=True, qwen=True),
+    "llama-pp2": llama_job(pp=2),
+    "llama-pp2-interleaved": llama_job(pp=2, pp_schedule="interleaved"),
+    "llama-zero3-ac-full": llama_job("zero3", activation_checkpoint="full"),
     "resnet-ddp": resnet_job("ddp"),
     "resnet-zero1": resnet_job("zero1"),
     "resnet-zero2": resnet_job("zero2"),
@@ -83,10 +99,14 @@ WORLD4 = {  # 2 simulated nodes of 2 ranks
     "dp2xpp2-interleaved": gpt_job("ddp", pp=2, world=2, pp_schedule="interleaved"),
     "tp2xpp2": gpt_job("ddp", tp=2, pp=2, world=2),
     "dp2xtp2-zero2-sp": gpt_job("zero2", tp=2, world=2, sequence_parallel=True),
+    "llama-hsdp": llama_job("hsdp", world=2),
+    "llama-dp2xtp2-zero3-sp": llama_job("zero3", tp=2, world=2, sequence_parallel=True, qwen=True),
+    "llama-tp2xpp2": llama_job("ddp", tp=2, pp=2, world=2),
 }
-WORLD8 = {"dp2xtp2xpp2": gpt_job("ddp", tp=2, pp=2, world=4)}
+WORLD8 = {"dp2xtp2xpp2": gpt_job("ddp", tp=2, pp=2, world=4),
+          "llama-dp2xtp2xpp2": llama_job("ddp", tp=2, pp=2, world=4, qwen=True)}
 WORLDS = {2: (WORLD2, 2), 4: (WORLD4, 2), 8: (WORLD8, 4)}
 # The quick subset's share of the 2-rank run (conftest.py): one configuration per strategy family
 # (~10 s of the ~40 s the 25 take on 2 cores); the tests of the others are slow-marked cases.
-QUICK = {2: ("ddp", "zero1", "zero2", "zero3", "tp2", "pp2-1f1b", "resnet-ddp")}
+QUICK = {2: ("ddp", "zero1", "zero2", "zero3", "tp2", "pp2-1f1b", "resnet-ddp", "qwen-tp2-sp")}
 

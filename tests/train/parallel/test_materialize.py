@@ -21,9 +21,11 @@ from tandem.train.parallel.materialize import build_meta, is_meta, materialize
 
 GPT = ModelSpec(name="gpt", layers=3, hidden=32, heads=4, kv_heads=2, seq=8, vocab=16)
 RESNET = ModelSpec(name="resnet18", width=4, in_channels=1, small_input=True)
+LLAMA = ModelSpec(name="llama", layers=3, hidden=32, heads=4, kv_heads=2, ffn=48, seq=8, vocab=16, qkv_bias=True,
+                  qk_norm=True, rope_scaling={"rope_type": "llama3", "factor": 8.0})
 
 
-@pytest.mark.parametrize("ms", [GPT, RESNET], ids=["gpt", "resnet"])
+@pytest.mark.parametrize("ms", [GPT, RESNET, LLAMA], ids=["gpt", "resnet", "llama"])
 def test_meta_build_equals_a_seeded_cpu_build(ms):
     torch.manual_seed(7)
     cpu = build_model(ms)
@@ -34,10 +36,12 @@ def test_meta_build_equals_a_seeded_cpu_build(ms):
     a, b = cpu.state_dict(), meta.state_dict()
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
+    bufs = dict(meta.named_buffers())   # non-persistent ones too (llama's rotary table)
+    assert all(torch.equal(t, bufs[k]) for k, t in cpu.named_buffers())
     torch.manual_seed(8)
     other = build_model(ms).state_dict()  # another seed, other weights (the init is not constant)
-    assert not torch.equal(other["layers.0.attn.wq.weight" if ms.name == "gpt" else "conv1.weight"],
-                           a["layers.0.attn.wq.weight" if ms.name == "gpt" else "conv1.weight"])
+    key = "conv1.weight" if ms.name == "resnet18" else "layers.0.attn.wq.weight"
+    assert not torch.equal(other[key], a[key])
 
 
 def test_tied_head_stays_tied_and_a_pruned_stage_gets_the_full_models_values():
