@@ -127,6 +127,23 @@ def test_job_spec_gpt_plans_with_its_shape(capsys):
     assert (d["strategy"]["dp"], d["strategy"]["micro_batch"], d["strategy"]["global_batch"]) == (2, 32, 64)
 
 
+def test_job_spec_llama_plans_as_a_gated_rmsnorm_decoder(capsys):
+    """A model.name = "llama" spec plans with its own shape: SwiGLU, RMSNorm, no biases, rotary positions,
+    so the planner's parameter count is the built model's."""
+    import torch
+
+    from tandem.core.config import load_spec
+    from tandem.models import build_model, count_params
+
+    spec = str(REPO / "examples" / "llama_reverse.toml")
+    code, out, err = run(capsys, "plan", "--config", spec, "--json")
+    assert code == 0 and not err
+    d = json.loads(out)
+    with torch.device("meta"):
+        params = count_params(build_model(load_spec(spec, {}, check=False).model))
+    assert (d["model"]["name"], d["model"]["kind"], d["model"]["params"]) == ("llama", "gpt", params)
+
+
 def test_pp_that_does_not_divide_names_pp(capsys):
     code, out, err = run(capsys, "plan", "gpt3-175b", "--pp", "3")
     assert code == 2 and len(err) == 1

@@ -8,6 +8,7 @@ from pathlib import Path
 import yaml
 
 from tandem.core.config import load_spec
+from tandem.core.decoder import ffn_size
 from tandem.core.dims import ZERO_STAGE, from_spec
 from tandem.core.errors import ConfigError
 from tandem.plan.inputs.calibration import cluster_for
@@ -120,6 +121,14 @@ def from_job_spec(path: str) -> dict:
                    vocab=m.vocab)
         out["_tied"] = m.tied
         out["_fused"] = True   # tandem/models/gpt.py runs torch's SDPA: fused kernels, no score matrix stored
+    if spec.model.name == "llama":  # tandem/models/llama.py: SwiGLU, RMSNorm, rotary positions, no biases
+        m = spec.model
+        out.update(layers=m.layers, hidden=m.hidden, heads=m.heads, kv_heads=m.kv_heads, ffn=ffn_size(m), seq=m.seq,
+                   vocab=m.vocab)
+        out["_tied"] = m.tied
+        out["_fused"] = True   # SDPA as the GPT
+        # (a Qwen-style qkv bias is 3 x hidden numbers a layer: below what the planner resolves)
+        out["_shape"] = dict(gated=True, bias=False, norm="rmsnorm", learned_pos=False, dropout=False)
     if spec.model.name in CNN_PRESETS and (spec.model.width != 64 or spec.model.small_input
                                            or spec.model.num_classes != 1000):
         out["_spec_model"] = spec.model
@@ -160,18 +169,18 @@ def resolve_model(v: dict, spec: dict) -> ModelStats:
         return measure(name, v["input_shape"])
     if name and name.endswith(".json"):
         return from_hf_config(name, v.get("seq"))
-    if name == "gpt" or (name is None and any(v.get(k) for k in shape_keys)):
+    if name in ("gpt", "llama") or (name is None and any(v.get(k) for k in shape_keys)):
         missing = [k for k in shape_keys if not v.get(k)]
         if missing:
             raise ConfigError(f"a GPT shape needs {', '.join('--' + k for k in missing)}", field=missing[0],
                               fix="give --layers --hidden --heads --vocab (and --seq, --ffn, --kv-heads)")
         shape = GPTShape(layers=v["layers"], hidden=v["hidden"], heads=v["heads"], seq=v.get("seq") or 2048,
                          vocab=v["vocab"], kv_heads=v.get("kv_heads") or 0, ffn=v.get("ffn") or 0,
-                         gated=bool(v.get("gated")), tied=spec.get("_tied", True))
+                         tied=spec.get("_tied", True), **{"gated": bool(v.get("gated")), **spec.get("_shape", {})})
         if v.get("experts") is not None:
             return with_moe(MoEShape(shape, experts=v["experts"], top_k=v.get("top_k") or 1,
                                      expert_ffn=v.get("expert_ffn") or shape.ffn), v, "moe")
-        return gpt_stats(shape, source="job spec" if "_tied" in spec else "formula")
+        return gpt_stats(shape, name=name or "gpt", source="job spec" if "_tied" in spec else "formula")
     if name is None:
         raise ConfigError("no model given", field="model",
                           fix="name one as the first argument (tandem plan resnet50 | gpt3-175b | llama2-7b | "
