@@ -12,6 +12,20 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from tandem.cli.bench import bench_app
+from tandem.cli.data import data_app
+from tandem.cli.demo import demo_cmd
+from tandem.cli.diagnose import diagnose_cmd
+from tandem.cli.doctor import doctor_cmd
+from tandem.cli.export import export_cmd
+from tandem.cli.generate import generate_cmd
+from tandem.cli.launch import launch_cmd
+from tandem.cli.logs import logs_cmd
+from tandem.cli.plan import plan_cmd
+from tandem.cli.serve import serve_cmd
+from tandem.cli.spec import spec_cmd
+from tandem.cli.submit import cancel_cmd, status_cmd, submit_cmd
+from tandem.cli.train import train_cmd
 from tandem.core.errors import TandemError
 
 app = typer.Typer(
@@ -42,21 +56,6 @@ PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "allow_
 
 
 def _register() -> None:
-    from tandem.cli.bench import bench_app
-    from tandem.cli.data import data_app
-    from tandem.cli.demo import demo_cmd
-    from tandem.cli.diagnose import diagnose_cmd
-    from tandem.cli.doctor import doctor_cmd
-    from tandem.cli.export import export_cmd
-    from tandem.cli.generate import generate_cmd
-    from tandem.cli.launch import launch_cmd
-    from tandem.cli.logs import logs_cmd
-    from tandem.cli.plan import plan_cmd
-    from tandem.cli.serve import serve_cmd
-    from tandem.cli.spec import spec_cmd
-    from tandem.cli.submit import cancel_cmd, status_cmd, submit_cmd
-    from tandem.cli.train import train_cmd
-
     app.command("launch", context_settings=PASSTHROUGH)(launch_cmd)
     app.command("train", context_settings=PASSTHROUGH)(train_cmd)
     app.command("spec", context_settings=PASSTHROUGH)(spec_cmd)
