@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from tandem.cli.passthrough import PASSTHROUGH
 from tandem.core.errors import TandemError
 
 app = typer.Typer(
@@ -36,9 +37,6 @@ def _version(value: bool) -> None:
 def _root(version: bool = typer.Option(False, "--version", "-V", is_eager=True, callback=_version,
                                        help="Print tandem's version and exit.")) -> None:
     """From one GPU to many machines and on into serving, with numbers that say why."""
-
-# Verbs that take a script or overrides after their own options.
-PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "allow_interspersed_args": False}
 
 
 def _register() -> None:

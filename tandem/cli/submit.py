@@ -14,6 +14,7 @@ from pathlib import Path
 
 import typer
 
+from tandem.cli.passthrough import refuse_unknown_option
 from tandem.core.console import make_console
 
 
@@ -63,6 +64,7 @@ def submit_cmd(
     Example: tandem submit --on ssh --hostfile hosts.txt examples/hello_dist.py
     Example: tandem submit --on ray --address HEAD:6379 --workers 4 --max-failures 2 job.toml
     """
+    refuse_unknown_option(ctx, target, "submit")
     # deferred: the engines' modules load only when a job is submitted (`tandem --help` stays fast)
     from tandem.submit.backend import SubmitFlags
     from tandem.submit.registry import backend_named
