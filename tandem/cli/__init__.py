@@ -21,6 +21,7 @@ from tandem.cli.export import export_cmd
 from tandem.cli.generate import generate_cmd
 from tandem.cli.launch import launch_cmd
 from tandem.cli.logs import logs_cmd
+from tandem.cli.passthrough import PASSTHROUGH
 from tandem.cli.plan import plan_cmd
 from tandem.cli.serve import serve_cmd
 from tandem.cli.spec import spec_cmd
@@ -50,9 +51,6 @@ def _version(value: bool) -> None:
 def _root(version: bool = typer.Option(False, "--version", "-V", is_eager=True, callback=_version,
                                        help="Print tandem's version and exit.")) -> None:
     """From one GPU to many machines and on into serving, with numbers that say why."""
-
-# Verbs that take a script or overrides after their own options.
-PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "allow_interspersed_args": False}
 
 
 def _register() -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from tandem.cli.passthrough import refuse_unknown_option
 from tandem.core.console import make_console
 from tandem.core.errors import ConfigError, WorkerFailure
 from tandem.core.spec import LaunchSpec
@@ -33,8 +34,11 @@ def launch_cmd(
 ) -> None:
     """Run SCRIPT on every worker through torchrun's elastic agent.
 
+    Options before SCRIPT are tandem launch's; everything after SCRIPT (or after --) goes to the script.
+
     Example: tandem launch --nproc-per-node 2 --simulate-nodes 2 examples/hello_dist.py
     """
+    refuse_unknown_option(ctx, script, "launch", allowed=("-m",))  # before anything starts or is written
     if cluster not in ("auto", "none"):
         raise ConfigError(f"{cluster!r} is not one of auto, none", field="--cluster", value=cluster, fix="use auto")
     if cluster == "auto":

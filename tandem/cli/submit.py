@@ -14,6 +14,7 @@ from pathlib import Path
 
 import typer
 
+from tandem.cli.passthrough import refuse_unknown_option
 from tandem.core.console import make_console
 
 
@@ -32,16 +33,26 @@ def submit_cmd(
     max_requeues: int = typer.Option(0, "--max-requeues", help="Requeue after a save-and-exit on SIGTERM "
                                                                "(preemption) up to this many times."),
     signal_s: int = typer.Option(0, "--signal-s", help="Ask for SIGTERM this many seconds before the time limit."),
-    cpus_per_task: int = typer.Option(0, "--cpus-per-task", help="CPUs per node's task (0: the cluster's default)."),
+    cpus_per_task: int = typer.Option(0, "--cpus-per-task", help="CPUs per node's task (Slurm: 0, the cluster's "
+                                                                 "default; k8s: the pod's CPU request, 0: 2 per "
+                                                                 "worker)."),
     gpus_per_node: int = typer.Option(0, "--gpus-per-node", help="GPUs per node (Slurm --gpus-per-node; k8s "
                                                                  "nvidia.com/gpu)."),
     sbatch_arg: list[str] = typer.Option([], "--sbatch-arg", help="Extra #SBATCH line, e.g. --sbatch-arg=--qos=low "
                                                                   "(repeatable)."),
     image: str = typer.Option("", "--image", help="k8s: container image with tandem and your code."),
-    kind: str = typer.Option("jobset", "--kind", help="k8s: jobset | pytorchjob | indexed (Job + headless "
-                                                      "Service)."),
+    kind: str = typer.Option("jobset", "--kind", help="k8s: jobset | trainjob (Kubeflow Trainer v2) | indexed "
+                                                      "(Job + headless Service)."),
     namespace: str = typer.Option("default", "--namespace", help="k8s: namespace."),
     queue: str = typer.Option("", "--queue", help="k8s: Kueue queue name (label kueue.x-k8s.io/queue-name)."),
+    pvc: str = typer.Option("", "--pvc", help="k8s: a ReadWriteMany PersistentVolumeClaim mounted at --run-dir "
+                                              "(absolute), so checkpoints outlive a pod's restart."),
+    volume: list[str] = typer.Option([], "--volume", help="k8s: CLAIM:PATH, a PersistentVolumeClaim mounted at "
+                                                          "PATH (repeatable); a --run-dir under PATH is on it."),
+    shm_size: str = typer.Option("8Gi", "--shm-size", help="k8s: /dev/shm, a memory-backed emptyDir of this size "
+                                                           "(0: none; the runtime's default is 64 MB)."),
+    memory: str = typer.Option("", "--memory", help="k8s: the pod's memory request, e.g. 64Gi (default: 8Gi per "
+                                                    "worker)."),
     hostfile: Path = typer.Option(None, "--hostfile", help="ssh: `HOST slots=N` per line; node rank = line order."),
     env: list[str] = typer.Option([], "--env", help="ssh: also pass this variable on (NAME or NAME=VALUE; "
                                                     "repeatable). TANDEM_*, NCCL_*, GLOO_*, PYTHONPATH always go."),
@@ -63,6 +74,7 @@ def submit_cmd(
     Example: tandem submit --on ssh --hostfile hosts.txt examples/hello_dist.py
     Example: tandem submit --on ray --address HEAD:6379 --workers 4 --max-failures 2 job.toml
     """
+    refuse_unknown_option(ctx, target, "submit")
     # deferred: the engines' modules load only when a job is submitted (`tandem --help` stays fast)
     from tandem.submit.backend import SubmitFlags
     from tandem.submit.registry import backend_named
@@ -74,7 +86,8 @@ def submit_cmd(
                         nproc_given=given["nproc_per_node"], job_name=job_name, max_requeues=max_requeues,
                         cpus_per_task=cpus_per_task, gpus_per_node=gpus_per_node, partition=partition, time=time,
                         signal_s=signal_s, sbatch_args=tuple(sbatch_arg), image=image, kind=kind,
-                        namespace=namespace, queue=queue, hostfile=hostfile, env=tuple(env), ssh_config=ssh_config,
+                        namespace=namespace, queue=queue, pvc=pvc, volumes=tuple(volume), shm_size=shm_size,
+                        memory=memory, hostfile=hostfile, env=tuple(env), ssh_config=ssh_config,
                         master_port=master_port, watchdog_s=watchdog_s, address=address, workers=workers,
                         max_failures=max_failures)
     options = backend.options(flags)

@@ -6,6 +6,7 @@ import json
 
 import typer
 
+from tandem.cli.passthrough import refuse_unknown_option
 from tandem.core import rundir
 from tandem.core.config import load_spec
 from tandem.core.console import make_console
@@ -30,6 +31,7 @@ def train_cmd(
 
     Example: tandem train examples/digits_resnet.toml --launch.simulate_nodes 2 --launch.nproc_per_node 2
     """
+    refuse_unknown_option(ctx, config, "train", after="CONFIG")
     overrides, flags = split_flags(ctx.args, ("--json", "--stream", "--fresh"))
     as_json, stream, fresh = as_json or "--json" in flags, stream or "--stream" in flags, fresh or "--fresh" in flags
     spec = load_spec(config, overrides)

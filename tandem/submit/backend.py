@@ -51,6 +51,10 @@ class SubmitFlags:
     kind: str = "jobset"
     namespace: str = "default"
     queue: str = ""
+    pvc: str = ""
+    volumes: tuple[str, ...] = ()
+    shm_size: str = "8Gi"
+    memory: str = ""
     # ssh
     hostfile: Path | None = None
     env: tuple[str, ...] = ()

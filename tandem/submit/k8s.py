@@ -108,7 +108,8 @@ class K8sBackend:
         return K8sJob(run_dir=flags.run_dir, command=flags.command, train=flags.train, nodes=flags.nodes,
                       nproc_per_node=flags.nproc_per_node, name=flags.job_name, image=flags.image, kind=flags.kind,
                       namespace=flags.namespace, queue=flags.queue, gpus_per_node=flags.gpus_per_node,
-                      cpus_per_node=flags.cpus_per_task, max_restarts=flags.max_requeues)
+                      cpus_per_node=flags.cpus_per_task, max_restarts=flags.max_requeues, memory=flags.memory,
+                      pvc=flags.pvc, volumes=flags.volumes, shm_size=flags.shm_size)
 
     def dry_run(self, options: K8sJob) -> str:
         return render(options)

@@ -16,9 +16,15 @@ Three kinds, one pod per node each, torchrun's static rendezvous on pod 0:
   the JobSet's job.
 
 The node rank comes from the Job's completion index; SIGTERM (pod deletion, preemption) reaches
-tandem, which saves on the way out within ``terminationGracePeriodSeconds``. Run dirs must be
-on a volume every pod mounts (add it to the manifest). Not run against a real cluster here:
-the tests validate the manifests against Kubeflow's published models (kubeflow-trainer-api).
+tandem, which saves on the way out within ``terminationGracePeriodSeconds``. A restart resumes
+only from a run dir that outlives the pod: ``--pvc CLAIM`` mounts a PersistentVolumeClaim at the
+run dir (``--volume CLAIM:PATH`` at PATH, the run dir under it), and restarts (max_restarts > 0)
+with the run dir on the container's own disk are refused. Every pod also gets a memory-backed
+``/dev/shm`` (a container runtime's default is 64 MB, too small for DataLoader workers and NCCL)
+and CPU / memory requests, so the scheduler places it where it fits. The TrainJob takes the
+volumes through a runtime patch of the runtime's ``node`` job and container. Not run against a
+real cluster here: the tests validate the manifests against Kubeflow's published models
+(kubeflow-trainer-api).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from tandem.core.errors import ConfigError
 
@@ -34,6 +40,11 @@ KINDS = ("jobset", "trainjob", "indexed")
 PORT = 29500
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 NAME = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
+CLAIM = re.compile(r"^[a-z0-9]([-.a-z0-9]{0,251}[a-z0-9])?$")      # a PVC's name: a DNS subdomain
+QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+CPUS_PER_WORKER, GI_PER_WORKER = 2, 8  # the requests when --cpus-per-task / --memory are not given
+SHM_SIZE = "8Gi"
+PATCH_MANAGER = "tandem.dev/submit"
 
 
 @dataclass
@@ -50,9 +61,27 @@ class K8sJob:
     queue: str = ""                 # Kueue LocalQueue
     gpus_per_node: int = 0
     cpus_per_node: int = 0
+    memory: str = ""                # memory request per pod ("": GI_PER_WORKER Gi per worker)
     max_restarts: int = 0
     grace_s: int = 120              # time tandem gets to checkpoint after SIGTERM
     env: dict[str, str] = field(default_factory=dict)
+    pvc: str = ""                   # a PersistentVolumeClaim mounted at the run dir
+    volumes: tuple[str, ...] = ()   # CLAIM:PATH, more claims mounted at PATH (the run dir may be under one)
+    shm_size: str = SHM_SIZE        # /dev/shm as a memory emptyDir of this size; "0": none
+
+
+def mounts(job: K8sJob) -> list[tuple[str, str, str]]:
+    """(volume name, claim, mount path) of every claim the pod mounts, the run dir's first."""
+    out = [("run-dir", job.pvc, str(job.run_dir))] if job.pvc else []
+    for i, v in enumerate(job.volumes):
+        claim, _, path = v.partition(":")
+        out.append((f"volume-{i}", claim, path))
+    return out
+
+
+def _on_a_volume(job: K8sJob) -> bool:
+    run = PurePosixPath(str(job.run_dir))
+    return any(run == PurePosixPath(p) or PurePosixPath(p) in run.parents for _, _, p in mounts(job))
 
 
 def check(job: K8sJob) -> None:
@@ -71,6 +100,31 @@ def check(job: K8sJob) -> None:
                           value=min(job.nodes, job.nproc_per_node), fix="use 1 or more")
     if not job.command:
         raise ConfigError("nothing to run", field="script", fix="give a Python script or a job spec (.toml/.yaml)")
+    _check_volumes(job)
+    for flag, q in (("--memory", job.memory), ("--shm-size", job.shm_size)):
+        if q and not QUANTITY.match(q):
+            raise ConfigError("not a Kubernetes quantity", field=flag, value=q, fix="use e.g. 64Gi or 512Mi")
+
+
+def _check_volumes(job: K8sJob) -> None:
+    if job.pvc and not job.run_dir.is_absolute():
+        raise ConfigError("a volume mounts at an absolute path in the pod", field="--run-dir",
+                          value=str(job.run_dir), fix=f"give --pvc {job.pvc} an absolute --run-dir, e.g. "
+                          f"--run-dir /{job.run_dir}")
+    for v in job.volumes:
+        claim, sep, path = v.partition(":")
+        if not sep or not CLAIM.match(claim) or not path.startswith("/"):
+            raise ConfigError("not CLAIM:PATH (a PersistentVolumeClaim and an absolute mount path)",
+                              field="--volume", value=v, fix="use e.g. --volume shared-runs:/runs")
+    if job.pvc and not CLAIM.match(job.pvc):
+        raise ConfigError("not a PersistentVolumeClaim name (lower-case letters, digits, '-' and '.')",
+                          field="--pvc", value=job.pvc, fix="give the name `kubectl get pvc` lists")
+    if job.max_restarts > 0 and not _on_a_volume(job):
+        raise ConfigError(f"{job.run_dir} is on the container's own disk, which a restarted pod gets back "
+                          f"empty: each of the --max-requeues {job.max_restarts} restarts would train from step 0",
+                          field="--run-dir", fix="mount a ReadWriteMany PersistentVolumeClaim there (--pvc CLAIM "
+                          "with an absolute --run-dir, or --volume CLAIM:PATH with the run dir under PATH), or "
+                          "use --max-requeues 0")
 
 
 def _shell(job: K8sJob, nnodes: str, rank: str, addr: str, port: str) -> str:
@@ -89,12 +143,24 @@ def _shell(job: K8sJob, nnodes: str, rank: str, addr: str, port: str) -> str:
 
 
 def _resources(job: K8sJob) -> dict:
-    req: dict = {}
-    if job.cpus_per_node:
-        req["cpu"] = str(job.cpus_per_node)
-    if job.gpus_per_node:
-        req["nvidia.com/gpu"] = str(job.gpus_per_node)
-    return {"requests": req, "limits": dict(req)} if req else {}
+    """Requests the scheduler places by; only GPUs are limited (a CPU limit throttles the data loaders, a
+    memory limit turns a peak into an OOM kill, and an extended resource must have one)."""
+    req = {"cpu": str(job.cpus_per_node or CPUS_PER_WORKER * job.nproc_per_node),
+           "memory": job.memory or f"{GI_PER_WORKER * job.nproc_per_node}Gi"}
+    if not job.gpus_per_node:
+        return {"requests": req}
+    gpu = {"nvidia.com/gpu": str(job.gpus_per_node)}
+    return {"requests": {**req, **gpu}, "limits": gpu}
+
+
+def _volumes(job: K8sJob) -> tuple[list[dict], list[dict]]:
+    """(the pod's volumes, the container's mounts): the claims, and /dev/shm in memory."""
+    vols = [{"name": n, "persistentVolumeClaim": {"claimName": c}} for n, c, _ in mounts(job)]
+    mnts = [{"name": n, "mountPath": p} for n, _, p in mounts(job)]
+    if job.shm_size not in ("", "0"):
+        vols.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": job.shm_size}})
+        mnts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    return vols, mnts
 
 
 def _labels(job: K8sJob, queue: bool = False) -> dict:
@@ -108,9 +174,10 @@ def _container(job: K8sJob, script: str, env: list[dict]) -> dict:
     c = {"name": "tandem", "image": job.image, "command": ["/bin/sh", "-c", script],
          "env": env + [{"name": k, "value": v} for k, v in sorted(job.env.items())],
          "ports": [{"containerPort": PORT, "name": "rendezvous", "protocol": "TCP"}]}
-    res = _resources(job)
-    if res:
-        c["resources"] = res
+    c["resources"] = _resources(job)
+    vols, mnts = _volumes(job)
+    if mnts:
+        c["volumeMounts"] = mnts
     return c
 
 
@@ -120,6 +187,9 @@ def _indexed_job_spec(job: K8sJob, addr: str, subdomain: str | None) -> dict:
     script = _shell(job, str(job.nodes), "$NODE_RANK", addr, str(PORT))
     pod = {"restartPolicy": "Never", "terminationGracePeriodSeconds": job.grace_s,
            "containers": [_container(job, script, rank_env)]}
+    vols, _ = _volumes(job)
+    if vols:
+        pod["volumes"] = vols
     if subdomain:
         pod["subdomain"] = subdomain
     return {"completionMode": "Indexed", "completions": job.nodes, "parallelism": job.nodes,
@@ -144,11 +214,10 @@ def manifests(job: K8sJob) -> list[dict]:
                    "numProcPerNode": job.nproc_per_node}
         if job.env:
             trainer["env"] = [{"name": k, "value": v} for k, v in sorted(job.env.items())]
-        res = _resources(job)
-        if res:
-            trainer["resourcesPerNode"] = res
-        return [{"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": meta,
-                 "spec": {"runtimeRef": {"name": "torch-distributed"}, "trainer": trainer}}]
+        trainer["resourcesPerNode"] = _resources(job)
+        spec = {"runtimeRef": {"name": "torch-distributed"}, "trainer": trainer,
+                "runtimePatches": [_trainjob_patch(job)]}
+        return [{"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": meta, "spec": spec}]
     service = {"apiVersion": "v1", "kind": "Service", "metadata": meta,
                "spec": {"clusterIP": "None", "selector": {"tandem.dev/job": job.name},
                         "ports": [{"name": "rendezvous", "port": PORT, "protocol": "TCP"}]}}
@@ -156,6 +225,17 @@ def manifests(job: K8sJob) -> list[dict]:
     jobm = {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta,
             "spec": _indexed_job_spec(job, f"{job.name}-0.{job.name}", job.name)}
     return [service, jobm]
+
+
+def _trainjob_patch(job: K8sJob) -> dict:
+    """The pod settings a TrainJob's trainer has no field for, patched into the torch-distributed runtime's
+    `node` job and container: the grace period, the volumes and their mounts."""
+    vols, mnts = _volumes(job)
+    pod: dict = {"terminationGracePeriodSeconds": job.grace_s}
+    if vols:
+        pod |= {"volumes": vols, "containers": [{"name": "node", "volumeMounts": mnts}]}
+    node = {"name": "node", "template": {"spec": {"template": {"spec": pod}}}}
+    return {"manager": PATCH_MANAGER, "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [node]}}}}
 
 
 def render(job: K8sJob) -> str:

@@ -104,8 +104,12 @@ def tandem_argv(job: SlurmJob) -> list[str]:
             *job.command]
 
 
-def render_sbatch(job: SlurmJob) -> str:
+def render_sbatch(job: SlurmJob, *, dry_run: bool = False) -> str:
     sub = _abs_run_dir(job) / "submit"
+    # a dry run writes nothing (as the k8s and ssh ones): its first comment says where the real run puts it
+    head = (f"# Dry run of `tandem submit --on slurm`: nothing written; without --dry-run this script goes to "
+            f"{sub}/job.sbatch and to sbatch" if dry_run else
+            f"# Written by `tandem submit --on slurm`; submit it again with: sbatch {sub}/job.sbatch")
     directives = [f"--job-name={job.job_name}", f"--nodes={job.nodes}", "--ntasks-per-node=1",
                   f"--output={sub}/slurm-%j.out", "--open-mode=append"]
     if job.partition:
@@ -130,7 +134,7 @@ def render_sbatch(job: SlurmJob) -> str:
     step = (f"srun --kill-on-bad-exit=1 --ntasks-per-node=1 bash -c 'exec \"$@\"{train_args}' tandem {run}"
             if job.train else f"srun --kill-on-bad-exit=1 --ntasks-per-node=1 {run}")
     lines = ["#!/bin/bash",
-             f"# Written by `tandem submit --on slurm`; submit it again with: sbatch {sub}/job.sbatch",
+             head,
              *(f"#SBATCH {d}" for d in directives),
              "",
              "set -u",
@@ -181,7 +185,7 @@ def _check_partition(partition: str) -> None:
 def submit(job: SlurmJob, *, dry_run: bool = False) -> tuple[str | None, str]:
     """(job id or None on a dry run, the script). Writes RUN_DIR/submit/job.sbatch and job.json."""
     check(job)
-    text = render_sbatch(job)
+    text = render_sbatch(job, dry_run=dry_run)
     if dry_run:
         return None, text
     sbatch = _need("sbatch")

@@ -93,6 +93,17 @@ def test_ray_dry_run_prints_the_job_and_starts_nothing(tiny_spec, tmp_path, caps
     assert not run.exists()
 
 
+def test_slurm_dry_run_says_where_the_script_would_go_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    """Its comment used to name a RUN_DIR/submit/job.sbatch that only a real submit writes."""
+    run = tmp_path / "r"
+    code, out, err = tandem_in_process(["submit", "--on", "slurm", "--run-dir", str(run), "--dry-run",
+                                        "examples/hello_dist.py"], capsys, monkeypatch)
+    assert code == 0, err
+    assert out.splitlines()[1] == ("# Dry run of `tandem submit --on slurm`: nothing written; without --dry-run this "
+                                   f"script goes to {run}/submit/job.sbatch and to sbatch"), out
+    assert not run.exists()
+
+
 # -- k8s status ------------------------------------------------------------------------------------
 
 def _k8s_run(tmp_path: Path, kind: str = "jobset") -> Path:

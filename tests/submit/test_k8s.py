@@ -23,8 +23,9 @@ from tandem_testing import ROOT, tandem_in_process
 
 
 def job(**kw) -> K8sJob:
-    base = dict(run_dir=Path("runs/k"), command=["examples/hello_dist.py", "--x", "1"], nodes=2, nproc_per_node=2,
-                name="hello", image="reg/me/train:1", gpus_per_node=4, queue="team-a", max_restarts=3)
+    base = dict(run_dir=Path("/runs/k"), command=["examples/hello_dist.py", "--x", "1"], nodes=2, nproc_per_node=2,
+                name="hello", image="reg/me/train:1", gpus_per_node=4, queue="team-a", max_restarts=3,
+                pvc="team-runs")
     return K8sJob(**{**base, **kw})
 
 
@@ -36,8 +37,11 @@ def _model(kind: str):
 
 
 @pytest.mark.parametrize("kind", ["jobset", "trainjob", "indexed"])
-def test_manifests_round_trip_through_kubeflow_models(kind):
-    for m in manifests(job(kind=kind)):
+@pytest.mark.parametrize("extra", [{}, {"pvc": "", "volumes": ("shared:/runs", "data:/data"), "shm_size": "0",
+                                        "memory": "64Gi", "cpus_per_node": 12, "gpus_per_node": 0}],
+                         ids=["pvc+shm", "volumes,no-shm,requests"])
+def test_manifests_round_trip_through_kubeflow_models(kind, extra):
+    for m in manifests(job(kind=kind, **extra)):
         parsed = _model(m["kind"]).from_dict(m)
         assert parsed.to_dict() == m, f"{m['kind']}: the model dropped or changed keys"
 
@@ -60,6 +64,93 @@ def test_jobset_rendezvous_on_pod_zero_and_restarts_the_group():
     assert c["env"][0]["valueFrom"]["fieldRef"]["fieldPath"] == f"metadata.annotations['{INDEX_ANNOTATION}']"
     assert c["resources"]["limits"] == {"nvidia.com/gpu": "4"}
     assert spec["template"]["spec"]["terminationGracePeriodSeconds"] == 120
+
+
+def _pod_volumes(m: dict) -> tuple[list[dict], list[dict]]:
+    """(the pod's volumes, the container's mounts) of any kind's manifest."""
+    if m["kind"] == "TrainJob":
+        (patch,) = m["spec"]["runtimePatches"]
+        (node,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+        pod = node["template"]["spec"]["template"]["spec"]
+        (c,) = pod["containers"]
+        assert (node["name"], c["name"]) == ("node", "node")  # the torch-distributed runtime's job and container
+        return pod["volumes"], c["volumeMounts"]
+    spec = m["spec"]["replicatedJobs"][0]["template"]["spec"] if m["kind"] == "JobSet" else m["spec"]
+    return spec["template"]["spec"]["volumes"], _container(spec)["volumeMounts"]
+
+
+@pytest.mark.parametrize("kind", ["jobset", "trainjob", "indexed"])
+def test_run_dir_on_the_claim_and_shm_in_memory(kind):
+    """A restarted pod finds the checkpoints (the claim is at the run dir) and DataLoader workers get more than
+    the runtime's 64 MB /dev/shm."""
+    vols, mnts = _pod_volumes(manifests(job(kind=kind))[-1])
+    assert {v["name"] for v in vols} == {m["name"] for m in mnts}  # every mount names a volume of the pod
+    by_path = {m["mountPath"]: next(v for v in vols if v["name"] == m["name"]) for m in mnts}
+    assert by_path["/runs/k"]["persistentVolumeClaim"] == {"claimName": "team-runs"}
+    assert by_path["/dev/shm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "8Gi"}
+    vols, mnts = _pod_volumes(manifests(job(kind=kind, shm_size="32Gi", pvc="", volumes=("shared:/runs",)))[-1])
+    assert [(m["mountPath"], v.get("persistentVolumeClaim") or v["emptyDir"]) for m, v in zip(mnts, vols)] == \
+        [("/runs", {"claimName": "shared"}), ("/dev/shm", {"medium": "Memory", "sizeLimit": "32Gi"})]
+
+
+def test_requests_default_per_worker_and_only_gpus_are_limited():
+    def res(**kw):
+        (js,) = manifests(job(**kw))
+        return _container(js["spec"]["replicatedJobs"][0]["template"]["spec"])["resources"]
+
+    assert res(nproc_per_node=4, gpus_per_node=4) == {
+        "requests": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "4"}, "limits": {"nvidia.com/gpu": "4"}}
+    assert res(cpus_per_node=12, memory="100Gi", gpus_per_node=0) == {"requests": {"cpu": "12", "memory": "100Gi"}}
+    (tj,) = manifests(job(kind="trainjob", nproc_per_node=1, gpus_per_node=0))
+    assert tj["spec"]["trainer"]["resourcesPerNode"] == {"requests": {"cpu": "2", "memory": "8Gi"}}
+
+
+REFUSED = [
+    (dict(pvc=""), "--run-dir: /runs/k is on the container's own disk, which a restarted pod gets back empty: "
+                   "each of the --max-requeues 3 restarts would train from step 0. Fix: mount a ReadWriteMany "
+                   "PersistentVolumeClaim there (--pvc CLAIM with an absolute --run-dir, or --volume CLAIM:PATH with "
+                   "the run dir under PATH), or use --max-requeues 0"),
+    (dict(pvc="", volumes=("shared:/data",)), "--run-dir: /runs/k is on the container's own disk"),
+    (dict(run_dir=Path("runs/k")), "--run-dir: a volume mounts at an absolute path in the pod (got 'runs/k'). Fix: "
+                                   "give --pvc team-runs an absolute --run-dir, e.g. --run-dir /runs/k"),
+    (dict(volumes=("shared",)), "--volume: not CLAIM:PATH"),
+    (dict(volumes=("shared:runs",)), "--volume: not CLAIM:PATH"),
+    (dict(pvc="Team_Runs"), "--pvc: not a PersistentVolumeClaim name"),
+    (dict(shm_size="8GB"), "--shm-size: not a Kubernetes quantity (got '8GB'). Fix: use e.g. 64Gi or 512Mi"),
+    (dict(memory="lots"), "--memory: not a Kubernetes quantity"),
+]
+
+
+@pytest.mark.parametrize("kw,line", REFUSED, ids=[",".join(k) for k, _ in REFUSED])
+def test_volumes_and_sizes_are_checked(kw, line):
+    with pytest.raises(ConfigError) as e:
+        manifests(job(**kw))
+    assert str(e.value).startswith(line), str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_restarts_without_a_volume_refused_before_anything_is_written(tmp_path, capsys, monkeypatch):
+    args = ["submit", "--on", "k8s", "--image", "x", "--max-requeues", "2", "--run-dir", str(tmp_path / "r"),
+            "examples/hello_dist.py"]
+    code, out, err = tandem_in_process(args, capsys, monkeypatch)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"error: --run-dir: {tmp_path / 'r'} is on the container's own disk"), err
+    assert not (tmp_path / "r").exists()
+    code, out, err = tandem_in_process(["submit", "--on", "k8s", "--image", "x", "--max-requeues", "2", "--run-dir",
+                                        "/runs/a", "--pvc", "runs", "--dry-run", "examples/hello_dist.py"],
+                                       capsys, monkeypatch)
+    assert code == 0 and "claimName: runs" in out and "mountPath: /dev/shm" in out, err
+
+
+def test_help_lists_the_kinds_the_code_takes(capsys, monkeypatch):
+    from tandem.submit.k8s_manifests import KINDS
+
+    code, out, _ = tandem_in_process(["submit", "--help"], capsys, monkeypatch)
+    flat = " ".join(out.split())
+    assert code == 0 and "pytorchjob" not in flat, out
+    assert all(k in flat for k in KINDS), out
+    for flag in ("--pvc", "--volume", "--shm-size", "--memory"):
+        assert flag in flat, out
 
 
 def test_indexed_job_and_headless_service_agree():
