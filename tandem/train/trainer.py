@@ -26,6 +26,8 @@ from torch.utils.data import DataLoader
 
 from tandem.core.contract import run_id
 from tandem.core.spec import JobSpec
+from tandem.core.steps import rank_epoch_len, total_steps
+from tandem.core.steps import steps_per_epoch as count_steps_per_epoch
 from tandem.core.validate import effective_lr
 from tandem.data.tokens import held_out_summary
 from tandem.models import model_signature
@@ -198,11 +200,11 @@ def setup(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> tuple[Job, Train
                                           drop_last=spec.data.remainder == "drop")
     y0 = train_ds[0][1]
     per_step = s.micro_batch * rz.accum
-    epoch_len = sampler.num_samples
-    if par.schedule is not None:  # pipeline stages keep static shapes: whole steps only, the tail is left out
-        epoch_len -= epoch_len % per_step
-    steps_per_epoch = -(-epoch_len // per_step)
-    total = min(s.max_steps, s.epochs * steps_per_epoch) if s.max_steps else s.epochs * steps_per_epoch
+    # pipeline stages keep static shapes: whole steps only, the tail is left out (the count plan --config shows)
+    epoch_len = rank_epoch_len(len(train_ds), dp_world, spec.data.remainder == "drop", per_step,
+                               whole_steps=par.schedule is not None)
+    steps_per_epoch = count_steps_per_epoch(epoch_len, per_step)
+    total = total_steps(s.epochs, steps_per_epoch, s.max_steps)
     optim = build_optimizer(spec, par)
     sched = make_scheduler(optim, total, s.warmup_steps, s.decay, s.min_lr_ratio)
     metrics = MetricsWriter(run_dir, ctx.is_main)
