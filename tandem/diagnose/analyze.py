@@ -15,7 +15,7 @@ from tandem.diagnose import against_plan, efficiency, steptime, whatif
 from tandem.diagnose.breakdown import CATEGORIES, StepShare, rank_shares
 from tandem.diagnose.clock import Clock, estimate, fr_lateness, lateness
 from tandem.diagnose.trace import PHASE_PREFIX, RankTrace
-from tandem.diagnose.verdicts import judge
+from tandem.diagnose.verdicts import judge, weigh
 from tandem.core import rundir
 
 SCHEMA = "tandem.diagnose/1"
@@ -179,4 +179,5 @@ def analyze(traces: list[RankTrace], spec: dict | None = None, run_dir: Path | N
         report["step_time"] = steptime.table(report, spec, traces, whatif.alternatives(spec) + proposed, calibration)
     whatif.annotate(report["verdicts"], spec, report)
     steptime.annotate(report["verdicts"], report)
+    weigh(report["verdicts"], report.get("step_time"))  # no change the model predicts slower
     return report

@@ -15,6 +15,9 @@ Triggers (docs/diagnose.md explains each):
                        in the run queue (more than the least-waiting rank) for half the excess or more
 
 A rank's shares are its medians over the window's steps; verdicts that apply to every rank say so.
+Evidence lines name the rank they are about. A verdict's proposed setting is weighed against the
+step-time what-ifs (``weigh``): one the model predicts slower is never the change; the best what-if
+that is faster is, or "no change found that helps".
 """
 
 from __future__ import annotations
@@ -45,8 +48,8 @@ def judge(rep: dict) -> list[dict]:
         workers = spec.get("num_workers")
         ev = [f"rank {r['rank']}: data {r['median']['data_pct']:.1f}% of a {r['median']['step_ms']:.1f} ms step"
               for r in data]
-        if metrics.get("data_pct") is not None:
-            ev.append(f"metrics.jsonl (rank 0's data_time_s / step_time_s): {metrics['data_pct']:.1f}%")
+        if metrics.get("data_pct") is not None and any(r["rank"] == 0 for r in data):  # it is rank 0's record
+            ev.append(f"rank 0's metrics.jsonl (data_time_s / step_time_s): {metrics['data_pct']:.1f}%")
         more = max(2, 2 * workers) if workers else 2
         out.append({"kind": "data-bound", "ranks": [r["rank"] for r in data],
                     "title": f"data-bound on {_ranks([r['rank'] for r in data], world)}",
@@ -68,11 +71,11 @@ def judge(rep: dict) -> list[dict]:
               f"{r['median']['overlap_pct']:.0f}%" for r in comm]
         ev.append(f"even the rank that waits least (rank {r0['rank']}) spends {r0['median']['comm_pct']:.1f}% "
                   "exposed: the transfers themselves, not a wait for a late peer")
-        ev.append(f"{n:g} gradient all-reduce(s) per step, median bucket {_mib(size)}, {_mib(total)} per step"
+        ev.append(f"rank {r0['rank']}: {n:g} gradient all-reduce(s) per step, median bucket {_mib(size)}, {_mib(total)} per step"
                   + (f" (parallel.bucket_cap_mb {cap:g})" if cap is not None else ""))
         bw = r0.get("comm_spans", {}).get("grad_MBps")
         if bw:
-            ev.append(f"the collectives of 1 KiB or more move {bw:g} MB/s each (bytes / span): far below the link's "
+            ev.append(f"rank {r0['rank']}: the collectives of 1 KiB or more move {bw:g} MB/s each (bytes / span): far below the link's "
                       "rate (tandem bench) means the time is latency or a busy host, not bandwidth")
         ids = [r["rank"] for r in comm]
         if n >= MANY_BUCKETS and size < SMALL_BUCKET:
@@ -140,3 +143,34 @@ def judge(rep: dict) -> list[dict]:
                     "change": f"look at rank {rank}'s {hint}; every other rank waits for it at the next "
                               "collective. A slow rank that moves between runs points at data"})
     return out
+
+
+def _label(setting: dict) -> str:
+    return " ".join(f"{k} {v:g}" if isinstance(v, (int, float)) else f"{k} {v}" for k, v in setting.items())
+
+
+def weigh(verdicts: list[dict], step_time: dict | None) -> None:
+    """A proposed setting the step-time model (steptime.py, the planner on this run's rates)
+    predicts slower than the run as it is is not the change: the fastest what-if that beats the run
+    takes its place, or the verdict says that no change found helps. The rejected setting stays
+    in the verdict (``rejected``) with the model's ratio."""
+    rows = [r for r in (step_time or {}).get("rows", []) if r.get("vs_now") is not None]
+    if not rows:
+        return
+    by = {r["setting"]: r for r in rows}
+    now_ms = step_time["now"]["step_ms"]
+    for v in verdicts:
+        mine = by.get(_label(v["setting"])) if v.get("setting") else None
+        if mine is None or mine["vs_now"] <= 1.0:
+            continue
+        v["rejected"] = {"setting": v.pop("setting"), "step_ms": mine["step_ms"], "vs_now": mine["vs_now"]}
+        why = (f"the model on this run's rates predicts {mine['setting']} at {mine['step_ms']:.3g} ms a step, "
+               f"{mine['vs_now']:.2f}x the {now_ms:.3g} ms of the run as it is")
+        best = min((r for r in rows if r["vs_now"] < 1.0), key=lambda r: r["step_ms"], default=None)
+        if best is None:
+            v["change"] = (f"no change found that helps: {why}, and none of the {len(rows)} settings it priced "
+                           "(the step-time what-ifs) is faster")
+        else:
+            v["setting"] = dict(best["changes"])
+            v["change"] = (f"{best['setting']} (the fastest step-time what-if: {best['step_ms']:.3g} ms a step, "
+                           f"{best['vs_now']:.2f}x); not {mine['setting']}: {why}")

@@ -25,9 +25,9 @@ from torch.utils.data import Dataset, TensorDataset
 
 from tandem.core.errors import DataError
 from tandem.core.spec import DataSpec
+from tandem.core.steps import DIGITS_SAMPLES, held_out_count
 from tandem.train.datacheck import check_digits, check_synthetic, load_npz
 
-DIGITS_SAMPLES = 1797  # load_digits()
 
 
 def load_datasets(spec: DataSpec, seed: int, num_classes: int,
@@ -53,16 +53,9 @@ def load_datasets(spec: DataSpec, seed: int, num_classes: int,
                     fix="use digits | synthetic | npz | reverse | sort | tokens | 'pkg.module:factory'")
 
 
-def _held_out_count(n: int, frac: float) -> int:
-    # At least one sample on each side when a held-out set is asked for at all.
-    if frac <= 0:
-        return 0
-    return min(max(1, round(n * frac)), n - 1)
-
-
 def _seeded_split(x: torch.Tensor, y: torch.Tensor, frac: float, seed: int):
     """Random split by a seeded permutation: the same seed gives the same split."""
-    k = _held_out_count(len(y), frac)
+    k = held_out_count(len(y), frac)
     perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
     train, held = perm[k:], perm[:k]
     return x[train], y[train], (x[held], y[held]) if k else None
@@ -121,7 +114,7 @@ def _digits_split(k: int, seed: int) -> tuple[np.ndarray, ...]:
 
 def _digits(spec: DataSpec, seed: int, num_classes: int, in_channels: int):
     check_digits(num_classes)
-    k = _held_out_count(DIGITS_SAMPLES, spec.held_out)
+    k = held_out_count(DIGITS_SAMPLES, spec.held_out)
     x_tr, y_tr, x_ho, y_ho = _digits_split(k, seed)
 
     # Statistics of the train split only: the held-out set must not leak into them.

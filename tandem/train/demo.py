@@ -53,8 +53,9 @@ def run_demo(config: str | None, run_dir: Path, console: Console) -> dict:
     table.add_row("global batch", f"{s.global_batch} = 4 workers x micro {s.micro_batch} x accum {grad_accum(four, 4)}")
     table.add_row("effective LR", f"{effective_lr(base):g} = {base.optim.lr:g} x {s.global_batch}/{base.optim.ref_batch}"
                                   f" (warm-up {s.warmup_steps} steps, {s.decay})")
-    table.add_row("throughput, 1 worker", f"{r1['samples_per_s']:.0f} samples/s ({threads} thread)")
-    table.add_row("throughput, 4 workers", f"{r4['samples_per_s']:.0f} samples/s "
+    # training steps only, as the bar and the done line say it (tandem/train/metrics.py, training_rate)
+    table.add_row("throughput, 1 worker", f"{r1['samples_per_s']:.0f} samples/s in steps ({threads} thread)")
+    table.add_row("throughput, 4 workers", f"{r4['samples_per_s']:.0f} samples/s in steps "
                                            f"({r4['samples_per_s'] / r1['samples_per_s']:.2f}x; {threads} thread each)")
     table.add_row("held-out accuracy", f"{r4['accuracy']:.4f}")
     table.add_row("steps / wall time", f"{r4['step']} / {r4['wall_s']:.0f} s")

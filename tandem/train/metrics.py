@@ -6,7 +6,7 @@
     step    step, epoch, loss, lr, samples_per_s, step_time_s, data_time_s
     eval    epoch, step, accuracy, correct, total
     ckpt    step, path, save_s
-    end     final step, accuracy, mean samples/s, wall time
+    end     final step, accuracy, samples_per_s (training steps), wall_samples_per_s, wall time
     attempt attempt, pid, host, resume: written by `tandem train` at every start of the run dir
 
 The file is only ever appended to: a rerun or a resume adds its records after an ``attempt``
@@ -14,6 +14,13 @@ record, so the loss curve and the stop record of every earlier start stay. ``rea
 the current attempt's records, ``read(..., all_attempts=True)`` the whole history.
 
 ``tandem train`` tails this file for its progress bar; later stages read it too.
+
+Two throughputs, each named for what it measures (docs/train.md, "Throughput"):
+``samples_per_s`` is training steps only (``training_rate``: the samples of the steps after the
+first fifth over the time those steps took, their data waits included; no evaluation, checkpoints
+or start-up), the number the bar, the done line, result.json and the demo table show;
+``wall_samples_per_s`` is every sample trained over the training loop's wall time (evaluation,
+checkpoints and the warm-up steps included).
 """
 
 from __future__ import annotations
@@ -23,6 +30,16 @@ import time
 from pathlib import Path
 
 from tandem.core import rundir
+
+
+def training_rate(rates: list[float], step_s: list[float]) -> float | None:
+    """Samples/s in training steps: the samples of the steps after the first fifth (they pay for
+    warm-up) over the time those steps took. A sum over a sum, not a mean of per-step rates, so a
+    short last step (the epoch's remainder) weighs what it trained."""
+    k = len(rates) // 5
+    rates, step_s = rates[k:], step_s[k:]
+    t = sum(step_s)
+    return sum(r * s for r, s in zip(rates, step_s)) / t if t > 0 else None
 
 
 class MetricsWriter:

@@ -109,11 +109,13 @@ class _Watch:
         start = next((r for r in reversed(recs) if r["kind"] == "start"), None)
         if start is None:
             return
-        last = next((r for r in reversed(recs) if r["kind"] == "step"), None)
+        steps = [r for r in recs if r["kind"] == "step"]
+        last = steps[-1] if steps else None
         acc = next((r for r in reversed(recs) if r["kind"] == "eval"), None)
         info = f"{start['world']} workers"
-        if last:
-            info += f" | loss {last['loss']:.3f} | {last['samples_per_s']:.0f} samples/s"
+        if last:  # the done line's definition so far, not the last step's (a short remainder step reads low)
+            rate = metrics.training_rate([r["samples_per_s"] for r in steps], [r["step_time_s"] for r in steps])
+            info += f" | loss {last['loss']:.3f} | {rate or 0:.0f} samples/s in steps"
         if acc:
             info += f" | acc {acc['accuracy']:.3f}"
             if acc.get("bits_per_byte") is not None:  # data.name = tokens
@@ -228,9 +230,12 @@ def rerun_hint(spec: JobSpec, run_dir: Path) -> str:
 def print_result(result: dict, run_dir: Path, console: Console) -> None:
     acc = (f"{result['accuracy']:.4f}" if result.get("accuracy") is not None else
            "not measured (it runs at the end of each epoch; this run ended before one)")
-    rate = f"{result['samples_per_s']:.0f}" if result.get("samples_per_s") is not None else "n/a"
+    rate = (f"{result['samples_per_s']:.0f} samples/s in training steps" if result.get("samples_per_s") is not None
+            else "no steps trained")
+    if result.get("wall_samples_per_s") is not None:  # result.json of this release: the wall rate beside it
+        rate += f" ({result['wall_samples_per_s']:.0f}/s wall, incl. eval and checkpoints)"
     console.print(f"[green]done[/]: {result['step']} steps on {result['world']} workers, "
-                  f"{rate} samples/s, held-out accuracy {acc}", highlight=False)
+                  f"{rate}, held-out accuracy {acc}", highlight=False)
     if result.get("bits_per_byte") is not None:  # data.name = tokens: the model against order-0 statistics
         console.print(f"  held-out loss {result['held_out_loss']:.4f}, {result['bits_per_byte']:.3f} bits per byte "
                       f"(order-0 byte entropy of the same text: {result['order0_bits_per_byte']:.3f})",

@@ -45,6 +45,7 @@ class TrainState:
     accuracy: float | None = None
     scored_at: int | None = None  # the step the last held-out evaluation saw
     rates: list[float] = field(default_factory=list)  # samples/s of each step
+    step_s: list[float] = field(default_factory=list)  # seconds of each step (data waits included)
     held_stats: dict = field(default_factory=dict)    # token sets: held-out loss, bits per byte (last eval)
 
 

@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from tandem.core.errors import DataError
+from tandem.core.steps import held_out_count
 
 TASKS = ("reverse", "sort")
 SEP = 10          # token after the prompt; digits are 0..9
@@ -46,7 +47,7 @@ def make_task(name: str, num_samples: int, seq: int, seed: int) -> tuple[torch.T
 def load_task(name: str, num_samples: int, seq: int, held_out: float, seed: int):
     """(train, held_out or None) TensorDatasets of (tokens, targets)."""
     x, y = make_task(name, num_samples, seq, seed)
-    k = min(max(1, round(num_samples * held_out)), num_samples - 1) if held_out > 0 else 0
+    k = held_out_count(num_samples, held_out)
     train = TensorDataset(x[k:].contiguous(), y[k:].contiguous())
     return train, (TensorDataset(x[:k].contiguous(), y[:k].contiguous()) if k else None)
 

@@ -26,6 +26,8 @@ from torch.utils.data import DataLoader
 
 from tandem.core.contract import run_id
 from tandem.core.spec import JobSpec
+from tandem.core.steps import rank_epoch_len, total_steps
+from tandem.core.steps import steps_per_epoch as count_steps_per_epoch
 from tandem.core.validate import effective_lr
 from tandem.data.tokens import held_out_summary
 from tandem.models import model_signature
@@ -36,7 +38,7 @@ from tandem.train.data import load_datasets
 from tandem.train.elastic import resume as el_resume
 from tandem.train.elastic.resume import checkpoint_dir, layout_of, resume_path, schedule_key
 from tandem.train.elastic.fault_tolerance import FaultTolerance
-from tandem.train.metrics import MetricsWriter
+from tandem.train.metrics import MetricsWriter, training_rate
 from tandem.train.loss import resolve_loss
 from tandem.train.optim import build_optimizer
 from tandem.train.parallel import Parallel, loss_sum, parallelize
@@ -198,11 +200,11 @@ def setup(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> tuple[Job, Train
                                           drop_last=spec.data.remainder == "drop")
     y0 = train_ds[0][1]
     per_step = s.micro_batch * rz.accum
-    epoch_len = sampler.num_samples
-    if par.schedule is not None:  # pipeline stages keep static shapes: whole steps only, the tail is left out
-        epoch_len -= epoch_len % per_step
-    steps_per_epoch = -(-epoch_len // per_step)
-    total = min(s.max_steps, s.epochs * steps_per_epoch) if s.max_steps else s.epochs * steps_per_epoch
+    # pipeline stages keep static shapes: whole steps only, the tail is left out (the count plan --config shows)
+    epoch_len = rank_epoch_len(len(train_ds), dp_world, spec.data.remainder == "drop", per_step,
+                               whole_steps=par.schedule is not None)
+    steps_per_epoch = count_steps_per_epoch(epoch_len, per_step)
+    total = total_steps(s.epochs, steps_per_epoch, s.max_steps)
     optim = build_optimizer(spec, par)
     sched = make_scheduler(optim, total, s.warmup_steps, s.decay, s.min_lr_ratio)
     metrics = MetricsWriter(run_dir, ctx.is_main)
@@ -301,6 +303,7 @@ def _step(job: Job, st: TrainState, loader, records: "_StepRecords", vote: "_Sto
     st.consumed += n_step
     dt = time.perf_counter() - t0
     st.rates.append(n_step * job.par.dp / dt)
+    st.step_s.append(dt)
     fp16 = {} if out.loss_scale is None else {"loss_scale": out.loss_scale, "skipped": out.skipped}
     records.add(loss_all, step=st.step, epoch=st.epoch, lr=lr, samples_per_s=st.rates[-1], step_time_s=dt,
                 data_time_s=feed.data_s, grad_norm=out.grad_norm if math.isfinite(out.grad_norm) else None,
@@ -372,9 +375,10 @@ def _score(job: Job, st: TrainState) -> float:
 def _finish(job: Job, st: TrainState, wall: float) -> dict:
     job.out.prof.close()
     st.last_saved = job.el.finish() or st.last_saved
-    steady = st.rates[len(st.rates) // 5:] or st.rates  # the first steps pay for warm-up
+    trained = sum(r * t for r, t in zip(st.rates, st.step_s))  # samples of this start, all data ranks
     result = {"step": st.step, "epoch": st.epoch, "accuracy": st.accuracy, "world": job.ctx.world,
-              "samples_per_s": sum(steady) / len(steady) if steady else None, "wall_s": wall,
+              "samples_per_s": training_rate(st.rates, st.step_s),  # training steps only (metrics.py)
+              "wall_samples_per_s": trained / wall if wall > 0 and st.rates else None, "wall_s": wall,
               "checkpoint": str(st.last_saved) if st.last_saved else None, "global_batch": job.counts.global_batch,
               "effective_lr": job.counts.lr0, "grad_accum": job.counts.accum, "parallel": job.par.dims.describe()}
     result.update(st.held_stats)

@@ -130,3 +130,17 @@ def test_balanced_run_names_no_one(balanced):
     eff = rep["efficiency"]
     assert eff["ranks"]["0"]["flops"] > 0 and "expected_flops" not in eff, eff
     assert "on CPU there is no datasheet peak" in eff["no_expectation"], eff
+
+
+@pytest.mark.parametrize("run", ["faulty", "balanced"])
+def test_no_proposed_setting_is_predicted_slower(run, request):
+    """A setting a verdict proposes is one its own step-time model does not predict slower
+    (docs/diagnose.md: the verdict then names the fastest what-if, or no change)."""
+    _, rep = request.getfixturevalue(run)
+    rows = {r["setting"]: r for r in (rep.get("step_time") or {}).get("rows", []) if r.get("vs_now") is not None}
+    for v in rep["verdicts"]:
+        if v.get("setting"):
+            label = " ".join(f"{k} {x:g}" if isinstance(x, (int, float)) else f"{k} {x}" for k, x in v["setting"].items())
+            assert label not in rows or rows[label]["vs_now"] <= 1.0, (v, rows.get(label))
+        if "rejected" in v:
+            assert v["rejected"]["vs_now"] > 1.0 and "not " in v["change"] or "no change found" in v["change"], v

@@ -19,6 +19,8 @@ def test_piped_train_progress_line_is_whole(tiny_spec):
     assert r.returncode == 0, r.stderr
     (bar,) = [line for line in r.stdout.splitlines() if line.startswith("train ")]
     assert "…" not in bar and len(bar) > 80, bar
-    assert re.search(r" 2/2 \d+:\d\d:\d\d 1 workers \| loss \d+\.\d{3} \| \d+ samples/s \| acc \d\.\d{3}$", bar), bar
+    assert re.search(r" 2/2 \d+:\d\d:\d\d 1 workers \| loss \d+\.\d{3} \| \d+ samples/s in steps \| acc \d\.\d{3}$", bar), bar
     done = [line for line in r.stdout.splitlines() if line.startswith("done: ")]
     assert len(done) == 1 and " held-out accuracy 0." in done[0], r.stdout
+    # the two throughputs, each named for what it measures (tandem/train/metrics.py)
+    assert re.search(r", \d+ samples/s in training steps \(\d+/s wall, incl\. eval and checkpoints\), ", done[0]), done

@@ -11,6 +11,7 @@ from tandem.core.config import load_spec
 from tandem.core.decoder import ffn_size
 from tandem.core.dims import ZERO_STAGE, from_spec
 from tandem.core.errors import ConfigError
+from tandem.core.steps import planned_steps
 from tandem.plan.inputs.calibration import cluster_for
 from tandem.plan.inputs.hardware import Cluster, load_cluster_file, make_cluster
 from tandem.plan.inputs.measure import measure, measure_module
@@ -147,6 +148,9 @@ def merge(a: PlanArgs) -> tuple[dict, dict]:
     for k, val in DEFAULTS.items():
         if v.get(k) is None:
             v[k] = val
+    if a.steps is None and "_job" in spec:  # the steps the trainer will run at this layout (core/steps.py)
+        v["steps"] = planned_steps(spec["_job"], v["nodes"] * v["gpus_per_node"], v["tp"], v["pp"],
+                                   v["global_batch"], v.get("micro_batch") or 0) or v.get("steps")
     return v, spec
 
 
