@@ -90,11 +90,15 @@ def test_every_skipped_block_says_why():
 
 
 def test_the_matcher_can_fail():
-    """The doc test's own rules: text with numbers masked, numbers within tol, ~N not compared."""
+    """The doc test's own rules: text with numbers masked, numbers within tol, ~N not compared, N±T within T."""
     assert line_matches("done: 69 steps on 4 workers", "done: 69 steps on 4 workers", 0)
     assert not line_matches("done: 69 steps on 4 workers", "done: 70 steps on 4 workers", 0)
     assert line_matches("acc 0.95", "acc 0.96", 0.05) and not line_matches("acc 0.95", "acc 0.85", 0.05)
     assert line_matches("~211 samples/s", "180 samples/s", 0)
+    # N±T: within T whatever the block's tol; the other numbers of the line keep the block's
+    assert line_matches("69 steps, accuracy 0.95±0.03", "69 steps, accuracy 0.9238", 0)
+    assert not line_matches("69 steps, accuracy 0.95±0.03", "69 steps, accuracy 0.9199", 0.5)
+    assert not line_matches("69 steps, accuracy 0.95±0.03", "70 steps, accuracy 0.95", 0)
     assert line_matches("(~1.12x)", "(1.5x)", 0) and not line_matches("(1.12x)", "(1.5x)", 0.1)
     assert not line_matches("size 8B", "size 9B", 1.0)
     assert not line_matches("211 samples/s", "211 tokens/s", 1.0)
