@@ -43,6 +43,7 @@ class CheckpointMeta:
     total_steps: int | None = None      # the run's length when it saved
     schedule_key: dict | None = None    # the spec fields that decide that length (resume.schedule_key)
     run_id: str | None = None           # TORCHELASTIC_RUN_ID of the run that saved (a restart finds its own)
+    example_input: dict | None = None   # one train sample's x as a batch of one (input_record); None: older
     version: int = VERSION
 
     def to_json(self) -> str:
@@ -69,6 +70,16 @@ class CheckpointMeta:
                                   fix="resume from a checkpoint written by tandem train")
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def input_record(x) -> dict:
+    """What an export needs to run the model without the data: ``{"shape": [1, *x.shape], "dtype"}``,
+    and for integer inputs (token ids, category codes) ``high``, one past the largest value seen."""
+    dtype = str(x.dtype).removeprefix("torch.")
+    rec = {"shape": [1, *map(int, x.shape)], "dtype": dtype}
+    if not (x.dtype.is_floating_point or x.dtype.is_complex):
+        rec["high"] = int(x.max()) + 1 if x.numel() else 1
+    return rec
 
 
 def read(folder: Path) -> CheckpointMeta:
