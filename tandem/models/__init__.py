@@ -69,6 +69,11 @@ def _call_kwargs(factory, spec: ModelSpec) -> dict:
     except (TypeError, ValueError):  # no signature to read (a C callable): the classifier's two, and extra
         return {"num_classes": spec.num_classes, "in_channels": spec.in_channels, **spec.extra}
     named = [p for p in params.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if not named and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        raise ConfigError(f"factory {spec.name!r} takes no keywords, so the spec cannot size it",
+                          field="model.name", value=spec.name,
+                          fix="give it the parameters it needs from [model], e.g. num_classes=, in_channels=, "
+                              "and keys of its own (width=, depth=)")
     if any(p.kind is p.VAR_KEYWORD for p in params.values()):
         base = {k: fields[k] for k in ("num_classes", "in_channels")}
         kwargs = {**base, **{p.name: fields[p.name] for p in named if p.name in fields}, **spec.extra}
