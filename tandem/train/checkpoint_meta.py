@@ -8,8 +8,9 @@ here, so no reader needs a fallback of its own.
 
 Versions: 1 is every ``meta.json`` without a ``version`` key (what tandem wrote before this file,
 the older shapes included: no ``data_world``, ``parallel``, ``global_batch``/``grad_accum``,
-``total_steps``/``schedule_key``, ``consumed``); 2 adds ``version``. The keys keep their names:
-other tools read the JSON as it is.
+``total_steps``/``schedule_key``, ``consumed``); 2 adds ``version``; ``example_input`` came later
+within version 2 (a reader without it gets None: the export falls back to what the spec implies).
+The keys keep their names: other tools read the JSON as it is.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ class CheckpointMeta:
         d = dataclasses.asdict(self)
         if d["grad_scaler"] is None:  # as before versions: the key only where a scaler ran
             del d["grad_scaler"]
+        if d["example_input"] is None:  # recorded by the trainer; absent from metas made by hand and older runs
+            del d["example_input"]
         return json.dumps(d, indent=1)
 
     @classmethod
