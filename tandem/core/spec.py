@@ -53,7 +53,7 @@ class ModelSpec:
                                    "object with .loss, like Hugging Face models) | 'pkg.module:fn' with "
                                    "fn(output, target) returning the SUMMED loss. See tandem/train/loss.py.")
     extra: dict = f({}, "A factory's own keywords (width of an MLP, depth, dropout...): with model.name "
-                        "'pkg.module:factory', any key of [model] tandem does not know lands here and is passed "
+                        "'pkg.module:factory', any key of the model section tandem does not know lands here and is passed "
                         "to the factory; checked against its signature before launch (a typo gets 'did you "
                         "mean'). For the built-in models an unknown key is an error.")
 
