@@ -98,8 +98,8 @@ def example_input(spec: dict, recorded: dict | None = None) -> dict:
     if m["name"] == "gpt":
         return {"shape": [1, m["seq"]], "dtype": "int64", "kind": "tokens", "high": m["vocab"]}
     if recorded:
-        if "high" in recorded:
-            return {**recorded, "kind": "tokens"}
+        if "high" in recorded:  # ids of any integer type go in as int64, the type serve's requests carry
+            return {**recorded, "dtype": "int64", "kind": "tokens"}
         return {**recorded, "kind": "normal"}
     size = spec.get("data", {}).get("image_size", 8)
     return {"shape": [1, m["in_channels"], size, size], "dtype": "float32", "kind": "normal"}
