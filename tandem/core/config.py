@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.core.errors import ConfigError
-from tandem.core.spec import JobSpec
+from tandem.core.spec import JobSpec, ModelSpec
 
 
 def _hints(cls: type) -> dict[str, Any]:
@@ -26,11 +26,29 @@ def _is_section(tp: Any) -> bool:
     return dataclasses.is_dataclass(tp)
 
 
-def _unknown(key: str, valid: list[str]) -> ConfigError:
+def did_you_mean(key: str, valid: list[str]) -> str:
+    """The fix for an unknown dotted key: the nearest valid one, else the list of them."""
     near = difflib.get_close_matches(key.rsplit(".", 1)[-1], [v.rsplit(".", 1)[-1] for v in valid], n=1)
     prefix = key.rsplit(".", 1)[0] + "." if "." in key else ""
-    fix = f"did you mean '{prefix}{near[0]}'?" if near else f"valid keys: {', '.join(sorted(valid))}"
-    return ConfigError("unknown key", field=key, fix=fix)
+    return f"did you mean '{prefix}{near[0]}'?" if near else f"valid keys: {', '.join(sorted(valid))}"
+
+
+def _unknown(key: str, valid: list[str]) -> ConfigError:
+    return ConfigError("unknown key", field=key, fix=did_you_mean(key, valid))
+
+
+def _keeps_extra(cls: type, name: object) -> bool:
+    """A [model] section naming a factory keeps the keys tandem does not know: the factory's own
+    keywords (model.extra), checked against its signature by tandem.models.build_model."""
+    return cls is ModelSpec and ":" in str(name or "")
+
+
+def _literal(raw: str) -> Any:
+    """A command-line value for a factory's own keyword: a TOML value (3, 0.1, true, [1, 2]) or the text."""
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
 
 
 def coerce(key: str, raw: Any, tp: Any) -> Any:
@@ -67,6 +85,10 @@ def coerce(key: str, raw: Any, tp: Any) -> Any:
             if not isinstance(raw, list):
                 raise ValueError
             return list(raw)
+        if tp is dict:
+            if not isinstance(raw, dict):
+                raise ValueError
+            return dict(raw)
     except (ValueError, TypeError, json.JSONDecodeError):
         name = getattr(tp, "__name__", str(tp))
         raise ConfigError(f"expected {name}, got {raw!r}", field=key,
@@ -80,12 +102,18 @@ def from_dict(data: dict[str, Any], cls: type = JobSpec, prefix: str = "") -> An
         raise ConfigError(f"expected a table, got {data!r}", field=prefix.rstrip(".") or "spec")
     hints = _hints(cls)
     kwargs: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
     for key, value in data.items():
         full = f"{prefix}{key}"
         if key not in hints:
+            if _keeps_extra(cls, data.get("name")):
+                extra[key] = value
+                continue
             raise _unknown(full, [f"{prefix}{k}" for k in hints])
         tp = hints[key]
         kwargs[key] = from_dict(value, tp, full + ".") if _is_section(tp) else coerce(full, value, tp)
+    if extra:
+        kwargs["extra"] = {**kwargs.get("extra", {}), **extra}
     return cls(**kwargs)
 
 
@@ -146,11 +174,14 @@ def apply_overrides(data: dict[str, Any], overrides: dict[str, str]) -> dict[str
         node = data
         for depth, part in enumerate(parts):
             hints = _hints(cls)
+            last = depth == len(parts) - 1
+            if part not in hints and last and _keeps_extra(cls, overrides.get("model.name", node.get("name"))):
+                node[part] = _literal(val)  # a factory's own keyword: from_dict files it under model.extra
+                break
             if part not in hints:
                 prefix = ".".join(parts[:depth])
                 raise _unknown(key, [f"{prefix}.{k}" if prefix else k for k in hints])
             tp = hints[part]
-            last = depth == len(parts) - 1
             if last:
                 if _is_section(tp):
                     raise ConfigError("is a section, not a value", field=key,

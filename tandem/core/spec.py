@@ -29,8 +29,10 @@ class ModelSpec:
                               "below) | llama (a Llama-style decoder: rotary positions, RMSNorm, SwiGLU, "
                               "grouped-query attention, no biases; the gpt: fields and the llama: ones; "
                               "docs/models.md), or an import path 'pkg.module:factory' returning an nn.Module (called "
-                              "with num_classes=, in_channels=; the module found as the workers find it: "
-                              "PYTHONPATH, then the working directory).")
+                              "with the fields of this section its signature names, num_classes= and "
+                              "in_channels= among them, and with any key of this section tandem does not "
+                              "know, see extra; the module found as the workers find it: PYTHONPATH, then "
+                              "the working directory).")
     width: int = f(64, "Channels of the first ResNet stage (64 in the paper); smaller for CPU runs.")
     num_classes: int = f(10, "Number of output classes.")
     in_channels: int = f(3, "Input image channels (digits: 1).")
@@ -61,6 +63,10 @@ class ModelSpec:
                                    "its loss, a mean over the targets, as a tensor, a dict with 'loss' or an "
                                    "object with .loss, like Hugging Face models) | 'pkg.module:fn' with "
                                    "fn(output, target) returning the SUMMED loss. See tandem/train/loss.py.")
+    extra: dict = f({}, "A factory's own keywords (width of an MLP, depth, dropout...): with model.name "
+                        "'pkg.module:factory', any key of the model section tandem does not know lands here and is passed "
+                        "to the factory; checked against its signature before launch (a typo gets 'did you "
+                        "mean'). For the built-in models an unknown key is an error.")
 
 
 @dataclass

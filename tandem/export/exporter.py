@@ -92,6 +92,7 @@ def export(o: ExportOptions) -> dict:
         prov = provenance(src)
         fmt.write_json(tmp / fmt.MANIFEST, fmt.manifest(files, record["tensors"], tied, o.dtype, record, prov, o.tp,
                                                         record.get("tp_ranks")))
+        _check_export(tmp, out, model, config, sum(_nbytes(*src.tensors[n]) for n in names), budget)
         _publish(tmp, out, o.force)
     except OSError as e:
         _clean(tmp, made)
@@ -271,6 +272,23 @@ def provenance(src: Source) -> dict:
             "world_size": src.meta.world_size, "job": src.meta.job,
             "torch_version": torch.__version__,
             "checkpoint_time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(stamp))}
+
+
+def _check_export(tmp: Path, out: Path, model: torch.nn.Module, config: dict, total: int, budget: int) -> None:
+    """Refuse, before publishing, a folder `tandem export verify` would refuse. Up to the memory budget
+    (or 64 MiB) that is verify itself on the temporary folder; above it, the forward on the example input
+    runs on the meta-device model (shapes and dtypes, no weights loaded: the export's memory bound holds)."""
+    from tandem.export.loader import run_example, verify
+
+    try:
+        if total <= max(budget, 64 << 20):
+            verify(tmp)
+        else:
+            run_example(model, config["example_input"], tmp)
+    except NotImplementedError:
+        pass  # an op with no meta kernel: verify runs it for real
+    except CheckpointError as e:
+        raise CheckpointError(e.message + "; nothing was written", field=FIELD, value=str(out), fix=e.fix) from None
 
 
 def _publish(tmp: Path, out: Path, force: bool) -> None:

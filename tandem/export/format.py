@@ -91,29 +91,38 @@ def match_model(model: nn.Module, src) -> tuple[list[str], dict[str, str]]:
     return names, tied
 
 
-def example_input(spec: dict) -> dict:
-    """A batch of one that the model accepts, for `export verify`'s forward."""
+def example_input(spec: dict, recorded: dict | None = None) -> dict:
+    """A batch of one that the model accepts, for `export verify`'s forward and serve's warm-up: the one
+    place that decides it. ``recorded``: a train sample's shape and dtype, as the run's checkpoint meta
+    keeps it (input_record); without it (checkpoints of earlier versions) what the spec implies."""
     m = spec["model"]
     if m["name"] in DECODERS:
         return {"shape": [1, m["seq"]], "dtype": "int64", "kind": "tokens", "high": m["vocab"]}
+    if recorded:
+        if "high" in recorded:  # ids of any integer type go in as int64, the type serve's requests carry
+            return {**recorded, "dtype": "int64", "kind": "tokens"}
+        return {**recorded, "kind": "normal"}
     size = spec.get("data", {}).get("image_size", 8)
     return {"shape": [1, m["in_channels"], size, size], "dtype": "float32", "kind": "normal"}
 
 
 def make_input(desc: dict) -> torch.Tensor:
     g = torch.Generator().manual_seed(0)
+    dtype = getattr(torch, desc.get("dtype", "float32"))
     if desc["kind"] == "tokens":
-        return torch.randint(0, desc["high"], desc["shape"], generator=g)
-    return torch.randn(desc["shape"], generator=g)
+        return torch.randint(0, desc["high"], desc["shape"], generator=g).to(dtype)
+    return torch.randn(desc["shape"], generator=g).to(dtype)
 
 
 def config(src, dtype: str, tied: dict[str, str], shapes: dict[str, list[int]], tp: int) -> dict:
     m = src.spec["model"]
     cfg = {"format": FORMAT, "version": VERSION, "builder": BUILDER, "model": m, "tied": tied, "dtype": dtype,
-           "tensors": shapes, "example_input": example_input(src.spec), "tp": tp}
+           "tensors": shapes, "example_input": example_input(src.spec, src.meta.example_input), "tp": tp}
     if ":" in m["name"]:  # a user's factory: what build_model calls it with
-        cfg["factory"] = {"name": m["name"], "kwargs": {"num_classes": m["num_classes"],
-                                                       "in_channels": m["in_channels"]}}
+        from tandem.core.spec import ModelSpec
+        from tandem.models import factory_kwargs
+
+        cfg["factory"] = {"name": m["name"], "kwargs": factory_kwargs(ModelSpec(**m))}
     return cfg
 
 

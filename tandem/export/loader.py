@@ -141,20 +141,32 @@ def verify(folder) -> dict:
         f = f"{r['folder']}/model.safetensors"
         checked += _check_tensors(folder, r["tensors"], {n: f for n in r["tensors"]})
     cfg = read_config(folder)
-    model = load(folder)
-    x = fmt.make_input(cfg["example_input"])
-    try:
-        with torch.no_grad():
-            y = model(x)
-    except Exception as e:
-        raise CheckpointError(f"the model's forward failed on the example input {cfg['example_input']['shape']} "
-                              f"({type(e).__name__}: {str(e)[:200]})", field=FIELD, value=str(folder),
-                              fix="check the model's factory, or that the run's spec describes its input") from e
+    y = run_example(load(folder), cfg["example_input"], folder)
     if not torch.isfinite(y.float()).all():
         raise CheckpointError("the model's forward gave non-finite outputs", field=FIELD, value=str(folder),
                               fix="check the training run (loss) and the export dtype")
     return {"export": str(folder), "files": len(man["files"]), "tensors": checked, "output_shape": list(y.shape),
             "step": man["provenance"]["step"], "dtype": man["dtype"]["export"]}
+
+
+def run_example(model: nn.Module, desc: dict, folder: Path) -> torch.Tensor:
+    """The model's output on the export's example input (on the model's device: the meta device checks
+    shapes and dtypes without weights); a CheckpointError naming the input when the forward fails."""
+    device = next((t.device for t in [*model.parameters(), *model.buffers()]), torch.device("cpu"))
+    x = fmt.make_input(desc).to(device)
+    try:
+        with torch.no_grad():
+            return model.eval()(x)
+    except NotImplementedError:
+        if device.type == "meta":
+            raise  # an op without a meta kernel says nothing about the model: the caller skips the check
+        raise CheckpointError(f"the model's forward is not implemented for the example input {desc['shape']}",
+                              field=FIELD, value=str(folder), fix="check the model's factory") from None
+    except Exception as e:
+        raise CheckpointError(f"the model's forward failed on the example input {desc['shape']} {desc['dtype']} "
+                              f"({type(e).__name__}: {' '.join(str(e).split())[:200]})", field=FIELD,
+                              value=str(folder),
+                              fix="check the model's factory, or that the run's spec describes its input") from e
 
 
 def _check_tensors(folder: Path, tensors: dict, file_of: dict) -> int:

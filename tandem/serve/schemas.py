@@ -99,9 +99,11 @@ class ModelInfo:
         cfg = json.loads((Path(folder) / "config.json").read_text())
         m, desc = cfg["model"], cfg["example_input"]
         gpt = m["name"] == "gpt"
+        # token ids into a factory's model: bounded by the vocab= it was built with, if it takes one
+        # (0: no bound known, ids go to the model as they come)
+        vocab = int(m.get("vocab", 0)) if gpt else int(cfg.get("factory", {}).get("kwargs", {}).get("vocab", 0))
         return cls(name=m["name"], kind="gpt" if gpt else "classifier", example_shape=list(desc["shape"][1:]),
-                   dtype=desc["dtype"], vocab=int(m.get("vocab", 0)) if gpt else 0,
-                   seq=int(m.get("seq", 0)) if gpt else 0)
+                   dtype=desc["dtype"], vocab=vocab, seq=int(m.get("seq", 0)) if gpt else 0)
 
     @property
     def text(self) -> bool:
@@ -156,7 +158,7 @@ def _check(x, shape: list[int], dtype: str, vocab: int, where: str) -> None:
         if dtype == "int64":
             if isinstance(x, bool) or not isinstance(x, int):
                 raise BadRequest(422, f"expected an integer token (got {type(x).__name__})", where)
-            if not 0 <= x < vocab:
+            if vocab and not 0 <= x < vocab:
                 raise BadRequest(422, f"token {x} is out of the vocabulary 0..{vocab - 1}", where)
             return
         if isinstance(x, bool) or not isinstance(x, (int, float)):
@@ -192,7 +194,7 @@ def _b64_array(obj: dict, info: ModelInfo, max_batch: int) -> np.ndarray:
     if dt.kind == "f" and not np.isfinite(x).all():
         i = np.argwhere(~np.isfinite(x))[0].tolist()
         raise BadRequest(422, f"{float(x[tuple(i)])!r} is not finite", "inputs" + "".join(f"[{k}]" for k in i))
-    if dt.kind == "i" and x.size and (x.min() < 0 or x.max() >= info.vocab):
+    if dt.kind == "i" and info.vocab and x.size and (x.min() < 0 or x.max() >= info.vocab):
         i = np.argwhere((x < 0) | (x >= info.vocab))[0].tolist()
         raise BadRequest(422, f"token {int(x[tuple(i)])} is out of the vocabulary 0..{info.vocab - 1}",
                          "inputs" + "".join(f"[{k}]" for k in i))

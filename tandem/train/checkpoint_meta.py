@@ -8,8 +8,9 @@ here, so no reader needs a fallback of its own.
 
 Versions: 1 is every ``meta.json`` without a ``version`` key (what tandem wrote before this file,
 the older shapes included: no ``data_world``, ``parallel``, ``global_batch``/``grad_accum``,
-``total_steps``/``schedule_key``, ``consumed``); 2 adds ``version``. The keys keep their names:
-other tools read the JSON as it is.
+``total_steps``/``schedule_key``, ``consumed``); 2 adds ``version``; ``example_input`` came later
+within version 2 (a reader without it gets None: the export falls back to what the spec implies).
+The keys keep their names: other tools read the JSON as it is.
 """
 
 from __future__ import annotations
@@ -43,12 +44,15 @@ class CheckpointMeta:
     total_steps: int | None = None      # the run's length when it saved
     schedule_key: dict | None = None    # the spec fields that decide that length (resume.schedule_key)
     run_id: str | None = None           # TORCHELASTIC_RUN_ID of the run that saved (a restart finds its own)
+    example_input: dict | None = None   # one train sample's x as a batch of one (input_record); None: older
     version: int = VERSION
 
     def to_json(self) -> str:
         d = dataclasses.asdict(self)
         if d["grad_scaler"] is None:  # as before versions: the key only where a scaler ran
             del d["grad_scaler"]
+        if d["example_input"] is None:  # recorded by the trainer; absent from metas made by hand and older runs
+            del d["example_input"]
         return json.dumps(d, indent=1)
 
     @classmethod
@@ -69,6 +73,16 @@ class CheckpointMeta:
                                   fix="resume from a checkpoint written by tandem train")
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def input_record(x) -> dict:
+    """What an export needs to run the model without the data: ``{"shape": [1, *x.shape], "dtype"}``,
+    and for integer inputs (token ids, category codes) ``high``, one past the largest value seen."""
+    dtype = str(x.dtype).removeprefix("torch.")
+    rec = {"shape": [1, *map(int, x.shape)], "dtype": dtype}
+    if not (x.dtype.is_floating_point or x.dtype.is_complex):
+        rec["high"] = int(x.max()) + 1 if x.numel() else 1
+    return rec
 
 
 def read(folder: Path) -> CheckpointMeta:

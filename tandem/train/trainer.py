@@ -33,7 +33,7 @@ from tandem.data.tokens import held_out_summary
 from tandem.models import model_signature
 from tandem.train import checkpoint as ckpt
 from tandem.train import runtime as rt
-from tandem.train.checkpoint_meta import CheckpointMeta
+from tandem.train.checkpoint_meta import CheckpointMeta, input_record
 from tandem.train.data import load_datasets
 from tandem.train.elastic import resume as el_resume
 from tandem.train.elastic.resume import checkpoint_dir, layout_of, resume_path, schedule_key
@@ -420,7 +420,8 @@ def _save(job: Job, st: TrainState) -> Path | None:
                           scheduler=job.sched.state_dict(),
                           grad_scaler=scaler.state_dict() if scaler is not None else None,
                           model=spec.model.name, signature=job.signature, job=spec.name, parallel=layout_of(spec),
-                          total_steps=c.total, schedule_key=schedule_key(spec), run_id=run_id())
+                          total_steps=c.total, schedule_key=schedule_key(spec), run_id=run_id(),
+                          example_input=input_record(job.data.train_ds[0][0]))
     path = job.el.save(job.out.ckdir, st.step, job.par.model, job.optim, meta)
     if path is not None:
         job.out.metrics.write("ckpt", step=st.step, path=str(path), save_s=time.perf_counter() - t0)

@@ -196,6 +196,36 @@ def test_a_users_own_model_exports_with_its_factory(tmp_path):
     assert verify(tmp_path / "out")["output_shape"] == [1, 10]
 
 
+def test_export_refuses_what_verify_would_refuse_and_leaves_nothing(tmp_path, capsys, monkeypatch):
+    """A model that cannot read the recorded example input: `tandem export` says so in one line, exit 2,
+    and publishes no folder (before, it reported success and `export verify` failed on its folder)."""
+    from tandem.export import format as fmt
+
+    run = write_checkpoint(tmp_path / "run", {"name": "export.custom_model:build"}, mutate=_train_bn)
+    real = fmt.example_input
+    monkeypatch.setattr(fmt, "example_input", lambda spec, rec=None: {**real(spec, rec), "shape": [1, 30]})
+    code, out, err = cli(["export", str(run), "--out", str(tmp_path / "out")], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "the model's forward failed on the example input [1, 30]" in err and "nothing was written" in err
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".tmp-export*"))
+
+
+def test_example_input_is_the_recorded_sample():
+    from tandem.export import format as fmt
+    from tandem.train.checkpoint_meta import input_record
+
+    spec = {"model": {"name": "m:f", "in_channels": 3}, "data": {"image_size": 8}}
+    assert fmt.example_input(spec) == {"shape": [1, 3, 8, 8], "dtype": "float32", "kind": "normal"}  # older runs
+    table = input_record(torch.zeros(30))
+    assert fmt.example_input(spec, table) == {"shape": [1, 30], "dtype": "float32", "kind": "normal"}
+    ids = input_record(torch.tensor([3, 9, 1]))
+    assert ids == {"shape": [1, 3], "dtype": "int64", "high": 10}
+    x = fmt.make_input(fmt.example_input(spec, ids))
+    assert x.dtype == torch.int64 and x.shape == (1, 3) and 0 <= int(x.min()) and int(x.max()) < 10
+    gpt = {"model": {"name": "gpt", "seq": 16, "vocab": 32}}
+    assert fmt.example_input(gpt, ids) == {"shape": [1, 16], "dtype": "int64", "kind": "tokens", "high": 32}
+
+
 def test_incomplete_checkpoint_and_full_disk(gpt_run, tmp_path, capsys, monkeypatch):
     run = tmp_path / "run"
     shutil.copytree(gpt_run, run)

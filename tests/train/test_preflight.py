@@ -76,6 +76,10 @@ def raises(num_classes, in_channels):
 def not_module(num_classes, in_channels):
     return {"layers": 3}
 
+def sized(num_classes, in_channels, depth=1):  # a keyword of its own: [model] depth = ...
+    return torch.nn.Sequential(torch.nn.Flatten(), *[torch.nn.LazyLinear(8) for _ in range(depth)],
+                               torch.nn.LazyLinear(num_classes))
+
 def reads(num_classes, in_channels):  # reads a tensor's value: fails on the meta device, fine on a CPU
     scale = float(torch.ones(1).sum().item())
     return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64 * in_channels, num_classes * int(scale)))
@@ -96,6 +100,7 @@ def test_spec_factory_in_working_directory(tmp_path, factory):
     ("npz_labels", ["data.path: labels span 0..11, the model has 10 classes", "model.num_classes = 12"]),
     ("raises", ["model.name: factory 'mymodels:raises' raised RuntimeError: weights file not found"]),
     ("not_module", ["model.name: factory 'mymodels:not_module' returned dict, not an nn.Module"]),
+    ("typo", ["model.dpeth: factory 'mymodels:sized' takes no keyword 'dpeth'", "did you mean 'model.depth'?"]),
     ("broken_module", ["model.name: cannot import 'broken:build' (NameError: name 'oops' is not defined)"]),
 ])
 def test_train_refuses_before_launch(tmp_path, tiny_spec, case, words):
@@ -107,7 +112,8 @@ def test_train_refuses_before_launch(tmp_path, tiny_spec, case, words):
     args = {"npz_shape": ["--data.name", "npz", "--data.path", str(data)],
             "npz_labels": ["--data.name", "npz", "--data.path", str(data)],
             "raises": ["--model.name", "mymodels:raises"], "not_module": ["--model.name", "mymodels:not_module"],
-            "broken_module": ["--model.name", "broken:build"]}[case]
+            "broken_module": ["--model.name", "broken:build"],
+            "typo": ["--model.name", "mymodels:sized", "--model.dpeth", "2"]}[case]
     spec = tiny_spec()
     r = tandem("train", str(spec), *args, cwd=tmp_path)
     one_line_error(r, *words)
