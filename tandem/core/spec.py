@@ -12,7 +12,6 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from tandem.core.errors import ConfigError
 from tandem.core.noderange import NodeRange
 
 

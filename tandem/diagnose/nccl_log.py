@@ -147,7 +147,7 @@ def judge(s: NcclLogSummary, local_ib_devices: list[str] | None = None) -> list[
         out.append(Check("inter-node transport", PASS, "NET/IB (RDMA) between nodes"))
     for var, val in sorted(s.env.items()):
         if var in ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE") and val == "1":
-            out.append(Check(var, WARN, f"set to 1 in the environment",
+            out.append(Check(var, WARN, "set to 1 in the environment",
                              fix=f"unset {var} unless it works around a known hardware problem: it forces "
                                  "a slower transport"))
     if 0 < s.channels < 2 and s.nranks > 1:

@@ -150,7 +150,7 @@ def bandwidth_bound_lines(p: Plan) -> list[str]:
     m, c, t, s = p.model, p.cluster, p.training, p.strategy
     if m.gpt is None or not (p.mem_bound_s or p.optimizer_s):
         return []
-    g, bw = m.gpt, c.gpu.memory_Bps * BANDWIDTH_SHARE
+    g = m.gpt
     fp8 = t.precision == "fp8"
     per_layer, per_model = layer_bytes(g, t.kernels, t.bytes["act"], s.recompute, t.fused_loss, fp8)
     ops = "; ".join(f"{o.name} {_coef(o.fwd, g) or 0} fwd, {_coef(o.bwd, g) or 0} bwd"

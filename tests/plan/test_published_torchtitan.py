@@ -131,7 +131,6 @@ each in-flight micro-batch's stage output kept for its backward: about 2 GiB on 
 
 from statistics import median
 
-import pytest
 
 from tandem.plan.cost import evaluate, validate
 from tandem.plan.inputs.hardware import make_cluster

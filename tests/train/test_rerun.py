@@ -4,7 +4,6 @@ old run aside (nothing deleted) and starts from step 0."""
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
