@@ -40,7 +40,7 @@ def run_one(impl: str, a, d: Path, k: int) -> list[float]:
     run_dir = d / f"{impl}-{k}"
     ov = overrides(a)
     if impl == "tandem":
-        cmd = [sys.executable, "-m", "tandem.cli", "train", a.config, "--launch.run_dir", str(run_dir), "--fresh",
+        cmd = [sys.executable, "-m", "tandem", "train", a.config, "--launch.run_dir", str(run_dir), "--fresh",
                *[x for kv in ov.items() for x in (f"--{kv[0]}", kv[1])]]
         subprocess.run(cmd, check=True, capture_output=True, env=env, cwd=d)
         recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -48,7 +48,7 @@ def run_one(impl: str, a, d: Path, k: int) -> list[float]:
     spec = d / "spec.json"
     spec.write_text(json.dumps({"config": a.config, "overrides": ov}))
     out = run_dir / "times.json"
-    cmd = [sys.executable, "-m", "tandem.cli", "launch", "--nproc-per-node", str(a.world), "--quiet",
+    cmd = [sys.executable, "-m", "tandem", "launch", "--nproc-per-node", str(a.world), "--quiet",
            "--run-dir", str(run_dir), str(ROOT / "bench/peers_worker.py"), "--impl", impl, "--spec", str(spec),
            "--out", str(out)]
     # its own process group: a run that hangs (seen once with Fabric: one rank left, one waiting) is

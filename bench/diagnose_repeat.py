@@ -48,7 +48,7 @@ def main() -> None:
 
     from tandem_testing import TINY
 
-    tandem = [sys.executable, "-m", "tandem.cli"]
+    tandem = [sys.executable, "-m", "tandem"]
     env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}",
            "TANDEM_FAULTS": ",".join(f"slow:rank={r}:ms=40" for r in range(a.world)),
            "SLOW_FORWARD_RANK": "1", "SLOW_FORWARD_MS": "80"}

@@ -55,7 +55,8 @@ def spec_for(a, extra: list[str]):
 
 def planned(spec, world: int) -> dict:
     from tandem.plan.terms.memory import CONTEXT_BYTES
-    from tandem.train.parallel.planner_check import plan_for
+    sys.path.insert(0, str(ROOT / "tests"))  # the planner comparison the memory tests use (tests/harness)
+    from harness.planner_compare import plan_for
     stats, mem, _ = plan_for(spec, world, world)
     parts = {"params": mem.params, "grads": mem.grads, "optimizer": mem.optimizer, "activations": mem.activations,
              "buffers": mem.other - CONTEXT_BYTES}
@@ -64,7 +65,7 @@ def planned(spec, world: int) -> dict:
 
 def run(a, name: str, extra: list[str], out: Path) -> dict:
     run_dir = out / name
-    cmd = [sys.executable, "-m", "tandem.cli", "train", str(ROOT / "examples/gpt_reverse.toml"), *overrides(a),
+    cmd = [sys.executable, "-m", "tandem", "train", str(ROOT / "examples/gpt_reverse.toml"), *overrides(a),
            *extra, "--launch.run_dir", str(run_dir), "--fresh", "--json"]
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD)}

@@ -15,6 +15,7 @@ unclosed bracket) are errors rather than a guess.
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import subprocess
@@ -190,8 +191,6 @@ def slurm_rendezvous(env: Mapping[str, str], address=node_address) -> SlurmRende
 
 def _main(argv: list[str]) -> int:
     """`python -m tandem.launch.slurm_env master-addr | free-port`: for the generated batch script."""
-    import os
-
     if argv == ["master-addr"]:
         s = slurm_env(os.environ)
         if s is None or not s.nodelist:

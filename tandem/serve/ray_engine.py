@@ -18,6 +18,7 @@ cannot do before anything starts.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
 import shutil
@@ -36,7 +37,7 @@ except ImportError:  # the `ray` extra is not installed: ray_pool_factory says s
 
 
 def _batch(fn):
-    """Ray Serve's @serve.batch (the module stays importable without Ray: cli_ray names the extra)."""
+    """Ray Serve's @serve.batch (the module stays importable without Ray: ray_pool_factory names the extra)."""
     return serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)(fn) if serve is not None else fn
 
 
@@ -210,8 +211,6 @@ class RayPool:
 
     def _refresh(self) -> None:
         """Replicas RUNNING (for /readyz) and their pids and nodes (RUN_DIR/replicas.json)."""
-        import json
-
         from ray._private import state
 
         app = serve.status().applications.get(self.app)
@@ -246,8 +245,6 @@ class RayPool:
 
     def _scaled(self, before: int, after: int) -> None:
         """Ray Serve's autoscaler moved the replica count: print it and log it as the local engine does."""
-        import json
-
         direction = "up" if after > before else "down"
         reason = (f"Ray Serve autoscaler: {self.inflight} request(s) in flight against a target of "
                   f"{self.o.scale.up_queue} per replica")
@@ -308,8 +305,6 @@ class RayPool:
 
 
 def _model_name(opts: PoolOptions) -> str:
-    import json
-
     try:
         return json.loads((opts.export / "config.json").read_text())["model"]["name"].replace(":", "-")
     except (OSError, ValueError, KeyError):

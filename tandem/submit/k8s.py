@@ -126,8 +126,8 @@ class K8sBackend:
         return Status(state, line, ended_badly=state == "FAILED")
 
     def cancel(self, run_dir: Path) -> str:
-        raise ConfigError("cancel of k8s jobs is not implemented", field="run_dir", value=str(run_dir),
-                          fix="ray: Ctrl-C the `tandem submit` driver (Ray stops the workers); k8s: kubectl delete")
+        raise ConfigError("cancel of k8s jobs is kubectl's (the cluster owns the objects)", field="run_dir",
+                          value=str(run_dir), fix=f"kubectl delete -f {run_dir / 'submit' / 'job.yaml'}")
 
     def logs(self, run_dir: Path) -> str | None:
         rec = read_record(run_dir)

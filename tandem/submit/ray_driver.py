@@ -51,7 +51,7 @@ ENV_PREFIXES = ("TANDEM_", "GLOO_", "NCCL_", "TORCH_")
 ENV_NAMES = ("PYTHONPATH",)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RayJob:
     spec: JobSpec                   # validated, launch.run_dir already the absolute run dir
     run_dir: Path                   # absolute: the workers' working folder is Ray's, not ours
@@ -230,7 +230,8 @@ def load_job(options: RayOptions) -> RayJob:
     run_dir = options.run_dir.resolve()  # the workers run in Ray's folders: every path they get is absolute
     spec = load_spec(options.target, [*options.overrides, "--launch.run_dir", str(run_dir), "--launch.nproc_per_node",
                                       str(options.workers), "--launch.nnodes", "1", "--launch.simulate_nodes", "0"])
-    return RayJob(spec, run_dir, options.workers, options.max_failures, options.address)
+    return RayJob(spec=spec, run_dir=run_dir, workers=options.workers, max_failures=options.max_failures,
+                  address=options.address)
 
 
 def check_target(target: str) -> None:
@@ -308,7 +309,7 @@ class RayBackend:
 
     def cancel(self, run_dir: Path) -> str:
         raise ConfigError("cancel of ray jobs is not implemented", field="run_dir", value=str(run_dir),
-                          fix="ray: Ctrl-C the `tandem submit` driver (Ray stops the workers); k8s: kubectl delete")
+                          fix="Ctrl-C the `tandem submit` driver (Ray stops the workers)")
 
     def logs(self, run_dir: Path) -> str | None:
         return None  # the workers' output is redirected into the run dir's rank logs (ray_worker.py)

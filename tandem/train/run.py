@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import threading
+import time
 from pathlib import Path
 
 from rich.console import Console
@@ -76,8 +77,6 @@ def finished(spec: JobSpec, meta: CheckpointMeta | None) -> bool:
 
 def archive(spec: JobSpec, run_dir: Path, console: Console) -> None:
     """--fresh: move the previous run (and a checkpoint.dir outside it) aside, never delete it."""
-    import time
-
     stamp = time.strftime("%Y%m%d-%H%M%S")
     dirs = [run_dir] + ([Path(spec.checkpoint.dir)] if spec.checkpoint.dir else [])
     for d in dirs:  # a checkpoint.dir inside the run dir has moved with it

@@ -93,13 +93,12 @@ DEFAULTS = dict(gpu="a100-80gb", gpus_per_node=8, nodes=1, inter="ib-hdr", nics_
 def from_job_spec(path: str) -> dict:
     """The plan inputs a tandem job spec implies (tandem.core.config.load_spec)."""
     spec = load_spec(path, {}, check=False)
-    nnodes = str(spec.launch.nnodes).split(":")[-1]
     opt = spec.optim.name.lower()
     if opt == "sgd":
         opt = "sgd-momentum" if spec.optim.momentum else "sgd"
     out = dict(model=spec.model.name, global_batch=spec.schedule.global_batch,
                micro_batch=spec.schedule.micro_batch, precision=spec.precision.dtype, optimizer=opt,
-               gpus_per_node=spec.launch.nproc_per_node, nodes=int(nnodes), ref_batch=spec.optim.ref_batch,
+               gpus_per_node=spec.launch.nproc_per_node, nodes=spec.launch.nodes.max, ref_batch=spec.optim.ref_batch,
                warmup_steps=spec.schedule.warmup_steps, threads_per_worker=spec.launch.threads_per_worker or None)
     par = spec.parallel
     # the degrees as flags would give them (what `--tp 2` then overrides); without degree flags,

@@ -194,7 +194,7 @@ class Cluster:
     efficiency_ref: str = "datasheet"        # "datasheet" (peak) or "calibration" (achieved)
     achieved_flops: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    host_model: object = None                # tandem.plan.host.ModelCalibration from `bench train`, or None
+    host_model: object = None                # tandem.plan.inputs.host_model.ModelCalibration from `bench train`, or None
 
     @property
     def world(self) -> int:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,7 +115,7 @@ def carry_position(meta: CheckpointMeta, world: int, log=print) -> int:
     return done // world
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Resize:
     """This start's batch arithmetic; ``old_*`` describe the checkpoint it resumes (if any)."""
     mode: str           # elastic.on_resize
@@ -142,14 +143,15 @@ def plan_resize(spec, meta: CheckpointMeta | None, world: int) -> Resize:
     s, mode = spec.schedule, spec.elastic.on_resize
     if meta is None:
         accum = grad_accum(spec, world)
-        return Resize(mode, world, accum, s.global_batch, 1.0)
+        return Resize(mode=mode, world=world, accum=accum, global_batch=s.global_batch, ratio=1.0)
     old_world = meta.data_world if meta.data_world is not None else world
     # checkpoints before on_resize recorded no batch: it was the configured one
     old_global = meta.global_batch if meta.global_batch is not None else s.global_batch
     old_accum = meta.grad_accum or max(1, old_global // (old_world * s.micro_batch))
     accum = old_accum if mode == "scale_lr" else grad_accum(spec, world)
     g = world * s.micro_batch * accum
-    return Resize(mode, world, accum, g, g / s.global_batch, old_world, old_accum, old_global)
+    return Resize(mode=mode, world=world, accum=accum, global_batch=g, ratio=g / s.global_batch,
+                  old_world=old_world, old_accum=old_accum, old_global=old_global)
 
 
 def steps_left(spec, epoch: int, pos: int, epoch_len: int, per_step: int, steps_per_epoch: int,
@@ -179,8 +181,6 @@ def describe_resize(rz: Resize, micro: int, step: int, old_peak: float, new_peak
 
 def process_start_time() -> float:
     """Wall-clock time this process started (Linux /proc; now as a fallback)."""
-    import time
-
     try:
         ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
         btime = next(int(l.split()[1]) for l in Path("/proc/stat").read_text().splitlines() if l.startswith("btime"))
