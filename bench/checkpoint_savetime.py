@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from tandem.core.spec import ModelSpec  # noqa: E402
 from tandem.models import build_model  # noqa: E402
 from tandem.train import checkpoint as ckpt  # noqa: E402
+from tandem.train.checkpoint_meta import CheckpointMeta  # noqa: E402
 from tandem.train.runtime import DistContext  # noqa: E402
 
 
@@ -62,11 +63,11 @@ def measure(width: int = 64, repeats: int = 3, folder: Path | None = None, batch
         for _ in range(repeats):
             step += 1
             t0 = time.perf_counter()
-            ckpt.save(base / "sync", step, model, optim, ctx, {"model": "resnet18"}, keep_last=1)
+            ckpt.save(base / "sync", step, model, optim, ctx, CheckpointMeta(step=step, epoch=0, world_size=1, model="resnet18"), keep_last=1)
             sync.append(time.perf_counter() - t0)
             quiet += [train_step() for _ in range(2)]
             t0 = time.perf_counter()
-            pending = ckpt.save(base / "async", step, model, optim, ctx, {"model": "resnet18"}, keep_last=1,
+            pending = ckpt.save(base / "async", step, model, optim, ctx, CheckpointMeta(step=step, epoch=0, world_size=1, model="resnet18"), keep_last=1,
                                 async_pg=pg)
             blocked = time.perf_counter() - t0
             stage.append(blocked)

@@ -54,6 +54,7 @@ from pathlib import Path
 from tandem.core.config import load_spec, to_dict
 from tandem.models import build_model, model_signature
 from tandem.train import checkpoint as ckpt
+from tandem.train.checkpoint_meta import CheckpointMeta
 run = Path(sys.argv[1]); name = sys.argv[2]
 spec = load_spec(None, check=False)
 spec.model.name = name
@@ -70,8 +71,9 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     # no fsync: a bench input, rewritten if lost; the export under test reads it from the page cache either way
     dcp.save({"model": sd}, storage_writer=dcp.FileSystemWriter(str(tmp), sync_files=False), no_dist=True)
-meta = {"model": name, "signature": model_signature(model), "parallel": {"strategy": "ddp", "tp": 1, "pp": 1}}
-ckpt.publish_files(cdir, 1, tmp, cdir / "step-00000001", 1, meta, keep_last=1)
+meta = CheckpointMeta(step=1, epoch=0, world_size=1, model=name, signature=model_signature(model),
+                      parallel={"strategy": "ddp", "tp": 1, "pp": 1})
+ckpt.publish_files(cdir, 1, tmp, cdir / "step-00000001", meta, keep_last=1)
 '''
 
 WHOLE = '''
