@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from tandem.core.errors import ConfigError
+from tandem.core.errors import ConfigError, TandemError
 
 O = typer.Option
 
@@ -44,7 +44,8 @@ def plan_cmd(
     intra: Optional[str] = O(None, help="Intra-node link: nvlink2/3/4, pcie3/4/5 (default: the GPU's usual)."),
     inter: Optional[str] = O(None, help="Network: ib-edr/hdr/ndr, roce-25/100/200/400, eth-10/25/100."),
     nics_per_node: Optional[int] = O(None, "--nics-per-node", help="NICs per node (DGX A100: 8)."),
-    price: Optional[float] = O(None, help="Price per GPU-hour (for cost)."),
+    price: Optional[float] = O(None, help="Price per GPU-hour (for cost), in --currency."),
+    currency: Optional[str] = O(None, help="Currency of --price, printed with every cost (default USD)."),
     cluster: Optional[str] = O(None, help="YAML cluster file (keys as the flags)."),
     calibration: Optional[str] = O(None, help="Calibration JSON from `tandem bench`."),
     global_batch: Optional[int] = O(None, "--global-batch", help="Samples per optimizer step (default 256)."),
@@ -111,6 +112,7 @@ def plan_cmd(
     objective: str = O("time", help="Search objective: time | cost (cost also tries fewer nodes)."),
     top: int = O(5, help="Strategies shown by --search."),
     as_json: bool = O(False, "--json", help="Print JSON with stable keys (SI units)."),
+    strict: bool = O(False, "--strict", help="Exit 1 when the plan (or every searched plan) does not fit in memory."),
     plot: Optional[str] = O(None, help="Write a PNG: step time breakdown and memory per GPU."),
 ) -> None:
     """Predict memory, communication, step time and cost of a training strategy, and show the arithmetic."""
@@ -153,6 +155,11 @@ def plan_cmd(
     out = [to_dict(p) for p in plans]
     for d in out:
         d["cluster"]["notes"] = list(c.notes)
+    if "suggestion" in extra:   # the flags that make it fit, for the train-time row (the sentence is printed below)
+        sug = extra["suggestion"]
+        flags = sug[sug.rfind("(--") + 1:-1] if sug.endswith(")") and "(--" in sug else None
+        out[0]["train_time"]["to_fit"] = flags or "more GPUs, --tp/--pp, or --search"
+    unfit = not any(p.memory.fits for p in plans)
     if plot:
         from tandem.plan.plot import plot_plans   # matplotlib, only with --plot
 
@@ -161,6 +168,7 @@ def plan_cmd(
         doc = out[0] if len(out) == 1 and not do_search else {"plans": out}
         doc.update(extra)
         typer.echo(json.dumps(doc, indent=2))
+        _strict_exit(strict, unfit)
         return
     con = Console()
     for note in c.notes:
@@ -169,10 +177,26 @@ def plan_cmd(
         for line in extra["search"]["reasons"]:
             con.print(line, highlight=False)
         render(out[0], con)
+        _strict_exit(strict, unfit)
         return
     render(out[0], con, extra.get("assumptions"))
     if "suggestion" in extra:
         con.print(f"[yellow]suggestion[/]: {extra['suggestion']}", highlight=False)
+    _strict_exit(strict, unfit)
+
+
+class DoesNotFit(TandemError):
+    """--strict and no plan fits in memory (exit 1, as a failed check: the inputs were valid)."""
+
+    exit_code = 1
+
+
+def _strict_exit(strict: bool, unfit: bool) -> None:
+    """--strict: a plan that cannot run is a failure, for scripts that gate a booking on it. An exception, not
+    typer.Exit: `tandem` runs typer with standalone_mode=False, where an Exit's code would be dropped."""
+    if strict and unfit:
+        raise DoesNotFit("the plan does not fit in GPU memory", field="strict",
+                         fix="apply the suggestion above, or drop --strict to see the plan anyway")
 
 
 def suggestion(m, c, t, s) -> str:

@@ -125,10 +125,12 @@ def explain(p: Plan) -> list[str]:
                       and any(o.group.nodes > 1 for o in p.comm) else "."))
         out.append(f"Scaling: {s.world} GPUs give {p.speedup:.3g}x one GPU ({p.speedup / s.world:.0%} "
                    f"efficiency).{why}")
-    if p.steps and step > 0:
+    if p.steps and step > 0 and not mem.fits:
+        out.append(f"Training: {p.steps:,} steps, not timed or costed: the plan does not fit in memory.")
+    elif p.steps and step > 0:
         secs = p.steps * step
-        cost = (f", {secs * s.world / 3600 * c.price_per_gpu_hour:,.0f} at {c.price_per_gpu_hour:g}/GPU-hour"
-                if c.price_per_gpu_hour is not None else "")
+        cost = (f", {c.currency} {secs * s.world / 3600 * c.price_per_gpu_hour:,.0f} at {c.price_per_gpu_hour:g} "
+                f"{c.currency}/GPU-hour" if c.price_per_gpu_hour is not None else "")
         out.append(f"Training: {p.steps:,} steps x {ms(step)} = {human_time(secs)} = "
                    f"{secs * s.world / 3600:,.0f} GPU-hours{cost}.")
     # the optimizer step is timed (its own line) unless --efficiency/--compute-time gave the compute

@@ -35,7 +35,9 @@ def grad_reduce(t, s) -> str | None:
 def to_dict(p: Plan, with_explain: bool = True) -> dict[str, Any]:
     m, c, t, s, mem = p.model, p.cluster, p.training, p.strategy, p.memory
     steps = p.steps
-    secs = steps * p.step_s if steps else None
+    # a plan that does not fit cannot run: it gets no train time and no cost (a number next to "does not fit"
+    # reads as a budget); the step it would take is still in time{} for comparison
+    secs = steps * p.step_s if steps and mem.fits else None
     gpu_h = secs * s.world / 3600 if secs is not None else None
     g = m.gpt
     return {
@@ -52,7 +54,7 @@ def to_dict(p: Plan, with_explain: bool = True) -> dict[str, Any]:
                     "node_bandwidth_Bps": c.node_bandwidth_Bps, "intra_busbw_Bps": c.intra.rate_Bps,
                     "node_busbw_Bps": c.node_rate_Bps, "peak_flops": c.gpu.peak(t.precision),
                     "flops_ref": c.flops_ref(t.precision), "calibrated": bool(c.achieved_flops) or bool(c.notes),
-                    "price_per_gpu_hour": c.price_per_gpu_hour},
+                    "price_per_gpu_hour": c.price_per_gpu_hour, "currency": c.currency},
         "strategy": {"dp": s.dp, "tp": s.tp, "pp": s.pp, "cp": s.cp, "ep": s.ep, "zero": s.zero, "hsdp": s.hsdp,
                      "micro_batch": s.micro_batch, "global_batch": t.global_batch, "grad_accum": p.grad_accum,
                      "schedule": s.schedule, "virtual": s.virtual, "recompute": s.recompute,
@@ -82,7 +84,8 @@ def to_dict(p: Plan, with_explain: bool = True) -> dict[str, Any]:
         "scaling": {"speedup_vs_1gpu": p.speedup, "efficiency": p.speedup / s.world if s.world else None},
         "train_time": {"steps": steps, "seconds": secs, "gpu_hours": gpu_h,
                        "cost": gpu_h * c.price_per_gpu_hour if gpu_h is not None and c.price_per_gpu_hour
-                       is not None else None},
+                       is not None else None, "currency": c.currency,
+                       "fits": mem.fits, "to_fit": None},   # to_fit: the CLI's suggestion, when it does not fit
         "warnings": warnings(p),
         "explain": explain(p) if with_explain else [],
     }
@@ -121,8 +124,11 @@ def render(d: dict[str, Any], console, assumed: list[str] | None = None) -> None
     sc = d["scaling"]
     rows.append(("speedup vs 1 GPU", f"{sc['speedup_vs_1gpu']:.2f}x ({sc['efficiency']:.0%})"))
     tt = d["train_time"]
-    if tt["seconds"]:
-        cost = f", cost {tt['cost']:,.0f}" if tt["cost"] is not None else ""
+    if tt["steps"] and not tt["fits"]:
+        rows.append(("train time", "[red]does not fit: no time/cost[/]"
+                     + (f" (to fit: {tt['to_fit']})" if tt.get("to_fit") else "")))
+    elif tt["seconds"]:
+        cost = f", cost {tt['currency']} {tt['cost']:,.0f}" if tt["cost"] is not None else ""
         rows.append(("train time", f"{tt['steps']:,} steps, {tt['seconds'] / 3600:,.1f} h, "
                                    f"{tt['gpu_hours']:,.0f} GPU-h{cost}"))
     for k, v in rows:

@@ -150,3 +150,38 @@ def test_pp_grad_sync_step_holds_the_stage_gradients_unsharded():
     assert calls == {"": 16, "step": 1}
     assert d["step"]["memory_per_gpu"]["grads"] > 8 * d[""]["memory_per_gpu"]["grads"]   # 4 B unsharded vs 2 B / dp 4
     assert any("Gradient sync under the pipeline (pp_grad_sync step)" in x for x in d["step"]["explain"])
+
+
+UNFIT_70B = ["llama2-70b", "--gpu", "h100-sxm", "--nodes", "8", "--inter", "ib-ndr", "--nics-per-node", "8",
+             "--tokens", "1e12", "--price", "2.5"]   # DDP: 1.5 TiB a GPU
+
+
+def test_a_plan_that_does_not_fit_gets_no_time_or_cost():
+    """A number next to 'does not fit' reads as a budget: it gets none, the table says what would make it fit,
+    and --strict turns it into a failure for scripts."""
+    r = invoke(*UNFIT_70B, "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    tt = d["train_time"]
+    assert not d["memory_per_gpu"]["fits"] and not tt["fits"]
+    assert tt["steps"] > 0 and tt["seconds"] is None and tt["gpu_hours"] is None and tt["cost"] is None
+    assert "--zero 3" in tt["to_fit"] and d["time"]["step_s"] > 0   # the step it would take is still there
+    table = " ".join(invoke(*UNFIT_70B).output.split())
+    assert "does not fit: no time/cost (to fit: --zero 3" in table and "GPU-h" not in table
+    assert "not timed or costed" in table
+    strict = invoke(*UNFIT_70B, "--strict")
+    assert strict.exit_code == 1
+    assert invoke(*UNFIT_70B, "--zero", "3", "--micro-batch", "4", "--recompute", "full", "--strict").exit_code == 0
+
+
+def test_cost_names_its_currency():
+    fit = [*UNFIT_70B, "--zero", "3", "--micro-batch", "4", "--recompute", "full"]
+    d = json.loads(invoke(*fit, "--json").output)
+    assert d["train_time"]["currency"] == "USD" and d["cluster"]["currency"] == "USD"
+    assert d["train_time"]["cost"] == pytest.approx(d["train_time"]["gpu_hours"] * 2.5)
+    out = " ".join(invoke(*fit).output.split())
+    assert f"USD {d['train_time']['cost']:,.0f} at 2.5 USD/GPU-hour" in out and "cost USD" in out
+    out = " ".join(invoke(*fit, "--currency", "eur").output.split())
+    assert "cost EUR " in out
+    bad = invoke(*fit, "--currency", "dollars")
+    assert bad.exit_code != 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
@@ -45,6 +46,7 @@ class PlanArgs:
     inter: str | None = None
     nics_per_node: int | None = None
     price: float | None = None
+    currency: str | None = None
     cluster: str | None = None
     calibration: str | None = None
     global_batch: int | None = None
@@ -248,6 +250,7 @@ def resolve(a: PlanArgs) -> tuple[ModelStats, Cluster, Training, dict]:
     v["_job"] = spec.get("_job")
     m = resolve_model(v, spec)
     c = resolve_cluster(v, spec)
+    c.currency = currency(v.get("currency"))
     if c.gpu.name == "cpu" and "precision" not in v["_given"] and "precision" not in spec:
         v["precision"] = "fp32"  # CPU workers train in fp32 unless told otherwise (tandem's default)
     samples = v.get("samples")
@@ -272,6 +275,17 @@ def resolve(a: PlanArgs) -> tuple[ModelStats, Cluster, Training, dict]:
                  # tandem's trainer keeps fp32 weights: a 16-bit precision (the spec's or --precision) is autocast
                  autocast="_job" in spec and v["precision"] in ("bf16", "fp16"))
     return m, c, t, v
+
+
+def currency(code: str | None) -> str:
+    """The unit --price is in (ISO 4217-style code, default USD): every cost is printed with it."""
+    if code is None:
+        return "USD"
+    c = str(code).strip().upper()
+    if not re.fullmatch(r"[A-Z]{3}", c):
+        raise ConfigError("must be a three-letter currency code", field="currency", value=code,
+                          fix="give e.g. --currency USD, EUR or GBP (the unit --price is in)")
+    return c
 
 
 def fused_default(v: dict, spec: dict) -> bool:

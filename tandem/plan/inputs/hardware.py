@@ -191,6 +191,7 @@ class Cluster:
     inter: Link
     nics_per_node: int = 1
     price_per_gpu_hour: float | None = None
+    currency: str = "USD"                    # the unit of price_per_gpu_hour (--currency): printed with every cost
     efficiency_ref: str = "datasheet"        # "datasheet" (peak) or "calibration" (achieved)
     achieved_flops: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
