@@ -17,9 +17,10 @@ O = typer.Option
 
 
 def plan_cmd(
-    model: Optional[str] = typer.Argument(None, help="resnet18 | resnet50 | gpt3-175b | gpt-1t | llama2-7b | "
-                                          "llama2-70b | mixtral-8x7b | deepseek-v3 | gpt (with --layers ...) | "
-                                          "config.json | pkg.mod:factory"),
+    model: Optional[str] = typer.Argument(None, help="A preset (llama3-8b, llama3-70b, llama3.1-405b, "
+                                          "qwen2.5-7b/72b, qwen3-8b/14b, mistral-7b, mixtral-8x7b, deepseek-v3, "
+                                          "gpt3-175b, llama2-7b, resnet50, ...: docs/plan.md) | gpt (with "
+                                          "--layers ...) | an HF config.json | pkg.mod:factory"),
     params: Optional[float] = O(None, help="Parameter count (alone: model states only; with a CNN preset: "
                                 "overrides its count)."),
     layers: Optional[int] = O(None, help="GPT: transformer layers."),

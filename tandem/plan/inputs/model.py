@@ -154,6 +154,45 @@ GPT_PRESETS = {
 }
 
 
+def _llama(layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, vocab: int, seq: int,
+           tied: bool = False) -> dict:
+    """A Llama-architecture decoder (SwiGLU, RMSNorm, rotary positions, no biases, no dropout)."""
+    return dict(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, vocab=vocab, seq=seq,
+                gated=True, bias=False, norm="rmsnorm", tied=tied, learned_pos=False, dropout=False)
+
+
+# The models people plan today, each from its published Hugging Face config.json (num_hidden_layers, hidden_size,
+# num_attention_heads, num_key_value_heads, intermediate_size, vocab_size, tie_word_embeddings; rope_theta is in
+# the source line: rotary positions hold no parameters and no FLOPs the planner counts). seq: the pre-training
+# context the model's report gives (Llama 3: 8,192; Qwen2.5 / Qwen3: 4,096 before long-context stages; Mistral 7B:
+# 8,192), --seq to change. Left out: Qwen2.5's q/k/v biases (3 x hidden numbers a layer, < 0.01% of the weights)
+# and Qwen3's q/k RMSNorms (2 x 128 a layer); Qwen3 0.6B/4B/32B, whose query width heads x head_dim (128) is not
+# hidden (GPTShape has head_dim = hidden / heads): give their config.json with those weights counted as GPTShape
+# counts them, or the shape flags.
+CURRENT_PRESETS = {
+    "llama3-8b": (_llama(32, 4096, 32, 8, 14336, 128256, 8192), "meta-llama/Meta-Llama-3-8B", 500000),
+    "llama3-70b": (_llama(80, 8192, 64, 8, 28672, 128256, 8192), "meta-llama/Meta-Llama-3-70B", 500000),
+    "llama3.1-8b": (_llama(32, 4096, 32, 8, 14336, 128256, 8192), "meta-llama/Llama-3.1-8B", 500000),
+    "llama3.1-70b": (_llama(80, 8192, 64, 8, 28672, 128256, 8192), "meta-llama/Llama-3.1-70B", 500000),
+    "llama3.1-405b": (_llama(126, 16384, 128, 8, 53248, 128256, 8192), "meta-llama/Llama-3.1-405B", 500000),
+    "llama3.2-1b": (_llama(16, 2048, 32, 8, 8192, 128256, 8192, tied=True), "meta-llama/Llama-3.2-1B", 500000),
+    "llama3.2-3b": (_llama(28, 3072, 24, 8, 8192, 128256, 8192, tied=True), "meta-llama/Llama-3.2-3B", 500000),
+    "llama3.3-70b": (_llama(80, 8192, 64, 8, 28672, 128256, 8192), "meta-llama/Llama-3.3-70B-Instruct", 500000),
+    "qwen2.5-0.5b": (_llama(24, 896, 14, 2, 4864, 151936, 4096, tied=True), "Qwen/Qwen2.5-0.5B", 1000000),
+    "qwen2.5-1.5b": (_llama(28, 1536, 12, 2, 8960, 151936, 4096, tied=True), "Qwen/Qwen2.5-1.5B", 1000000),
+    "qwen2.5-3b": (_llama(36, 2048, 16, 2, 11008, 151936, 4096, tied=True), "Qwen/Qwen2.5-3B", 1000000),
+    "qwen2.5-7b": (_llama(28, 3584, 28, 4, 18944, 152064, 4096), "Qwen/Qwen2.5-7B", 1000000),
+    "qwen2.5-14b": (_llama(48, 5120, 40, 8, 13824, 152064, 4096), "Qwen/Qwen2.5-14B", 1000000),
+    "qwen2.5-32b": (_llama(64, 5120, 40, 8, 27648, 152064, 4096), "Qwen/Qwen2.5-32B", 1000000),
+    "qwen2.5-72b": (_llama(80, 8192, 64, 8, 29568, 152064, 4096), "Qwen/Qwen2.5-72B", 1000000),
+    "qwen3-1.7b": (_llama(28, 2048, 16, 8, 6144, 151936, 4096, tied=True), "Qwen/Qwen3-1.7B-Base", 1000000),
+    "qwen3-8b": (_llama(36, 4096, 32, 8, 12288, 151936, 4096), "Qwen/Qwen3-8B-Base", 1000000),
+    "qwen3-14b": (_llama(40, 5120, 40, 8, 17408, 151936, 4096), "Qwen/Qwen3-14B-Base", 1000000),
+    "mistral-7b": (_llama(32, 4096, 32, 8, 14336, 32000, 8192), "mistralai/Mistral-7B-v0.1", 10000),
+}
+GPT_PRESETS.update({k: shape for k, (shape, _, _) in CURRENT_PRESETS.items()})
+
+
 def preset(name: str, seq: int | None = None) -> ModelStats:
     key = name.lower()
     if key in CNN_PRESETS:
@@ -167,10 +206,20 @@ def preset(name: str, seq: int | None = None) -> ModelStats:
         kw = dict(GPT_PRESETS[key])
         if seq:
             kw["seq"] = seq
-        return gpt_stats(GPTShape(**kw), name=key, source="preset")
+        src = "preset"
+        if key in CURRENT_PRESETS:
+            _, repo, theta = CURRENT_PRESETS[key]
+            src = f"preset ({repo} config.json, rope_theta {theta:g})"
+        return gpt_stats(GPTShape(**kw), name=key, source=src)
     raise ConfigError(f"unknown model '{name}'", field="model", value=name,
-                      fix=f"use one of {', '.join(list(CNN_PRESETS) + list(GPT_PRESETS) + list(MOE_PRESETS))}, "
-                          "gpt (with --layers --hidden ...), --params N, an HF config.json, or pkg.mod:factory")
+                      fix=f"use a preset ({', '.join(preset_names())}), or the model's Hugging Face config.json "
+                          "(e.g. the config.json in huggingface.co/ORG/MODEL, or "
+                          "~/.cache/huggingface/hub/models--ORG--MODEL/snapshots/*/config.json), gpt with "
+                          "--layers --hidden --heads --vocab, --params N, or pkg.mod:factory")
+
+
+def preset_names() -> list[str]:
+    return list(CNN_PRESETS) + list(GPT_PRESETS) + list(MOE_PRESETS)
 
 
 def gpt_stats(shape: GPTShape, name: str = "gpt", source: str = "formula") -> ModelStats:
