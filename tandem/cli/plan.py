@@ -77,6 +77,10 @@ def plan_cmd(
                                "which norms, adds, activations and loss run as separate memory-bound passes."),
     fsdp: Optional[str] = O(None, help="fsdp2 (torch's fully_shard, default) | fsdp1 (FullyShardedDataParallel): "
                             "which ZeRO-3 copies of unsharded parameters and gradients are timed."),
+    runtime: Optional[str] = O(None, help="tandem (default: tandem train's FSDP2/DDP + SDPA) | torchtitan | megatron "
+                               "(Megatron-core/NeMo) | megatron-2021 (before FlashAttention) | deepspeed-2021 "
+                               "(ZeRO-3 gathers exposed, one 0.50 efficiency): whose rules are planned "
+                               "(attention kernel, gradient dtype, ZeRO-3 prefetch, efficiency)."),
     compute_time: Optional[float] = O(None, "--compute-time", help="Measured compute seconds per step per GPU."),
     dp: Optional[int] = O(None, help="Data-parallel degree (default: GPUs / (tp x pp x cp))."),
     tp: Optional[int] = O(None, help="Tensor-parallel degree."),

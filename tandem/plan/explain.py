@@ -4,6 +4,7 @@ live in explain_comm.py, explain_compute.py and explain_memory.py; this module p
 
 from __future__ import annotations
 
+from tandem.plan.inputs.runtime import RUNTIMES
 from tandem.plan.cost import Plan
 from tandem.plan.explain_comm import comm_sentence, exposed_sentence, fp32_reduce_source, overlap_rule
 from tandem.plan.explain_compute import (attention_source, attn_seq, bandwidth_bound_lines, fsdp_copies_lines,
@@ -28,6 +29,9 @@ def explain(p: Plan) -> list[str]:
     fl = f"; {si(f, 'FLOP')} per training sample (3 x forward)" if f else "; FLOPs unknown (bare --params)"
     count = f"{m.params / 1e9:.4g}B" if m.params >= 1e9 else f"{m.params / 1e6:.4g}M"
     out.append(f"Model {m.name}: {count} parameters ({m.source}){fl}.")
+    rt = RUNTIMES[t.runtime]
+    out.append(f"Runtime {rt.name}: {rt.what}; its rules here: "
+               + "; ".join(f"{k}: {src}" for k, src in rt.sources) + ".")
     if m.moe is not None:
         e = m.moe
         out.append(f"MoE: {e.moe_layers} of {m.gpt.layers} layers route each token to top_k {e.top_k} of {e.experts} "

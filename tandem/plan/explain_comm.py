@@ -10,6 +10,7 @@ import math
 from tandem.plan.cost import Plan
 from tandem.plan.explain_compute import ring_blocks
 from tandem.plan.inputs.hardware import Cluster
+from tandem.plan.inputs.runtime import RUNTIMES
 from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.terms.collectives import TREE_BW, Group
 from tandem.plan.terms.context import MERGE_KV, MERGE_Q, kv_width
@@ -158,6 +159,9 @@ def overlap_rule(p: Plan) -> str:
                   else "after the step, exposed (--overlap-param-gather to hide it as Megatron does)")
         return (f"as ZeRO-{s.zero}: gradient buckets reduce-scattered during backward, the last exposed; "
                 f"parameter all-gather {gather}")
+    if not RUNTIMES[t.runtime].zero3_prefetch:
+        return (f"as {t.runtime}'s ZeRO-3: each module's all-gather waited for in its own forward/backward hook, "
+                "exposed; reduce-scatter during backward, the last exposed")
     return ("as FSDP: each block's all-gather prefetched during the previous block's forward/backward, "
             "reduce-scatter during backward; first gather and last reduce-scatter exposed")
 

@@ -9,6 +9,8 @@ from rich.table import Table
 from tandem.plan.cost import Plan
 from tandem.plan.explain import explain, warnings
 from tandem.plan.explain_comm import overlap_rule
+from tandem.plan.inputs.hardware import GPU_ARCH
+from tandem.plan.inputs.runtime import RUNTIMES, fused_by_default
 from tandem.plan.inputs.training import fused_attention
 from tandem.plan.terms.collectives import grad_reduce_bytes
 from tandem.plan.terms.efficiency import FP8_OVER_BF16, arch_of, linear
@@ -55,6 +57,8 @@ def to_dict(p: Plan, with_explain: bool = True) -> dict[str, Any]:
                     "node_busbw_Bps": c.node_rate_Bps, "peak_flops": c.gpu.peak(t.precision),
                     "flops_ref": c.flops_ref(t.precision), "calibrated": bool(c.achieved_flops) or bool(c.notes),
                     "price_per_gpu_hour": c.price_per_gpu_hour, "currency": c.currency},
+        "runtime": {"name": t.runtime, "what": RUNTIMES[t.runtime].what,
+                    "rules": {k: src for k, src in RUNTIMES[t.runtime].sources}},
         "strategy": {"dp": s.dp, "tp": s.tp, "pp": s.pp, "cp": s.cp, "ep": s.ep, "zero": s.zero, "hsdp": s.hsdp,
                      "micro_batch": s.micro_batch, "global_batch": t.global_batch, "grad_accum": p.grad_accum,
                      "schedule": s.schedule, "virtual": s.virtual, "recompute": s.recompute,
@@ -62,7 +66,8 @@ def to_dict(p: Plan, with_explain: bool = True) -> dict[str, Any]:
                      "flash_attention": fused_attention(t, s), "cp_impl": t.cp_impl, "kernels": t.kernels,
                      "fsdp": t.fsdp, "tp_overlap": t.tp_overlap, "pp_grad_sync": t.pp_grad_sync,
                      "overlap_p2p": t.overlap_p2p,
-                     "attention_kernel": p.attn_kernel or None, "grad_reduce": grad_reduce(t, s)},
+                     "attention_kernel": p.attn_kernel or None, "grad_reduce": grad_reduce(t, s),
+                     "runtime": t.runtime},
         "memory_per_gpu": {"params": mem.params, "grads": mem.grads, "optimizer": mem.optimizer,
                            "activations": mem.activations, "other": mem.other, "total": mem.total,
                            "capacity": mem.capacity, "fits": mem.fits},
@@ -157,6 +162,7 @@ def assumptions(p: Plan, given: set[str], mb_auto: bool) -> list[str]:
     def how(flag: str, default_why: str) -> str:
         return "given" if flag in given else f"{default_why}; --{flag.replace('_', '-')} to change"
 
+    rt = RUNTIMES[t.runtime]
     out = [f"micro-batch {s.micro_batch} x {p.grad_accum} accumulation ("
            + (("the largest that fits" if p.memory.fits else "none fits: the smallest") if mb_auto else "given") + ")"]
     if c.nodes > 1 and not c.inter.name.endswith("(measured)"):
@@ -220,9 +226,26 @@ def assumptions(p: Plan, given: set[str], mb_auto: bool) -> list[str]:
         why = (f"the {arch.arch} figure for a transformer's linear layers{fp8}, efficiency.py" if arch else
                "default for a " + KINDS.get(p.model.kind, p.model.kind) + fp8
                + (", an end-to-end figure" if p.model.kind == "params" else ""))
+        if t.runtime_efficiency:
+            why = f"{rt.name}'s one end-to-end share for every FLOP, runtime.py"
         out.append(f"efficiency {p.efficiency:.2f} of {ref} {t.precision} FLOP/s ({how('efficiency', why)})")
     if p.attn_s and t.efficiency is None and p.attn_kernel:
-        out.append(f"attention kernel {p.attn_kernel} at {p.attn_ratio:.3g} of the linear layers' rate ("
-                   + ("given" if "attention_kernel" in given or "flash_attention" in given else
-                      "default; --attention-kernel unfused|fused|fa1|triton|fa2|fa3|cudnn to change") + ")")
+        if "attention_kernel" in given or "flash_attention" in given:
+            why = "given"
+        elif s.cp > 1:
+            why = "ring attention runs fused kernels"
+        elif fused_by_default(rt, GPU_ARCH.get(c.gpu.name)) and t.flash_attention:
+            why = (f"default: the fused kernel {rt.name} runs on {c.gpu.name}; --attention-kernel unfused for eager "
+                   "attention (2021), or --runtime megatron-2021")
+        else:
+            why = "default; --attention-kernel unfused|fused|fa1|triton|fa2|fa3|cudnn to change"
+        out.append(f"attention kernel {p.attn_kernel} at {p.attn_ratio:.3g} of the linear layers' rate ({why})")
+    gr = grad_reduce(t, s)
+    if gr is not None:
+        why = ("given" if "grad_reduce" in given else
+               f"default, as {rt.name} reduces 16-bit gradients" if rt.grad_reduce and t.grad_reduce == rt.grad_reduce
+               else "default: FP32 for BF16 at ZeRO-1/2 (Megatron's distributed optimizer), else the gradients' dtype")
+        out.append(f"data-parallel gradients reduced in {gr} ({why}; --grad-reduce fp32|bf16|fp16 to change)")
+    out.append(f"runtime {rt.name}, {rt.what} (" + ("given" if "runtime" in given else
+                                                f"default; --runtime {'|'.join(RUNTIMES)} to change") + ")")
     return out

@@ -47,7 +47,17 @@ KNOWN MISS on both bounds (test_step_time_known_miss, pinned just above). Sensit
 reduction move a row by 0.3%; FlashAttention-2 -25.5..-28.7%; selective recompute -37..-40%: no unstated choice
 closes it.
 
-Where the miss is (test_miss_is_the_framework_known_miss): the planner times Megatron-LM. On the same model and
+Planned under the runtime that ran it (issue 29), `--runtime deepspeed-2021` (tandem/plan/inputs/runtime.py): one
+end-to-end 0.50 of peak for every FLOP, the planner's default before the per-architecture model (Narayanan et al.
+2021's 44-52% of A100 peak at scale; not fitted to these rows), eager attention, ZeRO-3 gathers exposed (no ZeRO-3
+here): +2.5%, +1.2%, -1.7% (280, 350, 420 servers), a pass (test_step_time_under_its_runtime). The split is still
+off: fit over the rows, the planner's a = 0.225 s a micro-batch (table 0.197) and b = 7.7 s a step (table 12.7):
+the one rate overcharges each micro-batch by ~14% and the fixed part stays ~5 s short; the pass rests on one
+publication (the only DeepSpeed-era table in the repository). Under tandem's default rules (the fine-grained
+per-architecture model, which meets Megatron-LM's own 163 TFLOP/s for this shape) the rows stay the known miss
+below: the runtime, not a term, was what the planner did not describe.
+
+Where the miss is under tandem's rules (test_miss_is_the_framework_known_miss): the planner times Megatron-LM. On the same model and
 machine Megatron-LM measured 163 TFLOP/s on 2,520 GPUs (Narayanan et al. 2021, Table 1, 529.6B, batch 2520, 1F1B,
 full recompute) and the planner says 164 (+0.7%); MT-NLG's own 126 is 23% under that. Fitting step = a x m + b
 over the three rows (m = 1920 / dp micro-batches, 240 down to 160): the table's a = 0.197 s a micro-batch and
@@ -79,7 +89,7 @@ ROWS = [(280, 60.1, 126), (350, 50.2, 121), (420, 44.4, 113)]
 MEGATRON_530B = (2520, 2520, 163)   # Narayanan et al. 2021 Table 1: GPUs, batch, TFLOP/s (same shape)
 
 
-def _plan(servers: int):
+def _plan(servers: int, runtime: str = "tandem"):
     m = gpt_stats(MT_NLG, "mt-nlg-530b")
     c = make_cluster("a100-80gb", 8, servers, inter="ib-hdr", nics_per_node=8)
     # DeepSpeed's TrainSchedule reduces gradients after the last micro-batch: nothing overlapped
@@ -87,19 +97,30 @@ def _plan(servers: int):
     # pipeline parallelism", microsoft/DeepSpeed #1801, 56c52238), after MT-NLG's 2021 training and this paper; the
     # engine of January 2022 (deepspeed/runtime/pipe/engine.py) scales the loss for fp16 only. FP16 gradients are
     # reduced as FP16 (collectives.grad_reduce_bytes), as DeepSpeed's ZeRO-1 does.
-    t = Training(global_batch=BATCH, precision="fp16", optimizer="adam", overlap=0.0)
+    t = Training(global_batch=BATCH, precision="fp16", optimizer="adam", overlap=0.0, runtime=runtime)
     s = Strategy(dp=servers * 8 // (TP * PP), tp=TP, pp=PP, zero=1, micro_batch=1, recompute="full",
                  ranks_per_node=8)
     validate(m, c, t, s)
     return evaluate(m, c, t, s)
 
 
-def errors() -> dict[int, float]:
-    return {servers * 8: _plan(servers).step_s / it - 1 for servers, it, _ in ROWS}
+def errors(runtime: str = "deepspeed-2021") -> dict[int, float]:
+    return {servers * 8: _plan(servers, runtime).step_s / it - 1 for servers, it, _ in ROWS}
 
 
 def SCOREBOARD() -> dict[str, dict]:
     return {"mt-nlg 530B": errors()}
+
+
+def test_step_time_under_its_runtime():
+    """Planned as DeepSpeed's 2021 engine runs (--runtime deepspeed-2021): +2.5%, +1.2%, -1.7%, within issue 14's
+    10% median / 25% max; pinned at 4%."""
+    errs = errors("deepspeed-2021")
+    assert all(abs(e) <= 0.04 for e in errs.values()), errs
+    # the split the pass hides (module docstring): ~14% over a micro-batch, ~5 s short a step
+    ms = [BATCH // (s * 8 // (TP * PP)) for s, _, _ in ROWS]
+    a_p, b_p = fit(ms, [_plan(s, "deepspeed-2021").step_s for s, _, _ in ROWS])
+    assert 1.10 <= a_p / 0.197 <= 1.18 and 0.55 <= b_p / 12.7 <= 0.65, (a_p, b_p)
 
 
 def test_hardware_flops_per_step_match_the_paper():
@@ -112,11 +133,11 @@ def test_hardware_flops_per_step_match_the_paper():
 
 
 def test_step_time_known_miss():
-    """KNOWN MISS: median 22.8%, max 25.1% (every row fast); 21.9% / 24.1% with the fill's tp communication; 22.2% /
+    """KNOWN MISS under tandem's rules (a pass under deepspeed-2021's, above): median 22.8%, max 25.1% (every row fast); 21.9% / 24.1% with the fill's tp communication; 22.2% /
     24.5% in FP16 after the input audit (module docstring), pinned just above. Term at fault: the framework
     (DeepSpeed's 2021 pipeline engine against the planner's Megatron-LM model; module docstring)."""
-    errs = {k: abs(e) for k, e in errors().items()}
-    assert all(e < 0 for e in errors().values())
+    errs = {k: abs(e) for k, e in errors("tandem").items()}
+    assert all(e < 0 for e in errors("tandem").values())
     assert median(errs.values()) <= 0.23, errs
     assert max(errs.values()) <= 0.25, errs
 

@@ -14,10 +14,11 @@ from tandem.core.dims import ZERO_STAGE, from_spec
 from tandem.core.errors import ConfigError
 from tandem.core.steps import planned_steps
 from tandem.plan.inputs.calibration import cluster_for
-from tandem.plan.inputs.hardware import Cluster, load_cluster_file, make_cluster
+from tandem.plan.inputs.hardware import GPU_ARCH, Cluster, load_cluster_file, make_cluster
 from tandem.plan.inputs.measure import measure, measure_module
 from tandem.plan.inputs.model import (CNN_PRESETS, GPT_PRESETS, GPTShape, ModelStats, MoEShape, from_hf_config,
                                       gpt_stats, moe_stats, params_only, preset)
+from tandem.plan.inputs.runtime import DEFAULT_RUNTIME, Runtime, fused_by_default, get_runtime
 from tandem.plan.inputs.training import Strategy, Training
 
 
@@ -68,6 +69,7 @@ class PlanArgs:
     compute_time: float | None = None
     kernels: str | None = None
     fsdp: str | None = None
+    runtime: str | None = None
     dp: int | None = None
     tp: int | None = None
     pp: int | None = None
@@ -259,11 +261,17 @@ def resolve(a: PlanArgs) -> tuple[ModelStats, Cluster, Training, dict]:
             raise ConfigError("--epochs needs --samples (the data set size)", field="epochs",
                               value=v["epochs"], fix="give --samples N --epochs E")
         samples = samples * v["epochs"]
+    rt = get_runtime(v.get("runtime") or DEFAULT_RUNTIME)
+    v["runtime"] = rt.name
+    grad_reduce = v.get("grad_reduce")
+    if grad_reduce is None and rt.grad_reduce and v["precision"] in ("bf16", "fp16", "fp8"):
+        grad_reduce = rt.grad_reduce   # the runtime's reduction dtype for 16-bit gradients (runtime.py)
+        v["_grad_reduce_runtime"] = True
     t = Training(global_batch=v["global_batch"], precision=v["precision"], optimizer=v["optimizer"],
-                 efficiency=v.get("efficiency"), overlap=v["overlap"],
-                 overlap_param_gather=bool(v.get("overlap_param_gather")), grad_reduce=v.get("grad_reduce"),
+                 efficiency=v.get("efficiency"), overlap=v["overlap"], runtime=rt.name,
+                 overlap_param_gather=bool(v.get("overlap_param_gather")), grad_reduce=grad_reduce,
                  pp_grad_sync=_given_or(v, "pp_grad_sync", "microbatch"),
-                 flash_attention=fused_default(v, spec), attention_kernel=_given_or(v, "attention_kernel", ""),
+                 flash_attention=fused_default(v, spec, rt, c), attention_kernel=_given_or(v, "attention_kernel", ""),
                  compute_time_s=v.get("compute_time"), kernels=v.get("kernels") or "fused",
                  steps=v.get("steps"), tokens=v.get("tokens"), samples=samples, ref_batch=v.get("ref_batch") or 0,
                  warmup_steps=v.get("warmup_steps") or 0, threads_per_worker=v.get("threads_per_worker"),
@@ -288,11 +296,16 @@ def currency(code: str | None) -> str:
     return c
 
 
-def fused_default(v: dict, spec: dict) -> bool:
-    """--flash-attention as given; else fused for tandem's own GPT (SDPA) and for ring attention (cp > 1: built on
-    fused kernels), unfused otherwise (Korthikanti et al.'s eager attention, the published baselines')."""
+def fused_default(v: dict, spec: dict, rt: Runtime | None = None, c: Cluster | None = None) -> bool:
+    """--flash-attention as given; else fused for tandem's own GPT (SDPA), for ring attention (cp > 1: built on
+    fused kernels) and where the runtime runs a fused kernel on this GPU (runtime.py: SDPA's flash/cuDNN backends
+    on Ampere and later), unfused otherwise (Korthikanti et al.'s eager attention: --runtime megatron-2021)."""
     if v.get("flash_attention") is not None:
         return bool(v["flash_attention"])
+    if rt is not None and c is not None and fused_by_default(rt, GPU_ARCH.get(c.gpu.name)) \
+            and v["precision"] in ("bf16", "fp16", "fp8"):
+        v["_fused_runtime"] = True
+        return True
     return bool(spec.get("_fused")) or (isinstance(v.get("cp"), int) and v["cp"] > 1)
 
 

@@ -182,6 +182,14 @@ def get_link(name: str, kind: str) -> Link:
     return link
 
 
+# Each preset's architecture: what the per-architecture rules key on (terms/efficiency.py's table, the runtime's
+# attention kernel, inputs/runtime.py)
+GPU_ARCH = {"p100": "pascal", "v100-32gb": "volta", "a100-40gb": "ampere", "a100-80gb": "ampere",
+            "a100-40gb-pcie": "ampere", "a100-80gb-pcie": "ampere", "l40s": "ada", "rtx4090": "ada", "l4": "ada",
+            "h100-sxm": "hopper", "h100-sxm-500w": "hopper", "h100-pcie": "hopper", "h200": "hopper",
+            "b200": "blackwell", "gb200": "blackwell", "mi300x": "cdna3"}
+
+
 @dataclass
 class Cluster:
     gpu: GPU

@@ -7,6 +7,7 @@ from operator import attrgetter
 
 from tandem.core.dims import ParallelDims, from_spec
 from tandem.core.errors import ConfigError
+from tandem.plan.inputs.runtime import RUNTIMES, get_runtime
 
 # bytes per parameter of the working weights, gradients and activations; `master` is the FP32
 # copy of the weights mixed precision keeps in the optimizer (ZeRO paper, section 3.1).
@@ -90,6 +91,10 @@ class Training:
                                              # (TE userbuffers, torch async TP: terms/tensor_parallel.py)
     overlap_p2p: bool = False                # interleaved pipeline sends posted async, waited before use
                                              # (Megatron-core overlap_p2p_comm: terms/pipeline.py); else blocking
+    runtime: str = "tandem"                  # the framework whose rules are planned where they differ (runtime.py):
+                                             # tandem | torchtitan | megatron | megatron-2021 | deepspeed-2021; the
+                                             # CLI also takes its attention kernel and gradient dtype as defaults
+    runtime_efficiency: bool = False         # efficiency is the runtime's end-to-end share, not given (set below)
 
     def __post_init__(self):
         if not isinstance(self.global_batch, int) or self.global_batch <= 0:
@@ -107,6 +112,10 @@ class Training:
             self.flash_attention = self.attention_kernel != "unfused"
         else:
             self.attention_kernel = "fused" if self.flash_attention else "unfused"
+        self.runtime = get_runtime(self.runtime).name
+        rt_eff = RUNTIMES[self.runtime].efficiency
+        if self.efficiency is None and rt_eff is not None:   # the runtime's one end-to-end rate (deepspeed-2021)
+            self.efficiency, self.runtime_efficiency = rt_eff, True
         if self.efficiency is not None and not 0 < self.efficiency <= 1:
             raise ConfigError("must be in (0, 1]", field="efficiency", value=self.efficiency,
                               fix="give the fraction of peak FLOP/s the model sustains, e.g. 0.4")

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from tandem.plan.inputs.hardware import Cluster
 from tandem.plan.inputs.model import ModelStats
+from tandem.plan.inputs.runtime import RUNTIMES
 from tandem.plan.inputs.training import Strategy, Training
 from tandem.plan.terms.collectives import CommOp, Group, collective, grad_reduce_bytes, link_name
+from tandem.plan.terms.dp_overlap import FSDPExposed, manual, pipelined
 from tandem.plan.terms.dp_overlap import fsdp as fsdp_exposed
-from tandem.plan.terms.dp_overlap import manual, pipelined
 from tandem.plan.terms.expert import expert_dp_group
 from tandem.plan.terms.fsdp_copies import units as fsdp_units
 from tandem.plan.terms.grad_sync import deferred
@@ -65,13 +66,16 @@ def dp_ops(m: ModelStats, c: Cluster, t: Training, s: Strategy, mb: int, compute
         ra = collective("all_gather", root * pb, 1, shard_g, c)[0] if root else 0.0
         rr = collective("reduce_scatter", root * gb, 1, shard_g, c)[0] + root * side if root else 0.0
         ex = fsdp_exposed(units, a, r, fwd / units, bwd / units, ra, rr)
+        if not RUNTIMES[t.runtime].zero3_prefetch:   # each module waits for its own gather (runtime.py)
+            ex = FSDPExposed(2 * units * a + ra, ex.scatter_s)
         chunks = units + (1 if root else 0)
         # gathered before forward and again before backward (the root once), every micro-batch
         ag_s = (2 * units * a + ra) * mb
         rs_s = (units * r + rr) * mb
         ops.append(CommOp("fsdp-params", "all_gather", pbytes, 2 * mb, shard_g, link_name(shard_g, c),
                           ag_s, manual(ag_s, frac, compute) if overlap_given else ex.gather_s * mb,
-                          chunks, "ring", "manual" if overlap_given else "fsdp", compute / mb,
+                          chunks, "ring", "manual" if overlap_given else
+                          ("fsdp" if RUNTIMES[t.runtime].zero3_prefetch else "none"), compute / mb,
                           (units, a, r, fwd / units, bwd / units, ra, rr)))
         ops.append(CommOp("dp-grad", "reduce_scatter", gbytes, mb, shard_g, link_name(shard_g, c), rs_s,
                           manual(rs_s, frac, bwd * mb) if overlap_given else ex.scatter_s * mb,

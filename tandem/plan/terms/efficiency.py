@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from tandem.plan.inputs.hardware import GPU_ARCH
 from tandem.plan.terms.attention_kernels import (BWD_FLOPS, FIRST_GEN, FIRST_GEN_SOURCE, causal_speed, over_fa2,
                                                  speed, train_speed)
 from tandem.plan.terms.bandwidth_bound import step_seconds
@@ -94,11 +95,6 @@ ARCHS: dict[str, ArchEfficiency] = {a.arch: a for a in [
                    _UNFUSED),
     ArchEfficiency("cdna3", None, _NO_LINEAR, 1.0, "no published figure: as fast as the linear layers", _UNFUSED),
 ]}
-
-GPU_ARCH = {"p100": "pascal", "v100-32gb": "volta", "a100-40gb": "ampere", "a100-80gb": "ampere",
-            "a100-40gb-pcie": "ampere", "a100-80gb-pcie": "ampere", "l40s": "ada", "rtx4090": "ada", "l4": "ada",
-            "h100-sxm": "hopper", "h100-sxm-500w": "hopper", "h100-pcie": "hopper", "h200": "hopper",
-            "b200": "blackwell", "gb200": "blackwell", "mi300x": "cdna3"}
 
 H100_PEAK = 989.4   # TFLOP/s, dense BF16, H100 SXM5: the FlashAttention-3 paper's GPU
 # FlashAttention-2 on A100 (Dao 2023, arXiv 2307.08691): "50-73% of the theoretical maximum FLOPs/s" (abstract);

@@ -1,0 +1,87 @@
+"""The training runtime a plan is of: which framework, at which version, and the rules that differ between them.
+
+The planner's terms model one way of running each piece (FSDP2's prefetch, Megatron's distributed optimizer,
+the attention kernel's published speed, ...). Where frameworks differ, the rule is keyed by the runtime named here
+(``--runtime``), each with its source; the default is tandem's own (``tandem train``: torch's FSDP2 / DDP with
+SDPA attention). A historical setup (a 2021 paper's) is planned by naming its runtime, not by editing defaults.
+
+Rules, per runtime:
+- ``attention``: the attention kernel when none is given: ``sdpa``, a fused kernel where torch's
+  scaled_dot_product_attention (or Transformer Engine) has one for the GPU (FlashAttention-2 / cuDNN on Ampere,
+  Ada, Hopper, Blackwell, MI300X: FLASH_ARCHS), unfused elsewhere; ``unfused``, the s x s scores in memory (before
+  FlashAttention, 2022).
+- ``grad_reduce``: the dtype 16-bit gradients are reduced in when --grad-reduce is not given: ``fp32`` at every
+  stage (torch under autocast keeps fp32 gradients; FSDP2's MixedPrecisionPolicy(reduce_dtype=float32), as
+  torchtitan sets it), or None, collectives.grad_reduce_bytes' rule (fp32 for BF16 at ZeRO-1/2: Megatron's
+  distributed optimizer; else the gradients' own dtype).
+- ``zero3_prefetch``: ZeRO-3's parameter all-gathers prefetched behind the neighbouring block's compute
+  (dp_overlap.fsdp), or waited for where each module's forward/backward needs them (exposed).
+- ``efficiency``: None, the per-architecture model (efficiency.py: linear layers, attention and memory-bound
+  kernels charged apart); or one end-to-end share of peak for every FLOP, as --efficiency.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tandem.core.errors import ConfigError
+
+# architectures where SDPA (and Transformer Engine) run a fused attention kernel in 16-bit: FlashAttention-2
+# needs sm80+ (Ampere, Ada, Hopper, Blackwell); ROCm's SDPA runs a flash kernel on MI300X (CDNA3). Volta and
+# Pascal get the memory-efficient kernel at best, with no published speed: planned unfused.
+FLASH_ARCHS = ("ampere", "ada", "hopper", "blackwell", "cdna3")
+
+
+@dataclass(frozen=True)
+class Runtime:
+    name: str
+    what: str                        # the framework and version the rules describe
+    attention: str                   # sdpa | unfused: the kernel when --attention-kernel/--flash-attention is not given
+    grad_reduce: str | None          # fp32 | None (collectives.grad_reduce_bytes' rule)
+    zero3_prefetch: bool             # ZeRO-3 all-gathers prefetched (FSDP) or exposed
+    efficiency: float | None         # one end-to-end share of peak (None: efficiency.py's per-architecture model)
+    sources: tuple[tuple[str, str], ...]   # (rule, source)
+
+
+_FSDP2 = ("zero3_prefetch", "torch FSDP2 fully_shard: the next block's all-gather issued during this block's compute "
+                            "(implicit prefetch, forward and backward; Zhao et al. VLDB 2023 §3.3 for FSDP1)")
+_SDPA = ("attention", "torch.nn.functional.scaled_dot_product_attention picks the flash (sm80+) or cuDNN (Hopper) "
+                      "backend for bf16/fp16 on these GPUs")
+RUNTIMES: dict[str, Runtime] = {r.name: r for r in [
+    Runtime("tandem", "tandem train (torch >= 2.4: FSDP2 fully_shard / DDP, SDPA attention)", "sdpa", "fp32", True,
+            None, (_SDPA, ("grad_reduce", "autocast over fp32 weights: fp32 gradients, reduced as stored "
+                                          "(tandem/train/parallel); FSDP2's MixedPrecisionPolicy(reduce_dtype=fp32) "
+                                          "for bf16 weights, as torchtitan"), _FSDP2)),
+    Runtime("torchtitan", "torchtitan (2024-2025: FSDP2, SDPA, MixedPrecisionPolicy bf16 params / fp32 reduce)",
+            "sdpa", "fp32", True, None,
+            (_SDPA, ("grad_reduce", "torchtitan's mixed_precision_reduce = float32 default"), _FSDP2)),
+    Runtime("megatron", "Megatron-LM / NeMo (Megatron-core >= 0.5, Transformer Engine)", "sdpa", None, True, None,
+            (("attention", "Transformer Engine's fused attention (cuDNN / FlashAttention-2)"),
+             ("grad_reduce", "distributed optimizer: BF16 gradients reduced in FP32 (grad_reduce_in_fp32 with "
+                             "--use-distributed-optimizer); else the gradients' dtype"))),
+    Runtime("megatron-2021", "Megatron-LM as Narayanan et al. 2021 and Korthikanti et al. 2022 ran it "
+                             "(before FlashAttention)", "unfused", None, True, None,
+            (("attention", "eager attention: the s x s scores in memory (Korthikanti et al. 2022 §4)"),)),
+    Runtime("deepspeed-2021", "DeepSpeed 0.5 (2021): ZeRO-3 stage3.py and the pipeline engine, Megatron kernels",
+            "unfused", None, False, 0.50,
+            (("attention", "2021, before FlashAttention: eager attention"),
+             ("zero3_prefetch", "stage3's PartitionedParameterCoordinator fetches a sub-module's parameters in its "
+                                "pre-forward/backward hook and waits for them there: the all-gathers exposed"),
+             ("efficiency", "one end-to-end share, 0.50 of peak (Narayanan et al. 2021: 44-52% of A100 peak at "
+                            "scale): DeepSpeed's 2021 engines ran Megatron's kernels without the per-architecture "
+                            "linear/attention/memory-bound split the tandem rules were measured on"))),
+]}
+DEFAULT_RUNTIME = "tandem"
+
+
+def get_runtime(name: str) -> Runtime:
+    key = str(name).lower()
+    if key not in RUNTIMES:
+        raise ConfigError(f"unknown runtime (got {name!r})", field="runtime", value=name,
+                          fix=f"use one of {', '.join(RUNTIMES)} (docs/plan.md, 'Runtimes')")
+    return RUNTIMES[key]
+
+
+def fused_by_default(rt: Runtime, arch: str | None) -> bool:
+    """The runtime's attention on this architecture (None: a custom GPU or a CPU host): fused or not."""
+    return rt.attention == "sdpa" and arch in FLASH_ARCHS
