@@ -105,8 +105,9 @@ def comm_sentence(p: Plan, o) -> str:
     if o.collective == "all_reduce" and algo == "nvls":
         return (f"{head}: NVLink SHARP (nvls: the switch reduces; each GPU sends {si(o.bytes / o.chunks)} once and "
                 f"reads the sum once) {si(o.bytes / o.chunks)} / ({NVLS_SHARE:.3g} x "
-                f"{si(c.intra.bandwidth_Bps, 'B/s')}) + {NVLS_US:g} us = {ms(per / max(1, o.chunks))} per call, "
-                f"{ms(per)} per step")
+                f"{si(c.intra.bandwidth_Bps, 'B/s')}) + {NVLS_US:g} us = {ms(per / max(1, o.chunks))} per call"
+                + (f", x {o.calls * max(1, o.chunks)} = {ms(o.time_s)} per step" if o.calls * max(1, o.chunks) > 1
+                   else ""))
     if algo == "pat":
         return (f"{head}: PAT (NCCL's parallel aggregated trees, one GPU per node: the ring's bytes, "
                 f"log2({g.nodes}) network hops instead of {g.nodes}-1) = {ms(per)} per "
@@ -135,7 +136,7 @@ def comm_sentence(p: Plan, o) -> str:
                 f"plus {ms(max(0.0, per - inter))} {'inside nodes and ' if l > 1 else ''}latency = {ms(per)} per call")
     if o.collective == "all_reduce":
         n = g.size
-        return (f"{head}: 2x({n}-1)/{n} x {si(o.bytes)} / {si(c.intra.rate_Bps, 'B/s')} + latency "
+        return (f"{head}: ring 2x({n}-1)/{n} x {si(o.bytes)} / {si(c.intra.rate_Bps, 'B/s')} + latency "
                 f"= {ms(per)} per call")
     return f"{head}: ring, {ms(per)} per call"
 
@@ -280,9 +281,10 @@ def _rate(link, per: str, nics: int = 1) -> str:
 
 
 def describe(g: Group, c: Cluster) -> str:
+    """Where the group's GPUs are (the algorithm is named with the time: sentence())."""
     if g.nodes == 1:
-        return f"ring over {g.size} GPUs on {c.intra.name} ({_rate(c.intra, 'GPU')})"
+        return f"inside a node on {c.intra.name} ({_rate(c.intra, 'GPU')})"
     net = f"{c.inter.name} ({_rate(c.inter, 'node', c.nics_per_node)})"
     if g.local == 1:
-        return f"ring across {g.nodes} nodes on {net}"
+        return f"one GPU per node across {g.nodes} nodes on {net}"
     return (f"hierarchical: {g.local} GPUs per node on {c.intra.name}, then {g.nodes} nodes on {net}")

@@ -193,5 +193,7 @@ def cp_op(m, c: Cluster, s, by: dict, mb: int, stage_layers: int, attn_rate: flo
                 calls=r["steps"] * mb * (fwd_passes + 1), group=grp,
                 link=link_name(grp, c), time_s=r["time_s"] * mb, exposed_s=r["exposed_s"] * mb,
                 rule="none" if impl == "allgather" else "ring-attention",
+                algorithm=(collective("all_gather", s.cp * r["bytes_per_step"], 1, grp, c)[1] if impl == "allgather"
+                           else "p2p"),
                 window_s=r["block_f"], detail=(r["send_f"], r["send_b"], r["block_f"], r["block_b"],
                                                fwd_passes, impl))

@@ -60,9 +60,10 @@ def dp_ops(m: ModelStats, c: Cluster, t: Training, s: Strategy, mb: int, compute
     else:
         units, root = fsdp_units(m, s, psi)
         block = (psi - root) / units
-        a = collective("all_gather", block * pb, 1, shard_g, c)[0]
+        a, a_algo = collective("all_gather", block * pb, 1, shard_g, c)
         # side: seconds a parameter of FSDP's own kernels ahead of each reduce-scatter on its stream (fsdp_copies.py)
-        r = collective("reduce_scatter", block * gb, 1, shard_g, c)[0] + block * side
+        r, r_algo = collective("reduce_scatter", block * gb, 1, shard_g, c)
+        r += block * side
         ra = collective("all_gather", root * pb, 1, shard_g, c)[0] if root else 0.0
         rr = collective("reduce_scatter", root * gb, 1, shard_g, c)[0] + root * side if root else 0.0
         ex = fsdp_exposed(units, a, r, fwd / units, bwd / units, ra, rr)
@@ -74,12 +75,12 @@ def dp_ops(m: ModelStats, c: Cluster, t: Training, s: Strategy, mb: int, compute
         rs_s = (units * r + rr) * mb
         ops.append(CommOp("fsdp-params", "all_gather", pbytes, 2 * mb, shard_g, link_name(shard_g, c),
                           ag_s, manual(ag_s, frac, compute) if overlap_given else ex.gather_s * mb,
-                          chunks, "ring", "manual" if overlap_given else
+                          chunks, a_algo, "manual" if overlap_given else
                           ("fsdp" if RUNTIMES[t.runtime].zero3_prefetch else "none"), compute / mb,
                           (units, a, r, fwd / units, bwd / units, ra, rr)))
         ops.append(CommOp("dp-grad", "reduce_scatter", gbytes, mb, shard_g, link_name(shard_g, c), rs_s,
                           manual(rs_s, frac, bwd * mb) if overlap_given else ex.scatter_s * mb,
-                          chunks, "ring", "manual" if overlap_given else "fsdp", bwd,
+                          chunks, r_algo, "manual" if overlap_given else "fsdp", bwd,
                           (units, a, r, fwd / units, bwd / units, ra, rr)))
         buckets = chunks
     if repl_g.size > 1:  # HSDP: each shard all-reduced across the replicas, chunk by chunk during backward

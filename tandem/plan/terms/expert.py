@@ -68,4 +68,5 @@ def ep_op(m, c: Cluster, s, by: dict, mb: int, stage_layers: int, recompute: str
     grp = layout(s.ep, s.tp * s.cp, c.gpus_per_node)
     return dict(name="ep-all-to-all", collective="all_to_all", bytes=r["bytes_per_call"],
                 calls=r["calls"] * mb, group=grp, link=link_name(grp, c), time_s=r["time_s"] * mb,
-                exposed_s=r["time_s"] * mb, detail=(r["per_call_s"], r["calls"]))
+                exposed_s=r["time_s"] * mb, detail=(r["per_call_s"], r["calls"]),
+                algorithm="pairwise")   # all_to_all: NVLink and per-GPU NIC shares, latency per peer (ep_comm)

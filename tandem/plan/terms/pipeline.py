@@ -50,6 +50,7 @@ def pp_ops(m, c, t, s, mb: int, stage_s: float = 0.0) -> list[dict]:
     calls = 2 * (mb + s.pp - 1) * s.virtual
     one = p2p(act / s.tp, cross, c)
     op = _op("pp-p2p", "send_recv", act / s.tp, calls, ppg, c.inter.name if cross else c.intra.name, one * calls)
+    op["algorithm"] = "p2p"   # collectives.p2p: bytes over one link + its latency
     if async_p2p(t, s, mb):
         chunk = stage_s / (mb * s.virtual) / 3   # a chunk's forward; its backward twice that
         op.update(exposed_s=p2p_exposed(one, s.pp, s.virtual, mb, chunk), rule="pp-async", window_s=chunk)
@@ -58,8 +59,8 @@ def pp_ops(m, c, t, s, mb: int, stage_s: float = 0.0) -> list[dict]:
         # one GPU of the first stage and its peer on the last: other nodes unless the whole pipeline fits in one
         eg = Group(2, 1, 2) if cross else Group(2, 2, 1)
         nbytes = g.vocab * g.hidden / s.tp * grad_reduce_bytes(t.precision, s.zero, by["grad"], t.grad_reduce)
-        tm = collective("all_reduce", nbytes, 1, eg, c)[0]
-        ops.append(_op("embedding-grad", "all_reduce", nbytes, 1, eg, link_name(eg, c), tm))
+        tm, algo = collective("all_reduce", nbytes, 1, eg, c)
+        ops.append(dict(_op("embedding-grad", "all_reduce", nbytes, 1, eg, link_name(eg, c), tm), algorithm=algo))
     return ops
 
 

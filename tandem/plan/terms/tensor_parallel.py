@@ -100,11 +100,11 @@ def tp_op(m, c, t, s, layers: int, mb: int, linear_rate: float) -> dict:
     full = s.recompute == "full"
     per_layer = 4 + (2 if full else 0)   # 2 fwd + 2 bwd (+2 recomputed fwd)
     calls = per_layer * layers * mb
-    one = collective("all_reduce", act, 1, tpg, c)[0]
+    one, algo = collective("all_reduce", act, 1, tpg, c)   # the algorithm named is the one timed (NVLS, ring, ...)
     gemms = layer_gemms(g, s, s.micro_batch * g.seq / s.cp, linear_rate)
     mode = t.tp_overlap if tpg.nodes == 1 else "none"   # userbuffers / symmetric memory: one NVLink domain
     exposed = exposed_per_layer(mode, one, s.tp, gemms, full) * layers * mb
     rule = "none" if mode == "none" else "tp-" + mode
     return dict(name="tp-activations", collective="all_reduce", bytes=act, calls=calls, group=tpg,
-                link=link_name(tpg, c), time_s=one * calls, exposed_s=exposed, rule=rule,
+                link=link_name(tpg, c), time_s=one * calls, exposed_s=exposed, rule=rule, algorithm=algo,
                 window_s=sum(gemms), detail=(one, gemms, layers, mb, full))
