@@ -52,11 +52,15 @@ def test_a_job_spec_under_autocast_gathers_fp32_parameters(tmp_path, strat, op):
 
 
 def test_the_fsdp_gathered_layer_buffer_follows_the_gathered_dtype():
-    """ZeRO-3 memory holds the gathered layer and the prefetched next one at the bytes the gather moves."""
+    """ZeRO-3 memory holds the root (embeddings, output layer), the gathered block and the prefetched next one at the
+    bytes the gather moves, and the output layer's and one block's unsharded gradients in the stored dtype (fp32
+    under autocast: memory.fsdp_inflight_bytes)."""
     m, c = preset("llama2-7b"), make_cluster("a100-80gb", 8, 1)
     s = Strategy(dp=8, zero=3, micro_batch=1)
     half, full = (evaluate(m, c, Training(global_batch=8, autocast=a), s).memory.other for a in (False, True))
-    assert full - half == pytest.approx(2 * m.largest_layer_params * (4 - 2))
+    g = m.gpt
+    root, block = m.params - g.layers * g.layer_params(), g.layer_params()
+    assert full - half == pytest.approx((root + 2 * block + g.vocab * g.hidden + block) * (4 - 2))
 
 
 def _ring_line(gpu: str, impl: str) -> tuple[str, object]:

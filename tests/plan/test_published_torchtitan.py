@@ -185,7 +185,8 @@ def _plan(name, seq, gpu, gpus, inter, dp, tp, pp, cp, local, recompute, precisi
     # the Float8 rows ran with torch.compile (the report has no Float8 row without it), the BF16 rows without;
     # attention: PyTorch SDPA's flash backend (FlashAttention-2)
     t = Training(global_batch=local * dp, precision=precision, optimizer="adamw", attention_kernel="fa2",
-                 cp_impl="torch", grad_reduce="fp32", kv_repeat=True,
+                 cp_impl="torch", grad_reduce="fp32", kv_repeat=True, runtime="torchtitan",
+                 fused_loss=False,   # train.py: F.cross_entropy(pred.float()), uncompiled (it compiles the blocks)
                  kernels=kernels or ("compiled" if precision == "fp8" else "eager"),
                  # under PP, torch's pipelining reduces FSDP2's gradients once a step (docstring: gradient sync)
                  pp_grad_sync="step", tp_overlap=tp_overlap)
@@ -247,7 +248,47 @@ def test_float8_speedup_over_bf16_is_predicted_within_the_tolerance():
         assert abs(predicted / (row[-1] / compiled) - 1) <= 0.10, (t, predicted)
 
 
-PUBLISHED_MEMORY_GIB = {"T5 1F1B": 82.5, "T5 Interleaved 1F1B": 72.7, "T6 FSDP 8 CP 1": 75.3, "T6 FSDP 4 CP 2": 75.9}
+# The report's Memory(GiB) column (eaea6f6a docs/performance.md, read at its commit in the torchtitan mirror): torch.cuda's
+# peak *reserved* bytes (max_reserved_gib), the caching allocator's cache and fragmentation included, so a count of
+# tensors comes out at or under it
+PUBLISHED_MEMORY_GIB = {"T1 FSDP": 82.4, "T1 FSDP+compile+Float8": 76.8, "T2 FSDP 8 CP 1": 83.9,
+                        "T2 FSDP 4 CP 2": 84.2, "T2 FSDP 2 CP 4": 84.0, "T2 FSDP 1 CP 8": 84.5, "T3 FSDP": 67.0,
+                        "T3 FSDP+compile+Float8": 61.8, "T4 2D": 71.9, "T5 1F1B": 82.5, "T5 Interleaved 1F1B": 72.7,
+                        "T6 FSDP 8 CP 1": 75.3, "T6 FSDP 4 CP 2": 75.9}
+# issue 29, the planner's error per row before its memory terms (Korthikanti's selective, 4 B fp32 logits, two
+# gathered layers): T1 +18.6% / +27.3%, T2 -45.1..-45.5%, T3 +25.0% / +35.5%, T4 -47.3%, T5 -22.9% / -19.4%,
+# T6 -15.5% / -16.2%; after (torchtitan's per-op selective checkpointing, the unfused loss's 12 B a logit, FSDP2's
+# root, blocks and gradients in flight, torch TP's gathered matmul inputs): T1 -6.9% / -0.1%, T2 -4.2..-4.9%,
+# T3 -6.4% / +1.5%, T4 -16.5%, T5 -20.8% / -11.6%, T6 -13.2% / -13.9%
+MEMORY_1D = ("T1", "T2", "T3")   # FSDP (+ CP) alone: within issue 29's 10% a cell
+MEMORY_KNOWN_MISS = 0.22         # 2-D and the 405B pipeline rows: all under, pinned just above the worst (T5 1F1B)
+
+
+def memory_errors() -> dict[str, float]:
+    out = {}
+    for label, name, seq, gpus, dp, tp, pp, cp, local, rc, prec, _ in H100:
+        p = _plan(name, seq, "h100-sxm-500w", gpus, "ib-ndr", dp, tp, pp, cp, local, rc, prec, "Interleaved" in label,
+                  tp_overlap="ring" if label[:2] in ("T5", "T6") else "none")
+        out[label] = p.memory.total / (PUBLISHED_MEMORY_GIB[label] * 1024**3) - 1
+    return out
+
+
+def test_fsdp_memory_against_the_allocator_peaks():
+    """Issue 29: per cell within 10% of the published allocator peak for FSDP and FSDP + CP, short (8k) and long
+    (32k tokens a GPU) sequence. Nothing fitted: each term is a count of the tensors torchtitan 9dec370 holds
+    (terms/memory.py: loss_bytes, op_sac, fsdp_inflight_bytes)."""
+    errs = memory_errors()
+    one_d = {k: e for k, e in errs.items() if k[:2] in MEMORY_1D}
+    assert len(one_d) == 8 and all(abs(e) <= 0.10 for e in one_d.values()), one_d
+
+
+def test_2d_and_pipeline_memory_known_miss():
+    """KNOWN MISS: T4 (FSDP 32 x TP 8, 70B, local batch 16, full AC) -16.5%, T5 -20.8% / -11.6%, T6 -13.2% / -13.9%,
+    every one under the reserved peak (was -47.3%, -22.9% / -19.4%, -15.5% / -16.2%). Not modelled: Float8's
+    per-linear casts and amax buffers, the pipeline stages' send/receive buffers, the allocator's fragmentation
+    (reserved over allocated), which the report's figure includes."""
+    errs = {k: e for k, e in memory_errors().items() if k[:2] not in MEMORY_1D}
+    assert all(-MEMORY_KNOWN_MISS <= e < 0 for e in errs.values()), errs
 
 
 def test_pipeline_rows_memory_says_gradients_are_reduced_once_a_step():
@@ -256,7 +297,7 @@ def test_pipeline_rows_memory_says_gradients_are_reduced_once_a_step():
     import dataclasses
 
     for label, name, seq, gpus, dp, tp, pp, cp, local, rc, prec, _ in H100:
-        if label not in PUBLISHED_MEMORY_GIB:
+        if label[:2] not in ("T5", "T6"):
             continue
         step = _plan(name, seq, "h100-sxm-500w", gpus, "ib-ndr", dp, tp, pp, cp, local, rc, prec,
                      "Interleaved" in label)

@@ -17,12 +17,27 @@ from tandem.plan.inputs.hardware import Cluster
 from tandem.plan.inputs.model import ModelStats, MoEShape, expert_params, mlp_act_coeff, moe_params
 from tandem.plan.inputs.training import Strategy, Training, fused_attention
 from tandem.plan.terms.collectives import grad_reduce_bytes
+from tandem.plan.terms.fsdp_copies import units as fsdp_units
 from tandem.plan.terms.grad_sync import deferred, model_state_bytes, peak, reductions
 from tandem.plan.terms.params import expert_shard_group, shard_group, stage_states
 from tandem.plan.terms.stages import (busiest_stage_params, chunks, chunks_of, first_stage_inflight, max_stage_params,
                                       split, stage_inflight, stage_params)
 
 CONTEXT_BYTES = 1.0 * 1024**3   # CUDA context, cuBLAS/cuDNN workspaces, allocator slack (rough)
+# The loss's logits per element (token x vocabulary entry / tp) at its peak, the start of backward:
+# - fused (Megatron's vocab-parallel cross-entropy, Transformer Engine, a compiled loss): the FP32 logits,
+#   4 B (Korthikanti et al. 2022, eq. 3);
+# - unfused, torch's F.cross_entropy(logits.float()) as torchtitan's train.py (9dec370) and tandem's trainer run it:
+#   log_softmax's FP32 output (saved for backward), then in backward nll_loss's FP32 gradient of it and
+#   log_softmax's FP32 gradient of its input, 4 B each, all alive at once: 12 B (the 16-bit logits are freed
+#   before backward, torchtitan's `del pred`; the forward's own peak, 2 + 4 + 4 B, is lower).
+FUSED_LOSS_BYTES, UNFUSED_LOSS_BYTES = 4, 12
+
+
+def loss_bytes(t: Training) -> int:
+    """Bytes per logit element at the loss's peak: the fused-loss rule bandwidth_bound.layer_ops times it by."""
+    fused = t.kernels != "eager" if t.fused_loss is None else t.fused_loss
+    return FUSED_LOSS_BYTES if fused else UNFUSED_LOSS_BYTES
 
 
 @dataclass
@@ -55,15 +70,29 @@ def gpt_layer_act_bytes(m: ModelStats, s: Strategy, t: Training, b: int, recompu
     5*a*s/h term (what FlashAttention also avoids); full recompute keeps only the layer input, 2*s*b*h/t.
     """
     rc = recompute or s.recompute
-    return _layer_act_bytes(m.gpt, m.moe, t.bytes["act"], fused_attention(t, s), s.tp, s.cp, b, rc)
+    return _layer_act_bytes(m.gpt, m.moe, t.bytes["act"], fused_attention(t, s), s.tp, s.cp, b, rc, op_sac(t, m))
+
+
+def op_sac(t: Training, m: ModelStats) -> bool:
+    """Selective recompute is torchtitan's per-op policy (its runtime; a dense model's layers), not Korthikanti's."""
+    return t.runtime == "torchtitan" and m.moe is None
 
 
 @lru_cache(maxsize=65536)   # pure in hashable values (frozen shapes): the search asks for each many times
-def _layer_act_bytes(g, moe, act_bytes: int, fused: bool, tp: int, cp: int, b: int, rc: str) -> float:
+def _layer_act_bytes(g, moe, act_bytes: int, fused: bool, tp: int, cp: int, b: int, rc: str,
+                     sac: bool = False) -> float:
     h, sq, a = g.hidden, g.seq // cp, g.heads   # cp: each GPU holds s/cp tokens
     scale = act_bytes / 2  # the formula counts 2-byte activations and 1-byte masks
     if rc == "full":
         return 2 * sq * b * h / tp * scale
+    if rc == "none" and sac and tp > 1:   # torch's TP also saves the two gathered matmul inputs (_torch_tp_gathered)
+        return _layer_act_bytes(g, moe, act_bytes, fused, tp, cp, b, rc) + _torch_tp_gathered(g, sq, b, tp) * scale
+    if rc == "selective" and sac:
+        # torchtitan's "selective op" checkpointing (parallelize_llama.py, _save_list, 9dec370): a block keeps its
+        # input, SDPA's output (+ its FP32 logsumexp, heads x 4 B a token) and every other matmul's output, counted
+        # per block forward: wq (h), wv (kv), w1 (ffn), w2 (h; a row-parallel matmul's partial sum is not / tp);
+        # the rest (wk, wo, w3, norms, RoPE, SiLU) is recomputed in backward
+        return sq * b * (2 * ((3 * h + g.kv_dim + g.ffn) / tp + h) + 4 * a / tp) * scale   # bytes, as the 34 sbh
     mlp = 3 + (6 if g.gated else 4) * g.ffn / h
     if moe is not None:
         mlp = mlp_act_coeff(moe)
@@ -74,6 +103,14 @@ def _layer_act_bytes(g, moe, act_bytes: int, fused: bool, tp: int, cp: int, b: i
     if rc == "none" and not fused:   # fused kernels store no score matrix
         per += 5 * a * sq * sq * b / tp
     return per * scale
+
+
+def _torch_tp_gathered(g, sq: int, b: int, tp: int) -> float:
+    """torch's tensor parallel (DTensor ColwiseParallel on sequence-sharded input, torchtitan): the all-gathered inputs
+    of the attention's and the MLP's column-parallel matmuls (one tensor each, s x b x h at 2 B) are saved whole for
+    their backward, where Megatron's sequence parallelism saves the shard and gathers it again (Korthikanti et al.
+    §4.2.2): 2 x 2 x s x b x h x (1 - 1/tp) bytes more a layer that keeps its activations."""
+    return 4 * sq * b * g.hidden * (1 - 1 / tp) if tp > 1 else 0.0
 
 
 def inflight_layers(m: ModelStats, s: Strategy, micro_batches: int) -> float:
@@ -101,15 +138,23 @@ def activation_parts(m: ModelStats, s: Strategy, t: Training, micro_batches: int
       forwards than rank 0, but each may hold more layers (stages.stage_inflight, rank by rank).
     """
     return dict(_activation_parts(m.gpt, m.moe, t.bytes["act"], fused_attention(t, s), s.tp, s.cp, s.pp, s.micro_batch,
-                                  s.recompute, chunks_of(s), s.schedule == "gpipe", s.stage_layers, micro_batches))
+                                  s.recompute, chunks_of(s), s.schedule == "gpipe", s.stage_layers, micro_batches,
+                                  loss_bytes(t), op_sac(t, m)))
 
 
 @lru_cache(maxsize=65536)   # pure: the search asks for the same parts across ZeRO stages and hsdp (callers copy)
 def _activation_parts(g, moe, act_bytes: int, fused: bool, tp: int, cp: int, pp: int, b: int, recompute: str, v: int,
-                      gpipe: bool, given: tuple[int, ...] | None, micro_batches: int) -> dict:
-    per = _layer_act_bytes(g, moe, act_bytes, fused, tp, cp, b, recompute)
+                      gpipe: bool, given: tuple[int, ...] | None, micro_batches: int, loss_b: int = FUSED_LOSS_BYTES,
+                      sac: bool = False) -> dict:
+    per = _layer_act_bytes(g, moe, act_bytes, fused, tp, cp, b, recompute, sac)
     working = _layer_act_bytes(g, moe, act_bytes, fused, tp, cp, b, "selective") if recompute == "full" else 0.0
-    logits = 4 * (g.seq // cp) * b * g.vocab / tp
+    if recompute == "selective" and sac:   # the layer in backward holds what it recomputed, besides what it kept
+        working = max(0.0, _layer_act_bytes(g, moe, act_bytes, True, tp, cp, b, "none", True) - per)
+    elif recompute == "full" and sac:   # its recomputed forward, torch's gathered inputs included
+        working = _layer_act_bytes(g, moe, act_bytes, True, tp, cp, b, "none", True)
+    logits = loss_b * (g.seq // cp) * b * g.vocab / tp
+    if sac:   # torch's TP: the output layer's gathered input, saved for its backward (_torch_tp_gathered's rule)
+        logits += _torch_tp_gathered(g, g.seq // cp, b, tp) / 2 * act_bytes / 2
     if pp == 1:
         first = per * g.layers + working
         return {"per_layer": per, "layers": g.layers, "working": working, "logits": logits, "stage": "only",
@@ -175,13 +220,32 @@ def memory(m: ModelStats, c: Cluster, t: Training, s: Strategy, micro_batches: i
         act = 0.0
         notes.append("activations unknown for a bare --params model: left out of the total")
     other = CONTEXT_BYTES
-    if zero >= 3 and d > 1:   # gathered layer + prefetched next (an MoE layer's experts: / ep); deferred:
+    if zero >= 3 and d > 1 and not defer and m.gpt is not None and m.moe is None:
+        other += fsdp_inflight_bytes(m, t, s, psi)
+    elif zero >= 3 and d > 1:   # gathered layer + prefetched next (an MoE layer's experts: / ep); deferred:
         # the stage's parameters are already counted unsharded (params above), nothing gathered per layer
         ep = s.ep if m.moe is not None else 1
         other += 0.0 if defer else 2 * m.largest_layer_params / (tp * ep) * t.gather_bytes
     elif s.dp > 1:
         other += 2 * t.bucket_bytes if by["grad"] == 4 else 2 * t.bucket_bytes / 2
     return Memory(params, grads, optim, act, other, c.gpu.memory_bytes, notes, peak_rank)
+
+
+def fsdp_inflight_bytes(m: ModelStats, t: Training, s: Strategy, psi: float) -> float:
+    """ZeRO-3's unsharded buffers at the activation peak (the start of backward), a dense transformer, one FSDP unit
+    a block and the root (embeddings, final norm, output layer; fsdp_copies.units), as FSDP2's fully_shard runs:
+    - gathered, in the gather dtype: the root, which FSDP2 does not reshard after forward (it is gathered again at
+      once for backward), and two blocks: the one computing and the one prefetched;
+    - gradients, unsharded, in the stored dtype (fp32 under autocast): the output layer's, made first in backward
+      and held until the root's reduce-scatter at the end of backward, and one block's, with its reduce-scatter
+      input in the reduce dtype (FSDP2's foreach_reduce copies the block's gradients into it)."""
+    g = m.gpt
+    _, root = fsdp_units(m, s, psi)
+    block = g.layer_params() / s.tp
+    stored = t.gather_bytes   # the parameters' dtype as stored, so their gradients' (4 under autocast)
+    reduce = grad_reduce_bytes(t.precision, 3, t.bytes["grad"], t.grad_reduce)
+    out_layer = g.vocab * g.hidden / s.tp if s.pp == 1 else 0.0   # pp > 1: held by the last stage only (left out)
+    return (root + 2 * block) * t.gather_bytes + (out_layer + block) * stored + block * reduce
 
 
 def deferred_peak(m: ModelStats, t: Training, s: Strategy, micro_batches: int,
@@ -200,7 +264,8 @@ def deferred_peak(m: ModelStats, t: Training, s: Strategy, micro_batches: int,
     for r in range(s.pp):   # extra: the embedding (first rank), the output layer and final norm (last)
         extra = (sp[r] - layers[r] * g.layer_params()) * per_param
         a, gr = peak(held[r], s.pp, micro_batches, r, parts["per_layer"], grad_layer, extra, every)
-        a += parts["working"] + (4 * (g.seq // s.cp) * s.micro_batch * g.vocab / s.tp if r == s.pp - 1 else 0.0)
+        a += parts["working"] + (loss_bytes(t) * (g.seq // s.cp) * s.micro_batch * g.vocab / s.tp
+                                 if r == s.pp - 1 else 0.0)
         if a + gr > sum(best):
             best, rank = (a, gr), r
     return (*best, rank)
