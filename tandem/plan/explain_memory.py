@@ -58,7 +58,7 @@ def activation_sentence(p: Plan) -> str:
         scores = s.recompute == "none" and not fused
         form = f"{sbh} x ({lin:.4g}{mlp_note}" + (f" + 5as/h, 5as/h = {5 * g.heads * sq / g.hidden:.4g}"
                                                   if scores else "") + f") bytes / tp {s.tp}" \
-            + ((" (--flash-attention: no score matrix stored, no recompute)" if t.flash_attention else
+            + ((" (fused attention: no score matrix stored, no recompute)" if t.flash_attention else
                 " (ring attention under cp runs fused kernels: no score matrix stored, no recompute)")
                if s.recompute == "none" and fused else "") \
             + (f" (selective recompute: the score matrix, s x b x h x 5as/h with 5as/h = "
