@@ -143,7 +143,7 @@ def plan_cmd(
         plans = r.ranked[:top]
         extra = {"search": {"objective": objective, "evaluated": r.counts["evaluated"],
                             "fit": len(r.ranked), "out_of_memory": r.counts["out of memory"],
-                            "seconds": r.seconds, "reasons": reasons(r, top)}}
+                            "seconds": r.seconds, "reasons": reasons(r, top), "runtime": t.runtime}}
         if not plans:
             plans = r.oom[:1]
     else:
@@ -181,6 +181,9 @@ def plan_cmd(
     if do_search:
         for line in extra["search"]["reasons"]:
             con.print(line, highlight=False)
+        rt = out[0]["runtime"]
+        con.print(f"runtime {rt['name']} ({rt['what']}): its rules for every strategy searched; --runtime to change",
+                  highlight=False)
         render(out[0], con)
         _strict_exit(strict, unfit)
         return

@@ -64,3 +64,10 @@ def test_unknown_runtime_is_one_clear_error():
         Training(runtime="jax")
     r = invoke("llama3-8b", "--runtime", "jax")
     assert r.exit_code != 0
+
+
+def test_search_says_which_runtime():
+    d = plan_json("llama3-8b", *H100, "--search", "--top", "2", "--runtime", "megatron")
+    assert d["search"]["runtime"] == "megatron" and all(p["runtime"]["name"] == "megatron" for p in d["plans"])
+    out = " ".join(invoke("llama3-8b", *H100, "--search", "--top", "1").output.split())
+    assert "runtime tandem (" in out
