@@ -81,6 +81,9 @@ def plan_cmd(
                                "(Megatron-core/NeMo) | megatron-2021 (before FlashAttention) | deepspeed-2021 "
                                "(ZeRO-3 gathers exposed, one 0.50 efficiency): whose rules are planned "
                                "(attention kernel, gradient dtype, ZeRO-3 prefetch, efficiency)."),
+    allocator_reserve: Optional[float] = O(None, "--allocator-reserve",
+                                           help="Caching allocator's reserved over allocated bytes, minus 1 (e.g. "
+                                                "0.05), added to memory (default 0: tensors only)."),
     compute_time: Optional[float] = O(None, "--compute-time", help="Measured compute seconds per step per GPU."),
     dp: Optional[int] = O(None, help="Data-parallel degree (default: GPUs / (tp x pp x cp))."),
     tp: Optional[int] = O(None, help="Tensor-parallel degree."),

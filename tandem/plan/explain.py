@@ -112,7 +112,9 @@ def explain(p: Plan) -> list[str]:
     out.append(f"Memory per GPU: params {gib(mem.params)} + grads {gib(mem.grads)} + optimizer "
                f"{gib(mem.optimizer)} (zero {s.zero}, {t.bytes['param']}+{t.bytes['grad']}+{t.optimizer_bytes} "
                f"bytes/param before sharding) + activations {gib(mem.activations)} + other "
-               f"{gib(mem.other)} = {gib(mem.total)} of {gib(mem.capacity)}: "
+               f"{gib(mem.other)}" + (f" + allocator reserve {t.allocator_reserve:g} x the tensors = "
+                                      f"{gib(mem.reserve)}" if mem.reserve else "")
+               + f" = {gib(mem.total)} of {gib(mem.capacity)}: "
                f"{'fits' if mem.fits else 'does NOT fit'}.")
     if m.moe is not None:
         out.append(moe_states_sentence(p))

@@ -71,3 +71,12 @@ def test_search_says_which_runtime():
     assert d["search"]["runtime"] == "megatron" and all(p["runtime"]["name"] == "megatron" for p in d["plans"])
     out = " ".join(invoke("llama3-8b", *H100, "--search", "--top", "1").output.split())
     assert "runtime tandem (" in out
+
+
+def test_allocator_reserve_is_a_stated_fraction_of_the_tensors():
+    base = plan_json(*L70)["memory_per_gpu"]
+    d = plan_json(*L70, "--allocator-reserve", "0.05")["memory_per_gpu"]
+    tensors = base["total"] - 1024**3   # the CUDA context is not the allocator's
+    assert base["reserve"] == 0 and d["reserve"] == pytest.approx(0.05 * tensors)
+    assert d["total"] == pytest.approx(base["total"] + d["reserve"])
+    assert invoke(*L70, "--allocator-reserve", "2").exit_code != 0

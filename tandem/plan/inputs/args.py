@@ -70,6 +70,7 @@ class PlanArgs:
     kernels: str | None = None
     fsdp: str | None = None
     runtime: str | None = None
+    allocator_reserve: float | None = None
     dp: int | None = None
     tp: int | None = None
     pp: int | None = None
@@ -269,6 +270,7 @@ def resolve(a: PlanArgs) -> tuple[ModelStats, Cluster, Training, dict]:
         v["_grad_reduce_runtime"] = True
     t = Training(global_batch=v["global_batch"], precision=v["precision"], optimizer=v["optimizer"],
                  efficiency=v.get("efficiency"), overlap=v["overlap"], runtime=rt.name,
+                 allocator_reserve=v.get("allocator_reserve") or 0.0,
                  overlap_param_gather=bool(v.get("overlap_param_gather")), grad_reduce=grad_reduce,
                  pp_grad_sync=_given_or(v, "pp_grad_sync", "microbatch"),
                  flash_attention=fused_default(v, spec, rt, c), attention_kernel=_given_or(v, "attention_kernel", ""),

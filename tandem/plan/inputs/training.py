@@ -94,6 +94,7 @@ class Training:
     runtime: str = "tandem"                  # the framework whose rules are planned where they differ (runtime.py):
                                              # tandem | torchtitan | megatron | megatron-2021 | deepspeed-2021; the
                                              # CLI also takes its attention kernel and gradient dtype as defaults
+    allocator_reserve: float = 0.0           # torch.cuda reserved over allocated, minus 1 (--allocator-reserve; memory.py)
     runtime_efficiency: bool = False         # efficiency is the runtime's end-to-end share, not given (set below)
 
     def __post_init__(self):
@@ -116,6 +117,9 @@ class Training:
         rt_eff = RUNTIMES[self.runtime].efficiency
         if self.efficiency is None and rt_eff is not None:   # the runtime's one end-to-end rate (deepspeed-2021)
             self.efficiency, self.runtime_efficiency = rt_eff, True
+        if not 0 <= self.allocator_reserve <= 1:
+            raise ConfigError("must be in [0, 1]", field="allocator-reserve", value=self.allocator_reserve,
+                              fix="give the caching allocator's reserved bytes over allocated, minus 1, e.g. 0.05")
         if self.efficiency is not None and not 0 < self.efficiency <= 1:
             raise ConfigError("must be in (0, 1]", field="efficiency", value=self.efficiency,
                               fix="give the fraction of peak FLOP/s the model sustains, e.g. 0.4")

@@ -50,10 +50,11 @@ class Memory:
     capacity: float
     notes: list[str]
     peak_rank: int | None = None   # under deferred gradient sync: the pipeline rank whose activations + gradients peak
+    reserve: float = 0.0           # --allocator-reserve: the caching allocator's cache beyond the tensors' peak
 
     @property
     def total(self) -> float:
-        return self.params + self.grads + self.optimizer + self.activations + self.other
+        return self.params + self.grads + self.optimizer + self.activations + self.other + self.reserve
 
     @property
     def fits(self) -> bool:
@@ -228,7 +229,10 @@ def memory(m: ModelStats, c: Cluster, t: Training, s: Strategy, micro_batches: i
         other += 0.0 if defer else 2 * m.largest_layer_params / (tp * ep) * t.gather_bytes
     elif s.dp > 1:
         other += 2 * t.bucket_bytes if by["grad"] == 4 else 2 * t.bucket_bytes / 2
-    return Memory(params, grads, optim, act, other, c.gpu.memory_bytes, notes, peak_rank)
+    # the allocator's reserve as the fraction given (reserved over allocated, minus 1; default 0: no source gives
+    # one that holds across workloads), of everything but the CUDA context
+    reserve = t.allocator_reserve * (params + grads + optim + act + other - CONTEXT_BYTES)
+    return Memory(params, grads, optim, act, other, c.gpu.memory_bytes, notes, peak_rank, reserve)
 
 
 def fsdp_inflight_bytes(m: ModelStats, t: Training, s: Strategy, psi: float) -> float:
