@@ -102,6 +102,7 @@ def _setup(name, recompute, dp=1):
     # Megatron-LM of 2022 overlaps the column-parallel backward all-reduce / reduce-scatter with the wgrad GEMM by
     # default (--no-async-tensor-model-parallel-allreduce to turn it off; docstring): --tp-overlap bulk
     t = Training(global_batch=dp * batch, precision="bf16", optimizer="adam", overlap=0.0 if dp > 1 else None,
+                 runtime="megatron-2021",
                  tp_overlap="bulk")
     s = Strategy(dp=dp, tp=tp, pp=pp, micro_batch=mb, recompute=recompute,
                  schedule="interleaved" if m > 1 else "1f1b", virtual=m)

@@ -109,7 +109,7 @@ def errors(virtual: int = 6, recompute: str = "none") -> dict[int, float]:
         # operators over the baseline (Table 3 row 7), and §6.1's commit 285068c8 is Megatron-LM's "Merge branch
         # 'tridao-flashattn'", which adds --use-flash-attn calling flash_attn 1.x's flash_attn_unpadded_func
         # (megatron/model/transformer.py FlashSelfAttention); the paper chose that commit for its "feature set".
-        t = Training(global_batch=batch, precision="bf16", optimizer="adam", overlap=0.0, attention_kernel="fa1",
+        t = Training(global_batch=batch, precision="bf16", optimizer="adam", overlap=0.0, attention_kernel="fa1", runtime="megatron",
                      tp_overlap="bulk")   # 285068c8's async dgrad reduce-scatter beside the wgrad GEMM (docstring)
         s = Strategy(dp=gpus // 64, tp=8, pp=8, zero=1, micro_batch=1, schedule="interleaved", virtual=virtual,
                      recompute=recompute, ranks_per_node=8)

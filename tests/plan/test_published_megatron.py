@@ -43,7 +43,7 @@ TABLE_1 = [
 def _row(params_b, heads, hidden, layers, tp, pp, gpus, batch, tflops):
     m = gpt_stats(GPTShape(layers=layers, hidden=hidden, heads=heads, seq=2048, vocab=51200))
     c = make_cluster("a100-80gb", 8, gpus // 8, inter="ib-hdr", nics_per_node=8)
-    p = evaluate(m, c, Training(global_batch=batch, precision="fp16", optimizer="adam"),
+    p = evaluate(m, c, Training(global_batch=batch, precision="fp16", optimizer="adam", runtime="megatron-2021"),
                  Strategy(dp=gpus // (tp * pp), tp=tp, pp=pp, micro_batch=1, recompute="full"))
     return m, p.hw_flops_per_gpu / p.step_s / 1e12
 
