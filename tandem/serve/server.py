@@ -69,7 +69,7 @@ async def run_server(opts, info, host: str, port: int, drain_s: float, max_body:
     bound = sock.getsockname()[1]
     url = f"http://{host if ':' not in host else f'[{host}]'}:{bound}"
     app = build_app(pool, info, metrics, state, max_body=max_body, run_dir=str(opts.run_dir),
-                    default_timeout_ms=timeout_ms, keys=keys)
+                    default_timeout_ms=timeout_ms, keys=keys, export=str(opts.export))
     loop = asyncio.get_running_loop()
 
     async def on_term() -> None:
