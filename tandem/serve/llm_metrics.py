@@ -14,6 +14,9 @@ label. Times run from the request's arrival at the front.
                                                   (tandem's cache is one slot of the model's whole
                                                   context per sequence, not vLLM's blocks)
 
+With tandem_serve_cancelled_sequences_total and tandem_serve_cancelled_decoded_tokens_total: sequences
+a replica dropped early, and the tokens they had decoded by then.
+
 Counted for the generate requests of the OpenAI routes (/v1/completions, /v1/chat/completions), one
 sequence per choice.
 """
@@ -43,6 +46,11 @@ class LLMMetrics:
         self._prompt = Counter("vllm:prompt_tokens", "Prompt tokens of the sequences run", lab, registry=r)
         self._gen = Counter("vllm:generation_tokens", "Tokens generated", lab, registry=r)
         self._done = Counter("vllm:request_success", "Sequences finished", lab + ["finished_reason"], registry=r)
+        # tandem's own: how early a cancel (client gone, stop sequence) took a sequence off its replica
+        self.cancelled = Counter("tandem_serve_cancelled_sequences", "Sequences a replica dropped before their "
+                                 "end (client gone, or a stop sequence seen by the front)", registry=r)
+        self.cancelled_tokens = Counter("tandem_serve_cancelled_decoded_tokens", "Tokens those sequences had "
+                                        "decoded when their replica dropped them", registry=r)
         self.running = self.waiting = 0
         self.slots = 0            # KV-cache slots of the ready replicas (set by the front from the pool)
 

@@ -512,7 +512,7 @@ class _Out:
             else:
                 ch["text"] = c.text
             if token_ids or not c.codec.text:   # an export without a tokenizer: the tokens are the answer
-                ch["token_ids"] = c.toks[:c.completion_tokens]
+                ch["token_ids"] = c.kept   # up to the stop: a stop token id is not returned
             out.append(ch)
         await send_json(self.send, 200, {**self._head("chat.completion" if self.chat else "text_completion"),
                                          "choices": out, "usage": usage})

@@ -47,6 +47,9 @@ async def serve_continuous(pool, rep: Replica) -> None:
                         w.sink.on_tokens(reply["tokens"], int(reply.get("at", 0)))
                     continue
                 w = inflight.pop(reply.get("id"), None)
+                if reply.get("cancelled"):
+                    pool.m.llm.cancelled.inc()
+                    pool.m.llm.cancelled_tokens.inc(len(reply.get("outputs", ())))
                 if w is not None:
                     _answer(pool, w, reply)
                 pool.hold(rep, bool(inflight))
