@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import signal
-from pathlib import Path
 
 import httpx
 import pytest
