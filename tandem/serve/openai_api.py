@@ -303,6 +303,9 @@ class OpenAIRoutes:
         except UnicodeEncodeError:
             raise OpenAIError(422, "is not valid Unicode (a lone surrogate?)", "messages" if chat else "prompt",
                               "invalid_value") from None
+        except ImportError as e:
+            raise OpenAIError(500, f"{e.name} is not installed: pip install 'tandem[serve]'", None,
+                              "server_error") from None
         except Exception as e:   # the chat template raised (raise_exception, a bad role order): the caller's
             if not chat:
                 raise

@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tandem.core.errors import ConfigError
+
 BYTE_VOCAB = 256
 
 DEFAULT_CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n"
@@ -44,7 +46,12 @@ class TextCodec:
         cfg_path = folder / "tokenizer_config.json"
         cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
         if (folder / "tokenizer.json").is_file():
-            from tokenizers import Tokenizer  # the serve extra's; only loaded for an export that has one
+            try:
+                from tokenizers import Tokenizer  # the serve extra's; only loaded for an export that has one
+            except ImportError:
+                raise ConfigError("the export has a tokenizer.json; reading it needs the tokenizers library",
+                                  field="EXPORT_DIR", value=str(folder),
+                                  fix="pip install 'tandem[serve]' (or pip install tokenizers)") from None
 
             self.tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
             self.kind = "hf"

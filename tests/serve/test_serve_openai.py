@@ -214,6 +214,24 @@ def test_error_schema_for_each_4xx(client, srv):
     assert raw.status_code == 400 and raw.json()["error"]["code"] == "invalid_json"
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_bench_serve_openai_measures_token_timing(srv, stream):
+    import asyncio
+
+    from tandem.bench.serve import run_openai_load
+
+    res = asyncio.run(run_openai_load(srv.url, rate=4, duration=1, stream=stream, max_tokens=24, api_key=KEY,
+                                      prompt="the quick brown fox"))
+    assert res["sent"] == res["ok"] == 4 and res["codes"] == {"200": 4}
+    assert res["output_tokens_per_s"] > 0 and res["max_tokens"] == 24
+    assert 0 < res["ttft_ms"]["p50"] <= res["ttft_ms"]["p99"] <= res["latency_ms"]["p99"]
+    if stream:   # 24 tokens in several chunks: the gaps between them are the ITL samples
+        assert res["itl_ms"]["samples"] > 0 and 0 <= res["itl_ms"]["p50"] <= res["itl_ms"]["p99"]
+        assert res["ttft_ms"]["p50"] <= res["latency_ms"]["p50"]
+    else:
+        assert res["itl_ms"] is None and res["ttft_ms"] == res["latency_ms"]
+
+
 def test_disconnect_frees_the_slot_at_the_next_step(client, srv):
     """The client goes away after its first chunk of a 500-token stream: the replica drops it long
     before its 500th decode step, and its slot and the running gauge are free again."""
