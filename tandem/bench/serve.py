@@ -320,7 +320,8 @@ async def run_openai_load(url: str, rate: float, duration: float, stream: bool, 
         codes[r["code"]] = codes.get(r["code"], 0) + 1
     ms = lambda xs, q: 1000 * percentile(xs, q)  # noqa: E731
     return {"url": url, "route": "/v1/completions", "stream": stream, "rate": rate, "duration_s": duration,
-            "max_tokens": n_tok, "prompt_tokens": ok[0]["prompt_tokens"] if ok else half, "sent": len(rows), "ok": len(ok),
+            "max_tokens": n_tok, "prompt_tokens": ok[0]["prompt_tokens"] if ok else half,
+            "sent": len(rows), "ok": len(ok),
             "failed": len(rows) - len(ok), "codes": dict(sorted(codes.items())),
             "throughput_rps": len(ok) / span if span > 0 else 0.0,
             "output_tokens_per_s": sum(r["tokens"] for r in ok) / span if span > 0 else 0.0,

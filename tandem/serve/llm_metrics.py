@@ -23,7 +23,10 @@ sequence per choice.
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from tandem.core.extras import require
+
+require("serve", "tandem serve")  # checked before the serving stack is imported: a missing extra is one line
+from prometheus_client import Counter, Gauge, Histogram  # noqa: E402
 
 TTFT_BUCKETS = (.001, .005, .01, .02, .04, .06, .08, .1, .25, .5, .75, 1, 2.5, 5, 7.5, 10, 20, 40, 80)
 ITL_BUCKETS = (.001, .0025, .005, .01, .025, .05, .075, .1, .15, .2, .3, .4, .5, .75, 1, 2.5, 5, 10)
@@ -70,7 +73,9 @@ class LLMMetrics:
             h.observe(s)
 
     def finished(self, e2e_s: float, prompt: int, generated: int, reason: str) -> None:
-        self._e2e.labels(self.model_name).observe(e2e_s)
+        """One sequence ended; an aborted one (client gone, refused, failed) counts its tokens only."""
+        if reason != "abort":
+            self._e2e.labels(self.model_name).observe(e2e_s)
         self._prompt.labels(self.model_name).inc(prompt)
         self._gen.labels(self.model_name).inc(generated)
         self._done.labels(self.model_name, reason).inc()

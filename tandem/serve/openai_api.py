@@ -27,7 +27,10 @@ import secrets
 import time
 from typing import Any, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from tandem.core.extras import require
+
+require("serve", "tandem serve")  # checked before the serving stack is imported: a missing extra is one line
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr  # noqa: E402
 
 from tandem.serve import schemas
 from tandem.serve.tokenizer import NoTokenizer, TextCodec

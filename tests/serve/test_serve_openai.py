@@ -18,6 +18,7 @@ openai = pytest.importorskip("openai")
 
 pytestmark = pytest.mark.slow   # a server with a replica, and a 512-token context to decode through
 KEY = "sk-test-openai-key"
+MODEL = "tiny-bpe"   # --served-model-name
 TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
             "{% if add_generation_prompt %}<assistant>{% endif %}")
 WORDS = "the quick brown fox jumps over lazy dog serve tandem tokens stream model cache batch replica".split()
@@ -52,7 +53,8 @@ def srv(bpe, tmp_path_factory):
     (run / "keys").write_text(KEY + "\n")
     os.chmod(run / "keys", 0o600)
     with Server(bpe[0], run / "serve", "--max-batch", "4", "--max-queue", "8", "--max-body", "65536",
-                "--api-key-file", str(run / "keys"), headers={"authorization": f"Bearer {KEY}"}) as s:
+                "--api-key-file", str(run / "keys"), "--served-model-name", MODEL,
+                headers={"authorization": f"Bearer {KEY}"}) as s:
         yield s
 
 
@@ -79,9 +81,9 @@ def test_models_and_greedy_completion_equal_tandem_generate(client, bpe, capsys)
     from tandem.cli import main
 
     exp, tok_dir, tok = bpe
-    assert [m.id for m in client.models.list().data] == ["gpt"]
+    assert [m.id for m in client.models.list().data] == [MODEL]
     prompt = "the quick brown fox"
-    r = client.completions.create(model="gpt", prompt=prompt, max_tokens=12, temperature=0,
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0,
                                   extra_body={"return_token_ids": True})
     ch = r.choices[0]
     assert ch.finish_reason == "length" and r.usage.completion_tokens == 12
@@ -101,10 +103,10 @@ def test_models_and_greedy_completion_equal_tandem_generate(client, bpe, capsys)
 def test_token_id_prompts_and_several_prompts(client, bpe):
     _, _, tok = bpe
     a, b = tok.encode("lazy dog").ids, tok.encode("stream model cache").ids
-    r = client.completions.create(model="gpt", prompt=[a, b], max_tokens=5, temperature=0,
+    r = client.completions.create(model=MODEL, prompt=[a, b], max_tokens=5, temperature=0,
                                   extra_body={"return_token_ids": True})
     assert [c.index for c in r.choices] == [0, 1]
-    by_text = client.completions.create(model="gpt", prompt=["lazy dog", "stream model cache"], max_tokens=5,
+    by_text = client.completions.create(model=MODEL, prompt=["lazy dog", "stream model cache"], max_tokens=5,
                                         temperature=0)
     assert [c.text for c in r.choices] == [c.text for c in by_text.choices]
     assert [c.text for c in r.choices] == [tok.decode(c.model_extra["token_ids"]) for c in r.choices]
@@ -115,7 +117,7 @@ def test_token_id_prompts_and_several_prompts(client, bpe):
 @pytest.mark.parametrize("chat", [False, True])
 def test_stream_equals_non_stream(client, bpe, chat):
     _, _, tok = bpe
-    kw = dict(model="gpt", max_tokens=20, temperature=0.9, seed=7)
+    kw = dict(model=MODEL, max_tokens=20, temperature=0.9, seed=7)
     if chat:
         msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "the fox"}]
         whole = client.chat.completions.create(messages=msgs, **kw)
@@ -139,7 +141,7 @@ def test_stream_equals_non_stream(client, bpe, chat):
 
 
 def test_raw_sse_ends_with_done(srv):
-    with srv.client.stream("POST", "/v1/completions", json={"model": "gpt", "prompt": "fox", "max_tokens": 4,
+    with srv.client.stream("POST", "/v1/completions", json={"model": MODEL, "prompt": "fox", "max_tokens": 4,
                                                             "stream": True}) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         events = [line for line in r.iter_lines() if line]
@@ -149,7 +151,7 @@ def test_raw_sse_ends_with_done(srv):
 
 def test_stop_strings_and_stop_token_ids(client, bpe):
     _, _, tok = bpe
-    kw = dict(model="gpt", prompt="tokens stream", max_tokens=40, temperature=1.0, seed=11)
+    kw = dict(model=MODEL, prompt="tokens stream", max_tokens=40, temperature=1.0, seed=11)
     full = client.completions.create(extra_body={"return_token_ids": True}, **kw).choices[0]
     text, ids = full.text, full.model_extra["token_ids"]
     k = next(i for i in range(3, len(text) - 2) if "\ufffd" not in text[i:i + 2] and text.find(text[i:i + 2]) == i)
@@ -167,7 +169,7 @@ def test_stop_strings_and_stop_token_ids(client, bpe):
 
 
 def test_seeded_sampling_is_reproducible(client):
-    kw = dict(model="gpt", prompt="the dog", max_tokens=16, temperature=1.2, top_p=0.9, extra_body={"top_k": 50})
+    kw = dict(model=MODEL, prompt="the dog", max_tokens=16, temperature=1.2, top_p=0.9, extra_body={"top_k": 50})
     a = client.completions.create(seed=5, n=3, **kw)
     b = client.completions.create(seed=5, n=3, **kw)
     c = client.completions.create(seed=6, n=3, **kw)
@@ -186,29 +188,29 @@ def _error(e: "openai.APIStatusError") -> dict:
 def test_error_schema_for_each_4xx(client, srv):
     noauth = openai.OpenAI(base_url=srv.url + "/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError) as e:
-        noauth.completions.create(model="gpt", prompt="x", max_tokens=1)
+        noauth.completions.create(model=MODEL, prompt="x", max_tokens=1)
     assert _error(e.value)["code"] == "invalid_api_key"
     with pytest.raises(openai.BadRequestError) as e:       # 400: an argument OpenAI's API does not have
-        client.completions.create(model="gpt", prompt="x", extra_body={"bogus": 1})
+        client.completions.create(model=MODEL, prompt="x", extra_body={"bogus": 1})
     assert _error(e.value)["param"] == "bogus"
     with pytest.raises(openai.BadRequestError) as e:       # 400: past the context
-        client.completions.create(model="gpt", prompt="x", max_tokens=600)
+        client.completions.create(model=MODEL, prompt="x", max_tokens=600)
     assert _error(e.value)["code"] == "context_length_exceeded"
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="gpt", messages=[{"role": "user", "content": "x"}], logprobs=True)
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], logprobs=True)
     assert _error(e.value)["param"] == "logprobs"
     with pytest.raises(openai.NotFoundError) as e:
         client.completions.create(model="gpt-4", prompt="x")
     assert _error(e.value)["code"] == "model_not_found"
     with pytest.raises(openai.APIStatusError) as e:        # 413: over --max-body
-        client.completions.create(model="gpt", prompt="x" * 70000)
+        client.completions.create(model=MODEL, prompt="x" * 70000)
     assert e.value.status_code == 413 and _error(e.value)["type"] == "invalid_request_error"
     for bad in ({"temperature": -1}, {"top_p": 5}, {"prompt": [[1, 2], [300]]}, {"n": 0}):
         with pytest.raises(openai.UnprocessableEntityError) as e:
-            client.completions.create(**{"model": "gpt", "prompt": "x", **bad})
+            client.completions.create(**{"model": MODEL, "prompt": "x", **bad})
         assert _error(e.value)["param"].startswith(next(iter(bad)))
     with pytest.raises(openai.RateLimitError) as e:        # 429: 16 choices at once into a queue of 8
-        client.completions.create(model="gpt", prompt="x", n=16, max_tokens=2)
+        client.completions.create(model=MODEL, prompt="x", n=16, max_tokens=2)
     assert _error(e.value)["code"] == "rate_limit_exceeded" and e.value.response.headers["retry-after"] == "1"
     raw = srv.client.post("/v1/completions", content=b"{not json")
     assert raw.status_code == 400 and raw.json()["error"]["code"] == "invalid_json"
@@ -238,7 +240,7 @@ def test_disconnect_frees_the_slot_at_the_next_step(client, srv):
     aborted = _metric(srv, "vllm:request_success_total", finished_reason="abort")
     decoded = _metric(srv, "tandem_serve_cancelled_decoded_tokens_total")
     with httpx.Client(base_url=srv.url, headers={"authorization": f"Bearer {KEY}"}, timeout=60) as c:
-        with c.stream("POST", "/v1/completions", json={"model": "gpt", "prompt": "fox", "max_tokens": 500,
+        with c.stream("POST", "/v1/completions", json={"model": MODEL, "prompt": "fox", "max_tokens": 500,
                                                        "temperature": 0, "stream": True}) as r:
             first = next(line for line in r.iter_lines() if line)
             assert first.startswith("data: {")
@@ -248,11 +250,11 @@ def test_disconnect_frees_the_slot_at_the_next_step(client, srv):
     assert 1 <= steps < 250   # tokens it had decoded when it dropped the sequence: far from 500
     wait_for(lambda: _metric(srv, "vllm:num_requests_running") == 0, 60, "running back to 0")
     assert _metric(srv, "vllm:kv_cache_usage_perc") == 0
-    assert client.completions.create(model="gpt", prompt="fox", max_tokens=3).choices[0].finish_reason == "length"
+    assert client.completions.create(model=MODEL, prompt="fox", max_tokens=3).choices[0].finish_reason == "length"
 
 
 def test_replica_killed_mid_stream_ends_with_an_error_event(client, srv):
-    stream = client.completions.create(model="gpt", prompt="cache", max_tokens=500, temperature=0, stream=True)
+    stream = client.completions.create(model=MODEL, prompt="cache", max_tokens=500, temperature=0, stream=True)
     it = iter(stream)
     assert next(it).choices[0].text is not None
     os.kill(srv.pids()[0], signal.SIGKILL)
@@ -261,18 +263,18 @@ def test_replica_killed_mid_stream_ends_with_an_error_event(client, srv):
             pass
     assert "died" in str(e.value)
     wait_for(srv._ready, 120, "the replica back")
-    assert client.completions.create(model="gpt", prompt="cache", max_tokens=2).usage.completion_tokens == 2
+    assert client.completions.create(model=MODEL, prompt="cache", max_tokens=2).usage.completion_tokens == 2
 
 
 def test_sigterm_drain_finishes_admitted_streams_and_refuses_new_ones(client, srv):
     """Last in the module: it stops the server."""
-    stream = client.completions.create(model="gpt", prompt="model", max_tokens=500, temperature=0, stream=True)
+    stream = client.completions.create(model=MODEL, prompt="model", max_tokens=500, temperature=0, stream=True)
     it = iter(stream)
     texts = [next(it).choices[0].text]
     srv.proc.send_signal(signal.SIGTERM)
     wait_for(lambda: "draining" in srv.output(), 30, "the drain to begin")
     with pytest.raises(openai.InternalServerError) as e:
-        client.completions.create(model="gpt", prompt="x", max_tokens=1)
+        client.completions.create(model=MODEL, prompt="x", max_tokens=1)
     assert e.value.status_code == 503 and _error(e.value)["code"] == "draining"
     chunks = list(it)
     assert chunks[-1].choices[0].finish_reason == "length"
