@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 
 import tandem.export
@@ -32,6 +33,7 @@ def test_a_cancelled_sequence_frees_its_slot_for_the_next_step(gpt_export):
     assert s.cancel("c") == [("c", [])] and not s.busy   # still waiting: dropped before its prefill
 
 
+@pytest.mark.slow   # a replica process: its torch import and warm-up
 def test_replica_streams_tokens_and_answers_a_cancel(gpt_export):
     """A streamed join gets {"tokens", "at"} frames whose concatenation is its tokens; a cancel is
     answered with "cancelled" and the tokens decoded by then, and no frame for it follows."""
