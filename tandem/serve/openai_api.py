@@ -381,7 +381,8 @@ class OpenAIRoutes:
                 self.pool.submit("generate", c.req, 1, ms)
             tasks[c] = t = asyncio.create_task(coro)
             t.add_done_callback(c.on_done)
-        gone = asyncio.create_task(_disconnected(receive))
+        gone = asyncio.create_task(_disconnected(receive))   # the client going away wakes the loop below
+        gone.add_done_callback(lambda t: t.cancelled() or events.put_nowait(None))
         rid = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
         out = _Out(send, rid, self.model_name, chat, req.stream)
         reason = "abort"
@@ -393,12 +394,9 @@ class OpenAIRoutes:
                                       None, "rate_limit_exceeded", {"retry-after": "1"})
             pending = set(choices)
             while pending:
-                waiter = asyncio.create_task(events.get())
-                await asyncio.wait({waiter, gone}, return_when=asyncio.FIRST_COMPLETED)
-                if not waiter.done():   # the client went away: its choices leave the replicas now
-                    waiter.cancel()
+                c = await events.get()
+                if c is None:   # the client went away: its choices leave the replicas now (finally)
                     return None if out.started else 499
-                c = waiter.result()
                 if c not in pending:
                     continue
                 if c.error is not None:
