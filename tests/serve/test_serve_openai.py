@@ -254,16 +254,27 @@ def test_disconnect_frees_the_slot_at_the_next_step(client, srv):
 
 
 def test_replica_killed_mid_stream_ends_with_an_error_event(client, srv):
+    """The stream that sent text ends with an error event; a non-streamed request on the same replica
+    (nothing sent yet) is retried on the restarted one and answered whole."""
+    from concurrent.futures import ThreadPoolExecutor
+
     stream = client.completions.create(model=MODEL, prompt="cache", max_tokens=500, temperature=0, stream=True)
     it = iter(stream)
     assert next(it).choices[0].text is not None
-    os.kill(srv.pids()[0], signal.SIGKILL)
-    with pytest.raises(openai.APIError) as e:
-        for _ in it:
-            pass
-    assert "died" in str(e.value)
+    with ThreadPoolExecutor(1) as ex:
+        quiet = ex.submit(client.completions.create, model=MODEL, prompt="batch replica", max_tokens=480,
+                          temperature=0)
+        wait_for(lambda: _metric(srv, "vllm:num_requests_running") == 2, 60, "both on the replica")
+        os.kill(srv.pids()[0], signal.SIGKILL)
+        with pytest.raises(openai.APIError) as e:
+            for _ in it:
+                pass
+        assert "died" in str(e.value)
+        whole = quiet.result(timeout=180)
+    assert whole.choices[0].finish_reason == "length" and whole.usage.completion_tokens == 480
+    again = client.completions.create(model=MODEL, prompt="batch replica", max_tokens=480, temperature=0)
+    assert again.choices[0].text == whole.choices[0].text
     wait_for(srv._ready, 120, "the replica back")
-    assert client.completions.create(model=MODEL, prompt="cache", max_tokens=2).usage.completion_tokens == 2
 
 
 def test_sigterm_drain_finishes_admitted_streams_and_refuses_new_ones(client, srv):
