@@ -428,6 +428,8 @@ class OpenAIRoutes:
 def _as_openai(e: BaseException) -> OpenAIError:
     if isinstance(e, OpenAIError):
         return e
+    if isinstance(e, QueueFull):   # an engine whose submit refuses after its first await (Ray)
+        return OpenAIError(429, "the queue is full; retry later", None, "rate_limit_exceeded", {"retry-after": "1"})
     if isinstance(e, DeadlineExceeded):
         return OpenAIError(504, str(e), None, "timeout")
     if isinstance(e, ReplicaError):
