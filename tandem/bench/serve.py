@@ -202,3 +202,151 @@ def bench_serve(url: str, rate: float, duration: float, kill_at: float | None, m
     res = asyncio.run(run_load(url, rate, duration, kill_at, max_new_tokens, api_key=api_key))
     res["wall_s"] = time.perf_counter() - t
     return res
+
+
+# ---- the OpenAI routes: time to first token, inter-token latency, output tokens/s ----
+
+class _SSEClient(_Client):
+    async def post_events(self, path: str, body: bytes, timeout_s: float, loop) -> tuple[str, list, bytes]:
+        """(status code or the exception's name, [(arrival time, one `data:` payload)], the whole body
+        when it was not a stream). Chunks are timed as they arrive: the stream's token timing."""
+        conn = self.idle.pop() if self.idle else None
+        try:
+            if conn is None:
+                conn = await asyncio.open_connection(self.host, self.port)
+            r, w = conn
+            w.write(f"POST {path} HTTP/1.1\r\nhost: {self.host}\r\ncontent-type: application/json\r\n"
+                    f"content-length: {len(body)}\r\n{self.extra}\r\n".encode() + body)
+            code, keep, events, whole = await asyncio.wait_for(self._events(r, loop), timeout_s)
+        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError) as e:
+            if conn is not None:
+                conn[1].close()
+            return type(e).__name__, [], b""
+        if keep:
+            self.idle.append(conn)
+        else:
+            w.close()
+        return code, events, whole
+
+    @staticmethod
+    async def _events(r: asyncio.StreamReader, loop):
+        status = await r.readline()
+        if not status:
+            raise ConnectionResetError("closed before answering")
+        code, length, keep, chunked = status.split()[1].decode(), 0, True, False
+        while (line := await r.readline()) not in (b"\r\n", b""):
+            k, _, v = line.decode("latin-1").partition(":")
+            k = k.strip().lower()
+            if k == "content-length":
+                length = int(v)
+            elif k == "connection" and v.strip().lower() == "close":
+                keep = False
+            elif k == "transfer-encoding" and "chunked" in v.lower():
+                chunked = True
+        if not chunked:
+            return code, keep, [], await r.readexactly(length)
+        events, buf = [], b""
+        while (size := int((await r.readline()).split(b";")[0], 16)) > 0:
+            buf += (await r.readexactly(size + 2))[:-2]
+            t = loop.time()
+            while b"\n\n" in buf:
+                ev, buf = buf.split(b"\n\n", 1)
+                if ev.startswith(b"data: "):
+                    events.append((t, ev[6:]))
+        while (await r.readline()) not in (b"\r\n", b""):
+            pass
+        return code, keep, events, b""
+
+
+async def run_openai_load(url: str, rate: float, duration: float, stream: bool, max_tokens: int = 16,
+                          seed: int = 0, timeout_s: float = 60.0, api_key: str | None = None,
+                          prompt: str | None = None) -> dict:
+    """Open loop on /v1/completions (token-id prompts of half the context, greedy, ``max_tokens`` each,
+    eos ignored): per request its TTFT (due time -> first text chunk; the whole answer when not
+    streamed), the gaps between its text chunks (ITL; a chunk is one token, or the few that reached the
+    front together), and its usage (output tokens)."""
+    import httpx
+
+    url = url.rstrip("/")
+    auth = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    parts = httpx.URL(url)
+    async with httpx.AsyncClient(timeout=timeout_s, headers=auth) as client:
+        info = (await client.get(f"{url}/v1/info")).json()["model"]
+        model = (await client.get(f"{url}/v1/models")).json()["data"][0]["id"]
+    rng = random.Random(seed)
+    half = max(1, info["seq"] // 2)
+    n_tok = min(max_tokens, info["seq"] + 1 - half)
+    # random ids, or a text (an untrained model's reply to random ids may be bytes that are no UTF-8:
+    # the server holds such text back to the end, so it comes as one chunk and shows no ITL)
+    body = json.dumps({"model": model, "prompt": prompt or [rng.randrange(info["vocab"]) for _ in range(half)],
+                       "max_tokens": n_tok, "temperature": 0, "ignore_eos": True, "stream": stream}
+                      | ({"stream_options": {"include_usage": True}} if stream else {})).encode()
+    n = max(1, int(rate * duration))
+    loop = asyncio.get_running_loop()
+    fast = _SSEClient(parts.host, parts.port or 80, auth)
+    t0 = loop.time() + 0.05
+    rows: list[dict] = []
+
+    async def one(i: int) -> None:
+        due = t0 + i / rate
+        await asyncio.sleep(max(0.0, due - loop.time()))
+        code, events, whole = await fast.post_events("/v1/completions", body, timeout_s, loop)
+        row = {"code": code, "latency": loop.time() - due, "ttft": None, "gaps": [], "tokens": 0}
+        if code == "200":
+            if stream:
+                texts = [t for t, d in events if d != b"[DONE]" and json.loads(d).get("choices")]
+                usage = [json.loads(d)["usage"] for _, d in events if d != b"[DONE]" and json.loads(d).get("usage")]
+                row["ttft"] = texts[0] - due if texts else None
+                row["gaps"] = [b - a for a, b in zip(texts, texts[1:])]
+                row["tokens"] = usage[-1]["completion_tokens"] if usage else len(texts)
+                row["prompt_tokens"] = usage[-1]["prompt_tokens"] if usage else half
+                if not events or events[-1][1] != b"[DONE]":
+                    row["code"] = "truncated"
+            else:
+                row["ttft"] = row["latency"]
+                usage = json.loads(whole)["usage"]
+                row["tokens"], row["prompt_tokens"] = usage["completion_tokens"], usage["prompt_tokens"]
+        rows.append(row)
+
+    await asyncio.gather(*(one(i) for i in range(n)))
+    span = loop.time() - t0
+    fast.close()
+    ok = [r for r in rows if r["code"] == "200"]
+    ttft = sorted(r["ttft"] for r in ok if r["ttft"] is not None)
+    itl = sorted(g for r in ok for g in r["gaps"])
+    lat = sorted(r["latency"] for r in ok)
+    codes: dict[str, int] = {}
+    for r in rows:
+        codes[r["code"]] = codes.get(r["code"], 0) + 1
+    ms = lambda xs, q: 1000 * percentile(xs, q)  # noqa: E731
+    return {"url": url, "route": "/v1/completions", "stream": stream, "rate": rate, "duration_s": duration,
+            "max_tokens": n_tok, "prompt_tokens": ok[0]["prompt_tokens"] if ok else half,
+            "sent": len(rows), "ok": len(ok),
+            "failed": len(rows) - len(ok), "codes": dict(sorted(codes.items())),
+            "throughput_rps": len(ok) / span if span > 0 else 0.0,
+            "output_tokens_per_s": sum(r["tokens"] for r in ok) / span if span > 0 else 0.0,
+            "ttft_ms": {"p50": ms(ttft, 50), "p99": ms(ttft, 99)},
+            "itl_ms": {"p50": ms(itl, 50), "p99": ms(itl, 99), "samples": len(itl)} if stream else None,
+            "latency_ms": {"p50": ms(lat, 50), "p99": ms(lat, 99)}}
+
+
+def print_openai_report(res: dict, say=print) -> None:
+    mode = "stream" if res["stream"] else "non-stream"
+    say(f"{res['route']} ({mode}) at {res['rate']:g} req/s for {res['duration_s']:g} s (open loop), "
+        f"{res['prompt_tokens']}-token prompts, {res['max_tokens']} new tokens: {res['sent']} sent, {res['ok']} ok, "
+        f"{res['failed']} failed")
+    say(f"  throughput {res['throughput_rps']:.1f} req/s, {res['output_tokens_per_s']:.0f} output tokens/s")
+    t = res["ttft_ms"]
+    what = "time to first token" if res["stream"] else "time to first token (= the whole answer)"
+    say(f"  {what}: p50 {t['p50']:.1f} ms  p99 {t['p99']:.1f} ms")
+    if res["itl_ms"]:
+        say(f"  inter-token latency: p50 {res['itl_ms']['p50']:.2f} ms  p99 {res['itl_ms']['p99']:.2f} ms")
+    lat = res["latency_ms"]
+    say(f"  latency from intended send: p50 {lat['p50']:.1f} ms  p99 {lat['p99']:.1f} ms")
+    say("  codes: " + ", ".join(f"{c}: {n}" for c, n in res["codes"].items()))
+
+
+def bench_openai(url: str, rate: float, duration: float, max_tokens: int, api_key: str | None = None) -> dict:
+    """A non-stream run, then a stream run, at the same rate."""
+    return {"non_stream": asyncio.run(run_openai_load(url, rate, duration, False, max_tokens, api_key=api_key)),
+            "stream": asyncio.run(run_openai_load(url, rate, duration, True, max_tokens, api_key=api_key))}

@@ -177,6 +177,9 @@ def serve_cmd(
                                                       "request --max-new-tokens long, the others 2 tokens."),
     plot: Optional[Path] = typer_opt(None, "--plot", "Write a PNG of latency over intended send time, errors "
                                                      "and the replica kill marked (needs the `plot` extra)."),
+    openai: bool = typer_opt(False, "--openai", "Load /v1/completions instead (a non-stream run, then a stream "
+                                                "run): time to first token, inter-token latency p50/p99, "
+                                                "output tokens/s (--max-new-tokens each)."),
 ) -> None:
     """Open-loop constant-rate load: throughput, p50/p90/p99/max from each request's due time, codes.
 
@@ -189,6 +192,9 @@ def serve_cmd(
     if kill_replica_at is not None and not 0 <= kill_replica_at < duration:
         raise ConfigError(f"must be within the run (0..{duration:g} s)", field="--kill-replica-at",
                           value=kill_replica_at, fix="give a time inside --duration")
+    if openai and (kill_replica_at is not None or plot is not None or vs_batch_1 or vs_static):
+        raise ConfigError("--openai measures token timing only", field="--openai", value=True,
+                          fix="leave out --kill-replica-at, --plot, --vs-batch-1 and --vs-static with --openai")
     if plot is not None:
         from tandem.bench.serve_plot import check_path, require_matplotlib
 
@@ -203,6 +209,16 @@ def serve_cmd(
         if api_key_file is not None:
             from tandem.serve.auth import first_key
             key = first_key(api_key_file)
+        if openai:
+            from tandem.bench.serve import bench_openai, print_openai_report
+
+            both = bench_openai(url, rate, duration, max_new_tokens, key)
+            for r in both.values():
+                print_openai_report(r)
+            if json_out:
+                json_out.parent.mkdir(parents=True, exist_ok=True)
+                json_out.write_text(json.dumps(both, indent=1) + "\n")
+            return
         res = bench_serve(url, rate, duration, kill_replica_at, max_new_tokens, key)
     except httpx.ConnectError as e:
         raise ConfigError(f"no server answers ({e})", field="URL", value=url,

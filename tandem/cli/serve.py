@@ -57,8 +57,12 @@ def serve_cmd(
                                                        "Serve deployment on a Ray cluster (the `ray` extra)."),
     address: Optional[str] = typer.Option(None, "--address", help="--engine ray: a Ray head's HOST:PORT (else a "
                                                                "local Ray instance is started for this server)."),
+    served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="The model's id on the "
+                                                    "OpenAI routes (/v1/models; a request's `model`); default "
+                                                    "the export's model name."),
 ) -> None:
-    """Serve an export over HTTP: /v1/predict, /v1/generate, /livez, /readyz, /metrics.
+    """Serve an export over HTTP: /v1/predict, /v1/generate, OpenAI's /v1/completions, /v1/chat/completions
+    and /v1/models, /livez, /readyz, /metrics.
 
     Example: tandem serve runs/gpt-reverse/export/step-00000116 --replicas 2
     """
@@ -129,4 +133,5 @@ def serve_cmd(
         from uvloop import run
     except ImportError:
         run = asyncio.run
-    run(run_server(opts, info, host, port, drain_s, max_body, timeout_ms, keys, make_pool))
+    run(run_server(opts, info, host, port, drain_s, max_body, timeout_ms, keys, make_pool,
+                   model_name=served_model_name))

@@ -15,8 +15,9 @@ from tandem.core.errors import ConfigError
 # tests/core/test_dependencies.py holds this table to pyproject.toml. httptools and uvloop are
 # the front's faster parser and event loop, used when present: not required here.
 MODULES: dict[str, tuple[str, ...]] = {
-    # tandem serve's HTTP front, its request models and metrics; httpx: `tandem bench serve`'s client
-    "serve": ("fastapi", "uvicorn", "pydantic", "prometheus_client", "httpx"),
+    # tandem serve's HTTP front, its request models and metrics; httpx: `tandem bench serve`'s client;
+    # tokenizers and jinja2: the OpenAI routes' text (an export's tokenizer.json) and chat templates
+    "serve": ("fastapi", "uvicorn", "pydantic", "prometheus_client", "httpx", "tokenizers", "jinja2"),
     # scikit-learn's bundled data sets: digits (data.name = "digits", tandem demo), examples/own_data.py
     "examples": ("sklearn",),
 }

@@ -25,9 +25,13 @@ from prometheus_client import CONTENT_TYPE_LATEST  # noqa: E402
 from tandem.serve import schemas
 from tandem.serve.auth import OPEN_PATHS, ApiKeys, presented_key
 from tandem.serve.metrics import Metrics
+from tandem.serve.openai_api import PATHS as OPENAI_PATHS
+from tandem.serve.openai_api import OpenAIRoutes
+from tandem.serve.openai_api import error as openai_error
 from tandem.serve.pool import DeadlineExceeded, Pool, QueueFull, ReplicaError
+from tandem.serve.tokenizer import TextCodec
 
-ROUTES = {"/v1/predict", "/v1/generate", "/v1/info", "/livez", "/readyz"}
+ROUTES = {"/v1/predict", "/v1/generate", "/v1/info", "/livez", "/readyz", *OPENAI_PATHS}
 
 
 @dataclass
@@ -107,8 +111,9 @@ class Front:
     in the front is what caps batching's throughput on a small machine."""
 
     def __init__(self, app: FastAPI, handlers: Handlers, metrics: Metrics, state: FrontState, max_body: int,
-                 keys: ApiKeys | None):
+                 keys: ApiKeys | None, oai: OpenAIRoutes | None = None):
         self.app, self.h, self.m, self.state, self.max_body, self.keys = app, handlers, metrics, state, max_body, keys
+        self.oai = oai   # /v1/completions, /v1/chat/completions, /v1/models: their errors in OpenAI's body
         self.hot = {"/v1/predict": handlers.predict, "/v1/generate": handlers.generate}
 
     async def __call__(self, scope, receive, send):
@@ -129,20 +134,32 @@ class Front:
             if msg["type"] == "http.response.start":
                 status[0] = msg["status"]
             await send(msg)
+        oai = self.oai is not None and self.oai.handles(path)
         try:
             if not authed:  # the same answer for a missing header, another scheme and a wrong key
-                await _send(send, status, 401, {"error": "missing or invalid API key (send Authorization: "
-                                                         "Bearer KEY)", "field": "authorization"},
+                msg = "missing or invalid API key (send Authorization: Bearer KEY)"
+                await _send(send, status, *(openai_error(401, msg, "authorization", "invalid_api_key") if oai else
+                                            (401, {"error": msg, "field": "authorization"}, {}))[:2],
                             {"www-authenticate": "Bearer"})
             elif v1 and self.state.draining:
-                await _send(send, status, *_err(503, "the server is draining (SIGTERM); retry on another "
-                                                     "instance", retry_after=1))
+                msg = "the server is draining (SIGTERM); retry on another instance"
+                await _send(send, status, *(openai_error(503, msg, None, "draining", {"retry-after": "1"}) if oai
+                                            else _err(503, msg, retry_after=1)))
             else:
                 self.state.inflight += v1
                 self.m.inflight.set(self.state.inflight)
                 try:
                     handler = self.hot.get(path) if scope["method"] == "POST" else None
-                    if handler is None:
+                    if oai:
+                        try:
+                            body = await _read_body(receive, headers.get("content-length"), self.max_body) \
+                                if scope["method"] == "POST" else b""
+                        except _Gone:
+                            status[0] = 499
+                            return
+                        gone = await self.oai.handle(path, scope["method"], body, receive, counted_send)
+                        status[0] = gone or status[0]
+                    elif handler is None:
                         await self.app(scope, receive, counted_send)
                     else:
                         try:
@@ -191,9 +208,12 @@ async def _send(send, status: list, code: int, body: dict, headers: dict) -> Non
 
 
 def build_app(pool: Pool, info: schemas.ModelInfo, metrics: Metrics, state: FrontState, *,
-              max_body: int, run_dir: str, default_timeout_ms: int = 0, keys: ApiKeys | None = None) -> Front:
+              max_body: int, run_dir: str, default_timeout_ms: int = 0, keys: ApiKeys | None = None,
+              export: str | None = None, model_name: str | None = None) -> Front:
     app = FastAPI(title="tandem serve", summary=f"{info.name} ({info.kind}) from a tandem export")
     h = Handlers(pool, info, default_timeout_ms)
+    oai = OpenAIRoutes(pool, info, TextCodec(export, info.vocab), metrics.llm, default_timeout_ms, model_name) \
+        if export is not None else None
 
     def _reply(res: tuple[int, dict, dict]) -> JSONResponse:
         return JSONResponse(res[1], status_code=res[0], headers=res[2] or None)
@@ -234,7 +254,7 @@ def build_app(pool: Pool, info: schemas.ModelInfo, metrics: Metrics, state: Fron
     async def prom():
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    return Front(app, h, metrics, state, max_body, keys)
+    return Front(app, h, metrics, state, max_body, keys, oai)
 
 
 async def drain(state: FrontState, timeout_s: float) -> None:

@@ -175,6 +175,20 @@ class Scheduler:
                 done.append((s.rid, s.out))
         return done
 
+    def cancel(self, rid) -> list[tuple[object, list[int]]]:
+        """Drop ``rid`` (its client went away, or a stop sequence ended it): its slot is free for the next
+        step, which no longer decodes it; [(id, tokens so far)], or [] if it is not here."""
+        for slot, s in self.live.items():
+            if s.rid == rid:
+                del self.live[slot]
+                self.free.append(slot)
+                return [(rid, s.out)]
+        for s in self.waiting:
+            if s.rid == rid:
+                self.waiting.remove(s)
+                return [(rid, s.out)]
+        return []
+
     def drop_all(self) -> list:
         """Forget every sequence (after a failed step); their ids."""
         ids = [s.rid for s in self.live.values()] + [s.rid for s in self.waiting]

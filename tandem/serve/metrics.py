@@ -8,6 +8,8 @@ require("serve", "tandem serve")  # the whole serving stack, checked before any 
 # missing extra is one line naming it, even where part of the stack is installed
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest  # noqa: E402
 
+from tandem.serve.llm_metrics import LLMMetrics  # noqa: E402
+
 LATENCY_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
@@ -39,6 +41,7 @@ class Metrics:
         self.recent_p99 = Gauge("tandem_serve_recent_p99_seconds", "p99 of the requests answered in the last "
                                 "autoscaling window (--replicas MIN:MAX only; 0 when none were)", registry=r)
         self.tokens = Counter("tandem_serve_generated_tokens", "Tokens generated", registry=r)
+        self.llm = LLMMetrics(r)   # vLLM's names, for the OpenAI routes (llm_metrics.py)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

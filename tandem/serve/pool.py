@@ -68,10 +68,12 @@ class Pool:
         self.recent: deque[tuple[float, float]] = deque(maxlen=20000)
 
     # ---- admission ----
-    async def submit(self, kind: str, payload, size: int, timeout_ms: int = 0):
+    streams = True   # submit takes a sink: tokens come back one step at a time (continuous batching)
+
+    async def submit(self, kind: str, payload, size: int, timeout_ms: int = 0, sink=None):
         if len(self.queue) >= self.o.max_queue:
             raise QueueFull()
-        w = Work(kind, payload, size, asyncio.get_running_loop().create_future(), timeout_ms=timeout_ms)
+        w = Work(kind, payload, size, asyncio.get_running_loop().create_future(), timeout_ms=timeout_ms, sink=sink)
         async with self.cond:
             self.queue.append(w)
             self.m.queue_depth.set(len(self.queue))

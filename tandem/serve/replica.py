@@ -15,6 +15,9 @@ answered one by one, in the order they finish, not the order sent:
     front -> replica   {"op": "join", "id": K, "request": {...}}     joins the running batch at the next step
                        {"op": "predict", "id": K, "shape", "dtype", "nbytes"} + bytes   run between steps
     replica -> front   {"id": K, "outputs": [tok, ...]} | {"id": K, "shape", ...} + bytes | {"id": K, "error"}
+A join with "stream": true also gets {"id": K, "tokens": [new, ...], "at": N} after each step that
+decoded some (N tokens came before); {"op": "cancel", "id": K} drops K before the next step (answered
+{"id": K, "outputs": [...], "cancelled": true}, or nothing if K had already finished).
 A reader thread parses frames while the main thread decodes, so a request sent mid-generation joins
 at the next step instead of waiting for the batch to drain.
 Arrays travel as bytes: as JSON lists, encoding and parsing a batch cost more than the model's
@@ -98,6 +101,11 @@ def _pick(torch, logits, req: dict, gen) -> int:
         kth = torch.topk(logits, k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits / temp, dim=-1)
+    p = float(req.get("top_p", 1.0))
+    if 0 < p < 1:   # nucleus: the most likely tokens whose probabilities first reach p
+        sp, order = torch.sort(probs, descending=True)
+        sp[(torch.cumsum(sp, 0) - sp) >= p] = 0
+        probs = torch.zeros_like(probs).scatter_(0, order, sp)
     return int(torch.multinomial(probs, 1, generator=gen))
 
 
@@ -144,6 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     frames: queue.Queue = queue.Queue()
     threading.Thread(target=_read_frames, args=(sys.stdin.buffer, frames), daemon=True).start()
     sched = runner.scheduler(torch) if cached else None
+    streamed: dict = {}   # id -> tokens already sent, of the requests that stream ({"stream": true})
     while True:
         try:  # idle: block for the next frame; decoding: take whatever arrived, then step
             item = frames.get(block=not (sched and sched.busy))
@@ -158,6 +167,13 @@ def main(argv: list[str] | None = None) -> None:
         if None in items:  # stdin closed: the front is stopping this replica
             break
         for msg, raw in items:
+            if msg["op"] == "cancel":   # dropped before the next step: its slot is free for that step
+                for rid, toks in sched.cancel(msg["id"]) if sched else []:
+                    _send(out, {"id": rid, "outputs": toks, "cancelled": True})
+                streamed.pop(msg["id"], None)
+                continue
+            if msg.get("stream") and sched:
+                streamed[msg["id"]] = 0
             _handle(out, runner, sched, torch, msg, raw)
         if sched and sched.busy:
             try:
@@ -168,7 +184,10 @@ def main(argv: list[str] | None = None) -> None:
                 for rid in sched.drop_all():
                     _send(out, {"id": rid, "error": f"{type(e).__name__}: {str(e)[:300]}"})
             for rid, toks in done:
+                streamed.pop(rid, None)
                 _send(out, {"id": rid, "outputs": toks})
+            if streamed:
+                streamed = _stream_tokens(out, sched, streamed)
     if group:
         group.close()
 
@@ -228,6 +247,19 @@ def _handle(out, runner: Runner, sched, torch, msg: dict, raw: bytes) -> None:
     except Exception as e:  # a bad request answers an error; the replica stays up
         _fatal_under_tp(runner, e)
         _send(out, {**rid, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+
+
+def _stream_tokens(out, sched, streamed: dict) -> dict:
+    """Each streamed sequence's tokens decoded since the last frame, as {"id", "tokens", "at"} (``at``: how
+    many came before); the ids still running."""
+    seqs = {s.rid: s for s in sched.live.values()}
+    for rid, n in streamed.items():
+        s = seqs.get(rid)
+        if s is not None and len(s.out) > n:
+            _send(out, {"id": rid, "tokens": s.out[n:], "at": n})
+            streamed[rid] = len(s.out)
+    waiting = {s.rid for s in sched.waiting}
+    return {rid: n for rid, n in streamed.items() if rid in seqs or rid in waiting}
 
 
 def _fatal_under_tp(runner: Runner, e: Exception) -> None:

@@ -54,7 +54,7 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 async def run_server(opts, info, host: str, port: int, drain_s: float, max_body: int, timeout_ms: int, keys,
-                     make_pool=None) -> None:
+                     make_pool=None, model_name: str | None = None) -> None:
     """The front (app.py) over a pool of replicas, on HOST:PORT until SIGTERM (drained) or Ctrl-C;
     RUN_DIR/server.json says where it listens."""
     import uvicorn
@@ -69,7 +69,8 @@ async def run_server(opts, info, host: str, port: int, drain_s: float, max_body:
     bound = sock.getsockname()[1]
     url = f"http://{host if ':' not in host else f'[{host}]'}:{bound}"
     app = build_app(pool, info, metrics, state, max_body=max_body, run_dir=str(opts.run_dir),
-                    default_timeout_ms=timeout_ms, keys=keys)
+                    default_timeout_ms=timeout_ms, keys=keys, export=str(opts.export),
+                    model_name=model_name)
     loop = asyncio.get_running_loop()
 
     async def on_term() -> None:

@@ -16,6 +16,7 @@ condition, the options, metrics and ``say``, ``closing``, ``retired(slot)``, ``r
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import time
@@ -40,7 +41,15 @@ async def serve_continuous(pool, rep: Replica) -> None:
             while True:
                 reply = await read_frame(rep.proc.stdout)
                 state["progress"] = time.monotonic()
+                if "tokens" in reply:   # a streamed request's new tokens: it stays in flight
+                    w = inflight.get(reply.get("id"))
+                    if w is not None and w.sink is not None and not w.future.done():
+                        w.sink.on_tokens(reply["tokens"], int(reply.get("at", 0)))
+                    continue
                 w = inflight.pop(reply.get("id"), None)
+                if reply.get("cancelled"):
+                    pool.m.llm.cancelled.inc()
+                    pool.m.llm.cancelled_tokens.inc(len(reply.get("outputs", ())))
                 if w is not None:
                     _answer(pool, w, reply)
                 pool.hold(rep, bool(inflight))
@@ -51,7 +60,7 @@ async def serve_continuous(pool, rep: Replica) -> None:
                 pool.say(f"serve: replica {rep.slot} (pid {rep.pid}) lost {len(inflight)} request(s) "
                          f"({type(e).__name__}); retrying them on another replica")
                 pool.m.retries.inc()
-            await pool.requeue(list(inflight.values()))
+            await _requeue(pool, list(inflight.values()))
             inflight.clear()
             pool.hold(rep, False)
             await wake()
@@ -86,6 +95,10 @@ async def serve_continuous(pool, rep: Replica) -> None:
                     msg = {"op": "predict", "id": k, "shape": list(x.shape), "dtype": x.dtype.name, "nbytes": len(raw)}
                 else:
                     msg = {"op": "join", "id": k, "request": w.payload}
+                    if w.sink is not None:   # tokens back step by step; a cancelled future leaves the batch
+                        msg["stream"] = True
+                        w.future.add_done_callback(functools.partial(_cancel, rep, k))
+                        w.sink.on_started()
                 rep.proc.stdin.write(json.dumps(msg).encode() + b"\n" + raw)
             pool.m.batch_size.labels(batch[0].kind).observe(sum(w.size for w in inflight.values()))
             try:
@@ -100,8 +113,28 @@ async def serve_continuous(pool, rep: Replica) -> None:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         if inflight:
-            await pool.requeue(list(inflight.values()))
+            await _requeue(pool, list(inflight.values()))
         pool.hold(rep, False)
+
+
+def _cancel(rep: Replica, k: int, fut: asyncio.Future) -> None:
+    """A streamed request's future was cancelled (client gone, stop sequence): the replica drops it
+    before its next decode step and frees the slot (it answers the id once more, "cancelled")."""
+    if fut.cancelled() and rep.proc.returncode is None:
+        try:
+            rep.proc.stdin.write(json.dumps({"op": "cancel", "id": k}).encode() + b"\n")
+        except (ConnectionError, OSError, RuntimeError):
+            pass   # the replica is going: the reader requeues or fails what it held
+
+
+async def _requeue(pool, works: list[Work]) -> None:
+    """Back to the queue, except streams that already sent tokens to their client: a retry would send
+    them again, so they fail (the client sees an error event, not a silent truncation)."""
+    for w in works:
+        if w.sink is not None and not w.future.done() and w.sink.on_lost():
+            w.future.set_exception(ReplicaError(f"the replica serving this stream died after "
+                                                f"{w.sink.sent} token(s) were sent"))
+    await pool.requeue([w for w in works if not w.future.done()])
 
 
 async def _take(pool, rep: Replica, inflight: dict, state: dict) -> list[Work] | None:

@@ -35,6 +35,11 @@ class Work:
     t_enq: float = field(default_factory=time.monotonic)
     attempts: int = 0
     timeout_ms: int = 0       # 0: no deadline
+    # per-token delivery (a generate request of the OpenAI routes, openai_api.Choice): the continuous
+    # batcher calls sink.on_started() when a replica takes it, sink.on_tokens(tokens, at) as they are
+    # decoded, and sink.on_lost() when its replica dies (True: it already streamed to its client, so it
+    # fails instead of being retried); cancelling the future drops it from the replica at its next step
+    sink: object = None
 
     def expired(self, now: float) -> bool:
         return self.timeout_ms > 0 and now > self.t_enq + self.timeout_ms / 1000
