@@ -27,8 +27,9 @@ class TokenWindows(Dataset):
     """(x, y) int64 tensors of ``seq`` tokens; ``ds[[i, j, ...]]`` gives a stacked batch."""
 
     def __init__(self, path: Path, dtype: str, seq: int, index: np.ndarray | None = None,
-                 tokens_per_byte: float = 1.0, order0: float = 0.0) -> None:
+                 tokens_per_byte: float = 1.0, order0: float = 0.0, vocab: int | None = None) -> None:
         self.path, self.dtype, self.seq = Path(path), np.dtype(dtype), seq
+        self.vocab = vocab  # the tokenizer's: the range of ids a model of this data reads (export's example input)
         self.tokens_per_byte, self.order0 = tokens_per_byte, order0
         self.n_tokens = self.path.stat().st_size // self.dtype.itemsize
         self.n_windows = max(0, (self.n_tokens - 1) // seq)
@@ -68,12 +69,12 @@ def load_tokens(folder: str, seq: int, held_out: float, num_samples: int) -> tup
     man = check_folder(folder, seq, held_out > 0)
     folder_ = Path(folder)
     sp = man["splits"]
-    train = TokenWindows(folder_ / sp["train"]["file"], man["dtype"], seq)
+    train = TokenWindows(folder_ / sp["train"]["file"], man["dtype"], seq, vocab=man["vocab"])
     if held_out <= 0:
         return train, None
     h = sp["held_out"]
     held = TokenWindows(folder_ / h["file"], man["dtype"], seq, tokens_per_byte=h["tokens_per_byte"],
-                        order0=h["order0_bits_per_byte"])
+                        order0=h["order0_bits_per_byte"], vocab=man["vocab"])
     held.index = spread(held.n_windows, num_samples)
     return train, held
 
