@@ -9,33 +9,9 @@ import pytest
 
 from tandem.data.text import Codec, prepare_text
 from tandem_testing import tandem_in_process as run
+from train.hf_lm import TEXT, make_tokenizer
 
 tokenizers = pytest.importorskip("tokenizers")
-
-TEXT = ["the quick brown fox jumps over the lazy dog\n", "def add(a, b):\n    return a + b\n",
-        "λ calculus and é accents\n", "numbers 12345 67890\n"]
-
-
-def make_tokenizer(folder, config=True):
-    """A byte-level BPE with <s> and </s>, a post-processor that prepends <s> (as Llama's does), saved as
-    a model's folder would hold it."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<s>", "</s>", "<pad>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(TEXT * 20, trainer=trainer)
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
-    folder.mkdir(parents=True, exist_ok=True)
-    tok.save(str(folder / "tokenizer.json"))
-    if config:
-        (folder / "tokenizer_config.json").write_text(json.dumps({
-            "bos_token": "<s>", "eos_token": {"content": "</s>", "lstrip": False, "normalized": False},
-            "pad_token": "<pad>", "model_max_length": 128}))
-    return Tokenizer.from_file(str(folder / "tokenizer.json"))
-
 
 def corpus(root, n=8):
     root.mkdir(parents=True)
