@@ -27,6 +27,7 @@ from tandem.cli.serve import serve_cmd
 from tandem.cli.spec import spec_cmd
 from tandem.cli.submit import cancel_cmd, status_cmd, submit_cmd
 from tandem.cli.train import train_cmd
+from tandem.cli.usage import usage_error
 from tandem.core.errors import TandemError
 
 app = typer.Typer(
@@ -89,7 +90,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except Exception as e:
         if _is_usage_error(e):
-            e.show()  # usage line, then "Error: ..." (exit 2 for a usage error)
+            line = usage_error(e)
+            if line is None:
+                e.show()  # a bare group: its help (exit 2)
+            else:
+                err.print(f"[bold red]error[/]: {escape(str(line))}", highlight=False, soft_wrap=True)
             sys.exit(e.exit_code)
         raise
 
