@@ -19,6 +19,7 @@ from tandem.cli.diagnose import diagnose_cmd
 from tandem.cli.doctor import doctor_cmd
 from tandem.cli.export import export_cmd
 from tandem.cli.generate import generate_cmd
+from tandem.cli.helpwidth import keep_help_words
 from tandem.cli.launch import launch_cmd
 from tandem.cli.logs import logs_cmd
 from tandem.cli.passthrough import PASSTHROUGH
@@ -78,6 +79,7 @@ _register()
 
 def main(argv: list[str] | None = None) -> None:
     err = Console(stderr=True)
+    keep_help_words()  # --help piped or in a narrow terminal: no flag name cut to '…'
     try:
         app(args=argv, prog_name="tandem", standalone_mode=False)
     except TandemError as e:

@@ -71,3 +71,23 @@ def test_the_installed_command_too():
 def test_help(args, capsys, monkeypatch):
     code, out = run_in_process(args, capsys, monkeypatch)
     assert code == 0 and "Usage: tandem" in out, out
+
+
+def test_help_piped_keeps_whole_flag_names():
+    """Piped (no terminal, no COLUMNS) help was laid out 80 wide, and flag names ended in '…'."""
+    from tandem_testing import run_script
+
+    r = run_script("plan", "--help", timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "…" not in r.stdout and "--overlap-param-gather" in r.stdout and "--no-overlap-param-gather" in r.stdout
+
+
+@pytest.mark.parametrize("verb", [["plan"], ["train"], ["serve"], ["export"], ["bench", "train"]])
+def test_help_in_a_narrow_terminal_folds_rather_than_cuts(verb, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("COLUMNS", "60")
+    main([*verb, "--help"])  # help returns (the entry point then exits 0)
+    out = capsys.readouterr().out
+    assert "Usage: tandem" in out
+    assert "…" not in out, [ln for ln in out.splitlines() if "…" in ln]
+    assert max(len(ln) for ln in out.splitlines()) <= 60
