@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from tandem.data.text import Codec, prepare_text
+from tandem.data.tokens import load_tokens
 from tandem_testing import tandem_in_process as run
 from train.hf_lm import TEXT, make_tokenizer
 
@@ -41,6 +42,8 @@ def test_folder_encoded_with_the_given_tokenizer_and_read_back(tmp_path):
     text = "the lazy fox returns a + b, λ é\n"
     assert codec.encode(text) == tok.encode(text, add_special_tokens=False).ids
     assert codec.decode(codec.encode(text)) == text and codec.special["eos"]["id"] == 1
+    train, held = load_tokens(str(out), 8, 0.25, 0)  # the windows know the range of their ids (export's input)
+    assert train.vocab == held.vocab == tok.get_vocab_size()
 
 
 def test_the_file_itself_and_no_config(tmp_path):

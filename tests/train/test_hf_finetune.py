@@ -92,3 +92,21 @@ def test_finetune_a_saved_transformers_model_then_export_and_verify(tmp_path):
         d = (after[n] - w).abs().max().item()
         assert d < 5e-4, (n, d)
     assert any((after[n] != w).any() for n, w in before.items())
+
+
+def test_a_token_factory_export_verifies_on_tokens_of_its_vocabulary(tmp_path, capsys):
+    """The trainer's record of a token sample (ids below the token folder's vocabulary): export runs the
+    transformers model on it before publishing, and verify reads its output object's logits."""
+    from export.export_helpers import cli, write_checkpoint
+    from tandem.train.checkpoint_meta import input_record
+
+    rec = input_record(torch.tensor([5, 1, 7] * 5 + [2]), vocab=40)
+    assert rec == {"shape": [1, 16], "dtype": "int64", "high": 40}
+    run = write_checkpoint(tmp_path / "run", {"name": "train.hf_lm:tiny_llama", "vocab": 40, "seq": 16,
+                                              "hidden": 32, "layers": 1, "heads": 4}, example_input=rec)
+    code, out, err = cli(["export", str(run), "--out", str(tmp_path / "out")], capsys)
+    assert code == 0, err
+    cfg = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert cfg["example_input"] == {**rec, "kind": "tokens"}
+    code, out, err = cli(["export", "verify", str(tmp_path / "out")], capsys)
+    assert code == 0 and "its forward gives [1, 16, 40]" in out, out + err
