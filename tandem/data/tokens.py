@@ -108,17 +108,37 @@ def check_folder(folder: str, seq: int, need_held: bool, verify: bool = False) -
     return man
 
 
-def check_tokens(spec) -> None:
-    """The parent's check before any worker starts: the folder (sha256 included) against the model."""
+def check_tokens(spec, model=None) -> None:
+    """The parent's check before any worker starts: the folder (sha256 included) against the model
+    (``model``: the spec's model as preflight built it, for a factory's vocabulary)."""
     d, m = spec.data, spec.model
     man = check_folder(d.path, m.seq, d.held_out > 0, verify=True)
     if m.name in DECODERS and m.vocab < man["vocab"]:
         raise ConfigError(f"the token folder's vocabulary is {man['vocab']} ({man['tokenizer']['kind']}), the "
                           f"model's {m.vocab}", field="model.vocab", value=m.vocab,
                           fix=f"set model.vocab = {man['vocab']}")
+    rows = _embedding_rows(model)
+    if rows is not None and rows < man["vocab"]:  # a factory's (a transformers model's) own embedding
+        raise ConfigError(f"the token folder's vocabulary is {man['vocab']} ({man['tokenizer']['kind']}), the "
+                          f"model's input embedding has {rows} rows", field="model.name", value=m.name,
+                          fix=f"build the model with a vocabulary of {man['vocab']} or more, or prepare the "
+                              "folder with the model's own tokenizer (prepare-text --tokenizer DIR)")
     if m.name in ("resnet18", "resnet34", "resnet50"):
         raise ConfigError(f"tokens are sequences; {m.name} reads images", field="data.name", value=d.name,
                           fix="use model.name = gpt (or your own factory) with data.name = tokens")
+
+
+def _embedding_rows(model) -> int | None:
+    """Rows of the model's input embedding where it names one (``get_input_embeddings()``, the
+    transformers API), else None: a model of one's own is not guessed at."""
+    get = getattr(model, "get_input_embeddings", None)
+    if not callable(get):
+        return None
+    try:
+        rows = getattr(get(), "num_embeddings", None)
+    except Exception:  # a model whose accessor is not implemented (transformers raises NotImplementedError)
+        return None
+    return rows if isinstance(rows, int) else None
 
 
 def held_out_summary(held, correct: int, scored: int, nll: float | None) -> tuple[dict, str]:

@@ -77,3 +77,8 @@ def test_bad_tokenizers_are_one_line(tmp_path, capsys, monkeypatch):
     code, out, err = run(["spec", "examples/gpt_reverse.toml", "--data.name", "tokens", "--data.path",
                           str(tmp_path / "tok")], capsys, monkeypatch)
     assert code == 2 and "error: model.vocab: the token folder's vocabulary is 320 (hf), the model's 16" in err, err
+    pytest.importorskip("transformers")  # and a factory's transformers model, by its input embedding
+    code, out, err = run(["spec", "examples/gpt_reverse.toml", "--model.name", "train.hf_lm:tiny_llama",
+                          "--data.name", "tokens", "--data.path", str(tmp_path / "tok")], capsys, monkeypatch)
+    assert code == 2 and "error: model.name: the token folder's vocabulary is 320 (hf), the model's input " \
+                         "embedding has 16 rows" in err, err
