@@ -2,11 +2,11 @@
 column is too narrow, and rich assumes 80 columns when the output is not a terminal (a pipe, a file, a
 pager), so `tandem plan --help | less` showed `--overlap-param-ga…`.
 
-Two changes, made once before the command line is parsed: output that is not a terminal, with no width
+Two changes, made by main() before it parses the command line: output that is not a terminal, with no width
 asked for (COLUMNS, or typer's TERMINAL_WIDTH), is laid out PIPE_WIDTH wide, where every verb's table fits;
 and every help table (and each flag's help text) folds what does not fit onto the next line instead of
-cutting it, so a narrow terminal wraps a long flag name but loses no character of it. Touches typer's help only, by its module
-attributes; a typer without them is left as it is."""
+cutting it, so a narrow terminal wraps a long flag name but loses no character of it. Touches typer's
+help only, by its module attributes; a typer without them is left as it is."""
 
 from __future__ import annotations
 

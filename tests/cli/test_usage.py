@@ -62,7 +62,8 @@ def test_the_installed_command_too():
     import tandem
 
     r = run_tandem("frobnicate", timeout=60)
-    assert r.returncode == 2 and r.stderr == "error: frobnicate: no such command of tandem. Fix: see `tandem -h` for its commands\n", r.stderr
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == "error: frobnicate: no such command of tandem. Fix: see `tandem -h` for its commands\n"
     r = run_tandem("--version", timeout=60)
     assert (r.returncode, r.stdout) == (0, f"tandem {tandem.__version__}\n"), r.stderr
 

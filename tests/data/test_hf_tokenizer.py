@@ -2,7 +2,6 @@
 downloaded) encodes the token folder, travels with it, and reads back as the same ids."""
 
 import hashlib
-import json
 
 import numpy as np
 import pytest
