@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 from dataclasses import dataclass
 from typing import Callable
 
@@ -61,12 +62,22 @@ def returned_loss(out) -> torch.Tensor:
 def call_style(model: torch.nn.Module) -> str:
     """How loss = "model" calls ``model``: "hf_shift" (input_ids=, labels=, shift_labels=), "hf"
     (input_ids=, labels=) or "positional" (model(x, y)); from its forward's signature (under DDP: the
-    wrapped module's)."""
-    return _style(type(getattr(model, "module", model)))
+    wrapped module's), decided once per model."""
+    inner = getattr(model, "module", model)
+    style = _STYLES.get(inner)
+    if style is None:
+        style = _style(type(inner))
+        if style == "hf_shift" and not _causal_lm_loss(inner):
+            style = "hf"  # a transformers model whose loss is not the causal LM's: shift_labels means nothing to it
+        _STYLES[inner] = style
+    return style
+
+
+_STYLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 @functools.lru_cache(maxsize=None)
-def _style(cls: type) -> str:  # per class: inspected once, not at every micro-batch
+def _style(cls: type) -> str:  # per class, from the signature
     try:
         params = inspect.signature(cls.forward).parameters
     except (TypeError, ValueError):
@@ -79,6 +90,16 @@ def _style(cls: type) -> str:  # per class: inspected once, not at every micro-b
 
 def _is_transformers(cls: type) -> bool:
     return any(c.__module__.startswith("transformers.") for c in cls.__mro__)
+
+
+def _causal_lm_loss(model: torch.nn.Module) -> bool:
+    """The model's loss is transformers' causal-LM loss, the one that reads ``shift_labels``."""
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    try:
+        return getattr(model, "loss_function", None) is ForCausalLMLoss
+    except Exception:  # a property that cannot resolve the model's loss type
+        return False
 
 
 @functools.lru_cache(maxsize=None)
