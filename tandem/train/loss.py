@@ -15,9 +15,9 @@ of an epoch. ``model.loss`` picks where the sum comes from:
     tandem's token targets are already shifted (``y[t] = x[t + 1]``), so the labels passed are
     ``[-100, y[0], ..., y[T-2]]``: after the model's shift, position t is scored against ``y[t]``, the
     same next-token loss as ``cross_entropy``. That shift drops the window's last target; where the
-    model is a ``transformers`` model whose loss takes ``shift_labels`` (transformers >= 4.5x), ``y``
-    goes in as ``shift_labels`` too and every one of the T targets is scored, exactly
-    ``cross_entropy``'s loss. Class labels (``y`` of shape (N,)) go in as ``labels=y`` unshifted.
+    model is a ``transformers`` causal LM whose loss takes ``shift_labels`` (its signature says so;
+    transformers 5 does), ``y`` goes in as ``shift_labels`` too and every one of the T targets is
+    scored: exactly ``cross_entropy``'s loss. Class labels (``y`` of shape (N,)) go in as ``labels=y`` unshifted.
   * any other forward: ``model(x, y)``, positionally, for a model that scores ``y`` as given.
 
   The held-out evaluation calls ``model(x)`` (its logits: a tensor, or ``.logits``). The returned
