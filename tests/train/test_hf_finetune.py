@@ -1,7 +1,7 @@
 """A Hugging Face causal LM fine-tuned as a user's own factory: from_pretrained on a local folder saved here,
 its own tokenizer's tokens (prepare-text --tokenizer), loss = "model" under 2-rank ddp, then tandem export
 (which cannot build such a factory on the meta device) and export verify (a token input of the tokenizer's
-range, the model's output object read for its logits)."""
+range, the model's output object read for its logits). The model's loss trains as the built-in one does."""
 
 import json
 import os
@@ -44,6 +44,11 @@ run_dir = "{run}"
 """
 
 
+def step_losses(run):
+    records = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in records if r["kind"] == "step"]
+
+
 def save_base(folder, vocab, seq=16):
     torch.manual_seed(1)
     model = tiny_llama(vocab=vocab, hidden=32, layers=1, heads=4, seq=seq)
@@ -71,10 +76,16 @@ def test_finetune_a_saved_transformers_model_then_export_and_verify(tmp_path):
     spec.write_text(SPEC.format(base=base, data=data, run=run))
     r = run_tandem("train", str(spec), "--json", env=ENV, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    steps = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
-    losses = [s["loss"] for s in steps if s["kind"] == "step"]
+    losses = step_losses(run)
     # the saved model's (random) weights, not a fresh init: about ln(vocab) nats a token
     assert len(losses) == 3 and all(abs(v - torch.log(torch.tensor(320.0)).item()) < 0.5 for v in losses), losses
+    # the model's own loss is tandem's next-token loss: the same run with the built-in cross-entropy on the
+    # output's logits takes the same steps (a loss scaled or shifted by one position would not)
+    ce = tmp_path / "run-ce"
+    r = run_tandem("train", str(spec), "--model.loss", "cross_entropy", "--launch.run_dir", str(ce), "--json",
+                   env=ENV, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert step_losses(ce) == pytest.approx(losses, rel=1e-5, abs=1e-6)
 
     r = run_tandem("export", str(run), "--out", str(out), env=ENV, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
