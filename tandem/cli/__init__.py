@@ -19,6 +19,7 @@ from tandem.cli.diagnose import diagnose_cmd
 from tandem.cli.doctor import doctor_cmd
 from tandem.cli.export import export_cmd
 from tandem.cli.generate import generate_cmd
+from tandem.cli.helpwidth import keep_help_words
 from tandem.cli.launch import launch_cmd
 from tandem.cli.logs import logs_cmd
 from tandem.cli.passthrough import PASSTHROUGH
@@ -27,6 +28,7 @@ from tandem.cli.serve import serve_cmd
 from tandem.cli.spec import spec_cmd
 from tandem.cli.submit import cancel_cmd, status_cmd, submit_cmd
 from tandem.cli.train import train_cmd
+from tandem.cli.usage import usage_error
 from tandem.core.errors import TandemError
 
 app = typer.Typer(
@@ -77,6 +79,7 @@ _register()
 
 def main(argv: list[str] | None = None) -> None:
     err = Console(stderr=True)
+    keep_help_words()  # --help piped or in a narrow terminal: no flag name cut to '…'
     try:
         app(args=argv, prog_name="tandem", standalone_mode=False)
     except TandemError as e:
@@ -89,7 +92,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except Exception as e:
         if _is_usage_error(e):
-            e.show()  # usage line, then "Error: ..." (exit 2 for a usage error)
+            line = usage_error(e)
+            if line is None:
+                e.show()  # a bare group: its help (exit 2)
+            else:
+                err.print(f"[bold red]error[/]: {escape(str(line))}", highlight=False, soft_wrap=True)
             sys.exit(e.exit_code)
         raise
 

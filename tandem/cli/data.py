@@ -14,15 +14,19 @@ data_app = typer.Typer(help="Prepare data sets for tandem train (docs/data.md)."
 @data_app.command("prepare-text")
 def prepare_text_cmd(
     srcs: List[str] = typer.Argument(..., metavar="SRC...", help="Text files, or folders searched recursively."),
-    out: Path = typer.Option(..., "--out", help="Folder to write: train.bin, held_out.bin, manifest.json."),
+    out: Path = typer.Option(..., "--out", help="Folder to write: train.bin, held_out.bin, manifest.json (and "
+                                                "tokenizer.json for bpe or a Hugging Face tokenizer)."),
     glob: List[str] = typer.Option(["*"], "--glob", help="File name patterns to take from folders (repeatable), "
                                                          "e.g. --glob '*.py'. Files that are not UTF-8 are skipped."),
     exclude: List[str] = typer.Option([], "--exclude", help="Leave out files whose relative path, or a folder on "
                                                             "it, matches (repeatable), e.g. --exclude site-packages."),
     tokenizer: str = typer.Option("byte", "--tokenizer", help="byte (vocabulary 256) | bpe (trained on the train "
                                                               "split with the tokenizers library: pip install "
-                                                              "'tandem[text]')."),
-    vocab: int = typer.Option(4096, "--vocab", help="bpe: vocabulary size."),
+                                                              "'tandem[text]') | DIR: a Hugging Face tokenizer, a "
+                                                              "folder holding tokenizer.json (tokenizer_config.json "
+                                                              "optional) or the file: a base model's tokens, for a "
+                                                              "fine-tune; copied into --out."),
+    vocab: int = typer.Option(4096, "--vocab", help="bpe: vocabulary size (a Hugging Face tokenizer has its own)."),
     held_out: float = typer.Option(0.05, "--held-out", help="Fraction of the bytes kept out of training, as whole "
                                                             "files (one file: its tail)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing --out folder."),

@@ -33,6 +33,29 @@ def refuse_unknown_option(ctx: typer.Context, first: str, verb: str, *, allowed:
         fix = f"a spec override goes after {after}: tandem {verb} {after} {name} VALUE"
     else:
         near = difflib.get_close_matches(name, known, n=1)
-        fix = (f"did you mean {near[0]}?" if near else
-               f"see `tandem {verb} --help`; the {after}'s own options go after it (or after --)")
+        rest = ("spec overrides are written --section.key VALUE, after CONFIG" if after == "CONFIG" else
+                f"the {after}'s own options go after it (or after --)")
+        fix = f"did you mean {near[0]}?" if near else f"see `tandem {verb} --help`; {rest}"
     raise ConfigError(f"no such option of tandem {verb}", field=name, fix=fix)
+
+
+def refuse_unknown_flags(ctx: typer.Context, overrides: list[str], verb: str, *, after: str = "CONFIG") -> None:
+    """The words after CONFIG are spec overrides, ``--section.key VALUE``: a flag there without a dot is
+    no override, but one of the verb's options misspelt (`tandem spec x.toml --jsn`), refused as such."""
+    i = 0
+    while i < len(overrides):
+        a = overrides[i]
+        key = a.split("=", 1)[0]
+        if a.startswith("-") and a != "-" and "." not in key:
+            refuse_unknown_option(ctx, a, verb, after=after)
+        i += 1 if "=" in a or not a.startswith("--") else 2  # --key VALUE: skip the value (it may start with -)
+
+
+SPEC_SUFFIXES = (".toml", ".yaml", ".yml", ".json")
+
+
+def overrides_first(config: str | None, args: list[str]) -> bool:
+    """`tandem spec --optim.lr 0.1`: CONFIG is optional, so a first word that is an override and no spec
+    file among the rest means overrides of the defaults (not a misplaced override before CONFIG)."""
+    return (config is not None and config.startswith("--") and "." in config.split("=", 1)[0]
+            and not any(a.endswith(SPEC_SUFFIXES) for a in args))

@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
+from tandem.cli.passthrough import overrides_first, refuse_unknown_flags, refuse_unknown_option
 from tandem.core.config import field_docs, load_spec, to_dict
 from tandem.core.console import make_console
 
@@ -21,7 +22,12 @@ def spec_cmd(
 
     Example: tandem spec examples/digits_resnet.toml --schedule.global_batch 1000
     """
-    if config is None and not ctx.args:
+    args = list(ctx.args)
+    if overrides_first(config, args):  # overrides of the defaults: no CONFIG
+        config, args = None, [config, *args]
+    elif config is not None:
+        refuse_unknown_option(ctx, config, "spec", after="CONFIG")  # `tandem spec --jsn x.toml`
+    if config is None and not args:
         table = Table(title="Job spec fields (set in TOML/YAML or as --section.key VALUE)")
         for col in ("key", "type", "default", "help"):
             table.add_column(col, overflow="fold")
@@ -29,8 +35,9 @@ def spec_cmd(
             table.add_row(key, tp, repr(default), help_)
         make_console().print(table)
         return
-    overrides = [a for a in ctx.args if a != "--json"]
-    as_json = as_json or "--json" in ctx.args
+    overrides = [a for a in args if a != "--json"]
+    as_json = as_json or "--json" in args
+    refuse_unknown_flags(ctx, overrides, "spec")  # `tandem spec x.toml --jsn`
     spec = load_spec(config, overrides)
     if as_json:
         print(json.dumps(to_dict(spec), indent=2))

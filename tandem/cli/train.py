@@ -6,7 +6,7 @@ import json
 
 import typer
 
-from tandem.cli.passthrough import refuse_unknown_option
+from tandem.cli.passthrough import refuse_unknown_flags, refuse_unknown_option
 from tandem.core import rundir
 from tandem.core.config import load_spec
 from tandem.core.console import make_console
@@ -33,6 +33,7 @@ def train_cmd(
     """
     refuse_unknown_option(ctx, config, "train", after="CONFIG")
     overrides, flags = split_flags(ctx.args, ("--json", "--stream", "--fresh"))
+    refuse_unknown_flags(ctx, overrides, "train")  # `tandem train x.toml --jsn`: a typo of ours, not an override
     as_json, stream, fresh = as_json or "--json" in flags, stream or "--stream" in flags, fresh or "--fresh" in flags
     spec = load_spec(config, overrides)
     console = make_console(stderr=as_json)

@@ -58,10 +58,14 @@ class ModelSpec:
     qkv_bias: bool = f(False, "llama: biases on the query, key and value projections (Qwen2).")
     qk_norm: bool = f(False, "llama: RMSNorm on each head's queries and keys before the rotation (Qwen3).")
     loss: str = f("cross_entropy", "The training loss, a sum over the micro-batch: cross_entropy (class labels "
-                                   "or token targets, -100 ignored) | model (the model's forward(x, y) returns "
-                                   "its loss, a mean over the targets, as a tensor, a dict with 'loss' or an "
-                                   "object with .loss, like Hugging Face models) | 'pkg.module:fn' with "
-                                   "fn(output, target) returning the SUMMED loss. See tandem/train/loss.py.")
+                                   "or token targets, -100 ignored) | model (the model returns its loss, a mean "
+                                   "over the targets, as a tensor, a dict with 'loss' or an object with .loss: a "
+                                   "forward naming input_ids and labels, like a transformers causal LM, is called "
+                                   "model(input_ids=x, labels=[-100, y[:-1]]), labels aligned with the input as it "
+                                   "shifts them itself, so its loss is the same next-token loss (transformers: "
+                                   "plus shift_labels=y, every target scored); any other forward: model(x, y), y "
+                                   "the targets as given) | 'pkg.module:fn' with fn(output, target) returning the "
+                                   "SUMMED loss. See tandem/train/loss.py.")
     extra: dict = f({}, "A factory's own keywords (width of an MLP, depth, dropout...): with model.name "
                         "'pkg.module:factory', any key of the model section tandem does not know lands here and is passed "
                         "to the factory; checked against its signature before launch (a typo gets 'did you "

@@ -4,7 +4,9 @@ Layout of ``--out DIR`` (the contract ``data.name = "tokens"`` reads, tandem/dat
 
     train.bin, held_out.bin   raw little-endian tokens (uint8 for vocab <= 256, else uint16/uint32),
                               read back with np.memmap(path, dtype, mode="r")
-    tokenizer.json            the BPE (``--tokenizer bpe`` only), Hugging Face tokenizers' format
+    tokenizer.json            the BPE (``--tokenizer bpe``) or the given one (``--tokenizer DIR``), Hugging
+                              Face tokenizers' format
+    tokenizer_config.json     ``--tokenizer DIR`` only, where DIR has one (its special tokens)
     manifest.json             format, tokenizer, dtype, per split: files, bytes, tokens, sha256 of the
                               token file, order-0 byte entropy (bits per byte) of its text; every source file
 
@@ -33,6 +35,9 @@ FORMAT, VERSION = "tandem-tokens", 1
 MANIFEST = "manifest.json"
 SPLITS = {"train": "train.bin", "held_out": "held_out.bin"}
 TOKENIZERS = ("byte", "bpe")
+TOKENIZER_VALID = "byte | bpe | a folder holding a Hugging Face tokenizer.json (or the file itself)"
+HF_FILE, HF_CONFIG = "tokenizer.json", "tokenizer_config.json"
+SPECIAL = ("bos", "eos", "pad", "unk")
 
 
 @dataclass
@@ -161,6 +166,75 @@ class BPETokenizer:
                 "sha256": hashlib.sha256(self.file.read_bytes()).hexdigest()}
 
 
+class HFTokenizer:
+    """A Hugging Face tokenizer given as a folder holding ``tokenizer.json`` (``tokenizer_config.json``
+    optional: its bos/eos/pad/unk tokens are recorded), or that file itself: the base model's tokens,
+    for a fine-tune. The text is encoded as ``tokenizers`` encodes it with ``add_special_tokens=False``:
+    the text's own tokens, no bos/eos inserted. Both files are copied into the token folder."""
+
+    kind = "hf"
+
+    def __init__(self, src: str) -> None:
+        path = Path(src)
+        file = path / HF_FILE if path.is_dir() else path
+        if not file.is_file():
+            raise ConfigError(f"no {HF_FILE} in the folder" if path.is_dir() else
+                              f"unknown tokenizer {src!r}: neither byte nor bpe, nor a file or folder",
+                              field="--tokenizer", value=src,
+                              fix=f"use {TOKENIZER_VALID}" if not path.is_dir() else
+                                  "give the folder a Hugging Face model's tokenizer.json is in (save_pretrained "
+                                  "writes it), or the file")
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise ConfigError("a Hugging Face tokenizer needs the tokenizers library", field="--tokenizer",
+                              value=src, fix="pip install 'tandem[text]' (or pip install tokenizers)") from None
+        try:
+            self.tok = Tokenizer.from_file(str(file))
+        except Exception as e:  # tokenizers raises its own Exception subclass for a malformed file
+            why = " ".join(str(e).split())[:160]
+            raise ConfigError(f"{file.name} is not a Hugging Face tokenizer ({type(e).__name__}: {why})",
+                              field="--tokenizer", value=src,
+                              fix="give a tokenizer.json written by the tokenizers library or save_pretrained") \
+                from None
+        self.file, self.vocab = file, self.tok.get_vocab_size(with_added_tokens=True)
+        self.config = file.with_name(HF_CONFIG) if file.with_name(HF_CONFIG).is_file() else None
+        self.special = self._special_tokens(src)
+
+    def _special_tokens(self, src: str) -> dict:
+        """{"bos": {"token": "<s>", "id": 1}, ...} from tokenizer_config.json, the ones it names."""
+        if self.config is None:
+            return {}
+        try:
+            cfg = json.loads(self.config.read_text())
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"unreadable {HF_CONFIG} ({type(e).__name__}: {e})", field="--tokenizer", value=src,
+                              fix=f"fix or remove {self.config}") from None
+        out = {}
+        for name in SPECIAL:
+            tok = cfg.get(f"{name}_token")
+            tok = tok.get("content") if isinstance(tok, dict) else tok  # an AddedToken, serialised
+            if isinstance(tok, str):
+                out[name] = {"token": tok, "id": self.tok.token_to_id(tok)}
+        return out
+
+    def copy_to(self, out: Path) -> None:
+        shutil.copyfile(self.file, out / HF_FILE)
+        if self.config is not None:
+            shutil.copyfile(self.config, out / HF_CONFIG)
+
+    def encode(self, text: bytes) -> np.ndarray:
+        return np.asarray(self.tok.encode(text.decode("utf-8"), add_special_tokens=False).ids, dtype=np.int64)
+
+    def record(self) -> dict:
+        rec = {"kind": "hf", "vocab": self.vocab, "file": HF_FILE,
+               "sha256": hashlib.sha256(self.file.read_bytes()).hexdigest(), "source": str(self.file.resolve()),
+               "special_tokens": self.special}
+        if self.config is not None:
+            rec["config_file"] = HF_CONFIG
+        return rec
+
+
 def _text(piece: Piece) -> bytes | None:
     data = piece.read()
     try:
@@ -175,9 +249,7 @@ def prepare_text(srcs: list[str], out: Path, *, globs: list[str], excludes: list
                  progress=None) -> dict:
     """Write the token folder; returns its manifest. ``progress(description, total_bytes)`` returns a
     callable advanced by each file's bytes (the CLI's rich bar), or None for none."""
-    if tokenizer not in TOKENIZERS:
-        raise ConfigError(f"unknown tokenizer {tokenizer!r}", field="--tokenizer", value=tokenizer,
-                          fix="use byte | bpe")
+    hf = None if tokenizer in TOKENIZERS else HFTokenizer(tokenizer)  # checked before any file is read
     if tokenizer == "bpe" and vocab < 257:
         raise ConfigError(f"a BPE vocabulary of {vocab} adds no merge to the 256 bytes", field="--vocab",
                           value=vocab, fix="give --vocab 512 or more (e.g. 4096)")
@@ -193,7 +265,7 @@ def prepare_text(srcs: list[str], out: Path, *, globs: list[str], excludes: list
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        manifest = _write(pieces, tmp, tokenizer, vocab, progress)
+        manifest = _write(pieces, tmp, hf or tokenizer, vocab, progress)
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
@@ -203,9 +275,12 @@ def prepare_text(srcs: list[str], out: Path, *, globs: list[str], excludes: list
     return manifest
 
 
-def _write(pieces: dict[str, list[Piece]], tmp: Path, tokenizer: str, vocab: int, progress) -> dict:
+def _write(pieces: dict[str, list[Piece]], tmp: Path, tokenizer, vocab: int, progress) -> dict:
     total = sum(p.size for ps in pieces.values() for p in ps)
-    if tokenizer == "bpe":
+    if isinstance(tokenizer, HFTokenizer):
+        tok = tokenizer
+        tok.copy_to(tmp)
+    elif tokenizer == "bpe":
         advance = progress("train bpe", sum(p.size for p in pieces["train"])) if progress else None
 
         def texts():
@@ -274,13 +349,17 @@ class Codec:
         man = read_manifest(Path(folder), "--data")
         self.kind, self.vocab = man["tokenizer"]["kind"], man["vocab"]
         self.tok = None
-        if self.kind == "bpe":
-            from tokenizers import Tokenizer  # optional (tandem[text]), only for a BPE folder
+        self.special = man["tokenizer"].get("special_tokens", {})
+        if self.kind in ("bpe", "hf"):
+            from tokenizers import Tokenizer  # optional (tandem[text]), only for a BPE or Hugging Face folder
 
             self.tok = Tokenizer.from_file(str(Path(folder) / man["tokenizer"]["file"]))
 
     def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8")) if self.tok is None else self.tok.encode(text).ids
+        """The text's ids as the folder's train split was encoded (no special tokens added)."""
+        if self.tok is None:
+            return list(text.encode("utf-8"))
+        return self.tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int]) -> str:
         if self.tok is None:

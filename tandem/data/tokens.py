@@ -27,8 +27,9 @@ class TokenWindows(Dataset):
     """(x, y) int64 tensors of ``seq`` tokens; ``ds[[i, j, ...]]`` gives a stacked batch."""
 
     def __init__(self, path: Path, dtype: str, seq: int, index: np.ndarray | None = None,
-                 tokens_per_byte: float = 1.0, order0: float = 0.0) -> None:
+                 tokens_per_byte: float = 1.0, order0: float = 0.0, vocab: int | None = None) -> None:
         self.path, self.dtype, self.seq = Path(path), np.dtype(dtype), seq
+        self.vocab = vocab  # the tokenizer's: the range of ids a model of this data reads (export's example input)
         self.tokens_per_byte, self.order0 = tokens_per_byte, order0
         self.n_tokens = self.path.stat().st_size // self.dtype.itemsize
         self.n_windows = max(0, (self.n_tokens - 1) // seq)
@@ -68,12 +69,12 @@ def load_tokens(folder: str, seq: int, held_out: float, num_samples: int) -> tup
     man = check_folder(folder, seq, held_out > 0)
     folder_ = Path(folder)
     sp = man["splits"]
-    train = TokenWindows(folder_ / sp["train"]["file"], man["dtype"], seq)
+    train = TokenWindows(folder_ / sp["train"]["file"], man["dtype"], seq, vocab=man["vocab"])
     if held_out <= 0:
         return train, None
     h = sp["held_out"]
     held = TokenWindows(folder_ / h["file"], man["dtype"], seq, tokens_per_byte=h["tokens_per_byte"],
-                        order0=h["order0_bits_per_byte"])
+                        order0=h["order0_bits_per_byte"], vocab=man["vocab"])
     held.index = spread(held.n_windows, num_samples)
     return train, held
 
@@ -107,17 +108,37 @@ def check_folder(folder: str, seq: int, need_held: bool, verify: bool = False) -
     return man
 
 
-def check_tokens(spec) -> None:
-    """The parent's check before any worker starts: the folder (sha256 included) against the model."""
+def check_tokens(spec, model=None) -> None:
+    """The parent's check before any worker starts: the folder (sha256 included) against the model
+    (``model``: the spec's model as preflight built it, for a factory's vocabulary)."""
     d, m = spec.data, spec.model
     man = check_folder(d.path, m.seq, d.held_out > 0, verify=True)
     if m.name in DECODERS and m.vocab < man["vocab"]:
         raise ConfigError(f"the token folder's vocabulary is {man['vocab']} ({man['tokenizer']['kind']}), the "
                           f"model's {m.vocab}", field="model.vocab", value=m.vocab,
                           fix=f"set model.vocab = {man['vocab']}")
+    rows = _embedding_rows(model)
+    if rows is not None and rows < man["vocab"]:  # a factory's (a transformers model's) own embedding
+        raise ConfigError(f"the token folder's vocabulary is {man['vocab']} ({man['tokenizer']['kind']}), the "
+                          f"model's input embedding has {rows} rows", field="model.name", value=m.name,
+                          fix=f"build the model with a vocabulary of {man['vocab']} or more, or prepare the "
+                              "folder with the model's own tokenizer (prepare-text --tokenizer DIR)")
     if m.name in ("resnet18", "resnet34", "resnet50"):
         raise ConfigError(f"tokens are sequences; {m.name} reads images", field="data.name", value=d.name,
                           fix="use model.name = gpt (or your own factory) with data.name = tokens")
+
+
+def _embedding_rows(model) -> int | None:
+    """Rows of the model's input embedding where it names one (``get_input_embeddings()``, the
+    transformers API), else None: a model of one's own is not guessed at."""
+    get = getattr(model, "get_input_embeddings", None)
+    if not callable(get):
+        return None
+    try:
+        rows = getattr(get(), "num_embeddings", None)
+    except Exception:  # a model whose accessor is not implemented (transformers raises NotImplementedError)
+        return None
+    return rows if isinstance(rows, int) else None
 
 
 def held_out_summary(held, correct: int, scored: int, nll: float | None) -> tuple[dict, str]:

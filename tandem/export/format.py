@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from tandem.core.decoder import DECODERS
-from tandem.core.errors import CheckpointError
+from tandem.core.errors import CheckpointError, ConfigError
 
 FORMAT, VERSION = "tandem-export", 1
 MANIFEST, CONFIG, INDEX = "manifest.json", "config.json", "model.safetensors.index.json"
@@ -44,12 +44,20 @@ def write_json(path: Path, obj) -> dict:
 
 
 def build_meta(model_spec: dict) -> nn.Module:
-    """The model the spec names, on the meta device: shapes and names, no memory."""
+    """The model the spec names, on the meta device: shapes and names, no memory. A factory that cannot
+    build there (``transformers``' ``from_pretrained`` refuses a meta-device context: it loads weights)
+    is built for real on the CPU instead: its names and shapes are the same, its memory is the model's."""
     from tandem.core.spec import ModelSpec
     from tandem.models import build_model
 
-    with torch.device("meta"):
-        return build_model(ModelSpec(**model_spec))
+    spec = ModelSpec(**model_spec)
+    try:
+        with torch.device("meta"):
+            return build_model(spec)
+    except ConfigError:
+        if ":" not in spec.name:
+            raise
+    return build_model(spec)  # a factory that fails here too says so, in its own words
 
 
 def tied_names(model: nn.Module) -> dict[str, str]:

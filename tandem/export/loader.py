@@ -18,6 +18,7 @@ from torch import nn
 from tandem.core.errors import CheckpointError
 from tandem.export import format as fmt
 from tandem.export.stfile import tensor_bytes
+from tandem.models.output import logits_of
 
 FIELD = "export"
 
@@ -156,7 +157,7 @@ def run_example(model: nn.Module, desc: dict, folder: Path) -> torch.Tensor:
     x = fmt.make_input(desc).to(device)
     try:
         with torch.no_grad():
-            return model.eval()(x)
+            return logits_of(model.eval()(x))
     except NotImplementedError:
         if device.type == "meta":
             raise  # an op without a meta kernel says nothing about the model: the caller skips the check

@@ -75,13 +75,14 @@ class CheckpointMeta:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
-def input_record(x) -> dict:
+def input_record(x, vocab: int | None = None) -> dict:
     """What an export needs to run the model without the data: ``{"shape": [1, *x.shape], "dtype"}``,
-    and for integer inputs (token ids, category codes) ``high``, one past the largest value seen."""
+    and for integer inputs (token ids, category codes) ``high``: the data's vocabulary where it knows
+    one (a token folder's tokenizer), else one past the largest value seen."""
     dtype = str(x.dtype).removeprefix("torch.")
     rec = {"shape": [1, *map(int, x.shape)], "dtype": dtype}
     if not (x.dtype.is_floating_point or x.dtype.is_complex):
-        rec["high"] = int(x.max()) + 1 if x.numel() else 1
+        rec["high"] = int(vocab) if vocab else int(x.max()) + 1 if x.numel() else 1
     return rec
 
 

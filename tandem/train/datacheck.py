@@ -33,7 +33,7 @@ def check_source(spec: JobSpec, model=None) -> None:
     d, m = spec.data, spec.model
     if d.name == "tokens":
         from tandem.data.tokens import check_tokens
-        return check_tokens(spec)
+        return check_tokens(spec, model)
     if ":" in d.name:
         from tandem.data.user import check_user_data
         return check_user_data(spec, model)

@@ -7,25 +7,39 @@ of an epoch. ``model.loss`` picks where the sum comes from:
 
 - ``cross_entropy`` (default): the built-in summed cross-entropy over class labels (N,) or token
   targets (N, T), targets equal to -100 left out.
-- ``model``: the model computes it: the trainer calls ``model(x, y)`` (and ``model(x)`` for the held-out
-  evaluation, which then returns logits), which returns the loss as a
-  tensor, a dict with ``"loss"`` or an object with ``.loss`` (Hugging Face's output classes). Such a
-  loss is taken as a *mean* over the micro-batch's scored targets (Hugging Face's convention) and
-  multiplied by their count: the targets of ``y`` that are not -100 (for class labels, len(y)). A
-  model that shifts its labels internally scores one target fewer per sequence: give it targets
-  already shifted, or name a loss function instead.
+- ``model``: the model computes it, called in one of two ways (decided from its forward's signature):
+
+  * a forward that names ``input_ids`` and ``labels`` (a ``transformers`` model, or one written in its
+    manner) gets keywords in Hugging Face's convention: ``input_ids=x`` and ``labels`` aligned with
+    ``input_ids``, which the model shifts itself (position t's logits predict ``labels[t + 1]``).
+    tandem's token targets are already shifted (``y[t] = x[t + 1]``), so the labels passed are
+    ``[-100, y[0], ..., y[T-2]]``: after the model's shift, position t is scored against ``y[t]``, the
+    same next-token loss as ``cross_entropy``. That shift drops the window's last target; where the
+    model is a ``transformers`` causal LM whose loss takes ``shift_labels`` (its signature says so;
+    transformers 5 does), ``y`` goes in as ``shift_labels`` too and every one of the T targets is
+    scored: exactly ``cross_entropy``'s loss. Class labels (``y`` of shape (N,)) go in as ``labels=y`` unshifted.
+  * any other forward: ``model(x, y)``, positionally, for a model that scores ``y`` as given.
+
+  The held-out evaluation calls ``model(x)`` (its logits: a tensor, or ``.logits``). The returned
+  loss is a tensor, a dict with ``"loss"`` or an object with ``.loss`` (Hugging Face's output
+  classes), taken as a *mean* over the targets it scored (Hugging Face's convention) and multiplied
+  by their count: the targets that are not -100 (for class labels, len(y)).
 - ``pkg.module:fn``: ``fn(output, target) -> tensor``, the *sum* over the micro-batch (for example
   ``F.cross_entropy(..., reduction="sum")``); it also runs as the pipeline schedule's loss.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
+import weakref
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from tandem.core.factory import import_factory
+from tandem.models.output import logits_of
 from tandem.train.parallel import loss_sum
 from tandem.train.tasks import IGNORE
 
@@ -45,6 +59,79 @@ def returned_loss(out) -> torch.Tensor:
     return out if isinstance(out, torch.Tensor) else out.loss
 
 
+def call_style(model: torch.nn.Module) -> str:
+    """How loss = "model" calls ``model``: "hf_shift" (input_ids=, labels=, shift_labels=), "hf"
+    (input_ids=, labels=) or "positional" (model(x, y)); from its forward's signature (under DDP: the
+    wrapped module's), decided once per model."""
+    inner = getattr(model, "module", model)
+    style = _STYLES.get(inner)
+    if style is None:
+        style = _style(type(inner))
+        if style == "hf_shift" and not _causal_lm_loss(inner):
+            style = "hf"  # a transformers model whose loss is not the causal LM's: shift_labels means nothing to it
+        _STYLES[inner] = style
+    return style
+
+
+_STYLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+@functools.lru_cache(maxsize=None)
+def _style(cls: type) -> str:  # per class, from the signature
+    try:
+        params = inspect.signature(cls.forward).parameters
+    except (TypeError, ValueError):
+        return "positional"
+    if "input_ids" not in params or "labels" not in params:
+        return "positional"
+    takes_kwargs = "shift_labels" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+    return "hf_shift" if takes_kwargs and _is_transformers(cls) and _loss_takes_shift_labels() else "hf"
+
+
+def _is_transformers(cls: type) -> bool:
+    return any(c.__module__.startswith("transformers.") for c in cls.__mro__)
+
+
+def _causal_lm_loss(model: torch.nn.Module) -> bool:
+    """The model's loss is transformers' causal-LM loss, the one that reads ``shift_labels``."""
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    try:
+        return getattr(model, "loss_function", None) is ForCausalLMLoss
+    except Exception:  # a property that cannot resolve the model's loss type
+        return False
+
+
+@functools.lru_cache(maxsize=None)
+def _loss_takes_shift_labels() -> bool:
+    """transformers' causal-LM loss reads ``shift_labels`` (the targets as given, no shift) from the
+    forward's keywords; earlier versions do not, and would shift ``labels`` themselves."""
+    try:
+        from transformers.loss.loss_utils import ForCausalLMLoss
+    except ImportError:
+        return False
+    return "shift_labels" in inspect.signature(ForCausalLMLoss).parameters
+
+
+def hf_labels(y: torch.Tensor) -> torch.Tensor:
+    """Token targets ``y`` (already shifted: y[t] = x[t+1]) as labels aligned with the input, which a
+    Hugging Face causal LM shifts itself: ``[-100, y[0], ..., y[T-2]]``."""
+    return torch.cat([torch.full_like(y[:, :1], IGNORE), y[:, :-1]], dim=1)
+
+
+def call_model_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The summed loss of loss = "model": the model's mean times the targets it scored."""
+    style = call_style(model)
+    if style == "positional":
+        return returned_loss(model(x, y)) * scored(y)
+    if y.dim() < 2:  # class labels: nothing to shift
+        return returned_loss(model(input_ids=x, labels=y)) * scored(y)
+    labels = hf_labels(y)
+    if style == "hf_shift":
+        return returned_loss(model(input_ids=x, labels=labels, shift_labels=y.contiguous())) * scored(y)
+    return returned_loss(model(input_ids=x, labels=labels)) * scored(labels)
+
+
 @dataclass(frozen=True)
 class Loss:
     """``fn(output, target) -> summed loss``; None: the model returns its (mean) loss."""
@@ -53,8 +140,8 @@ class Loss:
 
     def __call__(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self.fn is None:
-            return returned_loss(model(x, y)) * scored(y)
-        return self.fn(model(x), y)
+            return call_model_loss(model, x, y)
+        return self.fn(logits_of(model(x)), y)
 
 
 def resolve_loss(name: str) -> Loss:

@@ -31,6 +31,7 @@ from tandem.core.steps import steps_per_epoch as count_steps_per_epoch
 from tandem.core.validate import effective_lr
 from tandem.data.tokens import held_out_summary
 from tandem.models import model_signature
+from tandem.models.output import logits_of
 from tandem.train import checkpoint as ckpt
 from tandem.train import runtime as rt
 from tandem.train.checkpoint_meta import CheckpointMeta, input_record
@@ -72,7 +73,7 @@ def evaluate(model, held, ctx: rt.DistContext, spec: JobSpec, fmt=torch.contiguo
         with rt.autocast(ctx, spec.precision.dtype):
             x = x.to(ctx.device)
             x = x.contiguous(memory_format=fmt) if x.dim() == 4 else x
-            out = _pp_forward(par, x) if pipelined else model(x)
+            out = _pp_forward(par, x) if pipelined else logits_of(model(x))
         if out is None:
             continue  # pp: not the last stage
         out = out.full_tensor() if hasattr(out, "full_tensor") else out  # tp: logits sharded over the vocab
@@ -421,7 +422,8 @@ def _save(job: Job, st: TrainState) -> Path | None:
                           grad_scaler=scaler.state_dict() if scaler is not None else None,
                           model=spec.model.name, signature=job.signature, job=spec.name, parallel=layout_of(spec),
                           total_steps=c.total, schedule_key=schedule_key(spec), run_id=run_id(),
-                          example_input=input_record(job.data.train_ds[0][0]))
+                          example_input=input_record(job.data.train_ds[0][0],
+                                                      getattr(job.data.train_ds, "vocab", None)))
     path = job.el.save(job.out.ckdir, st.step, job.par.model, job.optim, meta)
     if path is not None:
         job.out.metrics.write("ckpt", step=st.step, path=str(path), save_s=time.perf_counter() - t0)

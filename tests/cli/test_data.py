@@ -10,7 +10,7 @@ from tandem_testing import tandem_in_process as run
 
 @pytest.mark.parametrize("args,line", [
     (["data"], "Usage: tandem data"),
-    (["data", "prepare-text", "x"], "Error: Missing option '--out'."),
+    (["data", "prepare-text", "x"], "error: --out: missing option. Fix: tandem data prepare-text [OPTIONS] SRC...;"),
     (["data", "prepare-text", "no/such/folder", "--out", "o"], "error: SRC: no such file or folder"),
     (["data", "prepare-text", "examples", "--out", "o", "--tokenizer", "zip"], "error: --tokenizer: unknown"),
     (["data", "prepare-text", "examples", "--out", "o", "--glob", "*.none"], "error: SRC: no file matches *.none"),

@@ -1,6 +1,8 @@
 """Verbs that pass what follows their script on (launch, submit, train): options before the script are
 the verb's and a typo there is refused in one line; everything after the script reaches the script."""
 
+import json
+
 import pytest
 
 from tandem_testing import ROOT, one_line_error, run_tandem
@@ -58,6 +60,19 @@ TYPOS = [
      "go after it (or after --)"),
     (["launch", "--nproc-per-nodes=2", "examples/hello_dist.py"],
      "error: --nproc-per-nodes: no such option of tandem launch. Fix: did you mean --nproc-per-node?"),
+    # spec: CONFIG is optional, and a typo'd option was read as the name of a spec file
+    (["spec", "--jsn", "examples/gpt_reverse.toml"],
+     "error: --jsn: no such option of tandem spec. Fix: did you mean --json?"),
+    (["spec", "--jsn"], "error: --jsn: no such option of tandem spec. Fix: did you mean --json?"),
+    (["spec", "examples/gpt_reverse.toml", "--jsn"],
+     "error: --jsn: no such option of tandem spec. Fix: did you mean --json?"),
+    (["spec", "examples/gpt_reverse.toml", "--optim.lr=0.1", "-x"],
+     "error: -x: no such option of tandem spec. Fix: see `tandem spec --help`; spec overrides are written "
+     "--section.key VALUE, after CONFIG"),
+    (["spec", "--launch.nproc_per_node", "2", "examples/gpt_reverse.toml"],
+     "error: --launch.nproc_per_node: no such option of tandem spec. Fix: a spec override goes after CONFIG"),
+    (["train", "examples/digits_resnet.toml", "--strem"],
+     "error: --strem: no such option of tandem train. Fix: did you mean --stream?"),
 ]
 
 
@@ -72,3 +87,15 @@ def test_typo_before_the_script_is_refused(args, line, capsys, monkeypatch):
     out = capsys.readouterr()
     assert e.value.code == 2, out
     assert out.out == "" and out.err.startswith(line) and len(out.err.splitlines()) == 1, out.err
+
+
+def test_spec_overrides_of_the_defaults_and_a_value_that_starts_with_a_dash(capsys, monkeypatch):
+    """No CONFIG: overrides alone apply to the defaults; a value after its key is never taken for a flag."""
+    from tandem.cli import main
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("COLUMNS", "200")
+    main(["spec", "--json", "--schedule.max_steps", "3"])
+    assert json.loads(capsys.readouterr().out)["schedule"]["max_steps"] == 3
+    main(["spec", "examples/gpt_reverse.toml", "--json", "--optim.weight_decay", "-0.0"])
+    assert json.loads(capsys.readouterr().out)["optim"]["weight_decay"] == 0.0

@@ -24,20 +24,22 @@ LAYOUTS = {
 }
 
 
-def write_checkpoint(run: Path, model_overrides: dict | None = None, step: int = 5, mutate=None) -> Path:
+def write_checkpoint(run: Path, model_overrides: dict | None = None, step: int = 5, mutate=None,
+                     example_input: dict | None = None) -> Path:
     """A run dir of the GPT example (``model_overrides`` applied) with one checkpoint: publish_checkpoint."""
     from tandem.core.config import load_spec
 
     spec = load_spec(GPT, check=False)
     for k, v in (model_overrides or {}).items():
         setattr(spec.model, k, v)
-    return publish_checkpoint(run, spec, step, mutate)
+    return publish_checkpoint(run, spec, step, mutate, example_input)
 
 
-def publish_checkpoint(run: Path, spec, step: int, mutate=None) -> Path:
+def publish_checkpoint(run: Path, spec, step: int, mutate=None, example_input: dict | None = None) -> Path:
     """RUN/spec.json and one checkpoint of ``spec``'s model (seeded by ``step``; ``mutate(state_dict)`` may
-    change it first), as `tandem train` lays them out, written by this process with the trainer's own
-    publish step (sha256 manifest, atomic rename, ``latest``)."""
+    change it first; ``example_input``: a train sample's record, as the trainer keeps it), as `tandem train`
+    lays them out, written by this process with the trainer's own publish step (sha256 manifest, atomic
+    rename, ``latest``)."""
     import warnings
 
     import torch.distributed.checkpoint as dcp
@@ -61,7 +63,7 @@ def publish_checkpoint(run: Path, spec, step: int, mutate=None) -> Path:
         warnings.simplefilter("ignore", UserWarning)
         dcp.save({"model": sd}, checkpoint_id=str(tmp), no_dist=True)
     meta = CheckpointMeta(step=step, epoch=0, world_size=1, model=spec.model.name, signature=model_signature(model),
-                          parallel={"strategy": "ddp", "tp": 1, "pp": 1})
+                          parallel={"strategy": "ddp", "tp": 1, "pp": 1}, example_input=example_input)
     ckpt.publish_files(cdir, step, tmp, cdir / f"step-{step:08d}", meta, keep_last=2)
     return run
 
