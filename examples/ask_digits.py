@@ -60,23 +60,31 @@ def main() -> None:
                 break
         time.sleep(0.2)
     else:
+        if a.stop and info:
+            os.kill(info["pid"], signal.SIGTERM)
         raise SystemExit(f"error: the server in {a.serve_run_dir} was not ready within {a.wait:g} s")
 
+    try:
+        right = _ask(info["url"], held, n)
+        acc = json.loads((a.train_run_dir / "result.json").read_text())["accuracy"]
+        print(f"asked {info['url']}/v1/predict about {n} held-out images: {right} right ({right / n:.2f}); "
+              f"the run's own held-out accuracy {acc:.2f}", flush=True)
+    finally:  # stopped even when asking failed: a server left behind would hold its port and a core
+        if a.stop:
+            os.kill(info["pid"], signal.SIGTERM)
+
+
+def _ask(url: str, held, n: int) -> int:
     right = 0
     for start in range(0, n, 32):  # the server's default --max-batch is 32 examples a request
         xs = [held[i][0].tolist() for i in range(start, min(start + 32, n))]
-        req = urllib.request.Request(f"{info['url']}/v1/predict", data=json.dumps({"inputs": xs}).encode(),
+        req = urllib.request.Request(f"{url}/v1/predict", data=json.dumps({"inputs": xs}).encode(),
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=60) as r:
             outs = json.loads(r.read())["outputs"]
         for k, logits in enumerate(outs):
             right += int(max(range(len(logits)), key=logits.__getitem__) == int(held[start + k][1]))
-
-    acc = json.loads((a.train_run_dir / "result.json").read_text())["accuracy"]
-    print(f"asked {info['url']}/v1/predict about {n} held-out images: {right} right ({right / n:.2f}); "
-          f"the run's own held-out accuracy {acc:.2f}")
-    if a.stop:
-        os.kill(info["pid"], signal.SIGTERM)
+    return right
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The examples in README.md and docs/*.md run, and print what the docs say (doc_examples.py)."""
+"""The examples in README.md and docs/**/*.md (the course included) run, and print what the docs say (doc_examples.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from docs.doc_examples import Block, Command, as_spec_check, blocks, check_outpu
     sequences, train_lines
 from tandem_testing import ROOT, tandem_in_process
 
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]   # docs/course/** too
 
 
 def _sandbox(tmp_path: Path) -> Path:
