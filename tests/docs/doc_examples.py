@@ -1,4 +1,4 @@
-"""Run the examples in README.md and docs/*.md, so that the docs cannot drift from the code.
+"""Run the examples in README.md and docs/**/*.md (the course too), so that the docs cannot drift from the code.
 
 A ```console block is executed: every ``$ command`` line (with ``\\`` continuations) runs in
 bash, in a sandbox folder of its own per document (``examples/`` linked in, so ``runs/...``

@@ -1,4 +1,4 @@
-"""The examples in README.md and docs/*.md run, and print what the docs say (doc_examples.py)."""
+"""The examples in README.md and docs/**/*.md (the course included) run, and print what the docs say (doc_examples.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from docs.doc_examples import Block, Command, as_spec_check, blocks, check_outpu
     sequences, train_lines
 from tandem_testing import ROOT, tandem_in_process
 
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]   # docs/course/** too
 
 
 def _sandbox(tmp_path: Path) -> Path:
@@ -112,3 +112,22 @@ def test_the_matcher_can_fail():
     assert as_spec_check("tandem train a.toml --json --x.y 1") == ["spec", "a.toml", "--x.y", "1"]
     one, two, three = (Block(Path("x.md"), i, "console", o, []) for i, o in ((1, {}), (2, {"group": "g"}), (3, {})))
     assert sequences([one, two, three]) == [[one, three], [two]]  # the main sequence in order, the group apart
+
+
+COURSE = ROOT / "docs" / "course"
+
+
+def test_the_chinese_course_has_the_english_blocks_tested_once():
+    """docs/course/zh/X is docs/course/X in Chinese: the same fenced blocks in the same order, each marked
+    skip (tested once, on the English page), so that the two cannot drift apart."""
+    pages = sorted(p for p in COURSE.rglob("*.md") if "zh" not in p.relative_to(COURSE).parts)
+    labs = [p for p in pages if p.parent != COURSE]
+    assert labs, "the course has labs"
+    for en in labs:
+        zh = COURSE / "zh" / en.relative_to(COURSE)
+        assert zh.is_file(), f"{en.relative_to(ROOT)} has no Chinese copy at {zh.relative_to(ROOT)}"
+        want, got = blocks(en), blocks(zh)
+        assert [(b.lang, b.opts, b.body) for b in got] == [(b.lang, b.opts, b.body) for b in want], \
+            f"{zh.relative_to(ROOT)}: its blocks differ from {en.relative_to(ROOT)}'s"
+        for b in got:
+            assert "same block as the English lab" in b.skip, f"{zh.relative_to(ROOT)}:{b.line}: mark it skip"

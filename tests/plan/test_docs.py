@@ -1,4 +1,5 @@
-"""Every `tandem plan` command in README.md and docs/plan.md runs, and prints what the doc shows under it.
+"""Every `tandem plan` command in README.md, docs/plan.md, docs/guide.md and the course (docs/course/**.md) runs,
+and prints what the doc shows under it.
 
 A code block's commands are `$ ...` lines (console blocks, output below each) or plain lines (bash blocks).
 Before a `tandem plan` command, the earlier commands of the same block that write a file it reads
@@ -24,7 +25,8 @@ import tandem
 from tandem.cli import main
 
 REPO = Path(tandem.__file__).resolve().parent.parent
-DOCS = [REPO / "README.md", REPO / "docs" / "plan.md"]
+DOCS = [REPO / "README.md", REPO / "docs" / "plan.md", REPO / "docs" / "guide.md",
+        *sorted((REPO / "docs" / "course").rglob("*.md"))]
 TOLERANCE = 0.02
 QUICK = {"bench comm": ["-e", "1M", "-n", "3", "-w", "1"]}
 NUM = re.compile(r"(\d+(?:\.\d+)?(?:e[+-]?\d+)?)\s?(GB/s|MB/s|GiB|MiB|GB|MB|ms|s|%|x)(?![\w/])")
@@ -71,7 +73,8 @@ def cases():
             for k, (cmd, quoted) in enumerate(cmds):
                 if cmd.startswith("tandem plan") and "skip" not in marker:
                     yield pytest.param(cmd, quoted, [c for c, _ in cmds[:k]], "not checked" not in marker,
-                                       f"{doc.name}-{b}", id=f"{doc.name}:{cmd[12:60]}")
+                                       f"{doc.relative_to(REPO)}-{b}".replace("/", "_"),
+                                       id=f"{doc.relative_to(REPO)}:{cmd[12:60]}")
 
 
 BLOCK_DIRS: dict[str, Path] = {}
@@ -161,10 +164,14 @@ def test_doc_command(cmd, quoted, before, check_numbers, block, block_dir, monke
 
 
 def test_the_doc_commands_are_found():
-    """The extraction sees the README's and docs/plan.md's plan lines (a doc edit cannot hide them all)."""
+    """The extraction sees the README's, docs/plan.md's and the course's plan lines (a doc edit cannot hide them all)."""
     found = [c.values[0] for c in cases()]
+    front = [c.values[0] for c in cases() if c.id.split(":")[0] in ("README.md", "docs/plan.md")]
     # README, and docs/plan.md with DDP's overlap and with --overlap 0 (the seed's arithmetic)
-    assert sum("resnet50 --params 25.6e6" in c for c in found) == 3
+    assert sum("resnet50 --params 25.6e6" in c for c in front) == 3
+    # the course's lab 1 plans the seed's case too (its English page; the Chinese copy is marked skip)
+    lab1 = [c.values[0] for c in cases() if c.id.startswith("docs/course/01-basics/")]
+    assert any("resnet50 --params 25.6e6" in c and "--overlap 0" in c for c in lab1)
     assert any("--calibration runs/calibration.json" in c for c in found)
     assert any(c == "tandem plan resnet18 --calibration cal.json" for c in found)
     assert not any("bench-train" in c for c in found)                       # marked skip: minutes
