@@ -27,7 +27,10 @@ class ModelSpec:
     name: str = f("resnet18", "resnet18 | resnet34 | resnet50 | gpt (a GPT decoder, sized by the gpt: fields "
                               "below) | llama (a Llama-style decoder: rotary positions, RMSNorm, SwiGLU, "
                               "grouped-query attention, no biases; the gpt: fields and the llama: ones; "
-                              "docs/models.md), or an import path 'pkg.module:factory' returning an nn.Module (called "
+                              "docs/models.md) | hf:DIR (a local Hugging Face checkpoint folder, config.json + safetensors: "
+                              "Llama, Qwen2, Qwen3, Mistral or GPT-2, built as tandem's llama or gpt with the shape "
+                              "fields from its config.json and its weights loaded shard by shard under any strategy; "
+                              "docs/export.md), or an import path 'pkg.module:factory' returning an nn.Module (called "
                               "with the fields of this section its signature names, num_classes= and "
                               "in_channels= among them, and with any key of this section tandem does not "
                               "know, see extra; the module found as the workers find it: PYTHONPATH, then "
@@ -62,6 +65,9 @@ class ModelSpec:
                                    "its loss, a mean over the targets, as a tensor, a dict with 'loss' or an "
                                    "object with .loss, like Hugging Face models) | 'pkg.module:fn' with "
                                    "fn(output, target) returning the SUMMED loss. See tandem/train/loss.py.")
+    hf: dict = f({}, "Set by model.name = 'hf:DIR' (leave it out): {path, architecture, config}, the Hugging "
+                     "Face folder the initial weights are read from, its architecture and the config.json keys "
+                     "tandem does not model (carried into tandem export --format hf).")
     extra: dict = f({}, "A factory's own keywords (width of an MLP, depth, dropout...): with model.name "
                         "'pkg.module:factory', any key of the model section tandem does not know lands here and is passed "
                         "to the factory; checked against its signature before launch (a typo gets 'did you "
