@@ -403,6 +403,7 @@ def resolve(data: dict) -> dict:
     modelled = set(arch.config({**fields, "rope_scaling": fields.get("rope_scaling", {}),
                                 "rope_theta": fields.get("rope_theta", 0), "norm_eps": fields.get("norm_eps", 0),
                                 "qkv_bias": False, "qk_norm": False}))
+    modelled.discard("max_position_embeddings")   # kept: an export of a shorter model.seq writes it back
     carried = {k: v for k, v in cfg.items() if k not in modelled and k not in
                ("rope_parameters", "transformers_version", "torch_dtype", "dtype", "layer_types", "_name_or_path")}
     check_folder(folder, arch.rules({**fields, "kv_heads": fields.get("kv_heads") or fields["heads"]}))
