@@ -74,9 +74,10 @@ def export_cmd(
 
 
 def _verify(folder: str, as_json: bool) -> None:
-    from tandem.export.loader import verify  # torch inside
+    from tandem.export.hf import is_hf_export, verify_hf  # torch inside
+    from tandem.export.loader import verify
 
-    r = verify(Path(folder))
+    r = (verify_hf if is_hf_export(Path(folder)) else verify)(Path(folder))
     if as_json:
         print(json.dumps(r, indent=1))
         return

@@ -39,9 +39,10 @@ def export(source, out=None, *, format: str = "tandem", dtype: str = "keep", tp:
 
 
 def verify(folder) -> dict:
+    from tandem.export.hf import is_hf_export, verify_hf
     from tandem.export.loader import verify as _verify
 
-    return _verify(folder)
+    return (verify_hf if is_hf_export(folder) else _verify)(folder)
 
 
 __all__ = ["load", "verify", "export"]

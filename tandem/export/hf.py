@@ -18,6 +18,7 @@ Tensor-parallel slices (``--tp``) stay tandem's own format.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -232,3 +233,46 @@ def _check(tmp: Path, out: Path, rules: list, total: int) -> None:
         raise CheckpointError(f"the Hugging Face folder does not load back ({e.message}); nothing was written",
                               field=FIELD, value=str(out), fix="report this: the adapter and the checkpoint disagree") \
             from None
+
+
+def is_hf_export(folder: Path) -> bool:
+    try:
+        return json.loads((Path(folder) / fmt.MANIFEST).read_text()).get("format") == FORMAT
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return False
+
+
+def verify_hf(folder) -> dict:
+    """`tandem export verify DIR` of a --format hf folder: every file's and tensor's sha256 against
+    manifest.json, then tandem's own import of it (model.name = 'hf:DIR') and one forward."""
+    from safetensors import safe_open
+
+    from tandem.export.stfile import tensor_bytes
+    from tandem.models import hf as hf_models
+    from tandem.train.manifest import sha256
+
+    folder = Path(folder)
+    man = json.loads((folder / fmt.MANIFEST).read_text())
+    for rel, want in man["files"].items():
+        p = folder / rel
+        if not p.is_file():
+            raise CheckpointError(f"{rel} is missing", field="export", value=str(folder), fix="export again")
+        if p.stat().st_size != want["bytes"] or sha256(p) != want["sha256"]:
+            raise CheckpointError(f"{rel} is altered: its size or sha256 differs from manifest.json", field="export",
+                                  value=str(folder), fix="export again")
+    for n, t in man["tensors"].items():
+        with safe_open(str(folder / t["file"]), framework="pt") as st:
+            if hashlib.sha256(tensor_bytes(st.get_tensor(n))).hexdigest() != t["sha256"]:
+                raise CheckpointError(f"tensor {n!r} in {t['file']} differs from its sha256 in manifest.json",
+                                      field="export", value=str(folder), fix="export again")
+    model = hf_models.load(folder)
+    x = fmt.make_input({"shape": [1, model.config.seq], "dtype": "int64", "kind": "tokens",
+                        "high": model.config.vocab})
+    with torch.no_grad():
+        y = model(x)
+    if not torch.isfinite(y).all():
+        raise CheckpointError("the model's forward gave non-finite outputs", field="export", value=str(folder),
+                              fix="check the training run (loss) and the export dtype")
+    return {"export": str(folder), "files": len(man["files"]), "tensors": len(man["tensors"]),
+            "output_shape": list(y.shape), "step": man["provenance"]["step"], "dtype": man["dtype"]["export"],
+            "architecture": man["architecture"]}

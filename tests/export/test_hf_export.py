@@ -181,3 +181,29 @@ def test_cli_format_hf(tmp_path, capsys):
     assert code != 0 and "--format" in err and "use tandem or hf" in err
     code, out, err = cli(["export", str(run), "--format", "hf", "--tp", "2", "--out", str(tmp_path / "x")], capsys)
     assert code != 0 and "tandem's own format" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_export_verify_of_an_hf_folder(tmp_path, capsys):
+    from export.export_helpers import cli
+
+    run, _ = _run(tmp_path, "gpt-gqa-tied")
+    export(run, tmp_path / "hf", format="hf")
+    code, out, err = cli(["export", "verify", str(tmp_path / "hf")], capsys)
+    assert code == 0 and out.startswith("ok: ") and "[1, 16, 16]" in out, err
+    cfg = tmp_path / "hf" / "config.json"
+    cfg.write_text(cfg.read_text().replace('"n_layer": 2', '"n_layer": 3'))
+    code, out, err = cli(["export", "verify", str(tmp_path / "hf")], capsys)
+    assert code == 2 and "config.json is altered" in err, err
+
+
+def test_build_model_of_an_hf_name_holds_its_weights(tmp_path):
+    from models.hf_models import tokens
+    from tandem.core.spec import ModelSpec
+    from tandem.models import build_model
+
+    ref = make(tmp_path, "llama")
+    model = build_model(ModelSpec(name=f"hf:{tmp_path}", seq=8)).eval()
+    assert model.config.seq == 8
+    x = tokens(seq=8)
+    with torch.no_grad():
+        assert torch.allclose(model(x), ref(input_ids=x).logits, atol=1e-5, rtol=0)

@@ -73,3 +73,8 @@ def test_finetune_from_an_hf_folder_and_export_it_back(tmp_path, arch, layout):
     assert hf_ids[0, 4:].tolist() == sample(ours, x[0, :4].tolist(), 12, 16, 0.0, 0)
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["architectures"] == \
         json.loads((tmp_path / "base" / "config.json").read_text())["architectures"]
+    if layout == "ddp":  # the same spec again resumes the run's checkpoint (step 2) instead of the hf: weights
+        r = run_tandem("train", str(spec), "--schedule.max_steps", "3", "--json", timeout=400)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert json.loads(r.stdout[r.stdout.index("{"):])["step"] == 3
+        assert (tmp_path / "run" / "checkpoints" / "step-00000003").is_dir()
