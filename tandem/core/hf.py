@@ -353,10 +353,24 @@ def header(path: Path) -> dict[str, dict]:
     return table
 
 
+# tensors some checkpoints store that hold nothing a model learns: old rotary tables and causal masks
+IGNORED = ("rotary_emb.inv_freq", "attn.bias", "attn.masked_bias")
+
+
 def check_folder(folder: Path, rules: list[Rule]) -> None:
-    """Every tensor the model needs is in a file that exists, with the shape the config implies."""
+    """Every tensor the model needs is in a file that exists, with the shape the config implies, and no
+    tensor is left over (a weight tandem's module has no place for would be dropped without a word)."""
     folder = Path(folder)
     where = weight_map(folder)
+    wanted = {r.hf for r in rules}
+    tied = "lm_head.weight" not in wanted   # a tied head some writers store anyway: the embedding's copy
+    extra = sorted(n for n in where if n not in wanted and not n.endswith(IGNORED)
+                   and not (tied and n == "lm_head.weight"))
+    if extra:
+        raise ConfigError(f"{folder} holds tensor {extra[0]} ({where[extra[0]]}) that tandem's model of this "
+                          f"config has no place for" + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""),
+                          field=FIELD, value=f"{PREFIX}{folder}",
+                          fix="check config.json describes these weights (a bias or norm it does not declare)")
     headers: dict[str, dict] = {}
     for r in rules:
         if r.hf not in where:

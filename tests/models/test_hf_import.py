@@ -153,3 +153,15 @@ def test_build_model_of_a_resolved_spec_is_a_fresh_init_the_materializer_fills(t
     x = tokens()
     with torch.no_grad():
         assert torch.allclose(meta(x), ref(input_ids=x).logits, atol=1e-5, rtol=0)
+
+
+def test_a_tensor_tandem_has_no_place_for_is_named(tmp_path):
+    """A Qwen2 checkpoint (q/k/v biases) whose config.json says Llama: the biases would be dropped."""
+    make(tmp_path, "qwen2")
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "architectures": ["LlamaForCausalLM"],
+                                                      "model_type": "llama"}))
+    with pytest.raises(ConfigError) as e:
+        load_spec(None, {"model.name": f"hf:{tmp_path}"})
+    assert "holds tensor model.layers.0.self_attn.k_proj.bias (model.safetensors) that tandem's model" in _one_line(e)
+    assert "(and 5 more)" in str(e.value)
