@@ -49,7 +49,10 @@ def greedy(model, ids: torch.Tensor, n: int) -> torch.Tensor:
     return torch.tensor(sample(model, ids[0].tolist(), n, model.config.seq, 0.0, 0))
 
 
-@pytest.mark.parametrize("case", list(CASES))
+QUICK = ("llama", "gpt-gqa-tied")   # the other cases (a few seconds each, most in transformers' generate): slow
+
+
+@pytest.mark.parametrize("case", [c if c in QUICK else pytest.param(c, marks=pytest.mark.slow) for c in CASES])
 def test_transformers_loads_the_export(tmp_path, case):
     transformers = transformers_or_skip()
     run, spec = _run(tmp_path, case)
