@@ -78,3 +78,36 @@ def test_finetune_from_an_hf_folder_and_export_it_back(tmp_path, arch, layout):
         assert r.returncode == 0, r.stderr[-3000:]
         assert json.loads(r.stdout[r.stdout.index("{"):])["step"] == 3
         assert (tmp_path / "run" / "checkpoints" / "step-00000003").is_dir()
+
+
+@pytest.mark.slow
+def test_the_first_step_loss_is_transformers_loss_with_labels(tmp_path):
+    """2-rank zero3 on a byte token folder, unshuffled: step 1's batch is windows 0..7 (17 tokens each) and its
+    loss is computed with the imported weights. transformers' loss(input_ids=w, labels=w) scores logits of
+    positions 0..15 against w[1:17] (it shifts inside), which is what tandem's token windows give the model
+    already shifted (x = w[:16], y = w[1:17]): the same number."""
+    transformers = transformers_or_skip()
+    from tandem.data.text import prepare_text
+
+    hf_model = make(tmp_path / "base", "llama", vocab_size=256, initializer_range=0.3)   # a loss far from ln 256
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_text("".join(f"line {i}: the quick brown fox {i * i}\n" for i in range(60)))
+    prepare_text([str(src)], tmp_path / "tok", globs=["*.txt"], held_out=0.0)
+    spec = tmp_path / "job.toml"
+    spec.write_text(SPEC.format(folder=tmp_path / "base", lr=LR, run=tmp_path / "run")
+                    .replace('name = "reverse"\nnum_samples = 256', f'name = "tokens"\npath = "{tmp_path / "tok"}"'
+                             f'\nshuffle = false')
+                    .replace("global_batch = 16\nmicro_batch = 8\nmax_steps = 2",
+                             "global_batch = 8\nmicro_batch = 4\nmax_steps = 1"))
+    r = run_tandem("train", str(spec), "--parallel.strategy", "zero3", "--json", timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    from tandem.core.rundir import read_metrics
+    step1 = next(m for m in read_metrics(tmp_path / "run") if m.get("step") == 1 and "loss" in m)
+    import numpy as np
+    tokens = np.fromfile(tmp_path / "tok" / "train.bin", dtype=np.uint8).astype(np.int64)
+    w = torch.from_numpy(np.stack([tokens[i * 16: i * 16 + 17] for i in range(8)]))
+    with torch.no_grad():
+        want = hf_model(input_ids=w, labels=w).loss.item()
+    print("step-1 loss", step1["loss"], "transformers", want)
+    assert abs(step1["loss"] - want) < 1e-5 * max(1.0, want), (step1["loss"], want)
