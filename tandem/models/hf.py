@@ -136,6 +136,7 @@ def _check_sha256(folder: Path) -> None:
 
 def weights_for(m: ModelSpec) -> Weights | None:
     """The reader of the spec's Hugging Face folder (``model.name = 'hf:DIR'``), or None."""
+    m = resolve_spec(m)
     if not m.hf:
         return None
     return Weights(Path(m.hf["path"]), rules_for(m))

@@ -165,3 +165,19 @@ def test_a_tensor_tandem_has_no_place_for_is_named(tmp_path):
         load_spec(None, {"model.name": f"hf:{tmp_path}"})
     assert "holds tensor model.layers.0.self_attn.k_proj.bias (model.safetensors) that tandem's model" in _one_line(e)
     assert "(and 5 more)" in str(e.value)
+
+
+def test_build_meta_of_an_unresolved_hf_name_is_filled_by_its_weights(tmp_path):
+    """A ModelSpec made in Python (name 'hf:DIR', not through load_spec): build_meta gives the meta model and
+    weights_for the folder's reader, so the materializer fills it with the checkpoint, not an init."""
+    from tandem.core.spec import ModelSpec
+    from tandem.train.parallel.materialize import Materializer, build_meta
+
+    ref = make(tmp_path, "gpt2")
+    ms = ModelSpec(name=f"hf:{tmp_path}")
+    meta = build_meta(ms, torch.device("cpu"))
+    assert all(p.is_meta for p in meta.parameters())
+    Materializer(0, torch.device("cpu"), hf.weights_for(ms))(meta)
+    x = tokens()
+    with torch.no_grad():
+        assert torch.allclose(meta(x), ref(input_ids=x).logits, atol=1e-5, rtol=0)

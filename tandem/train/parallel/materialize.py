@@ -24,13 +24,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tandem.core.hf import is_hf
 from tandem.models import build_model
 from tandem.models.init import full_value, named_tensors
 
 
 def builtin(name: str) -> bool:
-    """Models whose initialisation tandem replays per tensor (the built-in GPT and ResNets)."""
-    return ":" not in name
+    """Models whose initialisation tandem replays per tensor (the built-in GPT and ResNets, and a Hugging
+    Face folder's, whose tensors the materializer reads: ``weights_for``)."""
+    return ":" not in name or is_hf(name)
 
 
 def build_meta(model_spec, device: torch.device) -> nn.Module:
