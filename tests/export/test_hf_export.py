@@ -210,3 +210,14 @@ def test_build_model_of_an_hf_name_holds_its_weights(tmp_path):
     x = tokens(seq=8)
     with torch.no_grad():
         assert torch.allclose(model(x), ref(input_ids=x).logits, atol=1e-5, rtol=0)
+
+
+def test_bf16_export_records_its_dtype(tmp_path):
+    run, _ = _run(tmp_path, "llama")
+    r = export(run, tmp_path / "hf", format="hf", dtype="bf16")
+    assert r["max_cast_error"] > 0
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    assert {t.dtype for t in load_file(tmp_path / "hf" / "model.safetensors").values()} == {torch.bfloat16}
+    from tandem.models import hf
+    model = hf.load(tmp_path / "hf")        # tandem imports bf16 weights into its fp32 modules
+    assert model.tok_emb.weight.dtype == torch.float32
