@@ -248,6 +248,10 @@ def _rope(cfg: dict, folder: str) -> tuple[float, dict]:
     """(rope_theta, tandem's rope_scaling) from either config.json style: transformers >= 5's
     ``rope_parameters`` (theta inside) or the older ``rope_theta`` + ``rope_scaling``."""
     params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    if any(isinstance(v, dict) for v in params.values()):   # one rotary per layer type (sliding + full)
+        key = "rope_parameters" if cfg.get("rope_parameters") else "rope_scaling"
+        raise _bad(key, cfg[key], "a rotary per layer type: tandem has one for every layer",
+                   "use a model with one rope_parameters table", folder)
     theta = float(params.pop("rope_theta", None) or cfg.get("rope_theta") or 10000.0)
     kind = params.pop("rope_type", None) or params.pop("type", None) or "default"
     if kind == "default":
@@ -414,12 +418,12 @@ def resolve(data: dict) -> dict:
         raise ConfigError(f"model.seq {seq} exceeds the checkpoint's max_position_embeddings "
                           f"{cfg['max_position_embeddings']}", field="model.seq", value=seq,
                           fix=f"give at most {cfg['max_position_embeddings']}")
-    modelled = set(arch.config({**fields, "rope_scaling": fields.get("rope_scaling", {}),
-                                "rope_theta": fields.get("rope_theta", 0), "norm_eps": fields.get("norm_eps", 0),
-                                "qkv_bias": False, "qk_norm": False}))
-    modelled.discard("max_position_embeddings")   # kept: an export of a shorter model.seq writes it back
-    carried = {k: v for k, v in cfg.items() if k not in modelled and k not in
-               ("rope_parameters", "transformers_version", "torch_dtype", "dtype", "layer_types", "_name_or_path")}
+    # the keys an export writes from tandem's own fields; the rest is carried. max_position_embeddings is kept
+    # too: a Llama fine-tuned with a shorter model.seq is written back with the checkpoint's
+    modelled = set(arch.config({"rope_scaling": {}, "rope_theta": 0.0, "norm_eps": 0.0, **fields}))
+    modelled |= {"rope_parameters", "transformers_version", "torch_dtype", "dtype", "layer_types", "_name_or_path"}
+    modelled.discard("max_position_embeddings")
+    carried = {k: v for k, v in cfg.items() if k not in modelled}
     check_folder(folder, arch.rules({**fields, "kv_heads": fields.get("kv_heads") or fields["heads"]}))
     out = {k: v for k, v in data.items() if k != "name"}
     out.update(fields)

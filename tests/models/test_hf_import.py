@@ -83,6 +83,8 @@ def test_unsupported_architecture(tmp_path, arch, msg):
                                             ("llama", "mlp_bias", True), ("llama", "attention_bias", True),
                                             ("mistral", "sliding_window", 8), ("qwen2", "use_sliding_window", True),
                                             ("gpt2", "activation_function", "gelu_new"),
+                                            ("qwen3", "rope_parameters", {"full_attention": {"rope_theta": 1e6},
+                                                                          "sliding_attention": {"rope_theta": 1e4}}),
                                             ("gpt2", "attn_pdrop", 0.1)])
 def test_a_config_key_tandem_would_ignore_is_named(tmp_path, arch, key, value):
     make(tmp_path, arch)
