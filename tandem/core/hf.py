@@ -34,7 +34,7 @@ INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 # ModelSpec fields config.json decides (a [model] table may repeat them only with the same value)
 SHAPE_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn", "head_dim", "vocab", "tied", "rope_theta",
-                "rope_scaling", "norm_eps", "qkv_bias", "qk_norm")
+                "rope_scaling", "norm_eps", "qkv_bias", "qk_norm", "gelu")
 
 
 def is_hf(name) -> bool:
@@ -165,6 +165,10 @@ class LlamaFamily:
         return out
 
 
+# transformers' names -> tandem GPT's activation (gelu_new and gelu_pytorch_tanh: the same tanh formula)
+GPT2_ACTIVATIONS = {"gelu": "exact", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}
+
+
 @dataclass(frozen=True)
 class GPT2:
     """GPT2LMHeadModel onto tandem's GPT (learned positions, LayerNorm, exact-gelu MLP, biases)."""
@@ -175,9 +179,9 @@ class GPT2:
     def fields(self, cfg: dict, folder: str = "", seq: int | None = None) -> dict:
         g = lambda k, d=None: _get(cfg, k, d, folder)  # noqa: E731
         act = cfg.get("activation_function", "gelu_new")
-        if act != "gelu":
-            raise _bad("activation_function", act, "tandem's GPT MLP uses the exact gelu (transformers' \"gelu\")",
-                       "use a model trained with activation_function \"gelu\"", folder)
+        if act not in GPT2_ACTIVATIONS:
+            raise _bad("activation_function", act, "tandem's GPT MLP computes gelu (exact) or gelu_new / "
+                       "gelu_pytorch_tanh (the tanh approximation)", "use a model with one of those", folder)
         for key in ("resid_pdrop", "embd_pdrop", "attn_pdrop"):
             v = cfg.get(key, 0.1)
             if v:
@@ -199,12 +203,14 @@ class GPT2:
                               fix=f"leave model.seq out (it is {n_pos}), or give {n_pos}")
         return {"name": self.kind, "layers": int(g("n_layer")), "hidden": hidden, "heads": int(g("n_head")),
                 "kv_heads": 0, "ffn": int(cfg.get("n_inner") or 4 * hidden), "seq": n_pos,
-                "vocab": int(g("vocab_size")), "tied": bool(cfg.get("tie_word_embeddings", True))}
+                "vocab": int(g("vocab_size")), "tied": bool(cfg.get("tie_word_embeddings", True)),
+                "gelu": GPT2_ACTIVATIONS[act]}
 
     def config(self, m: dict) -> dict:
         return {"architectures": [self.architecture], "model_type": self.model_type, "vocab_size": m["vocab"],
                 "n_embd": m["hidden"], "n_layer": m["layers"], "n_head": m["heads"], "n_positions": m["seq"],
-                "n_inner": m["ffn"] or 4 * m["hidden"], "activation_function": "gelu", "resid_pdrop": 0.0,
+                "n_inner": m["ffn"] or 4 * m["hidden"], "resid_pdrop": 0.0,
+                "activation_function": "gelu_new" if m.get("gelu") == "tanh" else "gelu",
                 "embd_pdrop": 0.0, "attn_pdrop": 0.0, "layer_norm_epsilon": 1e-5, "scale_attn_weights": True,
                 "tie_word_embeddings": m["tied"], "use_cache": True}
 

@@ -51,6 +51,8 @@ class ModelSpec:
     seq: int = f(16, "gpt: sequence length (the reverse/sort tasks use seq/2 digits).")
     vocab: int = f(16, "gpt: vocabulary size (the digit tasks need at least 11).")
     tied: bool = f(True, "gpt: output layer shares the token embedding matrix (refused with pp > 1).")
+    gelu: str = f("exact", "gpt: the MLP's gelu: exact (erf) | tanh (the tanh approximation, GPT-2's gelu_new; "
+                           "set by an hf: GPT-2 checkpoint).")
     head_dim: int = f(0, "llama: features per attention head (0: hidden / heads; Qwen3 sets it apart).")
     rope_theta: float = f(10000.0, "llama: rotary base (10000 Llama 2, 500000 Llama 3, 1000000 Qwen).")
     rope_scaling: dict = f({}, "llama: rotary scaling, Hugging Face's rope_scaling keys: {} (none) | {rope_type = "

@@ -35,7 +35,7 @@ def build_model(spec: ModelSpec) -> nn.Module:
     if name == "gpt":
         from tandem.models.gpt import gpt
         return gpt(layers=spec.layers, hidden=spec.hidden, heads=spec.heads, kv_heads=spec.kv_heads,
-                   ffn=spec.ffn, seq=spec.seq, vocab=spec.vocab, tied=spec.tied)
+                   ffn=spec.ffn, seq=spec.seq, vocab=spec.vocab, tied=spec.tied, gelu=spec.gelu)
     if name == "llama":
         from tandem.models.llama import from_spec
         return from_spec(spec)
@@ -62,7 +62,7 @@ def build_model(spec: ModelSpec) -> nn.Module:
 
 
 # Fields of [model] that are tandem's own, never a factory's keyword even when it names one.
-NOT_FOR_FACTORY = ("name", "loss", "extra")
+NOT_FOR_FACTORY = ("name", "loss", "extra", "hf", "gelu")
 
 
 def factory_kwargs(spec: ModelSpec) -> dict:

@@ -169,7 +169,7 @@ def load(folder, **model_fields) -> nn.Module:
         from tandem.models.gpt import gpt
 
         model = gpt(layers=m.layers, hidden=m.hidden, heads=m.heads, kv_heads=m.kv_heads, ffn=m.ffn, seq=m.seq,
-                    vocab=m.vocab, tied=m.tied)
+                    vocab=m.vocab, tied=m.tied, gelu=m.gelu)
     else:
         from tandem.models.llama import from_spec
 

@@ -110,7 +110,7 @@ def test_tp_is_refused_with_format_hf(tmp_path):
     assert e.value.field == "--tp" and "tandem's own format" in str(e.value)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "gpt2", "mistral"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gpt2", "gpt2-gelu-new", "mistral"])
 def test_round_trip_hf_tandem_hf_is_bit_exact(tmp_path, arch):
     """An HF folder imported (model.name = 'hf:DIR'), checkpointed as tandem's trainer does at step 0, exported
     back: every tensor's bytes equal the original's."""

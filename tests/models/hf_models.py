@@ -21,6 +21,7 @@ ARCHS = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=12, rope_theta=1e6, rms_norm_eps=1e-6)),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None, rope_theta=10000.0)),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", None),
+    "gpt2-gelu-new": ("GPT2Config", "GPT2LMHeadModel", None),   # GPT-2's own activation (the tanh gelu)
 }
 
 
@@ -39,7 +40,8 @@ def hf_config(arch: str, **over):
     cfg_cls, _, extra = ARCHS[arch]
     cls = getattr(transformers, cfg_cls)
     if extra is None:  # GPT-2: the exact gelu and no dropout, as tandem's GPT
-        kw = dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=SEQ, activation_function="gelu",
+        kw = dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=SEQ,
+                  activation_function="gelu_new" if arch == "gpt2-gelu-new" else "gelu",
                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     else:
         kw = {**COMMON, **extra}

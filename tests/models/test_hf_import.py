@@ -82,7 +82,7 @@ def test_unsupported_architecture(tmp_path, arch, msg):
 @pytest.mark.parametrize("arch,key,value", [("llama", "attention_dropout", 0.1), ("llama", "hidden_act", "gelu"),
                                             ("llama", "mlp_bias", True), ("llama", "attention_bias", True),
                                             ("mistral", "sliding_window", 8), ("qwen2", "use_sliding_window", True),
-                                            ("gpt2", "activation_function", "gelu_new"),
+                                            ("gpt2", "activation_function", "relu"),
                                             ("qwen3", "rope_parameters", {"full_attention": {"rope_theta": 1e6},
                                                                           "sliding_attention": {"rope_theta": 1e4}}),
                                             ("gpt2", "attn_pdrop", 0.1)])
@@ -183,3 +183,9 @@ def test_build_meta_of_an_unresolved_hf_name_is_filled_by_its_weights(tmp_path):
     x = tokens()
     with torch.no_grad():
         assert torch.allclose(meta(x), ref(input_ids=x).logits, atol=1e-5, rtol=0)
+
+
+def test_gelu_is_a_checked_choice():
+    with pytest.raises(ConfigError) as e:
+        load_spec(None, {"model.name": "gpt", "model.gelu": "fast", "data.name": "reverse"})
+    assert e.value.field == "model.gelu" and "'fast' is not one of exact, tanh" in _one_line(e)
