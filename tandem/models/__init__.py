@@ -24,7 +24,9 @@ __all__ = ["ResNet", "resnet18", "resnet34", "resnet50", "build_model", "model_s
 
 
 def build_model(spec: ModelSpec) -> nn.Module:
-    """The model the spec names, on the CPU, freshly initialised (seed the RNG first)."""
+    """The model the spec names, on the CPU, freshly initialised (seed the RNG first); ``hf:DIR``: tandem's
+    own model holding the folder's weights (a spec loaded from a file names the model itself instead and
+    keeps the folder in ``model.hf``: built fresh here, filled by the materializer)."""
     name = spec.name
     if is_hf(name):  # a Hugging Face folder: tandem's own model, holding its weights (tandem/models/hf.py)
         from tandem.models import hf
