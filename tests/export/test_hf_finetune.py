@@ -1,5 +1,5 @@
 """Fine-tune a Hugging Face checkpoint (model.name = "hf:DIR", made here with from_config + save_pretrained)
-with real 2-rank `tandem train` runs under ddp, zero1, zero3, tp 2 and pp 2, then `tandem export --format hf`:
+with real 2-rank `tandem train` runs under ddp, zero1, zero3, tp 2 and pp 2 (and dp 2 x tp 2 on 4 ranks), then `tandem export --format hf`:
 transformers loads the export, its logits equal tandem's within 1e-5, greedy generate gives tandem's
 tokens. The learning rate is small enough (AdamW moves each weight by about lr a step) that the exported
 weights must sit within a few lr of the original's: a run whose shards started from tandem's random init
@@ -41,12 +41,16 @@ run_dir = "{run}"
 """
 LAYOUTS = {"ddp": [], "zero1": ["--parallel.strategy", "zero1"], "zero3": ["--parallel.strategy", "zero3"],
            "tp2": ["--parallel.tp", "2"],
-           "pp2": ["--parallel.pp", "2"]}
+           "pp2": ["--parallel.pp", "2"],
+           # dp 2 x tp 2 on 4 ranks, the dp dimension sharded by FSDP2 (zero2): 2D in one run
+           "dp2xtp2-zero2": ["--parallel.tp", "2", "--parallel.strategy", "zero2", "--schedule.micro_batch", "4",
+                             "--launch.nproc_per_node", "4"]}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch,layout", [("llama", "ddp"), ("qwen3", "zero3"), ("llama", "tp2"), ("qwen2", "pp2"),
-                                         ("gpt2", "zero3"), ("mistral", "zero1")])
+                                         ("gpt2", "zero3"), ("mistral", "zero1"),
+                                         ("qwen3", "dp2xtp2-zero2")])
 def test_finetune_from_an_hf_folder_and_export_it_back(tmp_path, arch, layout):
     transformers = transformers_or_skip()
     make(tmp_path / "base", arch)
