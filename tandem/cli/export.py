@@ -27,6 +27,8 @@ def export_cmd(
     folder: Optional[str] = typer.Argument(None, metavar="[DIR]", help="With 'verify': the export folder to check."),
     out: Optional[Path] = typer.Option(None, "--out", help="Export folder (default RUN_DIR/export/step-N)."),
     dtype: str = typer.Option("keep", "--dtype", help="keep | bf16 | fp16 | fp32 (floating-point tensors only)."),
+    format: str = typer.Option("tandem", "--format", help="tandem (tandem.export.load, --tp slices) | hf (a "
+                                                           "Hugging Face folder transformers, vLLM and SGLang load)."),
     tp: int = typer.Option(1, "--tp", help="Also write tp-R-of-N/ slices for N tensor-parallel ranks (gpt)."),
     max_memory: Optional[str] = typer.Option(None, "--max-memory",
                                              help="Tensor bytes held at once, e.g. 2GiB (default: 2 x the "
@@ -48,6 +50,10 @@ def export_cmd(
                           fix="give one RUN_DIR or CHECKPOINT, or `tandem export verify DIR`")
     from tandem.export.exporter import ExportOptions, export  # torch inside: `tandem --help` stays fast
 
+    if format not in ("tandem", "hf"):
+        raise ConfigError("unknown format", field="--format", value=format, fix="use tandem or hf")
+    if format == "hf":
+        from tandem.export.hf import export_hf as export
     opts = ExportOptions(Path(source), out, dtype, tp, _size(max_memory, "--max-memory"),
                          _size(shard_size, "--shard-size"), force, spec, progress=not as_json and sys.stderr.isatty())
     r = export(opts)
@@ -55,19 +61,23 @@ def export_cmd(
         print(json.dumps(r, indent=1))
         return
     tied = ", ".join(f"{a} -> {c}" for a, c in r["tied"].items())
-    print(f"exported step {r['step']} of {r['checkpoint']}\n  -> {r['out']}")
+    print(f"exported step {r['step']} of {r['checkpoint']}\n  -> {r['out']}"
+          + (f" ({r['architecture']}, Hugging Face format)" if r.get("format") == "hf" else ""))
     print(f"  {r['tensors']} tensors, {_mib(r['bytes'])} ({r['dtype']})" + (f"; tied: {tied}" if tied else ""))
     if r["dtype"] != "keep":
         print(f"  largest cast error {r['max_cast_error']:.3g}")
     print(f"  files: {', '.join(r['files'])}")
+    if r.get("format") == "hf" and not r["tokenizer"]["hf"]:
+        print(f"  no tokenizer: {r['tokenizer'].get('note', '')}")
     print(f"  peak memory {_mib(r['peak_rss_bytes'])} (largest tensor {_mib(r['largest_tensor_bytes'])}), "
           f"{r['seconds']:.2f} s")
 
 
 def _verify(folder: str, as_json: bool) -> None:
-    from tandem.export.loader import verify  # torch inside
+    from tandem.export.hf import is_hf_export, verify_hf  # torch inside
+    from tandem.export.loader import verify
 
-    r = verify(Path(folder))
+    r = (verify_hf if is_hf_export(Path(folder)) else verify)(Path(folder))
     if as_json:
         print(json.dumps(r, indent=1))
         return

@@ -14,6 +14,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from tandem.core import hf
 from tandem.core.errors import ConfigError
 from tandem.core.spec import JobSpec, ModelSpec
 
@@ -40,7 +41,7 @@ def _unknown(key: str, valid: list[str]) -> ConfigError:
 def _keeps_extra(cls: type, name: object) -> bool:
     """A [model] section naming a factory keeps the keys tandem does not know: the factory's own
     keywords (model.extra), checked against its signature by tandem.models.build_model."""
-    return cls is ModelSpec and ":" in str(name or "")
+    return cls is ModelSpec and ":" in str(name or "") and not hf.is_hf(name)
 
 
 def _literal(raw: str) -> Any:
@@ -100,6 +101,8 @@ def from_dict(data: dict[str, Any], cls: type = JobSpec, prefix: str = "") -> An
     """Build ``cls`` from nested dicts; unknown keys and wrong types raise ConfigError."""
     if not isinstance(data, dict):
         raise ConfigError(f"expected a table, got {data!r}", field=prefix.rstrip(".") or "spec")
+    if cls is ModelSpec and hf.is_hf(data.get("name")):  # a Hugging Face folder: tandem's own model, its shape
+        data = hf.resolve(data)                          # from config.json (tandem/core/hf.py)
     hints = _hints(cls)
     kwargs: dict[str, Any] = {}
     extra: dict[str, Any] = {}

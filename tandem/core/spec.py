@@ -27,7 +27,10 @@ class ModelSpec:
     name: str = f("resnet18", "resnet18 | resnet34 | resnet50 | gpt (a GPT decoder, sized by the gpt: fields "
                               "below) | llama (a Llama-style decoder: rotary positions, RMSNorm, SwiGLU, "
                               "grouped-query attention, no biases; the gpt: fields and the llama: ones; "
-                              "docs/models.md), or an import path 'pkg.module:factory' returning an nn.Module (called "
+                              "docs/models.md) | hf:DIR (a local Hugging Face checkpoint folder, config.json + safetensors: "
+                              "Llama, Qwen2, Qwen3, Mistral or GPT-2, built as tandem's llama or gpt with the shape "
+                              "fields from its config.json and its weights loaded shard by shard under any strategy; "
+                              "docs/export.md), or an import path 'pkg.module:factory' returning an nn.Module (called "
                               "with the fields of this section its signature names, num_classes= and "
                               "in_channels= among them, and with any key of this section tandem does not "
                               "know, see extra; the module found as the workers find it: PYTHONPATH, then "
@@ -48,6 +51,8 @@ class ModelSpec:
     seq: int = f(16, "gpt: sequence length (the reverse/sort tasks use seq/2 digits).")
     vocab: int = f(16, "gpt: vocabulary size (the digit tasks need at least 11).")
     tied: bool = f(True, "gpt: output layer shares the token embedding matrix (refused with pp > 1).")
+    gelu: str = f("exact", "gpt: the MLP's gelu: exact (erf) | tanh (the tanh approximation, GPT-2's gelu_new; "
+                           "set by an hf: GPT-2 checkpoint).")
     head_dim: int = f(0, "llama: features per attention head (0: hidden / heads; Qwen3 sets it apart).")
     rope_theta: float = f(10000.0, "llama: rotary base (10000 Llama 2, 500000 Llama 3, 1000000 Qwen).")
     rope_scaling: dict = f({}, "llama: rotary scaling, Hugging Face's rope_scaling keys: {} (none) | {rope_type = "
@@ -66,6 +71,9 @@ class ModelSpec:
                                    "plus shift_labels=y, every target scored); any other forward: model(x, y), y "
                                    "the targets as given) | 'pkg.module:fn' with fn(output, target) returning the "
                                    "SUMMED loss. See tandem/train/loss.py.")
+    hf: dict = f({}, "Set by model.name = 'hf:DIR' (leave it out): {path, architecture, config}, the Hugging "
+                     "Face folder the initial weights are read from, its architecture and the config.json keys "
+                     "tandem does not model (carried into tandem export --format hf).")
     extra: dict = f({}, "A factory's own keywords (width of an MLP, depth, dropout...): with model.name "
                         "'pkg.module:factory', any key of the model section tandem does not know lands here and is passed "
                         "to the factory; checked against its signature before launch (a typo gets 'did you "

@@ -19,6 +19,7 @@ LAUNCH_CHOICES = {"device": ("auto", "cpu", "cuda"), "backend": ("auto", "gloo",
 CHOICES = {
     "data.name": ("digits", "synthetic", "npz", "reverse", "sort", "tokens"),  # or 'pkg.module:factory'
     "data.remainder": ("pad", "drop"),
+    "model.gelu": ("exact", "tanh"),
     "parallel.strategy": ("ddp", "zero1", "zero2", "zero3", "fsdp", "hsdp"),
     "parallel.pp_schedule": ("gpipe", "1f1b", "interleaved"),
     "parallel.pp_split": ("cost", "even"),

@@ -12,23 +12,32 @@ from torch import nn
 from tandem.core.config import did_you_mean
 from tandem.core.errors import ConfigError
 from tandem.core.factory import import_factory
+from tandem.core.hf import is_hf
 from tandem.core.spec import ModelSpec
 from tandem.models.resnet import ResNet, resnet18, resnet34, resnet50
 
 BUILTIN = {"resnet18": 18, "resnet34": 34, "resnet50": 50}
-VALID = " | ".join(BUILTIN) + " | gpt | llama | an import path 'pkg.module:factory'"
+VALID = " | ".join(BUILTIN) + " | gpt | llama | hf:DIR (a Hugging Face folder) | an import path 'pkg.module:factory'"
 
 __all__ = ["ResNet", "resnet18", "resnet34", "resnet50", "build_model", "model_signature",
            "count_params", "BUILTIN", "factory_kwargs"]
 
 
 def build_model(spec: ModelSpec) -> nn.Module:
-    """The model the spec names, on the CPU, freshly initialised (seed the RNG first)."""
+    """The model the spec names, on the CPU, freshly initialised (seed the RNG first); ``hf:DIR``: tandem's
+    own model holding the folder's weights (a spec loaded from a file names the model itself instead and
+    keeps the folder in ``model.hf``: built fresh here, filled by the materializer)."""
     name = spec.name
+    if is_hf(name):  # a Hugging Face folder: tandem's own model, holding its weights (tandem/models/hf.py)
+        from tandem.models import hf
+
+        spec = hf.resolve_spec(spec)
+        model = build_model(spec)
+        return model if any(t.is_meta for t in model.parameters()) else hf.load_into(model, hf.weights_for(spec))
     if name == "gpt":
         from tandem.models.gpt import gpt
         return gpt(layers=spec.layers, hidden=spec.hidden, heads=spec.heads, kv_heads=spec.kv_heads,
-                   ffn=spec.ffn, seq=spec.seq, vocab=spec.vocab, tied=spec.tied)
+                   ffn=spec.ffn, seq=spec.seq, vocab=spec.vocab, tied=spec.tied, gelu=spec.gelu)
     if name == "llama":
         from tandem.models.llama import from_spec
         return from_spec(spec)
@@ -55,7 +64,7 @@ def build_model(spec: ModelSpec) -> nn.Module:
 
 
 # Fields of [model] that are tandem's own, never a factory's keyword even when it names one.
-NOT_FOR_FACTORY = ("name", "loss", "extra")
+NOT_FOR_FACTORY = ("name", "loss", "extra", "hf", "gelu")
 
 
 def factory_kwargs(spec: ModelSpec) -> dict:

@@ -24,6 +24,8 @@ from tandem.core.errors import ConfigError
 from tandem.models.init import init_weights
 from tandem.models.layout import DecoderLayout
 
+GELU = {"exact": "none", "tanh": "tanh"}   # model.gelu -> F.gelu's approximate=
+
 # what the parallel strategies cut (tandem/models/layout.py)
 LAYOUT = DecoderLayout(embeddings=("tok_emb", "pos_emb"), colwise=("attn.wq", "attn.wk", "attn.wv", "mlp.w1"),
                        rowwise=("attn.wo", "mlp.w2"), norms=("ln1", "ln2"), gathers=("attn", "mlp"))
@@ -39,8 +41,12 @@ class GPTConfig:
     seq: int = 16
     vocab: int = 16
     tied: bool = True
+    gelu: str = "exact"        # exact (erf) | tanh (the tanh approximation: GPT-2's gelu_new)
 
     def __post_init__(self):
+        if self.gelu not in GELU:
+            raise ConfigError(f"gelu {self.gelu!r} is not one of {', '.join(GELU)}", field="model.gelu",
+                              value=self.gelu, fix="use exact or tanh")
         self.kv_heads = self.kv_heads or self.heads
         self.ffn = self.ffn or 4 * self.hidden
         for k in ("layers", "hidden", "heads", "kv_heads", "ffn", "seq", "vocab"):
@@ -86,9 +92,10 @@ class MLP(nn.Module):
         super().__init__()
         self.w1 = nn.Linear(c.hidden, c.ffn)
         self.w2 = nn.Linear(c.ffn, c.hidden)
+        self.approximate = GELU[c.gelu]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.gelu(self.w1(x)))
+        return self.w2(F.gelu(self.w1(x), approximate=self.approximate))
 
 
 class Block(nn.Module):
@@ -153,10 +160,10 @@ class GPT(nn.Module):
 
 
 def gpt(layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 0, ffn: int = 0, seq: int = 16,
-        vocab: int = 16, tied: bool = True, **_ignored) -> GPT:
+        vocab: int = 16, tied: bool = True, gelu: str = "exact", **_ignored) -> GPT:
     """Factory (``model.name = "gpt"``); extra keywords (num_classes, in_channels) are ignored."""
     return GPT(GPTConfig(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, seq=seq,
-                         vocab=vocab, tied=tied))
+                         vocab=vocab, tied=tied, gelu=gelu))
 
 
 def block_cost(c: GPTConfig, part: str) -> float:

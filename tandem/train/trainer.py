@@ -44,6 +44,7 @@ from tandem.train.loss import resolve_loss
 from tandem.train.optim import build_optimizer
 from tandem.train.parallel import Parallel, loss_sum, parallelize
 from tandem.train.parallel.ddp import prime_buckets
+from tandem.models.hf import weights_for
 from tandem.train.parallel.materialize import Materializer, build_meta
 from tandem.train.peak_memory import PeakMemory
 from tandem.train.profile import StepProfiler
@@ -191,7 +192,8 @@ def setup(spec: JobSpec, ctx: rt.DistContext, run_dir: Path) -> tuple[Job, Train
     train_ds, held = load_datasets(spec.data, s.seed, spec.model.num_classes, spec.model.in_channels,
                                    seq=spec.model.seq)
     log = print if ctx.is_main else (lambda *a, **k: None)
-    par = parallelize(model, spec, ctx, log, Materializer(s.seed, ctx.device))  # tp, pp, checkpointing, compile, dp sharding (docs/parallel.md)
+    weights = weights_for(spec.model)  # model.name = "hf:DIR": shards filled from the checkpoint, not the init
+    par = parallelize(model, spec, ctx, log, Materializer(s.seed, ctx.device, weights))  # tp, pp, checkpointing, compile, dp sharding (docs/parallel.md)
     dp_world, dp_rank = par.dp, par.dp_rank   # data ranks: tp and pp ranks of one replica read the same batch
     el_resume.agree_attempt(ctx)  # one attempt number for the group, a node that just joined included
     path = resume_path(spec, run_dir)

@@ -14,6 +14,9 @@ as one process does, and a rank's peak memory is its shard plus one full tensor.
 A user's factory (``model.name = "pkg.module:factory"``) initialises its model its own way,
 which tandem cannot replay per tensor: it is built on the CPU with the seeded global RNG, as
 before, moved to the device and then sharded, so each rank briefly holds the whole model.
+
+A model imported from a Hugging Face folder (``model.name = "hf:DIR"``) is filled the same way, each full
+tensor read from the folder's safetensors through the adapter (``tandem/models/hf.py``) instead of drawn.
 """
 
 from __future__ import annotations
@@ -21,13 +24,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tandem.core.hf import is_hf
 from tandem.models import build_model
 from tandem.models.init import full_value, named_tensors
 
 
 def builtin(name: str) -> bool:
-    """Models whose initialisation tandem replays per tensor (the built-in GPT and ResNets)."""
-    return ":" not in name
+    """Models whose initialisation tandem replays per tensor (the built-in GPT and ResNets, and a Hugging
+    Face folder's, whose tensors the materializer reads: ``weights_for``)."""
+    return ":" not in name or is_hf(name)
 
 
 def build_meta(model_spec, device: torch.device) -> nn.Module:
@@ -46,17 +51,18 @@ def is_meta(model: nn.Module) -> bool:
 class Materializer:
     """Callable on a (possibly pruned, tp- and FSDP-sharded) meta model: allocate and initialise."""
 
-    def __init__(self, seed: int, device: torch.device):
-        self.seed, self.device = seed, device
+    def __init__(self, seed: int, device: torch.device, weights=None):
+        self.seed, self.device, self.weights = seed, device, weights
 
     def __call__(self, model: nn.Module) -> None:
-        materialize(model, self.device, self.seed)
+        materialize(model, self.device, self.seed, self.weights)
 
 
-def materialize(model: nn.Module, device: torch.device, seed: int) -> None:
+def materialize(model: nn.Module, device: torch.device, seed: int, weights=None) -> None:
     """Allocate ``model``'s meta tensors on ``device`` (local shards only) and give each the
     values its part of the full tensor has in a single process. A model with no meta tensor
-    (a user's factory, built for real) is left as it is."""
+    (a user's factory, built for real) is left as it is. ``weights``: a checkpoint's full tensors
+    by name (``tandem.models.hf.Weights``) instead of the initial values."""
     if not is_meta(model):
         return
     ties = _ties(model)
@@ -65,7 +71,8 @@ def materialize(model: nn.Module, device: torch.device, seed: int) -> None:
         module._parameters[attr] = first[0]._parameters[first[1]]
     with torch.no_grad():
         for name, module, attr, t in named_tensors(model):
-            full = full_value(model, module, name, t.shape, t.dtype, seed)
+            value = weights.value if weights is not None else full_value
+            full = value(model, module, name, t.shape, t.dtype, seed)
             _copy_local(t, full)
 
 
