@@ -157,11 +157,13 @@ class RingAttention(torch.autograd.Function):
                     lses[i] = new
                 _wait(reqs)
                 kv = nxt
-            out = torch.cat(outs, dim=3)
+            # laid out (B, L, H, D) as SDPA's CPU and flash kernels return it: the caller's transpose to
+            # (B, L, H x D) for the output projection is then a view, not a second copy kept for its backward
+            out = torch.cat(outs, dim=3).reshape(b, hq, n, d).transpose(1, 2).contiguous().transpose(1, 2)
             lse = torch.cat(lses, dim=3)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.par = par
-        return out.reshape(b, hq, n, d).to(q.dtype)
+        return out.to(q.dtype)
 
     @staticmethod
     def backward(ctx, dout):
@@ -173,7 +175,7 @@ class RingAttention(torch.autograd.Function):
         with torch.autocast(q.device.type, enabled=False):
             qc = q.float().reshape(b, hkv, hq // hkv, n, d).chunk(2, dim=3)
             do = dout.float().reshape(b, hkv, hq // hkv, n, d)
-            delta = (do * out).sum(-1)                          # rowsum(dO * O): the softmax backward's D
+            delta = (do * out.reshape(b, hkv, hq // hkv, n, d)).sum(-1)   # rowsum(dO * O): the softmax backward's D
             doc, dc, lc = do.chunk(2, dim=3), delta.chunk(2, dim=3), lse.chunk(2, dim=3)
             dq = [torch.zeros_like(c) for c in qc]
             kv = torch.stack([k.float(), v.float()])
