@@ -45,11 +45,9 @@ def saved_activation_bytes(spec, ctx) -> dict:
             "ring_bytes": par.cp.sent_bytes if par.cp is not None else 0}
 
 
-def planned_activations(spec, world: int) -> float:
-    """``tandem plan``'s activation bytes per GPU (stored layers + the fp32 logits) for ``spec`` on ``world``."""
+def _plan_inputs(spec, world: int):
     from tandem.plan.inputs.model import GPTShape, gpt_stats
     from tandem.plan.inputs.training import Strategy, Training
-    from tandem.plan.terms.memory import activation_parts
 
     m = spec.model
     shape = GPTShape(layers=m.layers, hidden=m.hidden, heads=m.heads, kv_heads=m.kv_heads, ffn=m.ffn,
@@ -59,7 +57,24 @@ def planned_activations(spec, world: int) -> float:
     stats = gpt_stats(shape)
     training = Training(global_batch=spec.schedule.global_batch, precision="fp32", flash_attention=True)
     strategy = Strategy.from_job(spec, world, world)   # the trainer's layout: cp from the spec
+    return stats, training, strategy
+
+
+def planned_activations(spec, world: int) -> float:
+    """``tandem plan``'s activation bytes per GPU (stored layers + the fp32 logits) for ``spec`` on ``world``."""
+    from tandem.plan.terms.memory import activation_parts
+    stats, training, strategy = _plan_inputs(spec, world)
     return activation_parts(stats, strategy, training, 1)["total"]
+
+
+def planned_ring(spec, world: int) -> tuple[float, int]:
+    """``tandem plan``'s cp-ring op for ``spec`` on ``world`` (one node): (bytes per call, calls per step)."""
+    from tandem.plan.cost import evaluate
+    from tandem.plan.inputs.hardware import make_cluster
+    stats, training, strategy = _plan_inputs(spec, world)
+    plan = evaluate(stats, make_cluster(gpus_per_node=world, nodes=1), training, strategy)
+    op = next(o for o in plan.comm if o.name == "cp-ring")
+    return op.bytes, op.calls
 
 
 def run_and_measure(specs: dict, steps: int, mem: dict, ctx=None) -> dict:

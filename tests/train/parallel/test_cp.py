@@ -21,7 +21,7 @@ import sys
 import pytest
 import torch
 
-from harness.cp_memory import planned_activations, run_and_measure, saved_activation_bytes
+from harness.cp_memory import planned_activations, planned_ring, run_and_measure, saved_activation_bytes
 from harness.numerics import run_steps_single, spawn
 from tandem.core.dims import from_spec
 from tandem.core.errors import ConfigError
@@ -59,6 +59,7 @@ def mem_job(cp: int):
     s = llama_job(world=cp, cp=cp)
     m = s.model
     m.seq, m.hidden, m.heads, m.kv_heads, m.layers, m.ffn = 64, 64, 4, 2, 2, 128
+    s.schedule.global_batch = s.schedule.micro_batch   # one micro-batch per step: what is measured
     return s
 
 
@@ -177,7 +178,13 @@ def test_activation_memory_falls_with_cp_as_planned(world2, world4):
         # measured: 1/cp within 1 % (a few bytes off: the 1-element tensors every rank keeps whole)
         assert got[cp] / got[1] == pytest.approx(1 / cp, rel=0.01), (got, planned)
         ring = {r["mem-cp%d" % cp]["ring_bytes"] for r in (world2 if cp == 2 else world4)}
-        assert len(ring) == 1 and ring.pop() > 0   # the K/V blocks did travel, the same bytes on each rank
+        assert len(ring) == 1, ring   # the same bytes on every rank
+        # the planner's cp-ring op: one K/V block per call (2 x b x s/cp x kv width x 4 B), cp-1 calls per layer
+        # forward and backward; the trainer's ring sends those and, in the backward, the block's dK/dV cp
+        # times per layer (cp-1 around the ring, 1 home): 262,144 B at cp 2, 327,680 B at cp 4
+        per_call, calls = planned_ring(mem_job(cp), cp)
+        assert per_call == 2 * 4 * 2 * (64 // cp) * 16 * 4 and calls == 2 * 2 * (cp - 1)
+        assert ring.pop() == per_call * (calls + 2 * cp), (cp, per_call, calls)
     for cp in (1, 2, 4):
         # measured over planned: 1.43 at each cp (the module docstring); the same ratio at every cp is the check
         assert got[cp] / planned[cp] == pytest.approx(got[1] / planned[1], rel=0.01), (cp, got, planned)
