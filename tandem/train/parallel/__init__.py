@@ -93,7 +93,7 @@ class Parallel:
     def no_sync(self, skip: bool):
         """Defer the data-parallel gradient sync on accumulation micro-batches (``skip``): DDP's
         ``no_sync``; zero2 keeps its parameters gathered and hsdp its replica all-reduce for the last."""
-        if self.dims.dp > 1 and self.dims.strategy in ("zero2", "hsdp") and self.mesh is not None:
+        if self.dims.dp * self.dims.cp > 1 and self.dims.strategy in ("zero2", "hsdp") and self.mesh is not None:
             if self.dims.strategy == "zero2":   # ZeRO-2: parameters stay gathered across the step's micro-batches
                 self.model.set_reshard_after_backward(not skip, recurse=True)
             else:                               # hsdp: replicas all-reduce their shards once per step

@@ -52,7 +52,10 @@ WORLD4 = {"llama-cp4": _seq16(llama_job(world=4, cp=4)), "gpt-cp4": _seq16(gpt_j
           "llama-cp2-dp2-zero2-adamw": _seq16(llama_job("zero2", world=4, cp=2, optim="adamw")),
           "llama-cp2-tp2-sp": _seq16(llama_job(tp=2, world=4, cp=2, sequence_parallel=True)),
           "llama-cp4-ac-full": _seq16(llama_job(world=4, cp=4, activation_checkpoint="full")),
-          "gpt-cp4-bf16": _seq16(gpt_job(world=4, cp=4, dtype="bf16"))}
+          "gpt-cp4-bf16": _seq16(gpt_job(world=4, cp=4, dtype="bf16")),
+          # dp 1: ZeRO-1's optimizer shards and zero2's deferred reshard run over the cp ranks alone
+          "llama-cp4-zero1": _seq16(llama_job("zero1", world=4, cp=4)),
+          "llama-cp4-zero2-accum": _seq16(llama_job("zero2", world=4, cp=4, optim="adamw"))}
 
 
 def mem_job(cp: int):
