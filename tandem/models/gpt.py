@@ -149,7 +149,7 @@ class GPT(nn.Module):
         """tokens (B, T) int64 on the first stage, hidden states (B, T, H) on later pipeline stages."""
         h = tokens
         if self.tok_emb is not None:
-            cp = self.context_parallel
+            cp = getattr(self, "context_parallel", None)   # a pipeline chunk runs this forward too
             pos = (cp.positions(tokens.device) if cp is not None and cp.active   # cp: this rank's chunks' positions
                    else torch.arange(tokens.shape[1], device=tokens.device)).unsqueeze(0)
             h = self.tok_emb(tokens) + self.pos_emb(pos)

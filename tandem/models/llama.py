@@ -214,7 +214,7 @@ class Llama(nn.Module):
         """tokens (B, T) int64 on the first stage, hidden states (B, T, H) on later pipeline stages."""
         h = self.tok_emb(tokens) if self.tok_emb is not None else tokens
         rope = self.rope.cache   # each attention takes its first T positions (T is local under sequence parallel)
-        cp = self.context_parallel
+        cp = getattr(self, "context_parallel", None)   # a pipeline chunk runs this forward too
         if cp is not None and cp.active:   # context parallel: the angles of this rank's chunks' true positions
             rope = rope[:, cp.positions(rope.device)]
         for layer in self.layers.values():
