@@ -42,6 +42,7 @@ def spec_cmd(
     if as_json:
         print(json.dumps(to_dict(spec), indent=2))
         return
+    from tandem.core.dims import from_spec
     from tandem.core.validate import effective_lr, grad_accum, world_sizes
     from tandem.train.preflight import check_job
 
@@ -49,4 +50,4 @@ def spec_cmd(
 
     lo, hi = world_sizes(spec.launch)
     make_console().print(f"[green]valid[/]: {config or '(defaults)'}; workers {lo}{'' if lo == hi else f'..{hi}'}, "
-                    f"grad accumulation {grad_accum(spec, hi)}, effective lr {effective_lr(spec):g}", highlight=False)
+                    f"grad accumulation {grad_accum(spec, from_spec(spec, hi, warn=False).dp)}, effective lr {effective_lr(spec):g}", highlight=False)

@@ -1,12 +1,13 @@
 """ParallelDims: the one owner of the parallel degrees.
 
-It turns a job spec and a world size into degrees (pp x dp_replicate x dp_shard x tp),
+It turns a job spec and a world size into degrees (pp x dp_replicate x dp_shard x cp x tp),
 validates them before any process starts (every error shows its arithmetic), and,
 inside a worker, builds the DeviceMesh everything else slices:
 
-    mesh dims, outermost first:  pp, dp_replicate, dp_shard, tp
+    mesh dims, outermost first:  pp, dp_replicate, dp_shard, cp, tp
 
-tp is innermost so a tp group is consecutive ranks (one node, fast links), then data
+tp is innermost so a tp group is consecutive ranks (one node, fast links), then context
+parallel (the ranks splitting each sequence, tandem/train/parallel/cp.py), then data
 parallel, then pipeline stages outermost (Megatron-LM's order; the planner assumes the
 same). ``dp = dp_replicate x dp_shard``; the trainer builds dp_replicate > 1 for hsdp only,
 the planner (``tandem.plan``, which reads its degrees from here) also prices hybrid ZeRO-1/2:
@@ -36,7 +37,7 @@ class ParallelDims:
     dp_shard: int
     tp: int
     strategy: str = "ddp"
-    cp: int = 1     # context parallel (planner only): ranks splitting each sequence, next to tp
+    cp: int = 1     # context parallel: ranks splitting each sequence, next to tp (same batch, same weights)
     ep: int = 1     # expert parallel (planner only): carved out of dp, experts split over ep ranks
 
     @property
@@ -73,11 +74,11 @@ class ParallelDims:
 
     @property
     def names(self) -> tuple[str, ...]:
-        return ("pp", "dp_replicate", "dp_shard", "tp")
+        return ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return (self.pp, self.dp_replicate, self.dp_shard, self.tp)
+        return (self.pp, self.dp_replicate, self.dp_shard, self.cp, self.tp)
 
     def coords(self, rank: int) -> dict[str, int]:
         """Position of a global rank on the mesh (row-major over ``names``)."""
@@ -92,9 +93,9 @@ class ParallelDims:
         """(mesh, dp mesh): the DeviceMesh (collective: every rank calls it) and its flattened dp dimension."""
         from torch.distributed.device_mesh import init_device_mesh
 
-        _need(self.cp == 1 and self.ep == 1, f"context/expert parallelism (cp {self.cp}, ep {self.ep}) is modelled "
-              "by `tandem plan` only; the trainer does not run it", "parallel", (self.cp, self.ep),
-              "train with cp 1 and ep 1")
+        _need(self.ep == 1, f"expert parallelism (ep {self.ep}) is modelled "
+              "by `tandem plan` only; the trainer does not run it", "parallel", self.ep,
+              "train with ep 1")
 
         mesh = init_device_mesh(device_type, self.shape, mesh_dim_names=self.names)
         return mesh, mesh["dp_replicate", "dp_shard"]._flatten("dp")
@@ -116,7 +117,7 @@ def from_spec(spec, world: int, local_world: int | None = None, warn: bool = Tru
     """Degrees for ``spec`` on ``world`` ranks with ``local_world`` ranks per node; raises ConfigError."""
     p, m = spec.parallel, spec.model
     local_world = local_world or spec.launch.nproc_per_node
-    tp, pp = p.tp, p.pp
+    tp, pp, cp = p.tp, p.pp, p.cp
     _need(p.strategy in STRATEGIES, f"{p.strategy!r} is not one of {', '.join(STRATEGIES)}", "parallel.strategy",
           p.strategy, f"set parallel.strategy to one of: {', '.join(STRATEGIES)}")
     _need(tp >= 1 and pp >= 1, f"degrees must be at least 1 (tp {tp}, pp {pp})", "parallel.tp", (tp, pp),
@@ -124,7 +125,9 @@ def from_spec(spec, world: int, local_world: int | None = None, warn: bool = Tru
     _need(world % (tp * pp) == 0, f"tp {tp} x pp {pp} = {tp * pp} does not divide the world size {world} "
           f"({world} % {tp * pp} = {world % (tp * pp)})", "parallel.tp", f"tp={tp} pp={pp}",
           f"choose tp x pp among the divisors of {world}, or change the number of workers")
-    dp = world // (tp * pp)
+    if cp != 1:
+        _check_cp(spec, world, tp, pp, cp)
+    dp = world // (tp * pp * cp)
     if tp > 1 or pp > 1:
         _need(m.name in DECODERS, f"tensor and pipeline parallelism split transformer blocks; model {m.name!r} "
               f"has none (tp {tp}, pp {pp})", "parallel.tp" if tp > 1 else "parallel.pp", tp if tp > 1 else pp,
@@ -136,8 +139,10 @@ def from_spec(spec, world: int, local_world: int | None = None, warn: bool = Tru
             _need(val % tp == 0, f"{name} {val} is not divisible by tp {tp} ({val} % {tp} = {val % tp})",
                   f"model.{name}", val, f"choose tp dividing {name}, or {name} a multiple of {tp}")
         if p.sequence_parallel:
-            _need(m.seq % tp == 0, f"sequence parallel splits seq {m.seq} over tp {tp} "
-                  f"({m.seq} % {tp} = {m.seq % tp})", "model.seq", m.seq, f"make seq a multiple of {tp}")
+            local = m.seq // cp   # under cp, sequence parallel splits this rank's share of the sequence
+            _need(local % tp == 0, f"sequence parallel splits seq {local} over tp {tp} "
+                  f"({local} % {tp} = {local % tp})" + (f" (seq {m.seq} / cp {cp})" if cp > 1 else ""),
+                  "model.seq", m.seq, f"make seq a multiple of {tp * cp}")
         if warn and tp > local_world:
             warnings.warn(f"tp {tp} spans more than one node ({local_world} ranks per node): every block's "
                           "all-reduce crosses the network; keep tp <= ranks per node", stacklevel=2)
@@ -179,9 +184,35 @@ def from_spec(spec, world: int, local_world: int | None = None, warn: bool = Tru
         _need(p.strategy == "ddp" and tp == 1 and pp == 1, f"{what} works on DDP's gradient buckets "
               f"(strategy {p.strategy}, tp {tp}, pp {pp})", f"parallel.{what}", getattr(p, what),
               "use strategy=ddp with tp=pp=1, or turn it off")
+    if cp > 1 and (p.comm_hook != "none" or p.local_sgd_every):
+        what = "comm_hook" if p.comm_hook != "none" else "local_sgd_every"
+        _need(False, f"{what} with cp {cp} is not supported (the hooks assume gradients averaged over dp "
+              "alone)", f"parallel.{what}", getattr(p, what), "turn it off with cp > 1")
     _need(not (p.comm_hook != "none" and p.local_sgd_every), "comm_hook and local SGD both replace DDP's hook",
           "parallel.comm_hook", p.comm_hook, "choose one of them")
     if p.activation_checkpoint == "selective":
         _need(p.ac_every >= 1, f"ac_every must be at least 1, got {p.ac_every}", "parallel.ac_every",
               p.ac_every, "checkpoint one block in N, N >= 1")
-    return ParallelDims(world=world, pp=pp, dp_replicate=replicate, dp_shard=shard, tp=tp, strategy=p.strategy)
+    return ParallelDims(world=world, pp=pp, dp_replicate=replicate, dp_shard=shard, tp=tp, strategy=p.strategy,
+                        cp=cp)
+
+
+def _check_cp(spec, world: int, tp: int, pp: int, cp: int) -> None:
+    """Context parallelism (tandem/train/parallel/cp.py): a decoder whose sequence cuts into 2 x cp chunks,
+    cp x tp x pp dividing the world; not with pipeline stages or hsdp. One ConfigError line each."""
+    p, m = spec.parallel, spec.model
+    _need(cp >= 1, f"cp must be at least 1, got {cp}", "parallel.cp", cp, "give cp >= 1")
+    _need(m.name in DECODERS, f"context parallelism splits a decoder's sequence; model {m.name!r} has none "
+          f"(cp {cp})", "parallel.cp", cp, "use model.name=gpt or llama, or cp=1")
+    _need(m.seq % (2 * cp) == 0, f"cp {cp} cuts each sequence into 2 x cp = {2 * cp} chunks (two per rank, "
+          f"load-balanced causal attention); seq {m.seq} does not split ({m.seq} % {2 * cp} = {m.seq % (2 * cp)})",
+          "model.seq", m.seq, f"make seq a multiple of {2 * cp}, or choose cp with 2 x cp dividing {m.seq}")
+    _need(world % (tp * pp * cp) == 0, f"tp {tp} x pp {pp} x cp {cp} = {tp * pp * cp} does not divide the world "
+          f"size {world} ({world} % {tp * pp * cp} = {world % (tp * pp * cp)})", "parallel.cp", cp,
+          f"choose cp with tp x pp x cp dividing {world}, or change the number of workers")
+    _need(pp == 1, f"cp {cp} with pp {pp} is not supported by the trainer (ring attention inside pipeline "
+          "stages)", "parallel.cp", cp, "use pp=1 with cp > 1")
+    _need(p.strategy != "hsdp", f"cp {cp} with hsdp is not supported (cp shards with dp over one flat group)",
+          "parallel.strategy", p.strategy, "use ddp, zero1, zero2 or zero3 with cp > 1")
+    _need(not p.compile, f"cp {cp} with compile is not supported (the ring's send/recv inside a compiled block)",
+          "parallel.compile", True, "set parallel.compile=false with cp > 1")

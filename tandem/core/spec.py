@@ -112,6 +112,8 @@ class ParallelSpec:
                              "See docs/parallel.md.")
     tp: int = f(1, "Tensor-parallel degree (gpt only; innermost mesh dimension, kept inside a node).")
     pp: int = f(1, "Pipeline-parallel degree (gpt only): ranks that each hold a slice of the layers.")
+    cp: int = f(1, "Context-parallel degree (gpt, llama): ranks that split each sequence (2 x cp load-balanced "
+                   "chunks, ring attention); they read the same batch. See docs/parallel.md.")
     dp_shard: int = f(0, "hsdp: ranks one shard group spans (0: the data-parallel ranks of one node).")
     sequence_parallel: bool = f(False, "tp: shard norms and dropout along the sequence too (Korthikanti 2022).")
     loss_parallel: bool = f(True, "tp: keep logits sharded over the vocabulary and compute the loss in place.")

@@ -67,6 +67,8 @@ class GPTConfig:
 
 
 class Attention(nn.Module):
+    context_parallel = None   # set by the trainer's cp (tandem/train/parallel/cp.py): ring attention while active
+
     def __init__(self, c: GPTConfig):
         super().__init__()
         self.head_dim = c.head_dim
@@ -80,6 +82,9 @@ class Attention(nn.Module):
         q = self.wq(x).view(b, t, -1, self.head_dim).transpose(1, 2)   # local heads under tp
         k = self.wk(x).view(b, t, -1, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        cp = self.context_parallel
+        if cp is not None and cp.active:   # context parallel: the other ranks' keys and values come by ring
+            return self.wo(cp.attention(q, k, v).transpose(1, 2).reshape(b, t, -1))
         if k.shape[1] != q.shape[1]:  # grouped-query attention: each kv head serves heads/kv_heads queries
             rep = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
@@ -113,6 +118,7 @@ class Block(nn.Module):
 
 class GPT(nn.Module):
     layout = LAYOUT
+    context_parallel = None   # the trainer's cp: this rank's tokens sit at the positions it gives
 
     def __init__(self, c: GPTConfig):
         super().__init__()
@@ -150,7 +156,9 @@ class GPT(nn.Module):
         """tokens (B, T) int64 on the first stage, hidden states (B, T, H) on later pipeline stages."""
         h = tokens
         if self.tok_emb is not None:
-            pos = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0)
+            cp = getattr(self, "context_parallel", None)   # a pipeline chunk runs this forward too
+            pos = (cp.positions(tokens.device) if cp is not None and cp.active   # cp: this rank's chunks' positions
+                   else torch.arange(tokens.shape[1], device=tokens.device)).unsqueeze(0)
             h = self.tok_emb(tokens) + self.pos_emb(pos)
         for layer in self.layers.values():
             h = layer(h)

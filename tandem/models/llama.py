@@ -100,6 +100,8 @@ def rotate(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
 
 
 class Attention(nn.Module):
+    context_parallel = None   # set by the trainer's cp (tandem/train/parallel/cp.py): ring attention while active
+
     def __init__(self, c: LlamaConfig):
         super().__init__()
         self.head_dim = c.head_dim
@@ -119,8 +121,11 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotate(q, rope).transpose(1, 2), rotate(k, rope).transpose(1, 2)
         v = v.transpose(1, 2)
-        # grouped-query attention: query head h reads key/value head h // (heads / kv_heads)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
+        cp = self.context_parallel
+        if cp is not None and cp.active:   # context parallel: the other ranks' keys and values come by ring
+            y = cp.attention(q, k, v)
+        else:  # grouped-query attention: query head h reads key/value head h // (heads / kv_heads)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
         return self.wo(y.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -159,6 +164,8 @@ def layout(c: LlamaConfig) -> DecoderLayout:
 
 
 class Llama(nn.Module):
+    context_parallel = None   # the trainer's cp: this rank's tokens sit at the positions it gives
+
     def __init__(self, c: LlamaConfig):
         super().__init__()
         self.config = c
@@ -207,6 +214,9 @@ class Llama(nn.Module):
         """tokens (B, T) int64 on the first stage, hidden states (B, T, H) on later pipeline stages."""
         h = self.tok_emb(tokens) if self.tok_emb is not None else tokens
         rope = self.rope.cache   # each attention takes its first T positions (T is local under sequence parallel)
+        cp = getattr(self, "context_parallel", None)   # a pipeline chunk runs this forward too
+        if cp is not None and cp.active:   # context parallel: the angles of this rank's chunks' true positions
+            rope = rope[:, cp.positions(rope.device)]
         for layer in self.layers.values():
             h = layer(h, rope=rope)
         if self.norm is not None:

@@ -25,7 +25,8 @@ def build_optimizer(spec: JobSpec, par) -> torch.optim.Optimizer:
     """``par``: the ``Parallel`` that ``parallelize`` returned (its root module's parameters)."""
     cls, kw = optimizer_class(spec)
     lr = effective_lr(spec)
-    if spec.parallel.strategy == "zero1" and par.mesh is not None and par.dp > 1:
+    # ZeRO-1 shards the optimizer state over the ranks holding the same weights: dp, times cp
+    if spec.parallel.strategy == "zero1" and par.mesh is not None and par.dp * par.dims.cp > 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
         return ZeroRedundancyOptimizer(list(par.root.parameters()), optimizer_class=cls,
                                        process_group=par.dp_group(), lr=lr, **kw)

@@ -92,11 +92,14 @@ class Stepper:
                 losses = pp.step(par.schedule, x, y, par.has_first, par.has_last)
             scale = float(self.scaler.get_scale()) if self.scaler else 1.0  # a power of 2: exact
             return float(sum(l.detach().float() for l in losses)) / scale if losses else 0.0
+        x, y = par.shard(x), par.shard(y)   # cp: this rank's chunks of each sequence (tandem/train/parallel/cp.py)
         with par.no_sync(not sync), par.loss_context(), self.autocast():
             with self.phase("forward"):
                 loss = self.loss(par.model, x, y) / denom
+            # cp: the gradients average over dp x cp, and this rank's tokens are 1/cp of its replica's: x cp
+            back = loss * par.dims.cp if par.cp is not None else loss
             with self.phase("backward"):
-                (self.scaler.scale(loss) if self.scaler else loss).backward()
+                (self.scaler.scale(back) if self.scaler else back).backward()
         return float(loss.detach())
 
     def train_step(self, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], n_micro: int,

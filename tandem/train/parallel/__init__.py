@@ -2,9 +2,10 @@
 
 The order, on each rank (torchtitan's):
 
-1. degrees -> ``ParallelDims`` -> DeviceMesh (pp, dp_replicate, dp_shard, tp);
+1. degrees -> ``ParallelDims`` -> DeviceMesh (pp, dp_replicate, dp_shard, cp, tp);
 2. pipeline split: keep only this rank's stages' blocks (``pp.keep_only``);
-3. tensor parallel on the tp mesh (``tp.apply_tp``): DTensor parameters;
+3. tensor parallel on the tp mesh (``tp.apply_tp``): DTensor parameters; context parallel on the
+   cp mesh (``cp.apply_cp``): ring attention and per-chunk positions, gradients averaged over dp x cp;
 4. activation checkpointing per block (``ac.apply_ac``);
 5. ``torch.compile`` per block (optional);
 6. data parallel on the dp mesh: FSDP2 ``fully_shard`` for zero2, zero3 and hsdp (``fsdp``); a model
@@ -48,6 +49,8 @@ class Parallel:
     hook_state: object = None        # comm hook / local SGD state
     averager: object = None          # local SGD model averager
     pp_loss: object = None           # pp: the schedule's loss function, fn(out, y) (tandem/train/step.py)
+    cp: object = None                # context parallel (cp.ContextParallel): shards the batch, runs the ring
+    grad_mesh: object = None         # the ranks averaging gradients: dp, flattened with cp when cp > 1
 
     @property
     def dp_rank(self) -> int:
@@ -66,18 +69,31 @@ class Parallel:
         return any(s.is_last for s in self.stages) if self.stages else True
 
     def dp_group(self):
-        return self.dp_mesh.get_group() if self.dp_mesh is not None else None
+        """The ranks holding the same parameters, averaging gradients (ZeRO-1's shards, comm hooks): dp x cp."""
+        mesh = self.grad_mesh if self.grad_mesh is not None else self.dp_mesh
+        return mesh.get_group() if mesh is not None else None
+
+    def shard(self, t: torch.Tensor) -> torch.Tensor:
+        """cp: this rank's chunks of each sequence of a batch (x or y); unchanged without cp."""
+        return self.cp.shard(t) if self.cp is not None else t
 
     def loss_context(self):
+        """Around a micro-batch's forward and backward: tp's loss parallel, cp's ring attention."""
+        if not (self.loss_parallel or self.cp is not None):
+            return nullcontext()
+        from contextlib import ExitStack
+        stack = ExitStack()
         if self.loss_parallel:
             from torch.distributed.tensor.parallel import loss_parallel
-            return loss_parallel()
-        return nullcontext()
+            stack.enter_context(loss_parallel())
+        if self.cp is not None:
+            stack.enter_context(self.cp.sharded())
+        return stack
 
     def no_sync(self, skip: bool):
         """Defer the data-parallel gradient sync on accumulation micro-batches (``skip``): DDP's
         ``no_sync``; zero2 keeps its parameters gathered and hsdp its replica all-reduce for the last."""
-        if self.dims.dp > 1 and self.dims.strategy in ("zero2", "hsdp") and self.mesh is not None:
+        if self.dims.dp * self.dims.cp > 1 and self.dims.strategy in ("zero2", "hsdp") and self.mesh is not None:
             if self.dims.strategy == "zero2":   # ZeRO-2: parameters stay gathered across the step's micro-batches
                 self.model.set_reshard_after_backward(not skip, recurse=True)
             else:                               # hsdp: replicas all-reduce their shards once per step
@@ -120,6 +136,9 @@ def parallelize(model: nn.Module, spec, ctx, log=lambda *a: None, materialize=No
         return Parallel(dims, model, model, coords)
     mesh, dp_mesh = dims.build_mesh(ctx.device.type)
     par = Parallel(dims, model, model, coords, mesh=mesh, dp_mesh=dp_mesh)
+    # cp ranks hold the same weights: gradients average over dp x cp (torchtitan's dp_cp), and FSDP shards over it
+    grad_mesh = mesh["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp") if dims.cp > 1 else dp_mesh
+    par.grad_mesh, n_grad = grad_mesh, dims.dp * dims.cp
     parts, mine = None, None
     if dims.pp > 1:
         from tandem.train.parallel import pp
@@ -133,24 +152,27 @@ def parallelize(model: nn.Module, spec, ctx, log=lambda *a: None, materialize=No
         from tandem.train.parallel.tp import apply_tp
         par.loss_parallel = p.loss_parallel and getattr(model, model.layout.head) is not None
         apply_tp(model, mesh["tp"], p.sequence_parallel, par.loss_parallel)
+    if dims.cp > 1:
+        from tandem.train.parallel.cp import apply_cp
+        par.cp = apply_cp(model, mesh["cp"].get_group(), spec.model.seq)
     from tandem.train.parallel.ac import apply_ac
     apply_ac(model, p.activation_checkpoint, p.ac_every)
     if p.compile:
         from tandem.train.parallel.fsdp import blocks
         for b in blocks(model):
             b.compile()
-    if dims.dp > 1 and p.strategy in SHARDED:
+    if n_grad > 1 and p.strategy in SHARDED:
         from tandem.train.parallel.fsdp import apply_fsdp
-        apply_fsdp(model, mesh["dp_replicate", "dp_shard"] if p.strategy == "hsdp" else dp_mesh, p.strategy)
+        apply_fsdp(model, mesh["dp_replicate", "dp_shard"] if p.strategy == "hsdp" else grad_mesh, p.strategy)
     if materialize is not None:  # a meta model: allocate the local shards now, before DDP broadcasts
         materialize(model)
-    if dims.dp > 1 and p.strategy not in SHARDED:
+    if n_grad > 1 and p.strategy not in SHARDED:
         if dims.tp > 1 or dims.pp > 1:
             from tandem.train.parallel.ddp import GradSync
-            par.grad_sync = GradSync(model.parameters(), dp_mesh.get_group(), dims.dp, p.bucket_cap_mb)
+            par.grad_sync = GradSync(model.parameters(), grad_mesh.get_group(), n_grad, p.bucket_cap_mb)
         else:
             from tandem.train.parallel.ddp import wrap_ddp
-            par.model = wrap_ddp(model, p, ctx.device, dp_mesh.get_group())
+            par.model = wrap_ddp(model, p, ctx.device, grad_mesh.get_group())
             from tandem.train.parallel.comm_hooks import install
             install(par, p)
     if dims.pp > 1:

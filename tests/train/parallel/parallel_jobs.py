@@ -42,7 +42,7 @@ def resnet_job(strategy="ddp", world=2) -> JobSpec:
 
 def single(spec: JobSpec) -> JobSpec:
     s = copy.deepcopy(spec)
-    s.parallel.strategy, s.parallel.tp, s.parallel.pp = "ddp", 1, 1
+    s.parallel.strategy, s.parallel.tp, s.parallel.pp, s.parallel.cp = "ddp", 1, 1, 1
     return s
 
 

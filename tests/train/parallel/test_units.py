@@ -29,7 +29,7 @@ def test_degrees_and_coords():
     d = from_spec(gpt_spec(8, tp=2, pp=2), 8)
     assert (d.pp, d.dp, d.tp) == (2, 2, 2)
     # tp innermost, then dp, then pp
-    assert d.coords(0) == {"pp": 0, "dp_replicate": 0, "dp_shard": 0, "tp": 0, "dp": 0}
+    assert d.coords(0) == {"pp": 0, "dp_replicate": 0, "dp_shard": 0, "cp": 0, "tp": 0, "dp": 0}
     assert d.coords(1)["tp"] == 1 and d.coords(2)["dp"] == 1 and d.coords(4)["pp"] == 1
     h = from_spec(gpt_spec(4, strategy="hsdp"), 4, local_world=2)
     assert (h.dp_replicate, h.dp_shard) == (2, 2)
