@@ -32,7 +32,7 @@ def test_plan_for_the_run_spec_is_the_planner_arithmetic():
     # bf16 autocast keeps fp32 weights, gradients and moments: the same model states
     bf = ap.planned(_spec(**{"precision.dtype": "bf16"}))
     assert bf["bytes"]["params"] == ddp["bytes"]["params"] and bf["bytes"]["optimizer"] == ddp["bytes"]["optimizer"]
-    assert bf["bytes"]["activations"] == pytest.approx(ddp["bytes"]["activations"] / 2, rel=0.01)  # fp32 logits stay
+    assert bf["bytes"]["activations"] == pytest.approx(ddp["bytes"]["activations"] / 2, rel=0.03)  # fp32 logits (12 B each, unfused loss) stay
 
 
 def test_ddp_bucket_views_stand_in_for_the_gradients():
