@@ -69,7 +69,10 @@ def check(name, spec, results):
     assert t == t_ref and t > 0, (name, r["eval"], ref["eval"])
     exact = spec.precision.dtype == "fp32" and spec.model.name in DECODERS
     assert abs(c - c_ref) <= (0 if exact else 0.02 * t), (name, r["eval"], ref["eval"])
-    assert abs(fp - fp_ref) <= loss_tol * 10 * fp_ref, (name, fp, fp_ref)  # the logits themselves
+    # the logits themselves; the ResNet's: within 5e-3 relative (1.26e-3 measured under ddp on the Intel
+    # Xeon whose weights were 1.04e-3 apart, within 1e-4 on AMD EPYC)
+    fp_tol = loss_tol * 10 if spec.model.name in DECODERS else 5e-3
+    assert abs(fp - fp_ref) <= fp_tol * fp_ref, (name, fp, fp_ref)
     print(f"{name}: {r['dims']} max |loss diff| "
           f"{max(abs(a - b) for a, b in zip(r['losses'], ref['losses'])):.2e}, max |weight diff| {worst:.2e}, "
           f"held-out {c}/{t} (one process: {c_ref}/{t_ref}), logits {abs(fp / fp_ref - 1):.1e} apart")
