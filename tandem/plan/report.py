@@ -114,6 +114,12 @@ def render(d: dict[str, Any], console, assumed: list[str] | None = None) -> None
                      + (f" cp {st['cp']}" if st['cp'] > 1 else "") + (f" ep {st['ep']}" if st['ep'] > 1 else "")
                      + f" zero {st['zero']} mb {st['micro_batch']} "
                      f"x{st['grad_accum']} acc, {st['precision']}, recompute {st['recompute']}"),
+    ]
+    if d.get("trainable"):  # artifact.mark: whether `tandem train --plan` can run this layout
+        tr = d["trainable"]
+        rows.append(("tandem train", "yes (--out FILE, then tandem train SPEC --plan FILE)" if tr["ok"]
+                     else f"[red]cannot train it yet[/]: {tr['why']}"))
+    rows += [
         ("memory / GPU", f"{gib(mem['total'])} of {gib(mem['capacity'])} "
                          f"({'fits' if mem['fits'] else '[red]does not fit[/]'})"),
         ("  params | grads | optim", f"{gib(mem['params'])} | {gib(mem['grads'])} | {gib(mem['optimizer'])}"),
