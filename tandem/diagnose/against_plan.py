@@ -298,8 +298,9 @@ def from_plan(rep: dict, doc: dict, spec: dict | None) -> dict:
                      "in its 'other' (the memory comparison above adds them)")
     dev = (rep.get("device") or {}).get("device")
     if dev != "cuda" and doc["cluster"]["gpu"] != "cpu":
-        notes.append(f"the plan timed {doc['cluster']['gpu']} GPUs, this run ran on {dev}: the shares compare, "
-                     f"the milliseconds do not (plan step {plan['step_ms']:.3g} ms)")
+        notes.append(f"the plan timed {doc['cluster']['gpu']} GPUs, this run ran on {dev}: its bytes compare, its "
+                     f"shares and milliseconds (step {plan['step_ms']:.3g} ms) are that cluster's; a plan made with "
+                     "--calibration (tandem bench train) times this machine's")
     if st["precision"] != ((spec or {}).get("precision") or {}).get("dtype", st["precision"]):
         notes.append(f"the plan's precision is {st['precision']}, the run's {spec['precision']['dtype']}: its bytes "
                      "per category differ by that")
