@@ -121,8 +121,8 @@ def layout_overrides(s: dict, gpus_per_node: int) -> tuple[dict[str, Any], str |
                           "parallel.activation_checkpoint": s.get("recompute", "none")}
     if "ep" in ParallelSpec.__dataclass_fields__:
         ov["parallel.ep"] = dims.ep
-    if dims.strategy == "hsdp":
-        ov["parallel.dp_shard"] = dims.dp_shard
+    if dims.strategy == "hsdp":   # the plan's shard group (a job spec's own dp_shard included), else the planner's
+        ov["parallel.dp_shard"] = s.get("dp_shard") or dims.dp_shard
     if dims.pp > 1:
         ov["parallel.pp_schedule"] = s["schedule"]
         if s["schedule"] == "interleaved":
@@ -218,7 +218,7 @@ def strategy_keys(p) -> dict[str, Any]:
     """A Plan's strategy in its JSON keys (report.to_dict's strategy{}), without the whole document."""
     s = p.strategy
     return {"dp": s.dp, "tp": s.tp, "pp": s.pp, "cp": s.cp, "ep": s.ep, "zero": s.zero, "hsdp": s.hsdp,
-            "micro_batch": s.micro_batch, "global_batch": p.training.global_batch, "schedule": s.schedule,
+            "dp_shard": s.dims.dp_shard, "micro_batch": s.micro_batch, "global_batch": p.training.global_batch, "schedule": s.schedule,
             "virtual": s.virtual, "recompute": s.recompute}
 
 

@@ -60,7 +60,7 @@ def to_dict(p: Plan, with_explain: bool = True) -> dict[str, Any]:
         "runtime": {"name": t.runtime, "what": RUNTIMES[t.runtime].what,
                     "rules": {k: src for k, src in RUNTIMES[t.runtime].sources}},
         "strategy": {"dp": s.dp, "tp": s.tp, "pp": s.pp, "cp": s.cp, "ep": s.ep, "zero": s.zero, "hsdp": s.hsdp,
-                     "micro_batch": s.micro_batch, "global_batch": t.global_batch, "grad_accum": p.grad_accum,
+                     "dp_shard": s.dims.dp_shard, "micro_batch": s.micro_batch, "global_batch": t.global_batch, "grad_accum": p.grad_accum,
                      "schedule": s.schedule, "virtual": s.virtual, "recompute": s.recompute,
                      "precision": t.precision, "optimizer": t.optimizer,
                      "flash_attention": fused_attention(t, s), "cp_impl": t.cp_impl, "kernels": t.kernels,
