@@ -289,6 +289,10 @@ def from_plan(rep: dict, doc: dict, spec: dict | None) -> dict:
                     "shares_pct": {s: med.get(f"{s}_pct") for s, _ in SHARES}, "step_ms": med.get("step_ms")}
     notes = []
     if spec:   # the layout the run has against what the plan applied (a command-line override wins over it)
+        drift = [f"{k} {_at(spec, k)} (plan: {v})" for k, v in (doc.get("applied") or {}).items()
+                 if str(_at(spec, k)) != str(v)]
+        if drift:   # e.g. the run dir resumed later without --plan, with another layout
+            notes.append("the run's spec.json is not the plan's layout: " + ", ".join(drift))
         kept = doc.get("kept_from_command_line") or {}
         if kept:
             notes.append("the command line kept " + ", ".join(f"{k} {v}" for k, v in kept.items())
@@ -305,6 +309,11 @@ def from_plan(rep: dict, doc: dict, spec: dict | None) -> dict:
         notes.append(f"the plan's precision is {st['precision']}, the run's {spec['precision']['dtype']}: its bytes "
                      "per category differ by that")
     return {"source": doc.get("source"), "plan": plan, "ranks": ranks, "notes": notes}
+
+
+def _at(spec: dict, key: str):
+    sec, name = key.split(".", 1)
+    return (spec.get(sec) or {}).get(name)
 
 
 def _label(st: dict) -> str:

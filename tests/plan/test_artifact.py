@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 
 from tandem.cli import app
 from tandem.core.dims import ParallelDims
+from tandem.core.errors import ConfigError
 from tandem.plan import artifact
 from tandem.plan.inputs.args import from_job_spec
 
@@ -53,6 +54,21 @@ def test_search_marks_what_tandem_cannot_train(tmp_path):
     _, why = artifact.layout_overrides(dict(dp=2, tp=1, pp=1, zero=0, micro_batch=2, global_batch=64,
                                             recompute="selective"), gpus_per_node=2)
     assert why.startswith("recompute selective")
+
+    # a search whose winner tandem cannot train: train --plan refuses it and names the best it does train
+    base = dict(dp=2, tp=1, pp=1, cp=1, ep=1, zero=0, hsdp=False, micro_batch=8, global_batch=64, grad_accum=4,
+                schedule="1f1b", virtual=1, recompute="none")
+    doc = {"job": {"gpus_per_node": 2}, "plans": [
+        {"strategy": dict(base, dp=1, pp=2, zero=1), "trainable": {"ok": False}},
+        {"strategy": base, "trainable": {"ok": True}}]}
+    try:
+        artifact.spec_overrides(doc, "p.json")
+        raise AssertionError("an untrainable winner was taken")
+    except ConfigError as e:
+        assert "zero 1 with pp 2" in str(e) and "plan #2 (dp2 tp1 pp1 z0 mb8)" in str(e)
+    doc["plans"].reverse()
+    ov, win = artifact.spec_overrides(doc, "p.json")
+    assert ov["parallel.strategy"] == "ddp" and win["strategy"] == base
 
     # `tandem plan --config` counts simulated nodes in the world, as `tandem train` does
     sim = tmp_path / "sim.toml"
