@@ -160,8 +160,9 @@ def plan_cmd(
                             "seconds": r.seconds, "reasons": reasons(r, top, refusal), "runtime": t.runtime,
                             "trainable_only": trainable, "untrainable_left_out": untrained}}
         if trainable:
-            extra["search"]["reasons"].insert(1, f"--trainable: {untrained:,} fitting strateg"
-                                                 f"{'y' if untrained == 1 else 'ies'} tandem cannot train yet left out.")
+            what = "strategy" if untrained == 1 else "strategies"
+            extra["search"]["reasons"].insert(1, f"--trainable: {untrained:,} fitting {what} tandem cannot train "
+                                                 "yet left out.")
         if not plans:
             plans = r.oom[:1]
     else:

@@ -57,10 +57,10 @@ def with_plan(config: str, overrides: list[str], plan_path: str, console) -> tup
                               for k, v in from_plan.items())
                   + (f"; kept from the command line: {', '.join(kept)}" if kept else ""), highlight=False,
                   soft_wrap=True)
-    if not win["memory_per_gpu"]["fits"]:
-        console.print(f"note: the plan does not fit in its {win['cluster']['gpu']}'s memory "
-                      f"({win['memory_per_gpu']['total'] / 2**30:.3g} of {win['memory_per_gpu']['capacity'] / 2**30:.3g} "
-                      "GiB); training it as asked", highlight=False, soft_wrap=True)
+    mem = win["memory_per_gpu"]
+    if not mem["fits"]:
+        console.print(f"note: the plan does not fit in its {win['cluster']['gpu']}'s memory ({mem['total'] / 2**30:.3g} "
+                      f"of {mem['capacity'] / 2**30:.3g} GiB); training it as asked", highlight=False, soft_wrap=True)
     return spec, {**win, "job": doc["job"], "source": str(plan_path), "applied": from_plan,
                   "kept_from_command_line": {k: given[k] for k in layout if k in given}}
 

@@ -109,7 +109,8 @@ class ParallelDims:
 
         z = self.zero
         if self.ep > 1 and "ep" not in ParallelSpec.__dataclass_fields__:
-            return f"ep {self.ep}: expert parallelism is modelled by `tandem plan` only; the trainer does not run it yet"
+            return (f"ep {self.ep}: expert parallelism is modelled by `tandem plan` only; the trainer does not run "
+                    "it yet")
         if self.pp > 1 and z > 0:
             return f"zero {z} with pp {self.pp}: the trainer runs pipeline stages with ddp only"
         if self.strategy == "zero1" and self.tp > 1:

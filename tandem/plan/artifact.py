@@ -218,7 +218,8 @@ def strategy_keys(p) -> dict[str, Any]:
     """A Plan's strategy in its JSON keys (report.to_dict's strategy{}), without the whole document."""
     s = p.strategy
     return {"dp": s.dp, "tp": s.tp, "pp": s.pp, "cp": s.cp, "ep": s.ep, "zero": s.zero, "hsdp": s.hsdp,
-            "dp_shard": s.dims.dp_shard, "micro_batch": s.micro_batch, "global_batch": p.training.global_batch, "schedule": s.schedule,
+            "dp_shard": s.dims.dp_shard, "micro_batch": s.micro_batch, "global_batch": p.training.global_batch,
+            "schedule": s.schedule,
             "virtual": s.virtual, "recompute": s.recompute}
 
 
