@@ -120,6 +120,10 @@ def plan_cmd(
     objective: str = O("time", help="Search objective: time | cost (cost also tries fewer nodes)."),
     top: int = O(5, help="Strategies shown by --search."),
     as_json: bool = O(False, "--json", help="Print JSON with stable keys (SI units)."),
+    out_file: Optional[str] = O(None, "--out", help="Also write the plan (the --json document and the job it was "
+                                "made for) to FILE: what `tandem train SPEC --plan FILE` runs."),
+    trainable: bool = O(False, "--trainable", help="--search: rank only the layouts `tandem train` can run "
+                        "(every plan is marked either way)."),
     strict: bool = O(False, "--strict", help="Exit 1 when the plan (or every searched plan) does not fit in memory."),
     plot: Optional[str] = O(None, help="Write a PNG: step time breakdown and memory per GPU."),
 ) -> None:
@@ -127,6 +131,7 @@ def plan_cmd(
     # the planner imported when the verb runs, not when `tandem --help` lists it
     from rich.console import Console
 
+    from tandem.plan.artifact import job_block, mark, refusal_of, write
     from tandem.plan.cost import evaluate, validate
     from tandem.plan.inputs.args import PlanArgs, resolve, strategy
     from tandem.plan.report import assumptions, render, to_dict
@@ -143,10 +148,21 @@ def plan_cmd(
         if objective == "cost" and c.price_per_gpu_hour is None:
             raise ConfigError("--objective cost needs --price", field="price", fix="give --price per GPU-hour")
         r = search(m, c, t, objective=objective, top=top)
+        refusal = refusal_of(m, c, v.get("_job"), config)
+        untrained = 0
+        if trainable:   # the layouts tandem trains, ranked as before
+            kept = [p for p in r.ranked if not refusal(p)]
+            untrained = len(r.ranked) - len(kept)
+            r.ranked, r.oom = kept, [p for p in r.oom if not refusal(p)]
         plans = r.ranked[:top]
         extra = {"search": {"objective": objective, "evaluated": r.counts["evaluated"],
                             "fit": len(r.ranked), "out_of_memory": r.counts["out of memory"],
-                            "seconds": r.seconds, "reasons": reasons(r, top), "runtime": t.runtime}}
+                            "seconds": r.seconds, "reasons": reasons(r, top, refusal), "runtime": t.runtime,
+                            "trainable_only": trainable, "untrainable_left_out": untrained}}
+        if trainable:
+            what = "strategy" if untrained == 1 else "strategies"
+            extra["search"]["reasons"].insert(1, f"--trainable: {untrained:,} fitting {what} tandem cannot train "
+                                                 "yet left out.")
         if not plans:
             plans = r.oom[:1]
     else:
@@ -163,6 +179,7 @@ def plan_cmd(
     out = [to_dict(p) for p in plans]
     for d in out:
         d["cluster"]["notes"] = list(c.notes)
+    mark(out, c.gpus_per_node, v.get("_job"), config)   # trainable{ok, why}: what `tandem train --plan` runs
     if "suggestion" in extra:   # the flags that make it fit, for the train-time row (the sentence is printed below)
         sug = extra["suggestion"]
         flags = sug[sug.rfind("(--") + 1:-1] if sug.endswith(")") and "(--" in sug else None
@@ -172,9 +189,11 @@ def plan_cmd(
         from tandem.plan.plot import plot_plans   # matplotlib, only with --plot
 
         plot_plans(plans, plot)
+    doc = out[0] if len(out) == 1 and not do_search else {"plans": out}
+    doc.update(extra)
+    if out_file:   # the artifact `tandem train --plan` reads: this document and the job it was made for
+        write(dict(doc, job=job_block(m, c, v.get("_job"), config)), out_file)
     if as_json:
-        doc = out[0] if len(out) == 1 and not do_search else {"plans": out}
-        doc.update(extra)
         typer.echo(json.dumps(doc, indent=2))
         _strict_exit(strict, unfit)
         return
@@ -188,12 +207,20 @@ def plan_cmd(
         con.print(f"runtime {rt['name']} ({rt['what']}): its rules for every strategy searched; --runtime to change",
                   highlight=False)
         render(out[0], con)
+        _wrote(con, out_file)
         _strict_exit(strict, unfit)
         return
     render(out[0], con, extra.get("assumptions"))
     if "suggestion" in extra:
         con.print(f"[yellow]suggestion[/]: {extra['suggestion']}", highlight=False)
+    _wrote(con, out_file)
     _strict_exit(strict, unfit)
+
+
+def _wrote(con, out_file: str | None) -> None:
+    if out_file:
+        con.print(f"plan written: {out_file} (tandem train SPEC --plan {out_file} runs its winner)", highlight=False,
+                  soft_wrap=True)
 
 
 class DoesNotFit(TandemError):

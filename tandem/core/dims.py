@@ -100,6 +100,30 @@ class ParallelDims:
         mesh = init_device_mesh(device_type, self.shape, mesh_dim_names=self.names)
         return mesh, mesh["dp_replicate", "dp_shard"]._flatten("dp")
 
+    def trainer_refusal(self) -> str | None:
+        """Why `tandem train` cannot build this layout, from the degrees alone (None: it can). The one list
+        both the planner's search (which marks such candidates) and `tandem train --plan` (which refuses
+        them) read; the checks that need the model and batch (heads % tp, tied with pp, ...) are
+        ``from_spec``'s."""
+        from tandem.core.spec import ParallelSpec   # the trainer runs ep once its spec has the field
+
+        z = self.zero
+        if self.ep > 1 and "ep" not in ParallelSpec.__dataclass_fields__:
+            return (f"ep {self.ep}: expert parallelism is modelled by `tandem plan` only; the trainer does not run "
+                    "it yet")
+        if self.pp > 1 and z > 0:
+            return f"zero {z} with pp {self.pp}: the trainer runs pipeline stages with ddp only"
+        if self.strategy == "zero1" and self.tp > 1:
+            return f"zero 1 with tp {self.tp}: ZeroRedundancyOptimizer takes plain tensors, not tp's DTensors"
+        if self.cp > 1 and self.pp > 1:
+            return f"cp {self.cp} with pp {self.pp}: the trainer runs no ring attention inside pipeline stages"
+        if self.cp > 1 and self.hybrid:
+            return f"cp {self.cp} with hybrid sharding: the trainer shards cp with dp over one flat group"
+        if self.dp_replicate > 1 and self.strategy != "hsdp":
+            return (f"hybrid zero {z} (sharded over {self.dp_shard}, replicated {self.dp_replicate}x): the trainer's "
+                    "hybrid sharding is hsdp (zero 3) only")
+        return None
+
     def describe(self) -> str:
         dp = f"dp {self.dp}" + (f" (replicate {self.dp_replicate} x shard {self.dp_shard})"
                                 if self.dp_replicate > 1 else "")

@@ -1,6 +1,7 @@
 """The run dir's layout: every name a stage reads or writes there, in one place.
 
     RUN_DIR/spec.json               the validated job spec (tandem train -> workers)
+    RUN_DIR/from_plan.json          the plan the run's layout came from (tandem train --plan -> tandem diagnose)
     RUN_DIR/metrics.jsonl           rank 0's records, every attempt's, appended (see ``read_metrics``)
     RUN_DIR/result.json             the last finished attempt's result (also its ``end`` record)
     RUN_DIR/attempts.jsonl          one line per start of the run dir (attempt, pid, host, time, argv)
@@ -30,6 +31,7 @@ import time
 from pathlib import Path
 
 SPEC = "spec.json"
+FROM_PLAN = "from_plan.json"
 METRICS = "metrics.jsonl"
 RESULT = "result.json"
 ATTEMPTS = "attempts.jsonl"

@@ -255,3 +255,87 @@ def render(rep: dict, console) -> None:
                       f"({x['total_ratio']:.2f}x, other {x['other_mib']:.3g} MiB unplanned)", highlight=False)
     for n in vs.get("notes", []):
         console.print(f"  note: {n}", highlight=False)
+
+
+SHARES = (("compute", "compute_s"), ("comm", "exposed_comm_s"), ("idle", "bubble_s"), ("data", None))
+
+
+def from_plan(rep: dict, doc: dict, spec: dict | None) -> dict:
+    """The run against the plan it was started from (RUN_DIR/from_plan.json, `tandem train --plan`): that
+    plan's memory per GPU by category and its step shares (compute, exposed communication, bubble) next to
+    the measured peak per rank (MemTracker) and the measured step shares (each rank's median). The plan was
+    made for its own cluster: its shares compare with the run's, its milliseconds with a run on that cluster."""
+    mem, tm, st = doc["memory_per_gpu"], doc["time"], doc["strategy"]
+    step = tm["step_s"] or 1.0
+    plan = {"strategy": _label(st), "gpu": doc["cluster"]["gpu"], "precision": st["precision"],
+            "step_ms": round(tm["step_s"] * 1e3, 4),
+            "mib": {c: round(mem[c] / MIB, 4) for c in CATS},
+            "shares_pct": {k: round(100 * tm[key] / step, 2) if key else 0.0 for k, key in SHARES}}
+    vs = rep.get("memory_vs_plan") or {}
+    ranks = {}
+    for r in rep["ranks"]:
+        k = str(r["rank"])
+        m = r.get("memory") or {}
+        if k in (vs.get("ranks") or {}):       # the peak as compare() reads it (DDP's buckets as gradients)
+            got = vs["ranks"][k]["measured_mib"]
+        elif "peak_mib" in m:
+            got = {c: round(m["peak_mib"].get(MEASURED[c], 0.0), 4) for c in CATS}
+        else:
+            got = None
+        med = r["median"]
+        ranks[k] = {"measured_mib": got,
+                    "ratio": ({c: (round(got[c] / plan["mib"][c], 3) if plan["mib"][c] else None) for c in CATS}
+                              if got else None),
+                    "shares_pct": {s: med.get(f"{s}_pct") for s, _ in SHARES}, "step_ms": med.get("step_ms")}
+    notes = []
+    if spec:   # the layout the run has against what the plan applied (a command-line override wins over it)
+        drift = [f"{k} {_at(spec, k)} (plan: {v})" for k, v in (doc.get("applied") or {}).items()
+                 if str(_at(spec, k)) != str(v)]
+        if drift:   # e.g. the run dir resumed later without --plan, with another layout
+            notes.append("the run's spec.json is not the plan's layout: " + ", ".join(drift))
+        kept = doc.get("kept_from_command_line") or {}
+        if kept:
+            notes.append("the command line kept " + ", ".join(f"{k} {v}" for k, v in kept.items())
+                         + " over the plan's: the run is not exactly the plan's layout")
+    if st["zero"] >= 3 and st["dp"] > 1:
+        notes.append(f"zero 3: the plan's params are the {st['dp']}-way shard; the blocks FSDP gathers at the peak are "
+                     "in its 'other' (the memory comparison above adds them)")
+    dev = (rep.get("device") or {}).get("device")
+    if dev != "cuda" and doc["cluster"]["gpu"] != "cpu":
+        notes.append(f"the plan timed {doc['cluster']['gpu']} GPUs, this run ran on {dev}: its bytes compare, its "
+                     f"shares and milliseconds (step {plan['step_ms']:.3g} ms) are that cluster's; a plan made with "
+                     "--calibration (tandem bench train) times this machine's")
+    if st["precision"] != ((spec or {}).get("precision") or {}).get("dtype", st["precision"]):
+        notes.append(f"the plan's precision is {st['precision']}, the run's {spec['precision']['dtype']}: its bytes "
+                     "per category differ by that")
+    return {"source": doc.get("source"), "plan": plan, "ranks": ranks, "notes": notes}
+
+
+def _at(spec: dict, key: str):
+    sec, name = key.split(".", 1)
+    return (spec.get(sec) or {}).get(name)
+
+
+def _label(st: dict) -> str:
+    from tandem.plan.artifact import label   # the planner's name of a layout, as `tandem train --plan` printed it
+
+    return label(st)
+
+
+def render_from_plan(rep: dict, console) -> None:
+    fp = rep.get("vs_from_plan")
+    if not fp:
+        return
+    p = fp["plan"]
+    console.print(f"Against the plan this run was started from ({fp.get('source')}: {p['strategy']} on "
+                  f"{p['gpu']}, {p['precision']}):", highlight=False)
+    for k, x in fp["ranks"].items():
+        if x["measured_mib"]:
+            cells = ", ".join(f"{c} {x['measured_mib'][c]:.3g}/{p['mib'][c]:.3g}"
+                              + (f" ({x['ratio'][c]:.2f}x)" if x["ratio"][c] is not None else "") for c in CATS)
+            console.print(f"  rank {k} memory, MiB measured / planned: {cells}", highlight=False)
+        sh = ", ".join(f"{s} {x['shares_pct'][s] or 0:.1f}/{p['shares_pct'][s]:.1f}" for s, _ in SHARES)
+        console.print(f"  rank {k} step shares, % measured / planned: {sh} (idle against the pipeline bubble)",
+                      highlight=False)
+    for n in fp["notes"]:
+        console.print(f"  note: {n}", highlight=False)

@@ -171,6 +171,9 @@ def analyze(traces: list[RankTrace], spec: dict | None = None, run_dir: Path | N
         report["memory_vs_plan"] = against_plan.compare(report, spec)
         report["efficiency"] = efficiency.measure(report, spec, calibration, report["device"])
         report["what_if"] = whatif.table(report, spec)
+    plan_p = Path(run_dir) / rundir.FROM_PLAN if run_dir else None
+    if plan_p is not None and plan_p.is_file():   # `tandem train --plan`: the plan the run was started from
+        report["vs_from_plan"] = against_plan.from_plan(report, json.loads(plan_p.read_text()), spec)
     report["verdicts"] = (judge(report) + against_plan.memory_verdicts(report, spec)
                           + efficiency.verdicts(report, spec))
     if spec:

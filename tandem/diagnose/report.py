@@ -149,6 +149,7 @@ def render(rep: dict, console: Console) -> None:
     from tandem.diagnose import against_plan, efficiency, incidents, steptime, whatif
 
     against_plan.render(rep, console)
+    against_plan.render_from_plan(rep, console)
     efficiency.render(rep, console)
     whatif.render(rep, console)
     steptime.render(rep, console)

@@ -60,7 +60,7 @@ def to_dict(p: Plan, with_explain: bool = True) -> dict[str, Any]:
         "runtime": {"name": t.runtime, "what": RUNTIMES[t.runtime].what,
                     "rules": {k: src for k, src in RUNTIMES[t.runtime].sources}},
         "strategy": {"dp": s.dp, "tp": s.tp, "pp": s.pp, "cp": s.cp, "ep": s.ep, "zero": s.zero, "hsdp": s.hsdp,
-                     "micro_batch": s.micro_batch, "global_batch": t.global_batch, "grad_accum": p.grad_accum,
+                     "dp_shard": s.dims.dp_shard, "micro_batch": s.micro_batch, "global_batch": t.global_batch, "grad_accum": p.grad_accum,
                      "schedule": s.schedule, "virtual": s.virtual, "recompute": s.recompute,
                      "precision": t.precision, "optimizer": t.optimizer,
                      "flash_attention": fused_attention(t, s), "cp_impl": t.cp_impl, "kernels": t.kernels,
@@ -114,6 +114,12 @@ def render(d: dict[str, Any], console, assumed: list[str] | None = None) -> None
                      + (f" cp {st['cp']}" if st['cp'] > 1 else "") + (f" ep {st['ep']}" if st['ep'] > 1 else "")
                      + f" zero {st['zero']} mb {st['micro_batch']} "
                      f"x{st['grad_accum']} acc, {st['precision']}, recompute {st['recompute']}"),
+    ]
+    if d.get("trainable"):  # artifact.mark: whether `tandem train --plan` can run this layout
+        tr = d["trainable"]
+        rows.append(("tandem train", "yes (--out FILE, then tandem train SPEC --plan FILE)" if tr["ok"]
+                     else f"[red]cannot train it yet[/]: {tr['why']}"))
+    rows += [
         ("memory / GPU", f"{gib(mem['total'])} of {gib(mem['capacity'])} "
                          f"({'fits' if mem['fits'] else '[red]does not fit[/]'})"),
         ("  params | grads | optim", f"{gib(mem['params'])} | {gib(mem['grads'])} | {gib(mem['optimizer'])}"),

@@ -146,7 +146,13 @@ def _diff(win: Plan, other: Plan) -> str:
     return f"+{ms(parts[worst])} {worst}"
 
 
-def reasons(r: SearchResult, top: int = 5) -> list[str]:
+def reasons(r: SearchResult, top: int = 5, refusal=None) -> list[str]:
+    """Why the winner wins. ``refusal(plan)``: why tandem cannot train a plan (None: it can), marked on
+    the winner and each near miss, so that the search never recommends an untrainable one silently."""
+    def mark(p: Plan) -> str:
+        why = refusal(p) if refusal else None
+        return f" Not trainable by tandem yet: {why}." if why else ""
+
     out: list[str] = [f"searched {r.counts['evaluated']:,} strategies in {r.seconds:.2f} s; "
                       f"{len(r.ranked):,} fit in memory, {r.counts['out of memory']:,} do not."]
     if not r.ranked:
@@ -155,7 +161,12 @@ def reasons(r: SearchResult, top: int = 5) -> list[str]:
         w = r.ranked[0]
         out.append(f"winner {w.strategy.label()} ({w.cluster.world} GPUs): step {ms(w.step_s)} = compute "
                    f"{ms(w.compute_s)} + exposed comm {ms(w.exposed_comm_s)} + bubble {ms(w.bubble_s)}; "
-                   f"{gib(w.memory.total)} of {gib(w.memory.capacity)} per GPU.")
+                   f"{gib(w.memory.total)} of {gib(w.memory.capacity)} per GPU.{mark(w)}")
+        if refusal and refusal(w):
+            ok = next((p for p in r.ranked if not refusal(p)), None)
+            out.append(f"best that tandem trains: {ok.strategy.label()}: {ms(ok.step_s)} "
+                       f"({ok.step_s / w.step_s - 1:+.1%}); --trainable ranks those only." if ok else
+                       "no fitting strategy is one tandem trains yet.")
         seen = {w.strategy.label()}
         for p in r.ranked[1:]:
             if len(seen) > top:
@@ -164,7 +175,8 @@ def reasons(r: SearchResult, top: int = 5) -> list[str]:
             if lab in seen:
                 continue
             seen.add(lab)
-            out.append(f"near miss {lab}: {ms(p.step_s)} ({p.step_s / w.step_s - 1:+.1%}), loses by {_diff(w, p)}.")
+            out.append(f"near miss {lab}: {ms(p.step_s)} ({p.step_s / w.step_s - 1:+.1%}), loses by {_diff(w, p)}."
+                       + mark(p))
         gpn = w.cluster.gpus_per_node
         cross = next((p for p in r.ranked if p.strategy.tp > gpn), None)
         if cross and cross is not w:

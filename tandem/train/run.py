@@ -137,9 +137,10 @@ def other_node(spec: JobSpec) -> bool:
 
 
 def run_training(spec: JobSpec, console: Console, *, stream: bool = False, label: str = "train",
-                 fresh: bool = False) -> dict:
+                 fresh: bool = False, run_files: dict[str, str] | None = None) -> dict:
     """Validate, launch, watch; returns RUN_DIR/result.json. Raises TandemError subclasses,
-    and AlreadyComplete when a rerun would train nothing (RUN_DIR is left as it is)."""
+    and AlreadyComplete when a rerun would train nothing (RUN_DIR is left as it is). ``run_files``:
+    {name: text} written into the run dir next to spec.json (from_plan.json)."""
     run_dir = run_dir_of(spec)
     joining = spec.elastic.join and (run_dir / rundir.SPEC).is_file()
     # a node joining a running job, or another node of a static multi-node job, shares its run dir on
@@ -159,6 +160,10 @@ def run_training(spec: JobSpec, console: Console, *, stream: bool = False, label
     if lock is not None:
         lock.acquire(say)
     try:
+        for name, text in (run_files or {}).items():   # after the checks and --fresh's move, before the workers
+            tmp = run_dir / f".{name}.{os.getpid()}"
+            tmp.write_text(text)
+            tmp.replace(run_dir / name)
         return _train_locked(spec, console, run_dir, path, joining, stream, label)
     finally:
         if lock is not None:

@@ -13,6 +13,7 @@ from tandem.core.decoder import ffn_size
 from tandem.core.dims import ZERO_STAGE, from_spec
 from tandem.core.errors import ConfigError
 from tandem.core.steps import planned_steps
+from tandem.core.validate import node_counts
 from tandem.plan.inputs.calibration import cluster_for
 from tandem.plan.inputs.hardware import GPU_ARCH, Cluster, load_cluster_file, make_cluster
 from tandem.plan.inputs.measure import measure, measure_module
@@ -103,7 +104,9 @@ def from_job_spec(path: str) -> dict:
         opt = "sgd-momentum" if spec.optim.momentum else "sgd"
     out = dict(model=spec.model.name, global_batch=spec.schedule.global_batch,
                micro_batch=spec.schedule.micro_batch, precision=spec.precision.dtype, optimizer=opt,
-               gpus_per_node=spec.launch.nproc_per_node, nodes=spec.launch.nodes.max, ref_batch=spec.optim.ref_batch,
+               gpus_per_node=spec.launch.nproc_per_node,
+               nodes=node_counts(spec.launch).max,   # simulated nodes are the job's nodes, as `tandem train` counts
+                ref_batch=spec.optim.ref_batch,
                warmup_steps=spec.schedule.warmup_steps, threads_per_worker=spec.launch.threads_per_worker or None)
     par = spec.parallel
     # the degrees as flags would give them (what `--tp 2` then overrides); without degree flags,
