@@ -164,7 +164,7 @@ def validate(spec: JobSpec) -> JobSpec:
                 "model.width": spec.model.width, "model.num_classes": spec.model.num_classes,
                 "data.image_size": spec.data.image_size, "schedule.log_every": spec.schedule.log_every,
                 "profile.start_step": spec.profile.start_step, "profile.steps": spec.profile.steps,
-                "profile.clock_rounds": spec.profile.clock_rounds}
+                "profile.clock_rounds": spec.profile.clock_rounds, "data.num_samples": spec.data.num_samples}
     for key, val in positive.items():
         if val < 1:
             raise ConfigError(f"must be at least 1, got {val}", field=key, value=val, fix="give a positive number")
