@@ -89,6 +89,9 @@ class ExpertParallel:
         """buf (experts, capacity, h) of this rank's tokens -> the experts' outputs, the same shape."""
         e, cap, h = buf.shape
         local = e // self.ep
+        dev = buf.device.type
+        if torch.is_autocast_enabled(dev):   # the experts compute in the autocast dtype: send it (half the bytes)
+            buf = buf.to(torch.get_autocast_dtype(dev))
         # training: every rank's micro-batch has as many tokens, so the same capacity (equal splits)
         caps = [cap] * self.ep if experts.training else self._capacities(cap, buf.device)
         equal = len(set(caps)) == 1
@@ -161,6 +164,8 @@ def shard_experts(model: nn.Module, ep: ExpertParallel, reshard: bool) -> None:
     for m in expert_modules(model):
         fully_shard(m, mesh=ep.mesh["edp"], reshard_after_forward=reshard, shard_placement_fn=lambda p: Shard(1))
         m.set_gradient_divide_factor(float(ep.dp))
+        if dist.get_backend(ep.edp_group) == "gloo":   # gloo has no PREMUL_SUM: sum, then divide by dp
+            m.set_force_sum_reduction_for_comms(True)
 
 
 def step_record(par, ctx) -> dict:
