@@ -81,6 +81,3 @@ def check_ep(spec, world: int, tp: int, pp: int, cp: int, dp: int) -> None:
               field, deg, f"use {name}=1 with a mixture of experts (dp and ep split it)")
     _need(not p.compile, "model.experts with compile is not supported (data-dependent routing in each block)",
           "parallel.compile", True, "set parallel.compile=false with model.experts > 0")
-    _need(spec.model.loss != "model", "model.experts adds the router loss to the trainer's loss; model.loss "
-          "'model' (the model returns its own) would leave it out", "model.loss", spec.model.loss,
-          "use model.loss=cross_entropy (or a 'pkg.module:fn' loss) with model.experts > 0")

@@ -44,6 +44,7 @@ from tandem.train.loss import resolve_loss
 from tandem.train.optim import build_optimizer
 from tandem.train.parallel import Parallel, loss_sum, parallelize
 from tandem.train.parallel.ddp import prime_buckets
+from tandem.train.parallel.expert import step_record
 from tandem.models.hf import weights_for
 from tandem.train.parallel.materialize import Materializer, build_meta
 from tandem.train.peak_memory import PeakMemory
@@ -308,9 +309,10 @@ def _step(job: Job, st: TrainState, loader, records: "_StepRecords", vote: "_Sto
     st.rates.append(n_step * job.par.dp / dt)
     st.step_s.append(dt)
     fp16 = {} if out.loss_scale is None else {"loss_scale": out.loss_scale, "skipped": out.skipped}
+    moe = step_record(job.par, job.ctx)   # a mixture of experts: routed, dropped, router loss, all-to-alls
     records.add(loss_all, step=st.step, epoch=st.epoch, lr=lr, samples_per_s=st.rates[-1], step_time_s=dt,
                 data_time_s=feed.data_s, grad_norm=out.grad_norm if math.isfinite(out.grad_norm) else None,
-                **fp16, time=time.time())
+                **fp16, **moe, time=time.time())
     el.on_step(st.step, st.epoch, dt, feed.data_s, time.perf_counter() - feed.sync_t0)
     every = spec.checkpoint.every_steps
     periodic = bool(every and st.step % every == 0) or (st.step == job.counts.total and spec.checkpoint.at_end)
