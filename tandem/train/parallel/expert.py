@@ -164,7 +164,9 @@ def shard_experts(model: nn.Module, ep: ExpertParallel, reshard: bool) -> None:
     for m in expert_modules(model):
         fully_shard(m, mesh=ep.mesh["edp"], reshard_after_forward=reshard, shard_placement_fn=lambda p: Shard(1))
         m.set_gradient_divide_factor(float(ep.dp))
-        if dist.get_backend(ep.edp_group) == "gloo":   # gloo has no PREMUL_SUM: sum, then divide by dp
+        # gloo has no PREMUL_SUM: sum, then divide by dp. Not on a 1-rank edp group (dp = ep), where
+        # FSDP2 (torch 2.13) skips the collective and divides by the factor both in its copy and after it
+        if ep.edp > 1 and dist.get_backend(ep.edp_group) == "gloo":
             m.set_force_sum_reduction_for_comms(True)
 
 
