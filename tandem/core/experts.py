@@ -56,6 +56,15 @@ def check_ep(spec, world: int, tp: int, pp: int, cp: int, dp: int) -> None:
     p, m = spec.parallel, spec.model
     ep = p.ep
     _need(isinstance(ep, int) and ep >= 1, f"ep must be at least 1, got {ep}", "parallel.ep", ep, "give ep >= 1")
+    if moe_enabled(m):   # what the trainer cannot split yet, before the ep arithmetic
+        what = [(tp, "tp", "parallel.tp", "the expert weights are not split by tensor parallelism yet"),
+                (pp, "pp", "parallel.pp", "the router loss of every stage would have to reach the last one"),
+                (cp, "cp", "parallel.cp", "routing capacity would be counted per sequence chunk, not per micro-batch")]
+        for deg, name, field, why in what:
+            _need(deg == 1, f"model.experts {m.experts} with {name} {deg} is not supported by the trainer ({why})",
+                  field, deg, f"use {name}=1 with a mixture of experts (dp and ep split it)")
+        _need(not p.compile, "model.experts with compile is not supported (data-dependent routing in each block)",
+              "parallel.compile", True, "set parallel.compile=false with model.experts > 0")
     if ep > 1:
         _need(moe_enabled(m), f"ep {ep} splits a mixture of experts; model.experts is {m.experts}",
               "parallel.ep", ep, "set model.experts (and model.name=llama), or ep=1")
@@ -71,13 +80,3 @@ def check_ep(spec, world: int, tp: int, pp: int, cp: int, dp: int) -> None:
         _need(p.comm_hook == "none" and not p.local_sgd_every, f"ep {ep} with a comm hook or local SGD is not "
               "supported (the expert gradients reduce outside DDP)", "parallel.comm_hook", p.comm_hook,
               "turn comm_hook and local_sgd_every off with ep > 1")
-    if not moe_enabled(m):
-        return
-    what = [(tp, "tp", "parallel.tp", "the expert weights are not split by tensor parallelism yet"),
-            (pp, "pp", "parallel.pp", "the router loss of every stage would have to reach the last one"),
-            (cp, "cp", "parallel.cp", "routing capacity would be counted per sequence chunk, not per micro-batch")]
-    for deg, name, field, why in what:
-        _need(deg == 1, f"model.experts {m.experts} with {name} {deg} is not supported by the trainer ({why})",
-              field, deg, f"use {name}=1 with a mixture of experts (dp and ep split it)")
-    _need(not p.compile, "model.experts with compile is not supported (data-dependent routing in each block)",
-          "parallel.compile", True, "set parallel.compile=false with model.experts > 0")
