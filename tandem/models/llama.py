@@ -170,9 +170,11 @@ class Block(nn.Module):
 
 
 def layout(c: LlamaConfig) -> DecoderLayout:
+    moe = bool(c.experts)   # a mixture of experts stays whole on every tp rank: tp splits the attention only
     return DecoderLayout(embeddings=("tok_emb",), shared=("rope",),
-                         colwise=("attn.wq", "attn.wk", "attn.wv", "mlp.w1", "mlp.w3"),
-                         rowwise=("attn.wo", "mlp.w2"), norms=("attn_norm", "mlp_norm"), gathers=("attn", "mlp"),
+                         colwise=("attn.wq", "attn.wk", "attn.wv") + (() if moe else ("mlp.w1", "mlp.w3")),
+                         rowwise=("attn.wo",) + (() if moe else ("mlp.w2",)), norms=("attn_norm", "mlp_norm"),
+                         gathers=("attn", "mlp"),
                          head_norms=("attn.q_norm", "attn.k_norm") if c.qk_norm else ())
 
 

@@ -172,6 +172,15 @@ def router_loss(model: nn.Module):
     return sum(losses) if losses else None
 
 
+def add_router_loss(loss: torch.Tensor, aux: torch.Tensor) -> torch.Tensor:
+    """loss + aux; tp's loss parallel gives a replicated DTensor loss, so aux (the same on every tp rank, the
+    experts being whole there) joins it as one."""
+    if hasattr(loss, "device_mesh"):
+        from torch.distributed.tensor import DTensor, Replicate
+        aux = DTensor.from_local(aux, loss.device_mesh, [Replicate()] * loss.device_mesh.ndim)
+    return loss + aux
+
+
 def init_expert(name: str, t: torch.Tensor, g: torch.Generator, layers: int, std: float = 0.02) -> None:
     """N(0, std) per expert, the down projection w2 scaled by 1/sqrt(2 layers) as the dense MLP's."""
     s = std / math.sqrt(2 * layers) if name.endswith(".w2") else std

@@ -43,7 +43,7 @@ from typing import Callable
 import torch
 
 from tandem.core.factory import import_factory
-from tandem.models.moe import router_loss
+from tandem.models.moe import add_router_loss, router_loss
 from tandem.models.output import logits_of
 from tandem.train.parallel import loss_sum
 from tandem.train.tasks import IGNORE
@@ -149,7 +149,7 @@ class Loss:
         loss = self.fn(logits_of(model(x)), y)
         aux = router_loss(model)   # a mixture of experts' router losses (tandem/models/moe.py), a mean per
         # micro-batch: weighted by its scored targets so that the trainer's / denom makes it the step's mean
-        return loss if aux is None else loss + aux * scored(y)
+        return loss if aux is None else add_router_loss(loss, aux * scored(y))
 
 
 def resolve_loss(name: str) -> Loss:

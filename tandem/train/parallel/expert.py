@@ -29,8 +29,11 @@ of DDP), under zero2 / zero3 by FSDP2 on the edp mesh with its gradient divide f
 (torchtitan's choice), its shards cut along the hidden dimension so that they do not stack on the ep
 ranks' Shard(0).
 
-Not supported, refused before launch with one line (tandem/core/experts.py): zero1 and hsdp, tp, pp and
-cp with a mixture of experts, comm hooks with ep.
+With tp (ep 1, no sequence parallel) the experts stay whole on every tp rank, replicated like the norms:
+tp splits the attention only (the llama's ``layout`` leaves the MoE out of the tp plan).
+
+Not supported, refused before launch with one line (tandem/core/experts.py): ep with zero1, hsdp, tp, comm
+hooks or local SGD; a mixture of experts with pp, cp, sequence parallel or compile.
 """
 
 from __future__ import annotations
@@ -189,7 +192,8 @@ def step_record(par, ctx) -> dict:
         sum(m.forwards for m in layers)]
     for m in layers:
         m.reset_stats()
-    tot = rt.all_reduce_sum([float(v) for v in vals], ctx)
+    rep = par.dims.tp   # the tp ranks of a replica route the same tokens (the experts are whole there): once
+    tot = [v / rep for v in rt.all_reduce_sum([float(v) for v in vals], ctx)]
     dropped, assigned, aux, forwards = tot[n:]
     out = {"moe_tokens_per_expert": [int(v) for v in tot[:n]],
            "moe_dropped_frac": dropped / assigned if assigned else 0.0,
