@@ -70,14 +70,16 @@ def evaluate(model, held, ctx: rt.DistContext, spec: JobSpec, fmt=torch.contiguo
     # the stages (and tp ranks) of one pipeline share a data rank: the same batches, so sends pair up
     idx = list(range(rank, len(held), world))
     correct, scored, nll = 0, 0, 0.0
-    for i in range(0, len(idx), 256):
-        x, y = held[idx[i:i + 256]]
+    # ep: each forward joins the experts' all-to-alls, so every rank runs as many (a short share idles on its first)
+    stop = par.ep.most(len(idx), ctx.device) if par is not None and par.ep is not None else len(idx)
+    for i in range(0, stop, 256):
+        x, y = held[idx[i:i + 256] or idx[:1] or [0]]
         with rt.autocast(ctx, spec.precision.dtype):
             x = x.to(ctx.device)
             x = x.contiguous(memory_format=fmt) if x.dim() == 4 else x
             out = _pp_forward(par, x) if pipelined else logits_of(model(x))
-        if out is None:
-            continue  # pp: not the last stage
+        if out is None or i >= len(idx):
+            continue  # pp: not the last stage; ep: a forward for the peers only
         out = out.full_tensor() if hasattr(out, "full_tensor") else out  # tp: logits sharded over the vocab
         if pipelined and par.coords["tp"] != 0:
             continue  # a tp replica of the rank that scores

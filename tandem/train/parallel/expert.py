@@ -108,6 +108,12 @@ class ExpertParallel:
         out = _AllToAll.apply(back, self, *((None, None) if equal else (send_rows, recv_rows)))
         return out.view(e, cap, h)
 
+    def most(self, n: int, device) -> int:
+        """The largest ``n`` over the ep group (the evaluation's sample counts: every rank runs as many forwards)."""
+        t = torch.tensor([n], dtype=torch.int64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return int(t)
+
     @torch.no_grad()
     def sync_grads(self) -> None:
         """ddp: sum each expert gradient over the edp ranks (the same experts) and divide by dp."""

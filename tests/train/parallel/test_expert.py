@@ -27,6 +27,7 @@ from harness.numerics import run_many, run_steps_single, spawn
 from tandem.core.dims import from_spec
 from tandem.core.errors import ConfigError
 from tandem.core.validate import validate
+from tandem.train import runtime as rt
 
 jobs = sys.modules.get("parallel_jobs")
 if jobs is None:  # loaded by this folder's conftest.py
@@ -210,3 +211,15 @@ def test_ep_that_does_not_divide_the_experts_fails_before_launch(tmp_path):
     assert "parallel.ep" in r.stderr and "ep 3 does not divide experts 4 (4 % 3 = 1)" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not (tmp_path / "run" / "logs").exists()   # no worker was started
+
+
+@pytest.mark.slow
+def test_ep_evaluation_with_uneven_shares_matches_one_process():
+    from harness.moe import eval_uneven
+    spec = moe_job(ep=2)
+    got = spawn(eval_uneven, 2, spec, n=513)
+    ctx = rt.DistContext(0, 1, 0, 1, 0, torch.device("cpu"), "gloo")
+    one = moe_job()
+    one.launch.nproc_per_node = 1
+    ref = eval_uneven(one, ctx, n=513)
+    assert got[0] == got[1] == ref and ref[1] == 513 * 4, (got, ref)   # 4 scored digits a sample
