@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Callable
 
 from tandem.core.decoder import check_llama
-from tandem.core.experts import check_moe
 from tandem.core.dims import from_spec
 from tandem.core.errors import ConfigError
+from tandem.core.experts import check_moe
 from tandem.core.noderange import NodeRange
 from tandem.core.spec import JobSpec, LaunchSpec
 
