@@ -22,6 +22,7 @@ from functools import lru_cache
 
 from tandem.core.decoder import DECODERS, ffn_size
 from tandem.core.errors import ConfigError
+from tandem.core.experts import check_ep
 
 SHARDED = ("zero2", "zero3", "fsdp", "hsdp")    # FSDP2 strategies
 STRATEGIES = ("ddp", "zero1") + SHARDED
@@ -38,7 +39,7 @@ class ParallelDims:
     tp: int
     strategy: str = "ddp"
     cp: int = 1     # context parallel: ranks splitting each sequence, next to tp (same batch, same weights)
-    ep: int = 1     # expert parallel (planner only): carved out of dp, experts split over ep ranks
+    ep: int = 1     # expert parallel: carved out of dp, experts split over ep ranks (tandem/train/parallel/expert.py)
 
     @property
     def dp(self) -> int:
@@ -93,10 +94,6 @@ class ParallelDims:
         """(mesh, dp mesh): the DeviceMesh (collective: every rank calls it) and its flattened dp dimension."""
         from torch.distributed.device_mesh import init_device_mesh
 
-        _need(self.ep == 1, f"expert parallelism (ep {self.ep}) is modelled "
-              "by `tandem plan` only; the trainer does not run it", "parallel", self.ep,
-              "train with ep 1")
-
         mesh = init_device_mesh(device_type, self.shape, mesh_dim_names=self.names)
         return mesh, mesh["dp_replicate", "dp_shard"]._flatten("dp")
 
@@ -111,6 +108,11 @@ class ParallelDims:
         if self.ep > 1 and "ep" not in ParallelSpec.__dataclass_fields__:
             return (f"ep {self.ep}: expert parallelism is modelled by `tandem plan` only; the trainer does not run "
                     "it yet")
+        if self.ep > 1 and max(self.tp, self.pp, self.cp) > 1:   # tandem/core/experts.py check_ep says why
+            return (f"ep {self.ep} with tp {self.tp} pp {self.pp} cp {self.cp}: the trainer splits experts over "
+                    "data-parallel ranks only")
+        if self.ep > 1 and (self.strategy in ("zero1", "hsdp") or self.dp_replicate > 1):
+            return f"ep {self.ep} with {self.strategy}: the trainer runs ep under ddp, zero2 and zero3"
         if self.pp > 1 and z > 0:
             return f"zero {z} with pp {self.pp}: the trainer runs pipeline stages with ddp only"
         if self.strategy == "zero1" and self.tp > 1:
@@ -123,6 +125,15 @@ class ParallelDims:
             return (f"hybrid zero {z} (sharded over {self.dp_shard}, replicated {self.dp_replicate}x): the trainer's "
                     "hybrid sharding is hsdp (zero 3) only")
         return None
+
+    def build_ep_mesh(self, device_type: str):
+        """The expert mesh (collective): dp split into (edp, ep), ep innermost inside dp, so an ep group is
+        tp x cp apart as the planner lays it out (terms/expert.py): dims pp, edp, ep, cp, tp. ``mesh["ep"]``
+        splits the experts, ``mesh["edp"]`` (dp / ep ranks) holds the same ones and reduces their gradients."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        shape = (self.pp, self.dp // self.ep, self.ep, self.cp, self.tp)
+        return init_device_mesh(device_type, shape, mesh_dim_names=("pp", "edp", "ep", "cp", "tp"))
 
     def describe(self) -> str:
         dp = f"dp {self.dp}" + (f" (replicate {self.dp_replicate} x shard {self.dp_shard})"
@@ -152,6 +163,7 @@ def from_spec(spec, world: int, local_world: int | None = None, warn: bool = Tru
     if cp != 1:
         _check_cp(spec, world, tp, pp, cp)
     dp = world // (tp * pp * cp)
+    check_ep(spec, world, tp, pp, cp, dp)   # model.experts and parallel.ep (tandem/core/experts.py)
     if tp > 1 or pp > 1:
         _need(m.name in DECODERS, f"tensor and pipeline parallelism split transformer blocks; model {m.name!r} "
               f"has none (tp {tp}, pp {pp})", "parallel.tp" if tp > 1 else "parallel.pp", tp if tp > 1 else pp,
@@ -218,7 +230,7 @@ def from_spec(spec, world: int, local_world: int | None = None, warn: bool = Tru
         _need(p.ac_every >= 1, f"ac_every must be at least 1, got {p.ac_every}", "parallel.ac_every",
               p.ac_every, "checkpoint one block in N, N >= 1")
     return ParallelDims(world=world, pp=pp, dp_replicate=replicate, dp_shard=shard, tp=tp, strategy=p.strategy,
-                        cp=cp)
+                        cp=cp, ep=p.ep)
 
 
 def _check_cp(spec, world: int, tp: int, pp: int, cp: int) -> None:

@@ -62,6 +62,17 @@ class ModelSpec:
     norm_eps: float = f(1e-5, "llama: RMSNorm epsilon (1e-5 Llama, 1e-6 Qwen).")
     qkv_bias: bool = f(False, "llama: biases on the query, key and value projections (Qwen2).")
     qk_norm: bool = f(False, "llama: RMSNorm on each head's queries and keys before the rotation (Qwen3).")
+    experts: int = f(0, "llama: routed experts per block, a mixture of experts in place of the SwiGLU MLP (0: dense; "
+                        "tandem/models/moe.py, docs/models.md).")
+    top_k: int = f(2, "llama MoE: experts each token is routed to (token choice, 1 <= top_k <= experts).")
+    shared_experts: int = f(0, "llama MoE: always-active experts every token also runs (DeepSeek's shared experts).")
+    expert_ffn: int = f(0, "llama MoE: each expert's SwiGLU inner size (0: model.ffn's).")
+    capacity_factor: float = f(1.25, "llama MoE: an expert takes at most ceil(capacity_factor x tokens x top_k / "
+                                     "experts) tokens of a micro-batch; the rest are dropped (their residual passes).")
+    router_aux_loss: float = f(0.01, "llama MoE: load-balance loss coefficient (Switch: experts x sum of fraction "
+                                     "routed x mean router probability), added to the loss per MoE block; 0: off.")
+    router_z_loss: float = f(0.0, "llama MoE: router z-loss coefficient (ST-MoE: mean squared log-sum-exp of the "
+                                  "router logits); 0: off.")
     loss: str = f("cross_entropy", "The training loss, a sum over the micro-batch: cross_entropy (class labels "
                                    "or token targets, -100 ignored) | model (the model returns its loss, a mean "
                                    "over the targets, as a tensor, a dict with 'loss' or an object with .loss: a "
@@ -114,6 +125,8 @@ class ParallelSpec:
     pp: int = f(1, "Pipeline-parallel degree (gpt only): ranks that each hold a slice of the layers.")
     cp: int = f(1, "Context-parallel degree (gpt, llama): ranks that split each sequence (2 x cp load-balanced "
                    "chunks, ring attention); they read the same batch. See docs/parallel.md.")
+    ep: int = f(1, "Expert-parallel degree (llama with model.experts): carved out of dp, each ep group splits the "
+                   "experts; tokens go to their experts by all-to-all. See docs/parallel.md.")
     dp_shard: int = f(0, "hsdp: ranks one shard group spans (0: the data-parallel ranks of one node).")
     sequence_parallel: bool = f(False, "tp: shard norms and dropout along the sequence too (Korthikanti 2022).")
     loss_parallel: bool = f(True, "tp: keep logits sharded over the vocabulary and compute the loss in place.")

@@ -12,6 +12,7 @@ from typing import Callable
 from tandem.core.decoder import check_llama
 from tandem.core.dims import from_spec
 from tandem.core.errors import ConfigError
+from tandem.core.experts import check_moe
 from tandem.core.noderange import NodeRange
 from tandem.core.spec import JobSpec, LaunchSpec
 
@@ -187,6 +188,7 @@ def validate(spec: JobSpec) -> JobSpec:
     _check_loss(spec)
     if spec.model.name == "llama":
         check_llama(spec.model)
+    check_moe(spec.model)
     if spec.elastic.term_grace_s <= 0:
         raise ConfigError(f"must be positive, got {spec.elastic.term_grace_s}", field="elastic.term_grace_s",
                           fix="use e.g. 10 (seconds), below torchrun's 30 s; elastic.save_on_term=false turns "

@@ -9,7 +9,9 @@ blocks), ``norm`` and ``head``, each ``None`` on a pipeline stage that does not 
 strategies read the names from ``layout`` (``tandem/models/layout.py``). The options cover
 the models shaped like it: ``qkv_bias`` (Qwen2), ``qk_norm`` (Qwen3: RMSNorm on each head's
 queries and keys before the rotation), ``head_dim`` apart from hidden / heads (Qwen3),
-``rope_theta`` and ``rope_scaling`` (Llama 3.1's ``llama3`` or ``linear``), ``tied``.
+``rope_theta`` and ``rope_scaling`` (Llama 3.1's ``llama3`` or ``linear``), ``tied``; ``experts`` > 0 turns
+every block's MLP into a mixture of experts (``tandem/models/moe.py``: top_k, shared_experts, expert_ffn,
+capacity_factor, router_aux_loss, router_z_loss).
 
 The rotation is Hugging Face's (``rotate_half``: feature i turns with feature i + head_dim/2),
 so a Hugging Face Llama / Qwen checkpoint's q/k weights load without the permutation Meta's
@@ -27,8 +29,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from tandem.core.decoder import check_llama, ffn_size, head_dim, rope_scaling
+from tandem.core.experts import check_moe
 from tandem.models.init import init_weights
 from tandem.models.layout import DecoderLayout
+from tandem.models.moe import GroupedExperts, MoE, init_expert
 
 
 @dataclass
@@ -47,10 +51,19 @@ class LlamaConfig:
     norm_eps: float = 1e-5
     qkv_bias: bool = False
     qk_norm: bool = False
+    # mixture of experts (tandem/models/moe.py): experts > 0 puts an MoE in every block's MLP
+    experts: int = 0
+    top_k: int = 2
+    shared_experts: int = 0
+    expert_ffn: int = 0    # 0: ffn
+    capacity_factor: float = 1.25
+    router_aux_loss: float = 0.01
+    router_z_loss: float = 0.0
     name: str = "llama"
 
     def __post_init__(self):
         check_llama(self)
+        check_moe(self)
         self.ffn = ffn_size(self)
         self.head_dim = head_dim(self)
         self.kv_heads = self.kv_heads or self.heads
@@ -148,7 +161,7 @@ class Block(nn.Module):
         self.attn_norm = nn.RMSNorm(c.hidden, eps=c.norm_eps)
         self.attn = Attention(c)
         self.mlp_norm = nn.RMSNorm(c.hidden, eps=c.norm_eps)
-        self.mlp = MLP(c)
+        self.mlp = MoE(c) if c.experts else MLP(c)
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         # rope by keyword: tp's input hooks (sequence parallel's all-gather) see x alone
@@ -157,9 +170,11 @@ class Block(nn.Module):
 
 
 def layout(c: LlamaConfig) -> DecoderLayout:
+    moe = bool(c.experts)   # a mixture of experts stays whole on every tp rank: tp splits the attention only
     return DecoderLayout(embeddings=("tok_emb",), shared=("rope",),
-                         colwise=("attn.wq", "attn.wk", "attn.wv", "mlp.w1", "mlp.w3"),
-                         rowwise=("attn.wo", "mlp.w2"), norms=("attn_norm", "mlp_norm"), gathers=("attn", "mlp"),
+                         colwise=("attn.wq", "attn.wk", "attn.wv") + (() if moe else ("mlp.w1", "mlp.w3")),
+                         rowwise=("attn.wo",) + (() if moe else ("mlp.w2",)), norms=("attn_norm", "mlp_norm"),
+                         gathers=("attn", "mlp"),
                          head_norms=("attn.q_norm", "attn.k_norm") if c.qk_norm else ())
 
 
@@ -177,6 +192,7 @@ class Llama(nn.Module):
         self.head = nn.Linear(c.hidden, c.vocab, bias=False)
         if c.tied:
             self.head.weight = self.tok_emb.weight
+        self.moe = [b.mlp for b in self.layers.values() if isinstance(b.mlp, MoE)]   # a plain list: no new names
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -190,6 +206,8 @@ class Llama(nn.Module):
         std = 0.02
         if isinstance(module, Rotary):
             t.copy_(module.table())
+        elif isinstance(module, GroupedExperts):
+            init_expert(name, t, g, self.config.layers, std)
         elif isinstance(module, nn.RMSNorm):
             t.fill_(1)
         elif t.dim() == 1:
@@ -204,8 +222,9 @@ class Llama(nn.Module):
         A block: 2 x its matmul parameters + 2 x seq x heads x head_dim for the causal scores and values."""
         c = self.config
         h, q, kv = c.hidden, c.heads * c.head_dim, c.kv_heads * c.head_dim
-        if part == "block":
-            return 2 * (2 * h * q + 2 * h * kv + 3 * h * c.ffn) + 2 * c.seq * q
+        if part == "block":   # an MoE block: the top_k routed and the shared experts a token runs, the router
+            ffn = c.ffn if not c.experts else (c.top_k + c.shared_experts) * (c.expert_ffn or c.ffn)
+            return 2 * (2 * h * q + 2 * h * kv + 3 * h * ffn + h * c.experts) + 2 * c.seq * q
         if part == "head":
             return 2 * h * c.vocab
         return 0.0  # embedding lookups are memory reads, no FLOPs
@@ -229,4 +248,7 @@ def from_spec(m) -> Llama:
     return Llama(LlamaConfig(layers=m.layers, hidden=m.hidden, heads=m.heads, kv_heads=m.kv_heads, ffn=m.ffn,
                              head_dim=m.head_dim, seq=m.seq, vocab=m.vocab, tied=m.tied, rope_theta=m.rope_theta,
                              rope_scaling=dict(m.rope_scaling), norm_eps=m.norm_eps, qkv_bias=m.qkv_bias,
-                             qk_norm=m.qk_norm))
+                             qk_norm=m.qk_norm, experts=m.experts, top_k=m.top_k,
+                             shared_experts=m.shared_experts, expert_ffn=m.expert_ffn,
+                             capacity_factor=m.capacity_factor, router_aux_loss=m.router_aux_loss,
+                             router_z_loss=m.router_z_loss))

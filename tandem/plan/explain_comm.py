@@ -68,7 +68,7 @@ def _cp_ep_sentence(p: Plan, o) -> str:
         return cp_sentence(p, o, link)
     per, calls = o.detail
     moe = p.model.moe
-    tokens = s.micro_batch * g.seq / (s.cp * s.tp)
+    tokens = g.seq / (s.cp * s.tp)   # per sequence: the b before it is the micro-batch
     local = o.group.local
     return (f"ep-all-to-all: MoE token routing over ep {s.ep} GPUs on {link} ({local} of them per node): "
             f"{calls} all-to-alls per micro-batch ({'6' if s.recompute == 'full' else '4'} per MoE layer: dispatch "

@@ -26,6 +26,10 @@ of an epoch. ``model.loss`` picks where the sum comes from:
   by their count: the targets that are not -100 (for class labels, len(y)).
 - ``pkg.module:fn``: ``fn(output, target) -> tensor``, the *sum* over the micro-batch (for example
   ``F.cross_entropy(..., reduction="sum")``); it also runs as the pipeline schedule's loss.
+
+A mixture of experts (``model.experts``) adds its router losses (load balance, z-loss) to the built-in
+and the ``pkg.module:fn`` sums, times the micro-batch's scored targets: after the division by the step's
+targets they are the step's token-weighted mean, the same on any data-parallel split.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from typing import Callable
 import torch
 
 from tandem.core.factory import import_factory
+from tandem.models.moe import add_router_loss, router_loss
 from tandem.models.output import logits_of
 from tandem.train.parallel import loss_sum
 from tandem.train.tasks import IGNORE
@@ -141,7 +146,10 @@ class Loss:
     def __call__(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self.fn is None:
             return call_model_loss(model, x, y)
-        return self.fn(logits_of(model(x)), y)
+        loss = self.fn(logits_of(model(x)), y)
+        aux = router_loss(model)   # a mixture of experts' router losses (tandem/models/moe.py), a mean per
+        # micro-batch: weighted by its scored targets so that the trainer's / denom makes it the step's mean
+        return loss if aux is None else add_router_loss(loss, aux * scored(y))
 
 
 def resolve_loss(name: str) -> Loss:

@@ -3,7 +3,9 @@
 ``run_dir/metrics.jsonl`` holds one record per line, each with a ``kind``:
 
     start   world, nodes, global_batch, micro_batch, grad_accum, effective_lr, total_steps, ...
-    step    step, epoch, loss, lr, samples_per_s, step_time_s, data_time_s
+    step    step, epoch, loss, lr, samples_per_s, step_time_s, data_time_s; a mixture of experts adds
+            moe_tokens_per_expert, moe_dropped_frac, moe_aux_loss and, under ep, ep_all_to_all_calls,
+            ep_all_to_all_bytes, ep_all_to_all_bytes_per_call (tandem/train/parallel/expert.py)
     eval    epoch, step, accuracy, correct, total
     ckpt    step, path, save_s
     end     final step, accuracy, samples_per_s (training steps), wall_samples_per_s, wall time

@@ -44,6 +44,7 @@ from tandem.train.loss import resolve_loss
 from tandem.train.optim import build_optimizer
 from tandem.train.parallel import Parallel, loss_sum, parallelize
 from tandem.train.parallel.ddp import prime_buckets
+from tandem.train.parallel.expert import step_record
 from tandem.models.hf import weights_for
 from tandem.train.parallel.materialize import Materializer, build_meta
 from tandem.train.peak_memory import PeakMemory
@@ -69,14 +70,16 @@ def evaluate(model, held, ctx: rt.DistContext, spec: JobSpec, fmt=torch.contiguo
     # the stages (and tp ranks) of one pipeline share a data rank: the same batches, so sends pair up
     idx = list(range(rank, len(held), world))
     correct, scored, nll = 0, 0, 0.0
-    for i in range(0, len(idx), 256):
-        x, y = held[idx[i:i + 256]]
+    # ep: each forward joins the experts' all-to-alls, so every rank runs as many (a short share idles on its first)
+    stop = par.ep.most(len(idx), ctx.device) if par is not None and par.ep is not None else len(idx)
+    for i in range(0, stop, 256):
+        x, y = held[idx[i:i + 256] or idx[:1] or [0]]
         with rt.autocast(ctx, spec.precision.dtype):
             x = x.to(ctx.device)
             x = x.contiguous(memory_format=fmt) if x.dim() == 4 else x
             out = _pp_forward(par, x) if pipelined else logits_of(model(x))
-        if out is None:
-            continue  # pp: not the last stage
+        if out is None or i >= len(idx):
+            continue  # pp: not the last stage; ep: a forward for the peers only
         out = out.full_tensor() if hasattr(out, "full_tensor") else out  # tp: logits sharded over the vocab
         if pipelined and par.coords["tp"] != 0:
             continue  # a tp replica of the rank that scores
@@ -308,9 +311,10 @@ def _step(job: Job, st: TrainState, loader, records: "_StepRecords", vote: "_Sto
     st.rates.append(n_step * job.par.dp / dt)
     st.step_s.append(dt)
     fp16 = {} if out.loss_scale is None else {"loss_scale": out.loss_scale, "skipped": out.skipped}
+    moe = step_record(job.par, job.ctx)   # a mixture of experts: routed, dropped, router loss, all-to-alls
     records.add(loss_all, step=st.step, epoch=st.epoch, lr=lr, samples_per_s=st.rates[-1], step_time_s=dt,
                 data_time_s=feed.data_s, grad_norm=out.grad_norm if math.isfinite(out.grad_norm) else None,
-                **fp16, time=time.time())
+                **fp16, **moe, time=time.time())
     el.on_step(st.step, st.epoch, dt, feed.data_s, time.perf_counter() - feed.sync_t0)
     every = spec.checkpoint.every_steps
     periodic = bool(every and st.step % every == 0) or (st.step == job.counts.total and spec.checkpoint.at_end)

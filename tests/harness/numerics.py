@@ -232,6 +232,7 @@ class _null:
 def run_steps_single(spec, steps: int, count: bool = False, **kw) -> dict:
     spec = copy.deepcopy(spec)
     spec.parallel.strategy, spec.parallel.tp, spec.parallel.pp, spec.parallel.cp = "ddp", 1, 1, 1
+    spec.parallel.ep = 1
     spec.parallel.comm_hook, spec.parallel.local_sgd_every = "none", 0
     torch.set_num_threads(1)
     ctx = rt.DistContext(0, 1, 0, 1, 0, torch.device("cpu"), "gloo")

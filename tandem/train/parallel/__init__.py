@@ -6,6 +6,7 @@ The order, on each rank (torchtitan's):
 2. pipeline split: keep only this rank's stages' blocks (``pp.keep_only``);
 3. tensor parallel on the tp mesh (``tp.apply_tp``): DTensor parameters; context parallel on the
    cp mesh (``cp.apply_cp``): ring attention and per-chunk positions, gradients averaged over dp x cp;
+   expert parallel on the ep mesh (``expert.apply_ep``): experts sharded by expert, tokens by all-to-all;
 4. activation checkpointing per block (``ac.apply_ac``);
 5. ``torch.compile`` per block (optional);
 6. data parallel on the dp mesh: FSDP2 ``fully_shard`` for zero2, zero3 and hsdp (``fsdp``); a model
@@ -51,6 +52,7 @@ class Parallel:
     pp_loss: object = None           # pp: the schedule's loss function, fn(out, y) (tandem/train/step.py)
     cp: object = None                # context parallel (cp.ContextParallel): shards the batch, runs the ring
     grad_mesh: object = None         # the ranks averaging gradients: dp, flattened with cp when cp > 1
+    ep: object = None                # expert parallel (expert.ExpertParallel): all-to-alls, expert gradients
 
     @property
     def dp_rank(self) -> int:
@@ -105,6 +107,8 @@ class Parallel:
     def finish_backward(self) -> None:
         if self.grad_sync is not None:
             self.grad_sync()
+        if self.ep is not None and self.dims.strategy == "ddp":   # FSDP2 reduces them on the edp mesh
+            self.ep.sync_grads()
 
     def after_step(self) -> None:
         a = self.averager   # PeriodicModelAverager's schedule, on every parameter (its own helper skips
@@ -155,6 +159,9 @@ def parallelize(model: nn.Module, spec, ctx, log=lambda *a: None, materialize=No
     if dims.cp > 1:
         from tandem.train.parallel.cp import apply_cp
         par.cp = apply_cp(model, mesh["cp"].get_group(), spec.model.seq)
+    if dims.ep > 1:
+        from tandem.train.parallel.expert import apply_ep
+        par.ep = apply_ep(model, dims.build_ep_mesh(ctx.device.type), dims)
     from tandem.train.parallel.ac import apply_ac
     apply_ac(model, p.activation_checkpoint, p.ac_every)
     if p.compile:
@@ -163,6 +170,9 @@ def parallelize(model: nn.Module, spec, ctx, log=lambda *a: None, materialize=No
             b.compile()
     if n_grad > 1 and p.strategy in SHARDED:
         from tandem.train.parallel.fsdp import apply_fsdp
+        if par.ep is not None:   # the experts' own units first, on the edp mesh
+            from tandem.train.parallel.expert import shard_experts
+            shard_experts(model, par.ep, p.strategy != "zero2")
         apply_fsdp(model, mesh["dp_replicate", "dp_shard"] if p.strategy == "hsdp" else grad_mesh, p.strategy)
     if materialize is not None:  # a meta model: allocate the local shards now, before DDP broadcasts
         materialize(model)
@@ -172,6 +182,9 @@ def parallelize(model: nn.Module, spec, ctx, log=lambda *a: None, materialize=No
             par.grad_sync = GradSync(model.parameters(), grad_mesh.get_group(), n_grad, p.bucket_cap_mb)
         else:
             from tandem.train.parallel.ddp import wrap_ddp
+            if par.ep is not None:   # the expert weights differ by rank: sync_grads reduces them
+                from tandem.train.parallel.expert import ddp_ignore
+                ddp_ignore(model, par.ep)
             par.model = wrap_ddp(model, p, ctx.device, grad_mesh.get_group())
             from tandem.train.parallel.comm_hooks import install
             install(par, p)

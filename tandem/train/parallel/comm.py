@@ -3,7 +3,8 @@
 Three taps, because the strategies reach the process group three ways:
 
 - Python calls on ``torch.distributed`` (FSDP2's all-gather / reduce-scatter, ZeRO-1's
-  broadcasts, pipeline send/recv, the gradient all-reduce of tp/pp): the functions are
+  broadcasts, pipeline send/recv, the gradient all-reduce of tp/pp, expert parallel's
+  all-to-alls): the functions are
   wrapped while the counter is installed;
 - DTensor's functional collectives (tensor parallel): a TorchDispatchMode sees the
   ``_c10d_functional`` ops;
@@ -30,7 +31,7 @@ _ACTIVE: list["CommCounter"] = []
 # name -> (kind, which tensor holds the full buffer: "in" or "out")
 _PY = {"all_reduce": "all_reduce", "all_gather_single": "all_gather", "all_gather_into_tensor": "all_gather",
        "reduce_scatter_single": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
-       "broadcast": "broadcast"}
+       "broadcast": "broadcast", "all_to_all_single": "all_to_all"}
 _FUNC = {"all_reduce": "all_reduce", "all_reduce_": "all_reduce", "all_gather_into_tensor": "all_gather",
          "reduce_scatter_tensor": "reduce_scatter", "all_to_all_single": "all_to_all",
          "all_reduce_coalesced": "all_reduce"}

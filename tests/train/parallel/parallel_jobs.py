@@ -32,6 +32,16 @@ def llama_job(strategy="ddp", tp=1, pp=1, world=2, qwen=False, **par) -> JobSpec
     return s
 
 
+def moe_job(strategy="ddp", world=2, ep=1, **par) -> JobSpec:
+    """The Llama job with a mixture of experts: 4 experts of 32 units, top 2, one shared expert, capacity
+    factor 1 (a micro-batch's 32 tokens x 2 fill 4 experts x 16 slots exactly: some tokens drop), z-loss on."""
+    s = llama_job(strategy, world=world, ep=ep, **par)
+    m = s.model
+    m.experts, m.top_k, m.expert_ffn, m.shared_experts, m.capacity_factor = 4, 2, 32, 1, 1.0
+    m.router_aux_loss, m.router_z_loss = 0.01, 1e-3
+    return s
+
+
 def resnet_job(strategy="ddp", world=2) -> JobSpec:
     s = gpt_job(strategy, world=world)
     s.model.name, s.model.width, s.model.in_channels, s.model.small_input = "resnet18", 4, 1, True
@@ -42,7 +52,7 @@ def resnet_job(strategy="ddp", world=2) -> JobSpec:
 
 def single(spec: JobSpec) -> JobSpec:
     s = copy.deepcopy(spec)
-    s.parallel.strategy, s.parallel.tp, s.parallel.pp, s.parallel.cp = "ddp", 1, 1, 1
+    s.parallel.strategy, s.parallel.tp, s.parallel.pp, s.parallel.cp, s.parallel.ep = "ddp", 1, 1, 1, 1
     return s
 
 

@@ -1,0 +1,209 @@
+"""Expert parallelism (``parallel.ep``): a mixture of experts' experts split over ep ranks carved out of dp.
+
+    ep = apply_ep(model, dims.build_ep_mesh("cpu"), dims)     # parallelize() does this for parallel.ep > 1
+    ...forward / backward...                                   # dispatch and combine by all-to-all
+    ep.sync_grads()                                            # ddp: the expert gradients over their own group
+
+The mesh (``ParallelDims.build_ep_mesh``): dp split into (edp, ep), ep innermost, so the ep ranks are
+consecutive data ranks (tp x cp apart, the planner's layout). Each MoE block's stacked expert weights
+(``GroupedExperts``: (experts, h, ffn) ...) become DTensors sharded by expert, ``Shard(0)`` on the ep mesh:
+rank i of an ep group holds experts [i x E/ep, (i+1) x E/ep). The checkpoint, the full state dict and the
+materializer read them as any DTensor, so a run's weights and its DCP checkpoint name the same full
+tensors as one process's.
+
+A forward, per MoE block (GShard's dispatch): every rank routes its own tokens (capacity counted on its
+tokens, as one process counts a micro-batch's), fills its (experts, capacity, h) buffer and hands it to
+``torch.distributed.all_to_all_single``: the rows of experts i x E/ep ... go to ep rank i, which runs its
+experts over what every rank sent (one bmm per expert over ep x capacity rows) and sends the outputs back
+by a second all-to-all; the backward does the same two in reverse (``_AllToAll``). That is the planner's
+4 calls per MoE block per micro-batch, each moving experts x capacity x h values a rank
+(``tandem plan --ep``: micro_batch x seq x top_k x capacity_factor x h; terms/expert.py). In evaluation
+the capacities differ from rank to rank (nothing is dropped), and each all-to-all takes the split sizes
+the ranks exchange first.
+
+Gradients: the non-expert parameters are replicated over dp and averaged there (DDP, FSDP on the dp
+mesh). An expert's gradient on its owner already sums the contributions of its whole ep group's tokens
+(the all-to-all's backward brought them), so the edp ranks (dp / ep, holding the same experts) sum theirs
+and everything is divided by dp, not dp / ep: under ddp by ``sync_grads`` (the expert weights are left out
+of DDP), under zero2 / zero3 by FSDP2 on the edp mesh with its gradient divide factor set to dp
+(torchtitan's choice), its shards cut along the hidden dimension so that they do not stack on the ep
+ranks' Shard(0).
+
+With tp (ep 1, no sequence parallel) the experts stay whole on every tp rank, replicated like the norms:
+tp splits the attention only (the llama's ``layout`` leaves the MoE out of the tp plan).
+
+Not supported, refused before launch with one line (tandem/core/experts.py): ep with zero1, hsdp, tp, comm
+hooks or local SGD; a mixture of experts with pp, cp, sequence parallel or compile.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+from tandem.models.moe import GroupedExperts, moe_layers
+
+EXPERT_WEIGHTS = ("w1", "w2", "w3")
+
+
+class _AllToAll(torch.autograd.Function):
+    """all_to_all_single with its backward: the gradient rows go back the way the rows came."""
+
+    @staticmethod
+    def forward(ctx, x, ep: "ExpertParallel", out_splits, in_splits):
+        ctx.ep, ctx.splits = ep, (out_splits, in_splits)
+        return ep.all_to_all(x, out_splits, in_splits)
+
+    @staticmethod
+    def backward(ctx, g):
+        out_splits, in_splits = ctx.splits
+        return ctx.ep.all_to_all(g.contiguous(), in_splits, out_splits), None, None, None
+
+
+class ExpertParallel:
+    """The ep and edp groups of this rank, the dispatch / combine of ``GroupedExperts``, and the bytes."""
+
+    def __init__(self, mesh, dp: int):
+        self.mesh, self.dp = mesh, dp
+        self.group, self.edp_group = mesh["ep"].get_group(), mesh["edp"].get_group()
+        self.ep, self.edp = dist.get_world_size(self.group), dist.get_world_size(self.edp_group)
+        self.params: list[nn.Parameter] = []
+        self.calls, self.bytes, self.per_call = 0, 0, set()   # all-to-alls this rank made, payload bytes
+
+    def all_to_all(self, x: torch.Tensor, out_splits, in_splits) -> torch.Tensor:
+        x = x.contiguous()
+        rows = sum(out_splits) if out_splits is not None else x.shape[0]
+        out = x.new_empty((rows,) + tuple(x.shape[1:]))
+        dist.all_to_all_single(out, x, out_splits, in_splits, group=self.group)
+        n = x.numel() * x.element_size()
+        self.calls, self.bytes = self.calls + 1, self.bytes + n
+        self.per_call.add(n)
+        return out
+
+    def _capacities(self, cap: int, device) -> list[int]:
+        t = torch.tensor([cap], dtype=torch.int64, device=device)
+        out = [torch.empty_like(t) for _ in range(self.ep)]
+        dist.all_gather(out, t, group=self.group)
+        return [int(c) for c in out]
+
+    def run(self, experts: GroupedExperts, buf: torch.Tensor) -> torch.Tensor:
+        """buf (experts, capacity, h) of this rank's tokens -> the experts' outputs, the same shape."""
+        e, cap, h = buf.shape
+        local = e // self.ep
+        dev = buf.device.type
+        if torch.is_autocast_enabled(dev):   # the experts compute in the autocast dtype: send it (half the bytes)
+            buf = buf.to(torch.get_autocast_dtype(dev))
+        # training: every rank's micro-batch has as many tokens, so the same capacity (equal splits)
+        caps = [cap] * self.ep if experts.training else self._capacities(cap, buf.device)
+        equal = len(set(caps)) == 1
+        recv_rows, send_rows = [local * c for c in caps], [local * cap] * self.ep
+        splits = (None, None) if equal else (recv_rows, send_rows)
+        recv = _AllToAll.apply(buf.reshape(e * cap, h), self, *splits)
+        # from source s: its rows for my experts, (local, caps[s], h); my experts take them side by side
+        x = torch.cat([r.view(local, c, h) for r, c in zip(recv.split(recv_rows), caps)], dim=1)
+        y = experts.compute(x)
+        back = torch.cat([part.reshape(-1, h) for part in y.split(caps, dim=1)])
+        out = _AllToAll.apply(back, self, *((None, None) if equal else (send_rows, recv_rows)))
+        return out.view(e, cap, h)
+
+    def most(self, n: int, device) -> int:
+        """The largest ``n`` over the ep group (the evaluation's sample counts: every rank runs as many forwards)."""
+        t = torch.tensor([n], dtype=torch.int64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return int(t)
+
+    @torch.no_grad()
+    def sync_grads(self) -> None:
+        """ddp: sum each expert gradient over the edp ranks (the same experts) and divide by dp."""
+        grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in self.params
+                 if p.grad is not None]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        if self.edp > 1:
+            dist.all_reduce(flat, group=self.edp_group)
+        flat /= self.dp
+        off = 0
+        for g in grads:
+            g.copy_(flat[off:off + g.numel()].view_as(g))
+            off += g.numel()
+
+    def take_bytes(self) -> dict:
+        """The all-to-alls since the last call: calls and payload bytes of this rank (then reset)."""
+        out = {"ep_all_to_all_calls": self.calls, "ep_all_to_all_bytes": self.bytes,
+               "ep_all_to_all_bytes_per_call": sorted(self.per_call)}
+        self.calls, self.bytes, self.per_call = 0, 0, set()
+        return out
+
+
+def apply_ep(model: nn.Module, mesh, dims) -> ExpertParallel:
+    """Shard every ``GroupedExperts``' weights by expert over ``mesh["ep"]`` (on meta, before FSDP and the
+    materializer) and point it at one ``ExpertParallel``."""
+    ep = ExpertParallel(mesh, dims.dp)
+    for m in model.modules():
+        if isinstance(m, GroupedExperts):
+            for name in EXPERT_WEIGHTS:
+                p = getattr(m, name)
+                d = nn.Parameter(distribute_tensor(p.data, mesh["ep"], [Shard(0)], src_data_rank=None),
+                                 requires_grad=p.requires_grad)
+                setattr(m, name, d)
+                ep.params.append(d)
+            m.expert_parallel = ep
+    return ep
+
+
+def expert_modules(model: nn.Module) -> list[GroupedExperts]:
+    return [m for m in model.modules() if isinstance(m, GroupedExperts)]
+
+
+def ddp_ignore(model: nn.Module, ep: ExpertParallel) -> None:
+    """Leave the expert weights out of DDP (its broadcast and its all-reduce): ``sync_grads`` reduces them."""
+    mine = {id(p) for p in ep.params}
+    names = [n for n, p in model.named_parameters() if id(p) in mine]
+    nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, names)
+
+
+def shard_experts(model: nn.Module, ep: ExpertParallel, reshard: bool) -> None:
+    """zero2 / zero3: FSDP2 units of the experts on the edp mesh (before the blocks' units on dp), their
+    gradients divided by dp; shards along the hidden dimension (dim 1), apart from ep's Shard(0)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for m in expert_modules(model):
+        fully_shard(m, mesh=ep.mesh["edp"], reshard_after_forward=reshard, shard_placement_fn=lambda p: Shard(1))
+        m.set_gradient_divide_factor(float(ep.dp))
+        # gloo has no PREMUL_SUM: sum, then divide by dp. Not on a 1-rank edp group (dp = ep), where
+        # FSDP2 (torch 2.13) skips the collective and divides by the factor both in its copy and after it
+        if ep.edp > 1 and dist.get_backend(ep.edp_group) == "gloo":
+            m.set_force_sum_reduction_for_comms(True)
+
+
+def step_record(par, ctx) -> dict:
+    """The step's routing, over every rank (collective when the model has MoE blocks): assignments routed to
+    each expert (all blocks, before capacity), the dropped fraction, the mean router loss per block and
+    micro-batch; and the all-to-alls of this rank. {} for a dense model."""
+    layers = moe_layers(par.root)
+    if not layers:
+        return {}
+    from tandem.train import runtime as rt
+
+    routed = None
+    for m in layers:
+        if m.routed is not None:
+            routed = m.routed.clone() if routed is None else routed + m.routed
+    n = len(routed) if routed is not None else layers[0].experts_n
+    vals = (routed.tolist() if routed is not None else [0] * n) + [
+        sum(m.dropped for m in layers), sum(m.assigned for m in layers), sum(m.aux_sum for m in layers),
+        sum(m.forwards for m in layers)]
+    for m in layers:
+        m.reset_stats()
+    rep = par.dims.tp   # the tp ranks of a replica route the same tokens (the experts are whole there): once
+    tot = [v / rep for v in rt.all_reduce_sum([float(v) for v in vals], ctx)]
+    dropped, assigned, aux, forwards = tot[n:]
+    out = {"moe_tokens_per_expert": [int(v) for v in tot[:n]],
+           "moe_dropped_frac": dropped / assigned if assigned else 0.0,
+           "moe_aux_loss": aux / forwards if forwards else 0.0}
+    if par.ep is not None:
+        out.update(par.ep.take_bytes())
+    return out
