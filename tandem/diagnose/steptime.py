@@ -90,9 +90,9 @@ def _plan(spec: dict, changes: dict, calibration: str, compute_time: float | Non
 
     m, c, t, s = plan_inputs(spec, changes, bucket_floor, calibration=calibration, compute_time=compute_time,
                              overlap=overlap)
-    if wire_fp32 and t.precision in ("bf16", "fp16"):
+    if wire_fp32 and t.precision in ("bf16", "fp16") and not t.grad_reduce:
         t = copy.copy(t)
-        t.precision = "fp32"
+        t.grad_reduce = "fp32"   # the reduction's dtype only: compute stays at the run's precision
     return evaluate(m, c, t, s)
 
 
