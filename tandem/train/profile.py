@@ -61,6 +61,13 @@ class StepProfiler:
         self._tracked = (model, optim)
 
     def phase(self, name: str):
+        mt = getattr(self, "_mt", None)
+        if mt is not None and name in ("forward", "forward_backward"):
+            # gradient accumulation: MemTracker refuses a module's second forward in one tracking; its
+            # per-module stats restart per micro-batch, the device-wide peak (what is reported) runs on
+            if self._mt_forwards:
+                mt.reset_mod_stats()
+            self._mt_forwards += 1
         if self.recording:
             return _Phase(PREFIX + name, self.nvtx)
         if self._cmem is not None:  # the CUDA memory step: where each allocation was made
@@ -119,7 +126,7 @@ class StepProfiler:
             mt = MemTracker()
             mt.track_external(*self._tracked)
             mt.__enter__()
-            self._mt, self._mt_step = mt, n
+            self._mt, self._mt_step, self._mt_forwards = mt, n, 0
         except Exception as e:  # a strategy MemTracker cannot follow: say so, keep training
             self._write_meta(memory_peak_bytes={"error": f"{type(e).__name__}: {e}"})
 

@@ -14,10 +14,10 @@ pytestmark = pytest.mark.slow
 WINDOW = dict(start=3, steps=8)  # 8 steps (~1 s): a burst of load on a few steps is not a finding
 
 
-def _train(tmp, model: str, env: dict) -> tuple:
+def _train(tmp, model: str, env: dict, micro_batch: int = 16) -> tuple:
     run = tmp / "run"
     spec = tmp / "job.toml"
-    spec.write_text(TINY.format(model=model, remainder="pad", global_batch=32, micro_batch=16, max_steps=11,
+    spec.write_text(TINY.format(model=model, remainder="pad", global_batch=32, micro_batch=micro_batch, max_steps=11,
                                 dtype="fp32", every=0, keep=1, nproc=2, run_dir=str(run)))
     env = {"PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}", **env}
     p = run_tandem("train", str(spec), "--profile.enabled", "true", "--profile.start_step", str(WINDOW["start"]),
@@ -47,8 +47,9 @@ def _named(rep: dict) -> list:
 
 @pytest.fixture(scope="module")
 def balanced(tmp_path_factory):
-    """The tiny ResNet, no fault: tens of ms of compute per step."""
-    return _train(tmp_path_factory.mktemp("balanced"), "resnet18", {})
+    """The tiny ResNet, no fault: tens of ms of compute per step; 2 micro-batches a step (MemTracker's
+    step then sees each module's forward twice)."""
+    return _train(tmp_path_factory.mktemp("balanced"), "resnet18", {}, micro_batch=8)
 
 
 def test_every_rank_writes_its_window(faulty):
