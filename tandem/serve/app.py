@@ -28,7 +28,7 @@ from tandem.serve.metrics import Metrics
 from tandem.serve.openai_api import PATHS as OPENAI_PATHS
 from tandem.serve.openai_api import OpenAIRoutes
 from tandem.serve.openai_api import error as openai_error
-from tandem.serve.pool import DeadlineExceeded, Pool, QueueFull, ReplicaError
+from tandem.serve.pool import DeadlineExceeded, Pool, QueueFull, ReplicaError, RequestFailed
 from tandem.serve.tokenizer import TextCodec
 
 ROUTES = {"/v1/predict", "/v1/generate", "/v1/info", "/livez", "/readyz", *OPENAI_PATHS}
@@ -73,6 +73,8 @@ class Handlers:
                               retry_after=1)
         except DeadlineExceeded as e:
             return None, _err(504, str(e))
+        except RequestFailed as e:   # this request, not the server: no Retry-After
+            return None, _err(500, str(e))
         except ReplicaError as e:
             return None, _err(503, f"no replica could answer: {e}", retry_after=1)
 

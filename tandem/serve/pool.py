@@ -23,7 +23,7 @@ import numpy as np
 from tandem.serve.autoscale import Scaler, ScalePolicy, recent_p99_ms
 from tandem.serve.metrics import Metrics
 from tandem.serve.stream import serve_continuous
-from tandem.serve.work import DeadlineExceeded, QueueFull, Replica, ReplicaError, Work, read_frame
+from tandem.serve.work import DeadlineExceeded, QueueFull, Replica, ReplicaError, RequestFailed, Work, read_frame
 
 STREAM_LIMIT = 64 << 20   # one reply line may hold a whole batch's outputs
 MAX_ATTEMPTS = 3          # a batch that has killed this many replicas is failed, not retried again
@@ -314,18 +314,23 @@ class Pool:
         if "error" in reply:
             for w in batch:
                 if not w.future.done():
-                    w.future.set_exception(ReplicaError(reply["error"]))
+                    w.future.set_exception(RequestFailed(w.rid, reply["error"]))
             return
         if batch[0].kind == "predict":
             outs = np.frombuffer(reply["raw"], dtype="<f4").reshape(reply["shape"])
         else:
             outs = reply["outputs"]
+        errors = reply.get("errors") or {}   # generate: the requests that failed alone
         i = 0
         for w in batch:
             if w.kind == "predict":
                 res, i = outs[i:i + w.size], i + w.size
             else:
                 res, i = outs[i], i + 1
+                if str(i - 1) in errors:
+                    if not w.future.done():
+                        w.future.set_exception(RequestFailed(w.rid, errors[str(i - 1)]))
+                    continue
                 self.m.tokens.inc(len(res))
             if not w.future.done():
                 w.future.set_result(res)

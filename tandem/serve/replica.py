@@ -38,6 +38,8 @@ import time
 
 import numpy as np
 
+from tandem.serve.messages import GREEDY_BELOW
+
 DTYPES = {"float32": np.dtype("<f4"), "int64": np.dtype("<i8")}
 
 
@@ -92,20 +94,31 @@ def generate_cached(model, torch, reqs: list[dict]) -> list[list[int]]:
     return kvcache.generate(model, reqs, lambda logits, i: _pick(torch, logits, reqs[i], gens[i]))
 
 
+class PickError(ValueError):
+    """A sequence's next token could not be chosen (its logits hold no usable probability): that
+    sequence fails alone, its neighbours in the batch go on."""
+
+
 def _pick(torch, logits, req: dict, gen) -> int:
     temp = float(req.get("temperature", 0.0))
-    if temp <= 0:
+    if not temp > GREEDY_BELOW:   # greedy; `not >` also catches a NaN that slipped through
+        if not torch.isfinite(logits).any():
+            raise PickError("the model gave no finite logit for this sequence")
         return int(logits.argmax())
     k = int(req.get("top_k") or 0)
     if 0 < k < logits.numel():
         kth = torch.topk(logits, k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits / temp, dim=-1)
+    # the largest logit is 0 before the division, so a small temperature sends the others to -inf
+    # (probability 0), never to inf - inf (NaN)
+    probs = torch.softmax((logits - logits.max()) / temp, dim=-1)
     p = float(req.get("top_p", 1.0))
     if 0 < p < 1:   # nucleus: the most likely tokens whose probabilities first reach p
         sp, order = torch.sort(probs, descending=True)
         sp[(torch.cumsum(sp, 0) - sp) >= p] = 0
         probs = torch.zeros_like(probs).scatter_(0, order, sp)
+    if not (torch.isfinite(probs).all() and float(probs.sum()) > 0):
+        raise PickError(f"sampling at temperature {temp:g} gave no valid probabilities (non-finite logits?)")
     return int(torch.multinomial(probs, 1, generator=gen))
 
 
@@ -186,6 +199,9 @@ def main(argv: list[str] | None = None) -> None:
             for rid, toks in done:
                 streamed.pop(rid, None)
                 _send(out, {"id": rid, "outputs": toks})
+            for rid, why in sched.take_failed():   # a sequence that failed alone: its neighbours went on
+                streamed.pop(rid, None)
+                _send(out, {"id": rid, "error": why})
             if streamed:
                 streamed = _stream_tokens(out, sched, streamed)
     if group:
@@ -222,7 +238,8 @@ class Runner:
     def scheduler(self, torch):
         from tandem.serve.continuous import Scheduler
 
-        return Scheduler(self.decoder, lambda logits, req, gen: _pick(torch, logits, req, gen))
+        return Scheduler(self.decoder, lambda logits, req, gen: _pick(torch, logits, req, gen),
+                         isolate=self.group is None)
 
     def generate(self, torch, reqs: list[dict]) -> list[list[int]]:
         if self.group is not None:
@@ -243,10 +260,30 @@ def _handle(out, runner: Runner, sched, torch, msg: dict, raw: bytes) -> None:
             for k, toks in sched.add(msg["id"], msg["request"]):
                 _send(out, {"id": k, "outputs": toks})
         else:
-            _send(out, {"outputs": runner.generate(torch, msg["requests"])})
+            outs, errors = _generate_each(runner, torch, msg["requests"])
+            _send(out, {"outputs": outs, **({"errors": errors} if errors else {})})
     except Exception as e:  # a bad request answers an error; the replica stays up
         _fatal_under_tp(runner, e)
         _send(out, {**rid, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+
+
+def _generate_each(runner: Runner, torch, reqs: list[dict]) -> tuple[list, dict]:
+    """A static batch's outputs; if the batch fails, each request alone, so that the one that breaks it
+    fails alone: (outputs, None for a failed one), {index: reason}."""
+    try:
+        return runner.generate(torch, reqs), {}
+    except Exception as e:
+        _fatal_under_tp(runner, e)
+        if len(reqs) == 1:
+            return [None], {"0": f"{type(e).__name__}: {str(e)[:300]}"}
+    outs, errors = [], {}
+    for i, r in enumerate(reqs):
+        try:
+            outs.append(runner.generate(torch, [r])[0])
+        except Exception as e:
+            outs.append(None)
+            errors[str(i)] = f"{type(e).__name__}: {str(e)[:300]}"
+    return outs, errors
 
 
 def _stream_tokens(out, sched, streamed: dict) -> dict:

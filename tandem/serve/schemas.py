@@ -24,6 +24,8 @@ from typing import Any, Literal, Optional
 
 import numpy as np
 
+from tandem.serve.messages import GREEDY_BELOW
+
 from tandem.core.extras import require
 
 require("serve", "tandem serve")  # the whole serving stack, checked before any of it is imported: a
@@ -257,7 +259,9 @@ def generate_request(obj: dict, info: ModelInfo) -> tuple[dict, bool]:
                               f"{info.seq}) (got {n})", "max_new_tokens")
     if req.top_k > info.vocab:
         raise BadRequest(422, f"at most the vocabulary {info.vocab} (got {req.top_k})", "top_k")
-    return ({"prompt": prompt, "max_new_tokens": n, "temperature": float(req.temperature), "top_k": req.top_k,
+    temp = float(req.temperature)   # a tiny positive temperature is greedy (messages.py), never NaN
+    return ({"prompt": prompt, "max_new_tokens": n, "temperature": 0.0 if temp <= GREEDY_BELOW else temp,
+             "top_k": req.top_k,
              "seed": req.seed}, req.text is not None)
 
 

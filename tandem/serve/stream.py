@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from tandem.serve.work import DeadlineExceeded, Replica, ReplicaError, Work, read_frame
+from tandem.serve.work import DeadlineExceeded, Replica, ReplicaError, RequestFailed, Work, read_frame
 
 
 async def serve_continuous(pool, rep: Replica) -> None:
@@ -178,7 +178,7 @@ def _answer(pool, w: Work, reply: dict) -> None:
     if w.future.done():
         return
     if "error" in reply:
-        w.future.set_exception(ReplicaError(reply["error"]))
+        w.future.set_exception(RequestFailed(w.rid, reply["error"]))
     elif w.kind == "predict":
         w.future.set_result(np.frombuffer(reply["raw"], dtype="<f4").reshape(reply["shape"]))
     else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,15 @@ class DeadlineExceeded(Exception):
     pass
 
 
+class RequestFailed(ReplicaError):
+    """This request failed (a replica answered it with an error, or gave up on it), not the server: a
+    500 naming its id, not retried; the requests around it are answered as usual."""
+
+    def __init__(self, rid: str, why: str):
+        super().__init__(f"request {rid} failed: {why}")
+        self.rid = rid
+
+
 @dataclass
 class Work:
     kind: str                 # "predict" | "generate"
@@ -33,7 +43,8 @@ class Work:
     size: int                 # batch slots it takes
     future: asyncio.Future
     t_enq: float = field(default_factory=time.monotonic)
-    attempts: int = 0
+    attempts: int = 0         # replicas that died holding it
+    rid: str = field(default_factory=lambda: secrets.token_hex(6))   # in logs and a failed request's 500
     timeout_ms: int = 0       # 0: no deadline
     # per-token delivery (a generate request of the OpenAI routes, openai_api.Choice): the continuous
     # batcher calls sink.on_started() when a replica takes it, sink.on_tokens(tokens, at) as they are
