@@ -148,6 +148,10 @@ class Scheduler:
         self.waiting.append(s)   # prefilled with the others that arrive before the next step()
         return []
 
+    def held(self) -> dict:
+        """{id: tokens decoded so far} of every sequence here, live or waiting for a slot."""
+        return {s.rid: len(s.out) for s in [*self.live.values(), *self.waiting]}
+
     def take_failed(self) -> list[tuple[object, str]]:
         out, self.failed = self.failed, []
         return out

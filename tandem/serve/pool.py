@@ -22,11 +22,13 @@ import numpy as np
 
 from tandem.serve.autoscale import Scaler, ScalePolicy, recent_p99_ms
 from tandem.serve.metrics import Metrics
-from tandem.serve.stream import serve_continuous
+from tandem.serve.stream import heartbeat_s, serve_continuous
 from tandem.serve.work import DeadlineExceeded, QueueFull, Replica, ReplicaError, RequestFailed, Work, read_frame
 
 STREAM_LIMIT = 64 << 20   # one reply line may hold a whole batch's outputs
-MAX_ATTEMPTS = 3          # a batch that has killed this many replicas is failed, not retried again
+# a request held by this many replicas that died is answered 500, not retried again: once is an outside
+# kill (retried: 0 failed requests), twice is most likely the request itself killing replicas
+MAX_DEATHS = 2
 
 
 @dataclass
@@ -157,6 +159,7 @@ class Pool:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "tandem.serve.replica", str(self.o.export), "--threads", str(self.o.threads),
                 "--slots", str(self.o.max_batch if self.o.continuous else 0), "--tp", str(self.o.tp),
+                "--heartbeat-s", str(heartbeat_s(self.o.hang_s)),
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=errf, limit=STREAM_LIMIT)
         rep = self.procs[slot] = Replica(slot, proc, log)
         try:
@@ -262,10 +265,15 @@ class Pool:
         async with self.cond:
             for w in reversed(batch):
                 w.attempts += 1
-                if w.attempts >= MAX_ATTEMPTS:
-                    if not w.future.done():
-                        w.future.set_exception(ReplicaError(f"{w.attempts} replicas died on this request"))
-                elif not w.future.done():
+                if w.future.done():
+                    continue
+                if w.attempts >= MAX_DEATHS:
+                    self.say(f"serve: request {w.rid} was held by {w.attempts} replicas that died; answering it "
+                             f"500, not retrying it")
+                    self.m.given_up.labels("replicas_died").inc()
+                    w.future.set_exception(RequestFailed(w.rid, f"{w.attempts} replicas died holding it; not "
+                                                                f"retried (it may be what kills them)"))
+                else:
                     self.queue.appendleft(w)
             self.m.queue_depth.set(len(self.queue))
             self.cond.notify_all()

@@ -38,9 +38,11 @@ import time
 
 import numpy as np
 
+from tandem.serve.faults import Faults
 from tandem.serve.messages import GREEDY_BELOW
 
 DTYPES = {"float32": np.dtype("<f4"), "int64": np.dtype("<i8")}
+FAULTS = Faults()
 
 
 def _protocol_stream():
@@ -128,6 +130,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--slots", type=int, default=0, help="continuous batching with this many KV-cache slots")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree: this process is rank 0")
+    ap.add_argument("--heartbeat-s", type=float, default=0.0,
+                    help="continuous batching: every this many seconds, busy or idle, a {held} frame")
     args = ap.parse_args(argv)
     out = _protocol_stream()
     ranks = None
@@ -166,11 +170,18 @@ def main(argv: list[str] | None = None) -> None:
     threading.Thread(target=_read_frames, args=(sys.stdin.buffer, frames), daemon=True).start()
     sched = runner.scheduler(torch) if cached else None
     streamed: dict = {}   # id -> tokens already sent, of the requests that stream ({"stream": true})
+    beat = args.heartbeat_s if cached and args.slots > 0 else 0.0
+    last_beat = time.monotonic()
     while True:
-        try:  # idle: block for the next frame; decoding: take whatever arrived, then step
-            item = frames.get(block=not (sched and sched.busy))
+        try:  # idle: block for the next frame (or the next heartbeat); decoding: take whatever arrived, then step
+            item = frames.get(block=not (sched and sched.busy), timeout=beat or None)
         except queue.Empty:
             item = ()
+        if beat and time.monotonic() - last_beat >= beat:
+            # alive, and how far each request it holds has got: the front tells a hung replica (no frame
+            # at all) from one request lost inside a busy one (no new token for it)
+            _send(out, {"held": sched.held()})
+            last_beat = time.monotonic()
         items = [item] if item != () else []
         while True:
             try:
@@ -257,6 +268,8 @@ def _handle(out, runner: Runner, sched, torch, msg: dict, raw: bytes) -> None:
             y = runner.predict(torch, torch.from_numpy(x.copy()))
             _send(out, {**rid, "shape": list(y.shape), "dtype": "float32"}, y.numpy().astype("<f4").tobytes())
         elif msg["op"] == "join":
+            if FAULTS.lose(msg["request"]):   # TANDEM_SERVE_FAULTS (faults.py): tests of the front's watchdog
+                return
             for k, toks in sched.add(msg["id"], msg["request"]):
                 _send(out, {"id": k, "outputs": toks})
         else:

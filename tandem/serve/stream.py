@@ -29,8 +29,12 @@ from tandem.serve.work import DeadlineExceeded, Replica, ReplicaError, RequestFa
 async def serve_continuous(pool, rep: Replica) -> None:
     """Feed ``rep`` until it dies, the pool closes, or its slot is retired (then after its last reply)."""
     inflight: dict[int, Work] = {}
+    # id -> (tokens decoded, when that count last grew): a request whose count stays put for --hang-s
+    # while the replica answers others is lost inside it (the replica's {"held"} heartbeats say how far
+    # each request it holds has got; one it lost is not among them)
+    prog: dict[int, tuple[int, float]] = {}
     ids = itertools.count()
-    state = {"dead": False, "progress": time.monotonic()}
+    state = {"dead": False, "progress": time.monotonic()}   # progress: the replica's last frame of any kind
 
     async def wake() -> None:
         async with pool.cond:
@@ -40,12 +44,18 @@ async def serve_continuous(pool, rep: Replica) -> None:
         try:
             while True:
                 reply = await read_frame(rep.proc.stdout)
-                state["progress"] = time.monotonic()
+                now = state["progress"] = time.monotonic()
+                if "held" in reply:     # a heartbeat: alive, and each held request's token count
+                    for key, n in reply["held"].items():
+                        _advance(prog, int(key), int(n), now)
+                    continue
                 if "tokens" in reply:   # a streamed request's new tokens: it stays in flight
                     w = inflight.get(reply.get("id"))
+                    _advance(prog, reply.get("id"), int(reply.get("at", 0)) + len(reply["tokens"]), now)
                     if w is not None and w.sink is not None and not w.future.done():
                         w.sink.on_tokens(reply["tokens"], int(reply.get("at", 0)))
                     continue
+                prog.pop(reply.get("id"), None)
                 w = inflight.pop(reply.get("id"), None)
                 if reply.get("cancelled"):
                     pool.m.llm.cancelled.inc()
@@ -66,14 +76,34 @@ async def serve_continuous(pool, rep: Replica) -> None:
             await wake()
 
     async def watchdog() -> None:
-        """A replica that holds requests and answers none within the hang timeout is hung: kill it."""
+        """A replica that holds requests and sends nothing within the hang timeout is hung: kill it. One
+        that is alive but has decoded no token of a request for the hang timeout has lost that request:
+        answer it alone (500, not retried: another replica could lose it the same way), and tell the
+        replica to drop it, should it still hold it somewhere."""
+        hang = pool.o.hang_s
         while True:
-            await asyncio.sleep(min(1.0, pool.o.hang_s / 4))
-            if inflight and time.monotonic() - state["progress"] > pool.o.hang_s:
-                pool.say(f"serve: replica {rep.slot} (pid {rep.pid}) answered nothing in {pool.o.hang_s:g} s; "
-                         f"killing it")
+            await asyncio.sleep(heartbeat_s(hang))
+            now = time.monotonic()
+            if inflight and now - state["progress"] > hang:
+                pool.say(f"serve: replica {rep.slot} (pid {rep.pid}) answered nothing in {hang:g} s; killing it")
                 rep.kill()
                 return
+            for k, (n, t) in list(prog.items()):
+                w = inflight.get(k)
+                if w is None:
+                    prog.pop(k)
+                elif now - t > hang:
+                    prog.pop(k)
+                    del inflight[k]
+                    pool.say(f"serve: replica {rep.slot} (pid {rep.pid}) decoded no token of request {w.rid} in "
+                             f"{hang:g} s while it answered others ({n} token(s) before); answering it 500")
+                    pool.m.given_up.labels("lost").inc()
+                    if not w.future.done():
+                        w.future.set_exception(RequestFailed(w.rid, f"its replica decoded no token of it in {hang:g} s "
+                                                                    f"(--hang-s) while it served others; not retried"))
+                    _send_cancel(rep, k)
+                    pool.hold(rep, bool(inflight))
+                    await wake()
 
     tasks = [asyncio.create_task(reader()), asyncio.create_task(watchdog())]
     try:
@@ -85,9 +115,11 @@ async def serve_continuous(pool, rep: Replica) -> None:
                 continue
             if not inflight:
                 state["progress"] = time.monotonic()   # the hang clock starts with the first request held
+            now = time.monotonic()
             for w in batch:
                 k = next(ids)
                 inflight[k] = w
+                prog[k] = (0, now)
                 raw = b""
                 if w.kind == "predict":
                     x = np.ascontiguousarray(w.payload)
@@ -117,10 +149,26 @@ async def serve_continuous(pool, rep: Replica) -> None:
         pool.hold(rep, False)
 
 
+def heartbeat_s(hang_s: float) -> float:
+    """How often a continuous replica says it is alive (and the watchdog looks): well inside --hang-s."""
+    return min(1.0, hang_s / 4)
+
+
+def _advance(prog: dict, k, n: int, now: float) -> None:
+    p = prog.get(k)
+    if p is not None and n > p[0]:
+        prog[k] = (n, now)
+
+
 def _cancel(rep: Replica, k: int, fut: asyncio.Future) -> None:
     """A streamed request's future was cancelled (client gone, stop sequence): the replica drops it
     before its next decode step and frees the slot (it answers the id once more, "cancelled")."""
-    if fut.cancelled() and rep.proc.returncode is None:
+    if fut.cancelled():
+        _send_cancel(rep, k)
+
+
+def _send_cancel(rep: Replica, k: int) -> None:
+    if rep.proc.returncode is None:
         try:
             rep.proc.stdin.write(json.dumps({"op": "cancel", "id": k}).encode() + b"\n")
         except (ConnectionError, OSError, RuntimeError):
