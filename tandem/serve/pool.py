@@ -60,6 +60,8 @@ class Pool:
         self.loading: set[int] = set()   # slots whose replica is starting
         self.busy = 0                    # replicas holding a batch now
         self.closing = False
+        self.draining = False            # SIGTERM: replicas that die are not restarted, none is added
+        self.outstanding: set[Work] = set()   # submitted and not yet answered (abort answers them)
         # set when a slot's first replica serves (or cannot start); autoscaled slots start set
         self._first_ready = [asyncio.Event() for _ in range(size)]
         for e in self._first_ready[opts.replicas:]:
@@ -80,7 +82,11 @@ class Pool:
             self.queue.append(w)
             self.m.queue_depth.set(len(self.queue))
             self.cond.notify_all()
-        res = await w.future
+        self.outstanding.add(w)
+        try:
+            res = await w.future
+        finally:
+            self.outstanding.discard(w)
         now = time.monotonic()
         self.recent.append((now, now - w.t_enq))
         return res
@@ -97,6 +103,19 @@ class Pool:
         if now != rep.holding:
             self.busy += 1 if now else -1
             rep.holding = now
+
+    def drain(self) -> None:
+        """SIGTERM: from now on a replica that dies is not restarted and autoscaling adds none."""
+        self.draining = True
+
+    def abort(self, why: str) -> None:
+        """Answer every request not yet answered (queued or on a replica) with ``why`` (a 503): the end
+        of a drain. A replica's late reply for one of them is dropped (its future is done)."""
+        for w in list(self.outstanding):
+            if not w.future.done():
+                w.future.set_exception(ReplicaError(why))
+        self.queue.clear()
+        self.m.queue_depth.set(0)
 
     # ---- lifecycle ----
     async def start(self) -> None:
@@ -117,6 +136,8 @@ class Pool:
         shape, since = None, time.monotonic()
         while not self.closing:
             await asyncio.sleep(sc.tick_s)
+            if self.draining:
+                continue
             live = sum(r is not None for r in self.live[:self.active])
             now = time.monotonic()
             if (live, len(self.loading)) != shape:   # the p99 counts only requests the present pool answered
@@ -215,6 +236,11 @@ class Pool:
                 self._write_pids()
                 return
             await _ensure_dead(rep)
+            if self.draining:   # the server is going: what this replica held waits for the others, or the drain's end
+                self.say(f"serve: replica {slot} (pid {rep.pid}) died (exit {rep.proc.returncode}) while draining; "
+                         f"not restarted")
+                self._write_pids()
+                return
             self.restarts[slot] += 1
             self.m.restarts.inc()
             self.say(f"serve: replica {slot} (pid {rep.pid}) died (exit {rep.proc.returncode}); restarting")

@@ -21,6 +21,7 @@ import asyncio
 import json
 import math
 import os
+import secrets
 import shutil
 import tempfile
 import time
@@ -44,7 +45,7 @@ def _batch(fn):
 from tandem.core.errors import ConfigError
 from tandem.core.ray_address import check_ray_address
 from tandem.serve.metrics import Metrics
-from tandem.serve.pool import DeadlineExceeded, PoolOptions, QueueFull, ReplicaError
+from tandem.serve.pool import DeadlineExceeded, PoolOptions, QueueFull, ReplicaError, RequestFailed
 
 DEPLOYMENT = "model"
 DTYPES = {"float32": np.dtype("<f4"), "int64": np.dtype("<i8")}
@@ -132,6 +133,9 @@ class RayPool:
         self._own_tmp: str | None = None
         self._watcher: asyncio.Task | None = None
         self._closed = False
+        self.draining = False
+        self._aborted: str | None = None
+        self._tasks: set[asyncio.Task] = set()   # the submits awaiting Ray (abort cancels them)
 
     # ---- lifecycle ----
     async def start(self) -> None:
@@ -256,6 +260,16 @@ class RayPool:
                                 "reason": reason, "signal": "ray", "queue_depth": self.inflight}) + "\n")
         self.m.scale_decisions.labels(direction, "ray").inc()
 
+    def drain(self) -> None:
+        """SIGTERM: Ray Serve owns the replicas' lifecycle; nothing to stop here."""
+        self.draining = True
+
+    def abort(self, why: str) -> None:
+        """The end of a drain: every submit still awaiting Ray raises ReplicaError(why) (a 503)."""
+        self._aborted = why
+        for t in list(self._tasks):
+            t.cancel()
+
     # ---- requests ----
     async def submit(self, kind: str, payload, size: int, timeout_ms: int = 0):
         from ray.exceptions import RayActorError, RayTaskError
@@ -271,6 +285,8 @@ class RayPool:
             item = {"request": payload, "deadline": deadline}
         self.inflight += 1
         self.m.queue_depth.set(self.inflight)
+        task = asyncio.current_task()
+        self._tasks.add(task)
         try:
             delay = 0.05
             while True:
@@ -289,9 +305,14 @@ class RayPool:
                                            f"({type(e).__name__})") from None
                     await asyncio.sleep(delay)
                     delay = min(2 * delay, 1.0)
-                except RayTaskError as e:
-                    raise ReplicaError(str(e).strip().splitlines()[-1][:300]) from None
+                except RayTaskError as e:   # this request failed on a live replica: a 500, not retried
+                    raise RequestFailed(secrets.token_hex(6), str(e).strip().splitlines()[-1][:300]) from None
+        except asyncio.CancelledError:
+            if self._aborted is None:
+                raise
+            raise ReplicaError(self._aborted) from None
         finally:
+            self._tasks.discard(task)
             self.inflight -= 1
             self.m.queue_depth.set(self.inflight)
         if out.get("expired"):

@@ -242,7 +242,10 @@ def generate_request(obj: dict, info: ModelInfo) -> tuple[dict, bool]:
         if not info.text:
             raise BadRequest(422, f"this model's vocabulary has {info.vocab} tokens, not byte-level "
                                   f"({BYTE_VOCAB} or more): send prompt as token ids", "text")
-        prompt = list(req.text.encode("utf-8"))
+        try:
+            prompt = list(req.text.encode("utf-8"))
+        except UnicodeEncodeError as e:   # JSON may hold a lone surrogate ("\ud800"); UTF-8 cannot
+            raise BadRequest(422, f"is not valid Unicode: a lone surrogate at character {e.start}", "text") from None
         field = "text"
     else:
         prompt, field = req.prompt, "prompt"

@@ -36,7 +36,7 @@ class RequestFailed(ReplicaError):
         self.rid = rid
 
 
-@dataclass
+@dataclass(eq=False)   # identity: the pool keeps the outstanding ones in a set
 class Work:
     kind: str                 # "predict" | "generate"
     payload: object           # examples (an array [N, ...]), or one generate request
