@@ -77,3 +77,11 @@ def test_plot_without_matplotlib_is_one_clear_error(monkeypatch, tmp_path):
     assert "tandem[plot]" in str(e.value.fix)
     with pytest.raises(ConfigError, match="expected a .png path"):
         check_path(tmp_path / "l.svg")
+
+
+def test_the_plot_axis_reaches_the_replicas_return():
+    from tandem.bench.serve_plot import x_extent
+
+    assert x_extent({"duration_s": 6, "kill": None}) == 6
+    assert x_extent({"duration_s": 6, "kill": {"at_s": 2.0, "back_after_s": 1.0}}) == 6
+    assert x_extent({"duration_s": 6, "kill": {"at_s": 2.0, "back_after_s": 8.0}}) >= 10
