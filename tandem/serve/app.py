@@ -29,7 +29,8 @@ from tandem.serve.metrics import Metrics
 from tandem.serve.openai_api import PATHS as OPENAI_PATHS
 from tandem.serve.openai_api import OpenAIRoutes
 from tandem.serve.openai_api import error as openai_error
-from tandem.serve.pool import DeadlineExceeded, Pool, QueueFull, ReplicaError, RequestFailed
+from tandem.serve.engine import Engine
+from tandem.serve.work import DeadlineExceeded, QueueFull, ReplicaError, RequestFailed
 from tandem.serve.tokenizer import TextCodec
 
 ROUTES = {"/v1/predict", "/v1/generate", "/v1/info", "/livez", "/readyz", *OPENAI_PATHS}
@@ -67,7 +68,7 @@ class Handlers:
     """The two inference routes as plain functions of the body: (status, JSON body, headers). The ASGI
     front (Front) calls them directly; the FastAPI routes (for /docs) call the same ones."""
 
-    def __init__(self, pool: Pool, info: schemas.ModelInfo, default_timeout_ms: int):
+    def __init__(self, pool: Engine, info: schemas.ModelInfo, default_timeout_ms: int):
         self.pool, self.info, self.default_timeout_ms = pool, info, default_timeout_ms
 
     async def _run(self, kind: str, payload, size: int, timeout_ms: int):
@@ -240,7 +241,7 @@ async def _send(send, status: list, code: int, body: dict, headers: dict) -> Non
     await send({"type": "http.response.body", "body": raw})
 
 
-def build_app(pool: Pool, info: schemas.ModelInfo, metrics: Metrics, state: FrontState, *,
+def build_app(pool: Engine, info: schemas.ModelInfo, metrics: Metrics, state: FrontState, *,
               max_body: int, default_timeout_ms: int = 0, keys: ApiKeys | None = None,
               export: str | None = None, model_name: str | None = None, body_timeout_s: float = 30.0) -> Front:
     app = FastAPI(title="tandem serve", summary=f"{info.name} ({info.kind}) from a tandem export")
@@ -306,7 +307,7 @@ async def drain(state: FrontState, timeout_s: float) -> None:
         await asyncio.sleep(0.01)
 
 
-async def end_drain(state: FrontState, pool, drain_s: float, grace_s: float = 5.0) -> int:
+async def end_drain(state: FrontState, pool: Engine, drain_s: float, grace_s: float = 5.0) -> int:
     """--drain-s ran out: every request still held is answered 503 (its body still arriving, queued, or on
     a replica), then at most ``grace_s`` for those answers to be written. The requests it ended."""
     held = state.inflight

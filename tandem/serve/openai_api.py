@@ -33,6 +33,7 @@ require("serve", "tandem serve")  # checked before the serving stack is imported
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr  # noqa: E402
 
 from tandem.serve import schemas
+from tandem.serve.engine import Engine
 from tandem.serve.messages import GREEDY_BELOW
 from tandem.serve.tokenizer import NoTokenizer, TextCodec
 from tandem.serve.work import DeadlineExceeded, QueueFull, ReplicaError, RequestFailed
@@ -244,12 +245,12 @@ class Choice:
 class OpenAIRoutes:
     """What the front (app.py) calls for PATHS: ``handle(path, method, body, receive, send)``."""
 
-    def __init__(self, pool, info: schemas.ModelInfo, codec: TextCodec, llm, default_timeout_ms: int = 0,
+    def __init__(self, pool: Engine, info: schemas.ModelInfo, codec: TextCodec, llm, default_timeout_ms: int = 0,
                  model_name: str | None = None):
         self.pool, self.info, self.codec, self.llm = pool, info, codec, llm
         self.default_timeout_ms, self.model_name = default_timeout_ms, model_name or info.name
         self.created = int(time.time())
-        slots = (lambda: pool.ready_count * pool.o.max_batch) if getattr(pool, "streams", False) else (lambda: 0)
+        slots = (lambda: pool.ready_count * pool.o.max_batch) if pool.streams else (lambda: 0)
         llm.bind(self.model_name, slots)
 
     @staticmethod
@@ -374,11 +375,9 @@ class OpenAIRoutes:
         prompts = self._prompts(req, chat)
         choices = self._choices(req, chat, prompts, events.put_nowait)
         ms = self.default_timeout_ms if req.timeout_ms is None else req.timeout_ms
-        streams = getattr(self.pool, "streams", False)
         tasks: dict[Choice, asyncio.Task] = {}
         for c in choices:
-            coro = self.pool.submit("generate", c.req, 1, ms, sink=c) if streams else \
-                self.pool.submit("generate", c.req, 1, ms)
+            coro = self.pool.submit("generate", c.req, 1, ms, sink=c if self.pool.streams else None)
             tasks[c] = t = asyncio.create_task(coro)
             t.add_done_callback(c.on_done)
         gone = asyncio.create_task(_disconnected(receive))   # the client going away wakes the loop below

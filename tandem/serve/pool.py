@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from tandem.serve.autoscale import Scaler, ScalePolicy, recent_p99_ms
+from tandem.serve.engine import Engine, Feed
 from tandem.serve.metrics import Metrics
 from tandem.serve.stream import heartbeat_s, serve_continuous
 from tandem.serve.work import DeadlineExceeded, QueueFull, Replica, ReplicaError, RequestFailed, Work, read_frame
@@ -47,7 +48,9 @@ class PoolOptions:
     tp: int = 1               # processes per replica (tensor-parallel ranks of one model)
 
 
-class Pool:
+class Pool(Engine, Feed):
+    """The local engine (engine.Engine), and the feed of its continuous batchers (engine.Feed)."""
+
     def __init__(self, opts: PoolOptions, metrics: Metrics, say=print):
         self.o, self.m, self.say = opts, metrics, say
         self.queue: deque[Work] = deque()
@@ -94,6 +97,9 @@ class Pool:
     @property
     def ready_count(self) -> int:
         return sum(r is not None for r in self.live)
+
+    def ready_pids(self) -> list[int]:
+        return [r.pid for r in self.live if r is not None]
 
     def retired(self, slot: int) -> bool:
         return slot >= self.active

@@ -1,7 +1,7 @@
 """`tandem serve EXPORT --engine ray`: the same front, with its replicas as a Ray Serve deployment.
 
     tandem serve process: the front of app.py (routes, schemas, codes, metrics, drain)
-        --DeploymentHandle-->  Ray Serve deployment "model" of `Runner`, N replicas spread over the nodes
+        --DeploymentHandle-->  Ray Serve deployment "model" of `RayReplica`, N replicas spread over the nodes
 
 The front is the local engine's (app.build_app over RayPool instead of pool.Pool), so routes, bodies,
 bad-input codes, 429/504/503 and /metrics are the same; only what stands behind ``submit`` differs.
@@ -44,6 +44,7 @@ def _batch(fn):
 
 from tandem.core.errors import ConfigError
 from tandem.core.ray_address import check_ray_address
+from tandem.serve.engine import Engine
 from tandem.serve.metrics import Metrics
 from tandem.serve.pool import DeadlineExceeded, PoolOptions, QueueFull, ReplicaError, RequestFailed
 
@@ -51,7 +52,7 @@ DEPLOYMENT = "model"
 DTYPES = {"float32": np.dtype("<f4"), "int64": np.dtype("<i8")}
 
 
-class Runner:
+class RayReplica:
     """One Ray Serve replica: the export loaded once, warmed up in the constructor (Ray Serve counts a
     replica RUNNING only after it returns), then replica.py's forward/generate on Ray's batches."""
 
@@ -117,7 +118,7 @@ class _Where:
         self.pid = pid
 
 
-class RayPool:
+class RayPool(Engine):
     """What app.py's handlers need of a pool (submit, o, active, ready_count), on a Ray Serve app.
 
     The queue bound is on requests sent to Ray and not yet answered (Ray's own queues hold them);
@@ -178,7 +179,7 @@ class RayPool:
              f"{auto['target_ongoing_requests']} ongoing requests per replica)")
         self.say(f"serve: Ray cluster of {nodes} node(s); deploying {what}, at most "
                  f"{opt['max_replicas_per_node']} per node, as Ray Serve app {self.app}")
-        dep = serve.deployment(Runner).options(name=DEPLOYMENT, **opt)
+        dep = serve.deployment(RayReplica).options(name=DEPLOYMENT, **opt)
         self.handle = serve.run(dep.bind(str(self.o.export), self.o.threads, self.o.max_batch,
                                          self.o.batch_wait_ms / 1000), name=self.app, route_prefix=None)
 
@@ -271,7 +272,12 @@ class RayPool:
             t.cancel()
 
     # ---- requests ----
-    async def submit(self, kind: str, payload, size: int, timeout_ms: int = 0):
+    streams = False   # Ray's handle answers a request whole: a sink gets its tokens at the end
+
+    def ready_pids(self) -> list[int]:
+        return [r.pid for r in self.live if r is not None]
+
+    async def submit(self, kind: str, payload, size: int, timeout_ms: int = 0, sink=None):
         from ray.exceptions import RayActorError, RayTaskError
 
         if self.inflight >= self.o.max_queue:

@@ -157,9 +157,9 @@ def main(argv: list[str] | None = None) -> None:
         model = tandem.export.load(args.export, device="cpu", tp_rank=0)
     else:
         model = tandem.export.load(args.export, device="cpu")
-    runner = Runner(model, cfg, max(1, args.slots), group)
+    served = ReplicaModel(model, cfg, max(1, args.slots), group)
     warm = fmt.make_input(cfg["example_input"])
-    y = runner.forward(torch, warm)
+    y = served.forward(torch, warm)
     if not torch.isfinite(y.float()).all():
         raise SystemExit("warm-up forward gave non-finite outputs")
     cached = group is not None or kvcache.supports(model)  # tandem's GPT: decode with a KV cache
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
                 "tp_pids": group.pids if group else []})
     frames: queue.Queue = queue.Queue()
     threading.Thread(target=_read_frames, args=(sys.stdin.buffer, frames), daemon=True).start()
-    sched = runner.scheduler(torch) if cached else None
+    sched = served.scheduler(torch) if cached else None
     streamed: dict = {}   # id -> tokens already sent, of the requests that stream ({"stream": true})
     beat = args.heartbeat_s if cached and args.slots > 0 else 0.0
     last_beat = time.monotonic()
@@ -198,12 +198,12 @@ def main(argv: list[str] | None = None) -> None:
                 continue
             if msg.get("stream") and sched:
                 streamed[msg["id"]] = 0
-            _handle(out, runner, sched, torch, msg, raw)
+            _handle(out, served, sched, torch, msg, raw)
         if sched and sched.busy:
             try:
                 done = sched.step()
             except Exception as e:  # a failed step fails the sequences in it; the replica stays up
-                _fatal_under_tp(runner, e)
+                _fatal_under_tp(served, e)
                 done = []
                 for rid in sched.drop_all():
                     _send(out, {"id": rid, "error": f"{type(e).__name__}: {str(e)[:300]}"})
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> None:
         group.close()
 
 
-class Runner:
+class ReplicaModel:
     """The model on this process (or, with a tp group, its rank-0 slices driving every rank)."""
 
     def __init__(self, model, cfg: dict, slots: int, group=None):
@@ -260,12 +260,12 @@ class Runner:
         return generate(self.model, torch, reqs)
 
 
-def _handle(out, runner: Runner, sched, torch, msg: dict, raw: bytes) -> None:
+def _handle(out, served: ReplicaModel, sched, torch, msg: dict, raw: bytes) -> None:
     rid = {"id": msg["id"]} if "id" in msg else {}
     try:
         if msg["op"] == "predict":
             x = np.frombuffer(raw, dtype=DTYPES[msg["dtype"]]).reshape(msg["shape"])
-            y = runner.predict(torch, torch.from_numpy(x.copy()))
+            y = served.predict(torch, torch.from_numpy(x.copy()))
             _send(out, {**rid, "shape": list(y.shape), "dtype": "float32"}, y.numpy().astype("<f4").tobytes())
         elif msg["op"] == "join":
             if FAULTS.lose(msg["request"]):   # TANDEM_SERVE_FAULTS (faults.py): tests of the front's watchdog
@@ -273,26 +273,26 @@ def _handle(out, runner: Runner, sched, torch, msg: dict, raw: bytes) -> None:
             for k, toks in sched.add(msg["id"], msg["request"]):
                 _send(out, {"id": k, "outputs": toks})
         else:
-            outs, errors = _generate_each(runner, torch, msg["requests"])
+            outs, errors = _generate_each(served, torch, msg["requests"])
             _send(out, {"outputs": outs, **({"errors": errors} if errors else {})})
     except Exception as e:  # a bad request answers an error; the replica stays up
-        _fatal_under_tp(runner, e)
+        _fatal_under_tp(served, e)
         _send(out, {**rid, "error": f"{type(e).__name__}: {str(e)[:300]}"})
 
 
-def _generate_each(runner: Runner, torch, reqs: list[dict]) -> tuple[list, dict]:
+def _generate_each(served: ReplicaModel, torch, reqs: list[dict]) -> tuple[list, dict]:
     """A static batch's outputs; if the batch fails, each request alone, so that the one that breaks it
     fails alone: (outputs, None for a failed one), {index: reason}."""
     try:
-        return runner.generate(torch, reqs), {}
+        return served.generate(torch, reqs), {}
     except Exception as e:
-        _fatal_under_tp(runner, e)
+        _fatal_under_tp(served, e)
         if len(reqs) == 1:
             return [None], {"0": f"{type(e).__name__}: {str(e)[:300]}"}
     outs, errors = [], {}
     for i, r in enumerate(reqs):
         try:
-            outs.append(runner.generate(torch, [r])[0])
+            outs.append(served.generate(torch, [r])[0])
         except Exception as e:
             outs.append(None)
             errors[str(i)] = f"{type(e).__name__}: {str(e)[:300]}"
@@ -312,11 +312,11 @@ def _stream_tokens(out, sched, streamed: dict) -> dict:
     return {rid: n for rid, n in streamed.items() if rid in seqs or rid in waiting}
 
 
-def _fatal_under_tp(runner: Runner, e: Exception) -> None:
+def _fatal_under_tp(served: ReplicaModel, e: Exception) -> None:
     """On a tp replica a failure is a rank gone (a collective failed) or ranks out of step: either way
     the group is unusable, so exit and let the pool restart the replica and retry the requests,
     instead of answering them with an error."""
-    if runner.group is not None:
+    if served.group is not None:
         print(f"tp replica: {type(e).__name__}: {str(e)[:300]}; exiting", file=sys.stderr, flush=True)
         os._exit(1)
 

@@ -115,7 +115,7 @@ async def run_server(opts, info, host: str, port: int, drain_s: float, max_body:
                                 fix=f"see {opts.run_dir}/replica-*.log; check the export with "
                                     f"`tandem export verify`") from None
         state.started = True
-        pids = ", ".join(str(r.pid) for r in pool.live if r)
+        pids = ", ".join(map(str, pool.ready_pids()))
         auth = f"; {len(keys)} API key(s) required" if keys is not None else ""
         sc = opts.scale
         scaling = f" of {sc.min_replicas}:{sc.max_replicas}" if sc else ""

@@ -8,9 +8,9 @@ hang timeout, is killed; every request it held goes back to the head of the queu
 idempotent) and the pool restarts it (pool.py).
 
 The pool owns the queue and the replicas and calls ``serve_continuous(pool, rep)`` for each replica
-that batches continuously; this module takes from the pool only its public face: the queue and its
-condition, the options, metrics and ``say``, ``closing``, ``retired(slot)``, ``requeue(work)`` and
-``hold(rep, now)``. What both batchers send and read is in work.py.
+that batches continuously; this module takes from the pool only what engine.Feed declares (the queue
+and its condition, the options, metrics and ``say``, ``closing``, ``retired(slot)``, ``requeue(work)``
+and ``hold(rep, now)``), and does not import pool.py. What both batchers send and read is in work.py.
 """
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ import time
 
 import numpy as np
 
+from tandem.serve.engine import Feed
 from tandem.serve.work import DeadlineExceeded, Replica, ReplicaError, RequestFailed, Work, read_frame
 
 
-async def serve_continuous(pool, rep: Replica) -> None:
+async def serve_continuous(pool: Feed, rep: Replica) -> None:
     """Feed ``rep`` until it dies, the pool closes, or its slot is retired (then after its last reply)."""
     inflight: dict[int, Work] = {}
     # id -> (tokens decoded, when that count last grew): a request whose count stays put for --hang-s
@@ -175,7 +176,7 @@ def _send_cancel(rep: Replica, k: int) -> None:
             pass   # the replica is going: the reader requeues or fails what it held
 
 
-async def _requeue(pool, works: list[Work]) -> None:
+async def _requeue(pool: Feed, works: list[Work]) -> None:
     """Back to the queue, except streams that already sent tokens to their client: a retry would send
     them again, so they fail (the client sees an error event, not a silent truncation)."""
     for w in works:
@@ -185,7 +186,7 @@ async def _requeue(pool, works: list[Work]) -> None:
     await pool.requeue([w for w in works if not w.future.done()])
 
 
-async def _take(pool, rep: Replica, inflight: dict, state: dict) -> list[Work] | None:
+async def _take(pool: Feed, rep: Replica, inflight: dict, state: dict) -> list[Work] | None:
     """Requests for the replica's free slots, at once (the oldest first); None when it should stop."""
     async with pool.cond:
         while True:
@@ -222,7 +223,7 @@ async def _take(pool, rep: Replica, inflight: dict, state: dict) -> list[Work] |
         return batch
 
 
-def _answer(pool, w: Work, reply: dict) -> None:
+def _answer(pool: Feed, w: Work, reply: dict) -> None:
     if w.future.done():
         return
     if "error" in reply:
