@@ -51,7 +51,8 @@ ERRORS = {c: {"model": schemas.ErrorResponse, "description": d} for c, d in (
     (401, "missing or invalid API key (--api-key-file)"),
     (408, "the body did not arrive within --body-timeout-s"), (413, "body over --max-body"),
     (422, "a field is wrong (named in `field`)"), (429, "queue full: retry after Retry-After"),
-    (500, "this request failed (named by its id), not retried"), (503, "draining, or no replica could answer"), (504, "timeout_ms passed before a replica took it"))}
+    (500, "this request failed (named by its id), not retried"), (503, "draining, or no replica could answer"),
+    (504, "timeout_ms passed before a replica took it"))}
 
 
 def _body(model) -> dict:

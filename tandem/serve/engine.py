@@ -11,16 +11,15 @@ import asyncio
 from collections import deque
 from typing import TYPE_CHECKING, Protocol
 
-if TYPE_CHECKING:   # types only: engine.py imports no serving module at run time
+if TYPE_CHECKING:   # types only (pool.PoolOptions is named, not imported: pool.py imports this module)
     from tandem.serve.metrics import Metrics
-    from tandem.serve.pool import PoolOptions
     from tandem.serve.work import Replica, Work
 
 
 class Engine(Protocol):
     """An engine behind the front: requests in, answers (or the errors of work.py) out."""
 
-    o: PoolOptions     # the options it was built with (max_batch, max_queue, hang_s, ...)
+    o: "PoolOptions"   # pool.PoolOptions: the options it was built with (max_batch, max_queue, hang_s, ...)
     active: int        # replicas it runs (or is scaling to)
     ready_count: int   # replicas serving now
     streams: bool      # submit(..., sink=) delivers tokens step by step (else all at the end)
@@ -49,7 +48,7 @@ class Feed(Protocol):
     """What the continuous batcher takes from the pool: its queue (under ``cond``), options, metrics and
     log, and three calls back."""
 
-    o: PoolOptions
+    o: "PoolOptions"
     m: Metrics
     queue: deque[Work]
     cond: asyncio.Condition

@@ -24,7 +24,8 @@ from tandem.serve.autoscale import Scaler, ScalePolicy, recent_p99_ms
 from tandem.serve.engine import Engine, Feed
 from tandem.serve.metrics import Metrics
 from tandem.serve.stream import heartbeat_s, serve_continuous
-from tandem.serve.work import DeadlineExceeded, QueueFull, Replica, ReplicaError, RequestFailed, Work, read_frame
+from tandem.serve import messages as M
+from tandem.serve.work import DeadlineExceeded, QueueFull, Replica, ReplicaError, RequestFailed, Work
 
 STREAM_LIMIT = 64 << 20   # one reply line may hold a whole batch's outputs
 # a request held by this many replicas that died is answered 500, not retried again: once is an outside
@@ -190,15 +191,14 @@ class Pool(Engine, Feed):
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=errf, limit=STREAM_LIMIT)
         rep = self.procs[slot] = Replica(slot, proc, log)
         try:
-            line = await asyncio.wait_for(proc.stdout.readline(), self.o.load_timeout_s)
-            hello = json.loads(line) if line else {}
-        except (asyncio.TimeoutError, ValueError):
-            hello = {}
-        if not hello.get("ready"):
+            hello = await asyncio.wait_for(M.read_reply(proc.stdout), self.o.load_timeout_s)
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError, ValueError, TypeError):
+            hello = None
+        if not isinstance(hello, M.Ready):
             await _ensure_dead(rep)
             tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
             raise ReplicaError(f"replica {slot} failed to load and warm up (exit {proc.returncode}): {tail[0]}")
-        rep.continuous, rep.tp_pids = bool(hello.get("continuous")), hello.get("tp_pids", [])
+        rep.continuous, rep.tp_pids = hello.continuous, hello.tp_pids
         return rep
 
     async def _slot(self, slot: int) -> None:
@@ -325,20 +325,19 @@ class Pool(Engine, Feed):
             if not batch:
                 continue
             kind = batch[0].kind
-            raw = b""
             if kind == "predict":
                 x = np.ascontiguousarray(np.concatenate([w.payload for w in batch]))
-                raw = x.tobytes()
-                msg = {"op": "predict", "shape": list(x.shape), "dtype": x.dtype.name, "nbytes": len(raw)}
+                msg = M.Predict(list(x.shape), x.dtype.name, raw=x.tobytes())
             else:
-                msg = {"op": "generate", "requests": [w.payload for w in batch]}
+                msg = M.Generate([w.payload for w in batch])
             self.m.batch_size.labels(kind).observe(sum(w.size for w in batch))
             self.busy += 1
             try:
-                rep.proc.stdin.write(json.dumps(msg).encode() + b"\n" + raw)
+                rep.proc.stdin.write(M.encode(msg))
                 await rep.proc.stdin.drain()
-                reply = await asyncio.wait_for(read_frame(rep.proc.stdout), self.o.hang_s)
-            except (ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError, OSError) as e:
+                reply = await asyncio.wait_for(M.read_reply(rep.proc.stdout), self.o.hang_s)
+            except (ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError, TypeError,
+                    OSError) as e:
                 self.say(f"serve: replica {rep.slot} (pid {rep.pid}) lost a batch of {len(batch)} "
                          f"({type(e).__name__}); retrying it on another replica")
                 self.m.retries.inc()
@@ -350,17 +349,18 @@ class Pool(Engine, Feed):
                 self.busy -= 1
             self._answer(batch, reply)
 
-    def _answer(self, batch: list[Work], reply: dict) -> None:
-        if "error" in reply:
+    def _answer(self, batch: list[Work], reply: M.Reply) -> None:
+        if not isinstance(reply, (M.Array, M.Outputs)):   # an Error (or a frame that is no answer)
+            why = reply.error if isinstance(reply, M.Error) else f"unexpected reply {type(reply).__name__}"
             for w in batch:
                 if not w.future.done():
-                    w.future.set_exception(RequestFailed(w.rid, reply["error"]))
+                    w.future.set_exception(RequestFailed(w.rid, why))
             return
-        if batch[0].kind == "predict":
-            outs = np.frombuffer(reply["raw"], dtype="<f4").reshape(reply["shape"])
+        if isinstance(reply, M.Array):
+            outs = np.frombuffer(reply.raw, dtype="<f4").reshape(reply.shape)
         else:
-            outs = reply["outputs"]
-        errors = reply.get("errors") or {}   # generate: the requests that failed alone
+            outs = reply.outputs
+        errors = getattr(reply, "errors", None) or {}   # generate: the requests that failed alone
         i = 0
         for w in batch:
             if w.kind == "predict":

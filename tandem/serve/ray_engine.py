@@ -316,6 +316,7 @@ class RayPool(Engine):
         except asyncio.CancelledError:
             if self._aborted is None:
                 raise
+            task.uncancel()   # our own cancel (abort): the request is answered 503, its handler goes on
             raise ReplicaError(self._aborted) from None
         finally:
             self._tasks.discard(task)

@@ -18,13 +18,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
-import json
 import time
 
 import numpy as np
 
+from tandem.serve import messages as M
 from tandem.serve.engine import Feed
-from tandem.serve.work import DeadlineExceeded, Replica, ReplicaError, RequestFailed, Work, read_frame
+from tandem.serve.work import DeadlineExceeded, Replica, ReplicaError, RequestFailed, Work
 
 
 async def serve_continuous(pool: Feed, rep: Replica) -> None:
@@ -44,28 +44,29 @@ async def serve_continuous(pool: Feed, rep: Replica) -> None:
     async def reader() -> None:
         try:
             while True:
-                reply = await read_frame(rep.proc.stdout)
+                reply = await M.read_reply(rep.proc.stdout)
                 now = state["progress"] = time.monotonic()
-                if "held" in reply:     # a heartbeat: alive, and each held request's token count
-                    for key, n in reply["held"].items():
+                if isinstance(reply, M.Held):     # a heartbeat: alive, and each held request's token count
+                    for key, n in reply.held.items():
                         _advance(prog, int(key), int(n), now)
                     continue
-                if "tokens" in reply:   # a streamed request's new tokens: it stays in flight
-                    w = inflight.get(reply.get("id"))
-                    _advance(prog, reply.get("id"), int(reply.get("at", 0)) + len(reply["tokens"]), now)
+                if isinstance(reply, M.Tokens):   # a streamed request's new tokens: it stays in flight
+                    w = inflight.get(reply.id)
+                    _advance(prog, reply.id, reply.at + len(reply.tokens), now)
                     if w is not None and w.sink is not None and not w.future.done():
-                        w.sink.on_tokens(reply["tokens"], int(reply.get("at", 0)))
+                        w.sink.on_tokens(reply.tokens, reply.at)
                     continue
-                prog.pop(reply.get("id"), None)
-                w = inflight.pop(reply.get("id"), None)
-                if reply.get("cancelled"):
+                rid = getattr(reply, "id", None)
+                prog.pop(rid, None)
+                w = inflight.pop(rid, None)
+                if isinstance(reply, M.Outputs) and reply.cancelled:
                     pool.m.llm.cancelled.inc()
-                    pool.m.llm.cancelled_tokens.inc(len(reply.get("outputs", ())))
+                    pool.m.llm.cancelled_tokens.inc(len(reply.outputs))
                 if w is not None:
                     _answer(pool, w, reply)
                 pool.hold(rep, bool(inflight))
                 await wake()
-        except (ConnectionError, asyncio.IncompleteReadError, ValueError, OSError) as e:
+        except (ConnectionError, asyncio.IncompleteReadError, ValueError, TypeError, OSError) as e:
             state["dead"] = True
             if inflight:
                 pool.say(f"serve: replica {rep.slot} (pid {rep.pid}) lost {len(inflight)} request(s) "
@@ -121,18 +122,15 @@ async def serve_continuous(pool: Feed, rep: Replica) -> None:
                 k = next(ids)
                 inflight[k] = w
                 prog[k] = (0, now)
-                raw = b""
                 if w.kind == "predict":
                     x = np.ascontiguousarray(w.payload)
-                    raw = x.tobytes()
-                    msg = {"op": "predict", "id": k, "shape": list(x.shape), "dtype": x.dtype.name, "nbytes": len(raw)}
+                    msg = M.Predict(list(x.shape), x.dtype.name, id=k, raw=x.tobytes())
                 else:
-                    msg = {"op": "join", "id": k, "request": w.payload}
+                    msg = M.Join(k, w.payload, stream=w.sink is not None)
                     if w.sink is not None:   # tokens back step by step; a cancelled future leaves the batch
-                        msg["stream"] = True
                         w.future.add_done_callback(functools.partial(_cancel, rep, k))
                         w.sink.on_started()
-                rep.proc.stdin.write(json.dumps(msg).encode() + b"\n" + raw)
+                rep.proc.stdin.write(M.encode(msg))
             pool.m.batch_size.labels(batch[0].kind).observe(sum(w.size for w in inflight.values()))
             try:
                 await rep.proc.stdin.drain()
@@ -171,7 +169,7 @@ def _cancel(rep: Replica, k: int, fut: asyncio.Future) -> None:
 def _send_cancel(rep: Replica, k: int) -> None:
     if rep.proc.returncode is None:
         try:
-            rep.proc.stdin.write(json.dumps({"op": "cancel", "id": k}).encode() + b"\n")
+            rep.proc.stdin.write(M.encode(M.Cancel(k)))
         except (ConnectionError, OSError, RuntimeError):
             pass   # the replica is going: the reader requeues or fails what it held
 
@@ -223,13 +221,15 @@ async def _take(pool: Feed, rep: Replica, inflight: dict, state: dict) -> list[W
         return batch
 
 
-def _answer(pool: Feed, w: Work, reply: dict) -> None:
+def _answer(pool: Feed, w: Work, reply: M.Reply) -> None:
     if w.future.done():
         return
-    if "error" in reply:
-        w.future.set_exception(RequestFailed(w.rid, reply["error"]))
-    elif w.kind == "predict":
-        w.future.set_result(np.frombuffer(reply["raw"], dtype="<f4").reshape(reply["shape"]))
+    if isinstance(reply, M.Error):
+        w.future.set_exception(RequestFailed(w.rid, reply.error))
+    elif isinstance(reply, M.Array):
+        w.future.set_result(np.frombuffer(reply.raw, dtype="<f4").reshape(reply.shape))
+    elif isinstance(reply, M.Outputs):
+        pool.m.tokens.inc(len(reply.outputs))
+        w.future.set_result(reply.outputs)
     else:
-        pool.m.tokens.inc(len(reply["outputs"]))
-        w.future.set_result(reply["outputs"])
+        w.future.set_exception(RequestFailed(w.rid, f"unexpected reply {type(reply).__name__}"))

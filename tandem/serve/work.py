@@ -1,5 +1,6 @@
 """What the pool and its two batchers share: a queued request (Work), the handle on one replica
-process (Replica), the reply frame a replica sends, and the errors a request can end in.
+process (Replica), and the errors a request can end in (the frames a replica sends and reads are
+messages.py's).
 
 The static batcher (pool.py) and the continuous one (stream.py) both send Work to a Replica and read
 its frames; the pool owns the queue and the replicas and hands each replica to one of them.
@@ -8,7 +9,6 @@ its frames; the pool owns the queue and the replicas and hands each replica to o
 from __future__ import annotations
 
 import asyncio
-import json
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -65,13 +65,3 @@ class Replica:
     def kill(self) -> None:
         if self.proc.returncode is None:
             self.proc.kill()
-
-
-async def read_frame(stream: asyncio.StreamReader) -> dict:
-    """One reply: its JSON header line and the header's ``nbytes`` raw bytes (as ``raw``)."""
-    line = await stream.readline()
-    if not line:
-        raise ConnectionError("replica closed its stdout")
-    hdr = json.loads(line)
-    hdr["raw"] = await stream.readexactly(int(hdr.get("nbytes", 0)))
-    return hdr

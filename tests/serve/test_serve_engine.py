@@ -1,10 +1,10 @@
 """The serving package's structure: both engines implement every member of the declared Engine interface
 themselves (none falls back to the protocol's empty body), the pool implements the Feed its continuous
-batcher reads, and no two modules of tandem/serve import each other, directly or around a loop."""
+batcher reads (which does not import the pool), and every frame between front and replica is a typed
+message that round-trips."""
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import inspect
 from pathlib import Path
@@ -29,23 +29,6 @@ def _defines(cls, obj, name: str) -> bool:
     return owner is not None and owner not in (Engine, Feed)
 
 
-def _imports() -> dict[str, set[str]]:
-    """Module -> the tandem.serve modules it imports, lazy imports inside functions included; those under
-    ``if TYPE_CHECKING:`` are for type checkers only and never run."""
-    def walk(node):
-        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
-            return
-        yield node
-        for child in ast.iter_child_nodes(node):
-            yield from walk(child)
-    graph = {}
-    for f in SERVE.glob("*.py"):
-        deps = {n.module.split(".")[2] for n in walk(ast.parse(f.read_text()))
-                if isinstance(n, ast.ImportFrom) and n.module and n.module.startswith("tandem.serve.")}
-        graph[f.stem] = deps - {f.stem}
-    return graph
-
-
 def test_engines_implement_the_interface_and_serve_has_no_import_cycle(tmp_path):
     opts = PoolOptions(export=tmp_path, run_dir=tmp_path)
     pool = asyncio.run(_make(Pool, opts))
@@ -60,17 +43,33 @@ def test_engines_implement_the_interface_and_serve_has_no_import_cycle(tmp_path)
             if inspect.isfunction(proto_fn):
                 assert list(inspect.signature(getattr(cls, n)).parameters) == \
                     list(inspect.signature(proto_fn).parameters), (cls.__name__, n)
-    graph = _imports()
-    assert "pool" not in graph["stream"] and "stream" in graph["pool"]
+    # the batcher reads the pool through Feed, never by importing it (tests/test_layering.py checks that no
+    # files of the package import each other round a circle)
+    stream = (SERVE / "stream.py").read_text()
+    assert "tandem.serve.pool" not in stream and "engine import Feed" in stream
 
-    def reach(a: str, seen: set) -> set:
-        for b in graph.get(a, ()):
-            if b not in seen:
-                seen.add(b)
-                reach(b, seen)
-        return seen
-    loops = sorted(m for m in graph if m in reach(m, set()))
-    assert not loops, f"modules of tandem/serve on an import loop: {loops}"
+
+def test_every_frame_round_trips_through_its_typed_message():
+    import json
+
+    from tandem.serve import messages as M
+
+    def frame(msg):
+        line, _, raw = M.encode(msg).partition(b"\n")
+        hdr = json.loads(line)
+        assert hdr.pop("nbytes") == len(raw)
+        return hdr, raw
+    for msg in (M.Predict([2, 3], "float32", id=4, raw=b"\0" * 24), M.Generate([{"prompt": [1]}]),
+                M.Join(7, {"prompt": [1, 2]}, stream=True), M.Cancel(7)):
+        assert M.parse_request(*frame(msg)) == msg
+    for msg in (M.Ready(pid=9, warmup_s=0.5, kv_cache=True, continuous=True), M.Outputs([1, 2], id=3),
+                M.Outputs([[1], None], errors={"1": "PickError: x"}), M.Outputs([5], id=2, cancelled=True),
+                M.Array([1, 4], id=1, raw=b"\0" * 16), M.Tokens(3, [4, 5], at=2), M.Held({"3": 4}),
+                M.Error("boom", id=8)):
+        assert M.parse_reply(*frame(msg)) == msg
+    # the wire format the replica protocol documents (replica.py) and its raw-protocol test reads
+    assert frame(M.Outputs([1], id=3)) == ({"outputs": [1], "id": 3}, b"")
+    assert frame(M.Cancel(2)) == ({"op": "cancel", "id": 2}, b"")
 
 
 async def _make(cls, opts):   # the pool's Condition and Events belong to a running loop
