@@ -120,7 +120,8 @@ def main() -> None:
         kills = {}
         for k, url in urls.items():
             if k == "tandem":
-                res = asyncio.run(run_load(url, kill_rate, 8.0, kill_at=3.0, timeout_s=60))
+                res = asyncio.run(run_load(url, kill_rate, 8.0, kill_at=3.0, timeout_s=60,
+                                             run_dir=Path(tmp) / "tandem"))
             else:
                 async def both():
                     return await asyncio.gather(run_load(url, kill_rate, 8.0, info=info, timeout_s=60),

@@ -105,11 +105,12 @@ class _Client:
 
 async def run_load(url: str, rate: float, duration: float, kill_at: float | None = None,
                    max_new_tokens: int = 8, seed: int = 0, timeout_s: float = 60.0, api_key: str | None = None,
-                   mixed: bool = False, info: dict | None = None) -> dict:
+                   mixed: bool = False, info: dict | None = None, run_dir: Path | str = "runs/serve") -> dict:
     """``mixed`` (gpt): every 4th request generates ``max_new_tokens``, the others 2 tokens: short
     requests arriving while long ones decode, where continuous batching differs from static.
     ``info``: the server's /v1/info, given for a server that has none (bench/serve_vs_ray.py's plain Ray
-    Serve app gets the same requests as tandem's server of the same export)."""
+    Serve app gets the same requests as tandem's server of the same export). ``run_dir``: the server's
+    (its replicas.json names the pid ``kill_at`` kills; /v1/info shows no filesystem path)."""
     import httpx
 
     url = url.rstrip("/")
@@ -133,7 +134,7 @@ async def run_load(url: str, rate: float, duration: float, kill_at: float | None
             code = await fast.post(route, bodies[i % len(bodies)], timeout_s)
             results.append((due - t0, loop.time() - due, code))
 
-        kill = asyncio.create_task(_kill_replica(client, url, info, t0 + kill_at, loop, t0)) \
+        kill = asyncio.create_task(_kill_replica(client, url, Path(run_dir), t0 + kill_at, loop, t0)) \
             if kill_at is not None else None
         await asyncio.gather(*(one(i) for i in range(n)))
         span = loop.time() - t0
@@ -158,10 +159,10 @@ async def run_load(url: str, rate: float, duration: float, kill_at: float | None
             "samples": [[round(d, 6), round(lat, 6), c] for d, lat, c in by_due]}
 
 
-async def _kill_replica(client, url: str, info: dict, when: float, loop, t0: float = 0.0) -> dict:
+async def _kill_replica(client, url: str, run_dir: Path, when: float, loop, t0: float = 0.0) -> dict:
     """SIGKILL replica 0 (its pid from the server's run dir) at ``when``; time until all are ready again."""
     await asyncio.sleep(max(0.0, when - loop.time()))
-    doc = json.loads((Path(info["run_dir"]) / "replicas.json").read_text())
+    doc = json.loads((run_dir / "replicas.json").read_text())
     pid = next(r["pid"] for r in doc["replicas"] if r["pid"])
     os.kill(pid, signal.SIGKILL)
     t_kill = loop.time()
@@ -175,7 +176,7 @@ async def _kill_replica(client, url: str, info: dict, when: float, loop, t0: flo
             continue
         # back: every slot has a ready replica and none is the killed one (the file is rewritten on each
         # death and each start, so a dead slot shows pid null until its new replica has warmed up)
-        reps = json.loads((Path(info["run_dir"]) / "replicas.json").read_text())["replicas"]
+        reps = json.loads((run_dir / "replicas.json").read_text())["replicas"]
         if r.get("ready_replicas") == r.get("replicas") and all(x["ready"] and x["pid"] for x in reps) \
                 and pid not in [x["pid"] for x in reps]:
             return {"pid": pid, "back_after_s": loop.time() - t_kill, "at_s": at}
@@ -197,9 +198,9 @@ def print_report(res: dict, say=print) -> None:
 
 
 def bench_serve(url: str, rate: float, duration: float, kill_at: float | None, max_new_tokens: int,
-                api_key: str | None = None) -> dict:
+                api_key: str | None = None, run_dir: Path | str = "runs/serve") -> dict:
     t = time.perf_counter()
-    res = asyncio.run(run_load(url, rate, duration, kill_at, max_new_tokens, api_key=api_key))
+    res = asyncio.run(run_load(url, rate, duration, kill_at, max_new_tokens, api_key=api_key, run_dir=run_dir))
     res["wall_s"] = time.perf_counter() - t
     return res
 

@@ -27,6 +27,16 @@ def check_path(path: Path) -> None:
         raise ConfigError("expected a .png path", field="--plot", value=str(path), fix="give --plot FILE.png")
 
 
+def x_extent(res: dict) -> float:
+    """The x-axis's right end: the run, or past it to the replica's return when that came later (a mark
+    outside the axis is not drawn)."""
+    kill = res.get("kill") or {}
+    end = float(res["duration_s"])
+    if kill.get("at_s") is not None and kill.get("back_after_s") is not None:
+        end = max(end, 1.05 * (kill["at_s"] + kill["back_after_s"]))
+    return end
+
+
 def plot_latency(res: dict, path: Path) -> Path:
     plt = require_matplotlib(path)
     samples = res["samples"]
@@ -56,7 +66,7 @@ def plot_latency(res: dict, path: Path) -> Path:
     ax.set_ylabel("latency from intended send (ms)")
     p50 = lat["p50"] if lat["p50"] == lat["p50"] else 1.0   # NaN when nothing succeeded
     ax.set_yscale("log" if top > 50 * max(1.0, p50) else "linear")   # a stall's ramp would flatten the rest
-    ax.set_xlim(0, res["duration_s"])
+    ax.set_xlim(0, x_extent(res))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()

@@ -162,7 +162,9 @@ def serve_cmd(
     duration: float = typer_opt(10.0, "--duration", "Seconds of load."),
     kill_replica_at: Optional[float] = typer_opt(None, "--kill-replica-at",
                                                  "SIGKILL one replica this many seconds in (same machine: its pid "
-                                                 "comes from the server's run dir)."),
+                                                 "comes from the server's run dir, --server-run-dir)."),
+    server_run_dir: Path = typer_opt(Path("runs/serve"), "--server-run-dir", "--kill-replica-at: the server's "
+                                     "--run-dir (its replicas.json)."),
     max_new_tokens: int = typer_opt(8, "--max-new-tokens", "Tokens per /v1/generate request (gpt exports)."),
     json_out: Optional[Path] = typer_opt(None, "--json", "Write the results as JSON."),
     api_key_file: Optional[Path] = typer_opt(None, "--api-key-file", "Send the first key of this file (the "
@@ -219,7 +221,10 @@ def serve_cmd(
                 json_out.parent.mkdir(parents=True, exist_ok=True)
                 json_out.write_text(json.dumps(both, indent=1) + "\n")
             return
-        res = bench_serve(url, rate, duration, kill_replica_at, max_new_tokens, key)
+        if kill_replica_at is not None and not (server_run_dir / "replicas.json").is_file():
+            raise ConfigError("holds no replicas.json", field="--server-run-dir", value=str(server_run_dir),
+                              fix="give the --run-dir of the `tandem serve` to kill a replica of")
+        res = bench_serve(url, rate, duration, kill_replica_at, max_new_tokens, key, run_dir=server_run_dir)
     except httpx.ConnectError as e:
         raise ConfigError(f"no server answers ({e})", field="URL", value=url,
                           fix="start one with `tandem serve EXPORT_DIR` and give its URL") from None

@@ -32,6 +32,10 @@ def serve_cmd(
     threads: int = typer.Option(0, "--threads", help="torch threads per replica (0: (cores - 1) / replicas, "
                                                           "at least 1)."),
     max_body: int = typer.Option(8 << 20, "--max-body", help="Largest request body in bytes; beyond: 413."),
+    body_timeout_s: float = typer.Option(30.0, "--body-timeout-s", help="Longest a request's body may take to "
+                                         "arrive; beyond: 408."),
+    max_connections: int = typer.Option(1024, "--max-connections", help="Open connections at once; beyond: 503 "
+                                        "(each may hold --max-body of a body still arriving)."),
     hang_s: float = typer.Option(60.0, "--hang-s", help="A replica that answers no batch within this is "
                                                         "killed, restarted, and its batch retried."),
     timeout_ms: int = typer.Option(0, "--timeout-ms", help="Default deadline of a request (its timeout_ms field "
@@ -90,9 +94,12 @@ def serve_cmd(
 
     lo_rep, hi_rep = parse_replicas(replicas)
     for name, v, lo in (("--max-batch", max_batch, 1), ("--max-queue", max_queue, 1),
-                        ("--max-body", max_body, 1024)):
+                        ("--max-body", max_body, 1024), ("--max-connections", max_connections, 2)):
         if v < lo:
             raise ConfigError(f"must be at least {lo}", field=name, value=v, fix=f"give {name} {lo} or more")
+    if body_timeout_s < 0.1:
+        raise ConfigError("must be at least 0.1", field="--body-timeout-s", value=body_timeout_s,
+                          fix="give --body-timeout-s 0.1 or more")
     if hang_s < 0.1:
         raise ConfigError("must be at least 0.1", field="--hang-s", value=hang_s, fix="give --hang-s 0.1 or more")
     for name, v in (("--scale-up-queue", scale_up_queue), ("--scale-up-s", scale_up_s),
@@ -134,4 +141,4 @@ def serve_cmd(
     except ImportError:
         run = asyncio.run
     run(run_server(opts, info, host, port, drain_s, max_body, timeout_ms, keys, make_pool,
-                   model_name=served_model_name))
+                   model_name=served_model_name, body_timeout_s=body_timeout_s, max_connections=max_connections))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tandem.core.extras import require
 
@@ -20,6 +20,7 @@ require("serve", "tandem serve")  # the whole serving stack, checked before any 
 # missing extra is one line naming it, even where part of the stack is installed
 from fastapi import FastAPI, Request  # noqa: E402
 from fastapi.responses import JSONResponse, Response  # noqa: E402
+from starlette.exceptions import HTTPException as StarletteHTTPException  # noqa: E402
 from prometheus_client import CONTENT_TYPE_LATEST  # noqa: E402
 
 from tandem.serve import schemas
@@ -28,7 +29,8 @@ from tandem.serve.metrics import Metrics
 from tandem.serve.openai_api import PATHS as OPENAI_PATHS
 from tandem.serve.openai_api import OpenAIRoutes
 from tandem.serve.openai_api import error as openai_error
-from tandem.serve.pool import DeadlineExceeded, Pool, QueueFull, ReplicaError
+from tandem.serve.engine import Engine
+from tandem.serve.work import DeadlineExceeded, QueueFull, ReplicaError, RequestFailed
 from tandem.serve.tokenizer import TextCodec
 
 ROUTES = {"/v1/predict", "/v1/generate", "/v1/info", "/livez", "/readyz", *OPENAI_PATHS}
@@ -39,13 +41,18 @@ class FrontState:
     draining: bool = False
     started: bool = False
     inflight: int = 0
+    drain_over: bool = False   # --drain-s ran out: what is still held is answered 503
+    # the deadlines of the bodies being read (asyncio.timeout): at the end of a drain they expire at once
+    reading: set = field(default_factory=set)
 
 
 ERRORS = {c: {"model": schemas.ErrorResponse, "description": d} for c, d in (
-    (400, "not JSON, or not an object"), (401, "missing or invalid API key (--api-key-file)"),
-    (413, "body over --max-body"),
+    (400, "not JSON, or not an object; or more than one Authorization / X-API-Key header"),
+    (401, "missing or invalid API key (--api-key-file)"),
+    (408, "the body did not arrive within --body-timeout-s"), (413, "body over --max-body"),
     (422, "a field is wrong (named in `field`)"), (429, "queue full: retry after Retry-After"),
-    (503, "draining, or no replica could answer"), (504, "timeout_ms passed before a replica took it"))}
+    (500, "this request failed (named by its id), not retried"), (503, "draining, or no replica could answer"),
+    (504, "timeout_ms passed before a replica took it"))}
 
 
 def _body(model) -> dict:
@@ -62,7 +69,7 @@ class Handlers:
     """The two inference routes as plain functions of the body: (status, JSON body, headers). The ASGI
     front (Front) calls them directly; the FastAPI routes (for /docs) call the same ones."""
 
-    def __init__(self, pool: Pool, info: schemas.ModelInfo, default_timeout_ms: int):
+    def __init__(self, pool: Engine, info: schemas.ModelInfo, default_timeout_ms: int):
         self.pool, self.info, self.default_timeout_ms = pool, info, default_timeout_ms
 
     async def _run(self, kind: str, payload, size: int, timeout_ms: int):
@@ -73,6 +80,8 @@ class Handlers:
                               retry_after=1)
         except DeadlineExceeded as e:
             return None, _err(504, str(e))
+        except RequestFailed as e:   # this request, not the server: no Retry-After
+            return None, _err(500, str(e))
         except ReplicaError as e:
             return None, _err(503, f"no replica could answer: {e}", retry_after=1)
 
@@ -111,8 +120,9 @@ class Front:
     in the front is what caps batching's throughput on a small machine."""
 
     def __init__(self, app: FastAPI, handlers: Handlers, metrics: Metrics, state: FrontState, max_body: int,
-                 keys: ApiKeys | None, oai: OpenAIRoutes | None = None):
+                 keys: ApiKeys | None, oai: OpenAIRoutes | None = None, body_timeout_s: float = 30.0):
         self.app, self.h, self.m, self.state, self.max_body, self.keys = app, handlers, metrics, state, max_body, keys
+        self.body_timeout_s = body_timeout_s
         self.oai = oai   # /v1/completions, /v1/chat/completions, /v1/models: their errors in OpenAI's body
         self.hot = {"/v1/predict": handlers.predict, "/v1/generate": handlers.generate}
 
@@ -120,9 +130,11 @@ class Front:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = scope["path"]
+        creds = [k for k, v in scope["headers"] if k in (b"authorization", b"x-api-key") and v.strip()]
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]
                    if k in (b"authorization", b"x-api-key", b"content-length")}
-        authed = self.keys is None or path in OPEN_PATHS or self.keys.check(presented_key(headers))
+        twice = self.keys is not None and len(creds) > 1 and path not in OPEN_PATHS
+        authed = self.keys is None or path in OPEN_PATHS or (not twice and self.keys.check(presented_key(headers)))
         if path == "/metrics" and authed:
             return await self.app(scope, receive, send)
         route = path if path in ROUTES else "other"
@@ -136,7 +148,12 @@ class Front:
             await send(msg)
         oai = self.oai is not None and self.oai.handles(path)
         try:
-            if not authed:  # the same answer for a missing header, another scheme and a wrong key
+            if twice:   # which one counts would be the server's guess (the last one, before): one, or 400
+                msg = (f"{len(creds)} credential headers (Authorization / X-API-Key); send exactly one "
+                       f"`Authorization: Bearer KEY`")
+                await _send(send, status, *(openai_error(400, msg, "authorization", "duplicate_credentials") if oai
+                                            else (400, {"error": msg, "field": "authorization"}, {})))
+            elif not authed:  # the same answer for a missing header, another scheme and a wrong key
                 msg = "missing or invalid API key (send Authorization: Bearer KEY)"
                 await _send(send, status, *(openai_error(401, msg, "authorization", "invalid_api_key") if oai else
                                             (401, {"error": msg, "field": "authorization"}, {}))[:2],
@@ -152,8 +169,7 @@ class Front:
                     handler = self.hot.get(path) if scope["method"] == "POST" else None
                     if oai:
                         try:
-                            body = await _read_body(receive, headers.get("content-length"), self.max_body) \
-                                if scope["method"] == "POST" else b""
+                            body = await self._body(receive, headers) if scope["method"] == "POST" else b""
                         except _Gone:
                             status[0] = 499
                             return
@@ -163,7 +179,7 @@ class Front:
                         await self.app(scope, receive, counted_send)
                     else:
                         try:
-                            body = await _read_body(receive, headers.get("content-length"), self.max_body)
+                            body = await self._body(receive, headers)
                         except _Gone:
                             status[0] = 499   # nginx's "client closed request": not a server error
                             return
@@ -174,6 +190,25 @@ class Front:
         finally:
             self.m.requests.labels(route, str(status[0])).inc()
             self.m.latency.labels(route).observe(time.perf_counter() - t0)
+
+
+    async def _body(self, receive, headers: dict):
+        """The body, or an answer instead: 413 over --max-body, 408 when it has not all arrived within
+        --body-timeout-s (a slow upload holds a connection and up to --max-body of memory), 503 when
+        the drain ends while it is still arriving. asyncio.timeout, not wait_for: a timer, not a task,
+        on the hot path."""
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout_at(loop.time() + self.body_timeout_s) as t:
+                self.state.reading.add(t)
+                try:
+                    return await _read_body(receive, headers.get("content-length"), self.max_body)
+                finally:
+                    self.state.reading.discard(t)
+        except TimeoutError:
+            if self.state.drain_over:
+                return _err(503, "the server stopped (its --drain-s ran out) before the body arrived", retry_after=1)
+            return _err(408, f"the body did not arrive within {self.body_timeout_s:g} s (--body-timeout-s)")
 
 
 class _Gone(Exception):
@@ -207,9 +242,9 @@ async def _send(send, status: list, code: int, body: dict, headers: dict) -> Non
     await send({"type": "http.response.body", "body": raw})
 
 
-def build_app(pool: Pool, info: schemas.ModelInfo, metrics: Metrics, state: FrontState, *,
-              max_body: int, run_dir: str, default_timeout_ms: int = 0, keys: ApiKeys | None = None,
-              export: str | None = None, model_name: str | None = None) -> Front:
+def build_app(pool: Engine, info: schemas.ModelInfo, metrics: Metrics, state: FrontState, *,
+              max_body: int, default_timeout_ms: int = 0, keys: ApiKeys | None = None,
+              export: str | None = None, model_name: str | None = None, body_timeout_s: float = 30.0) -> Front:
     app = FastAPI(title="tandem serve", summary=f"{info.name} ({info.kind}) from a tandem export")
     h = Handlers(pool, info, default_timeout_ms)
     oai = OpenAIRoutes(pool, info, TextCodec(export, info.vocab), metrics.llm, default_timeout_ms, model_name) \
@@ -234,9 +269,18 @@ def build_app(pool: Pool, info: schemas.ModelInfo, metrics: Metrics, state: Fron
 
     @app.get("/v1/info")
     async def model_info():
-        """The model this server answers for, its limits, and the run dir (replicas.json holds the pids)."""
+        """The model this server answers for and its limits (no filesystem path: the run dir and the
+        export's folder are the operator's, in RUN_DIR/server.json)."""
         return {"model": info.public(), "replicas": pool.active, "max_batch": pool.o.max_batch,
-                "max_queue": pool.o.max_queue, "run_dir": run_dir}
+                "max_queue": pool.o.max_queue}
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        """The router's own 404 and 405 in the documented body, not FastAPI's {"detail"}."""
+        what = {404: f"no route {request.url.path} (routes: {', '.join(sorted(ROUTES))}, /metrics, /docs)",
+                405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, str(exc.detail))
+        return JSONResponse({"error": f"route: {what}", "field": "route"}, status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
 
     @app.get("/livez")
     async def livez():
@@ -254,7 +298,7 @@ def build_app(pool: Pool, info: schemas.ModelInfo, metrics: Metrics, state: Fron
     async def prom():
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    return Front(app, h, metrics, state, max_body, keys, oai)
+    return Front(app, h, metrics, state, max_body, keys, oai, body_timeout_s)
 
 
 async def drain(state: FrontState, timeout_s: float) -> None:
@@ -262,3 +306,18 @@ async def drain(state: FrontState, timeout_s: float) -> None:
     end = time.monotonic() + timeout_s
     while state.inflight and time.monotonic() < end:
         await asyncio.sleep(0.01)
+
+
+async def end_drain(state: FrontState, pool: Engine, drain_s: float, grace_s: float = 5.0) -> int:
+    """--drain-s ran out: every request still held is answered 503 (its body still arriving, queued, or on
+    a replica), then at most ``grace_s`` for those answers to be written. The requests it ended."""
+    held = state.inflight
+    if not held:
+        return 0
+    state.drain_over = True
+    loop = asyncio.get_running_loop()
+    for t in list(state.reading):
+        t.reschedule(loop.time())
+    pool.abort(f"the server is stopping: --drain-s {drain_s:g} s ran out before a replica answered")
+    await drain(state, grace_s)
+    return held

@@ -93,6 +93,13 @@ class Decoder:
             logits = self.forward(torch.tensor(tokens).unsqueeze(1), p.unsqueeze(1), torch.tensor(slots), p, mask)
         return logits[:, 0].float()
 
+    def clear(self, slot: int) -> None:
+        """Zero a slot's cache (a sequence failed in it): a step reads a slot past its own position, with
+        weight 0, and 0 x NaN left by a sequence whose numbers blew up would be NaN for the next one."""
+        for ck, cv in self.cache:
+            ck[slot].zero_()
+            cv[slot].zero_()
+
     def logits(self, tokens: torch.Tensor) -> torch.Tensor:
         """A plain forward (B, T) -> (B, T, vocab), nothing cached."""
         b, t = tokens.shape
@@ -116,14 +123,18 @@ class Seq:
 class Scheduler:
     """Live sequences over a decoder's slots. ``add`` queues a request; ``step`` admits the queued
     ones into free slots (in order; the rest wait for a slot) and decodes; both return the requests
-    they finished, as (id, tokens)."""
+    they finished, as (id, tokens). A sequence whose prefill, decode or pick fails leaves alone, its
+    slot freed, and waits in ``failed`` as (id, reason) for the caller to answer; the others go on."""
 
-    def __init__(self, decoder, pick):
+    def __init__(self, decoder, pick, isolate: bool = True):
         self.dec, self.pick = decoder, pick            # pick(logits, req, generator) -> token
+        # a failed forward is run again row by row to find the sequence that breaks it; not under tp,
+        # where a failed forward is a rank gone (the replica exits, replica.py)
+        self.isolate = isolate
         self.free = list(range(decoder.slots))[::-1]
         self.live: dict[int, Seq] = {}                 # slot -> sequence
         self.waiting: deque[Seq] = deque()
-        self._pending: list = []                       # finished in the step under way
+        self.failed: list[tuple[object, str]] = []     # (id, reason): taken by take_failed()
         self.steps = 0
 
     @property
@@ -137,25 +148,79 @@ class Scheduler:
         self.waiting.append(s)   # prefilled with the others that arrive before the next step()
         return []
 
+    def held(self) -> dict:
+        """{id: tokens decoded so far} of every sequence here, live or waiting for a slot."""
+        return {s.rid: len(s.out) for s in [*self.live.values(), *self.waiting]}
+
+    def take_failed(self) -> list[tuple[object, str]]:
+        out, self.failed = self.failed, []
+        return out
+
+    def _fail(self, s: Seq, e: Exception) -> None:
+        if self.live.get(s.slot) is s:
+            del self.live[s.slot]
+            self.dec.clear(s.slot)
+            self.free.append(s.slot)
+        self.failed.append((s.rid, f"{type(e).__name__}: {str(e)[:300]}"))
+
+    def _next(self, s: Seq, logits, done: list) -> None:
+        """``s``'s next token from its logits; finished: out of its slot, into ``done``."""
+        try:
+            s.out.append(self.pick(logits, s.req, s.gen))
+        except Exception as e:   # this sequence's pick: it fails alone
+            return self._fail(s, e)
+        if s.done:
+            del self.live[s.slot]
+            self.free.append(s.slot)
+            done.append((s.rid, s.out))
+
+    def _each(self, seqs: list[Seq], batched, alone) -> list:
+        """``batched(seqs)``'s logits rows; if that forward fails, each sequence's own (``alone(s)``), so that
+        the one that breaks it fails alone (a row's numbers do not depend on its neighbours, and
+        writing its keys and values again at the same positions is harmless). None for a failed row."""
+        try:
+            return list(batched(seqs))
+        except Exception:
+            if len(seqs) == 1 or not self.isolate:
+                raise
+        rows = []
+        for s in seqs:
+            try:
+                rows.append(alone(s)[0])
+            except Exception as e:
+                self._fail(s, e)
+                rows.append(None)
+        return rows
+
     def _admit(self) -> list[tuple[object, list[int]]]:
-        """Waiting requests into free slots, prefilled together; each gets its first token."""
+        """Waiting requests into free slots, prefilled together; each gets its first token. A joining
+        sequence is live (in its slot) before the prefill runs, so a failure anywhere leaves it visible
+        to cancel and drop_all."""
         joining = []
         while self.waiting and self.free:
             s = self.waiting.popleft()
             s.slot = self.free.pop()
+            self.live[s.slot] = s
             joining.append(s)
         if not joining:
             return []
-        logits = self.dec.prefill([s.slot for s in joining], [s.req["prompt"] for s in joining])
+        try:
+            rows = self._each(joining, lambda ss: self.dec.prefill([s.slot for s in ss], [s.req["prompt"] for s in ss]),
+                              lambda s: self.dec.prefill([s.slot], [s.req["prompt"]]))
+        except Exception as e:
+            if not self.isolate:
+                raise
+            rows = [None] * len(joining)
+            self._fail(joining[0], e)
         done = []
-        for row, s in enumerate(joining):
-            s.out.append(self.pick(logits[row], s.req, s.gen))
-            if s.done:
-                self.free.append(s.slot)
-                done.append((s.rid, s.out))
-            else:
-                self.live[s.slot] = s
+        for s, logits in zip(joining, rows):
+            if logits is not None:
+                self._next(s, logits, done)
         return done
+
+    def _decode(self, seqs: list[Seq]):
+        return self.dec.decode([s.slot for s in seqs], [s.out[-1] for s in seqs],
+                               [len(s.req["prompt"]) + len(s.out) - 1 for s in seqs])
 
     def step(self) -> list[tuple[object, list[int]]]:
         """Waiting requests join (one prefill for all of them, their first token), then one decode
@@ -164,15 +229,17 @@ class Scheduler:
         done = self._admit()
         if not seqs:
             return done
-        logits = self.dec.decode([s.slot for s in seqs], [s.out[-1] for s in seqs],
-                                 [len(s.req["prompt"]) + len(s.out) - 1 for s in seqs])
+        try:
+            rows = self._each(seqs, self._decode, lambda s: self._decode([s]))
+        except Exception as e:   # the only sequence: it fails alone
+            if not self.isolate:
+                raise
+            rows = [None]
+            self._fail(seqs[0], e)
         self.steps += 1
-        for row, s in enumerate(seqs):
-            s.out.append(self.pick(logits[row], s.req, s.gen))
-            if s.done:
-                del self.live[s.slot]
-                self.free.append(s.slot)
-                done.append((s.rid, s.out))
+        for s, logits in zip(seqs, rows):
+            if logits is not None:
+                self._next(s, logits, done)
         return done
 
     def cancel(self, rid) -> list[tuple[object, list[int]]]:
@@ -192,10 +259,12 @@ class Scheduler:
     def drop_all(self) -> list:
         """Forget every sequence (after a failed step); their ids."""
         ids = [s.rid for s in self.live.values()] + [s.rid for s in self.waiting]
+        for slot in self.live:
+            self.dec.clear(slot)
         self.free.extend(self.live)
         self.live.clear()
         self.waiting.clear()
-        return ids
+        return ids + [rid for rid, _ in self.take_failed()]
 
     def run(self, reqs: list[dict]) -> list[list[int]]:
         """Whole requests to the end (the static op, and tests)."""
@@ -204,4 +273,6 @@ class Scheduler:
             out.update(self.add(i, r))
         while self.busy:
             out.update(self.step())
+        if self.failed:
+            raise RuntimeError("; ".join(f"request {i}: {why}" for i, why in self.take_failed()))
         return [out[i] for i in range(len(reqs))]

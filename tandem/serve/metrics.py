@@ -31,6 +31,9 @@ class Metrics:
                                 registry=r)
         self.retries = Counter("tandem_serve_retried_batches", "Batches put back in the queue because their "
                                "replica died", registry=r)
+        self.given_up = Counter("tandem_serve_requests_given_up", "Requests answered 500 and not retried: "
+                                "lost inside a live replica (no token for --hang-s), or held by 2 replicas "
+                                "that died", ["reason"], registry=r)
         self.replicas_ready = Gauge("tandem_serve_replicas_ready", "Replicas loaded, warmed up and serving",
                                     registry=r)
         self.replicas_target = Gauge("tandem_serve_replicas_target", "Replicas the pool runs (autoscaling "

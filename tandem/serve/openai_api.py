@@ -33,11 +33,12 @@ require("serve", "tandem serve")  # checked before the serving stack is imported
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr  # noqa: E402
 
 from tandem.serve import schemas
+from tandem.serve.engine import Engine
+from tandem.serve.messages import GREEDY_BELOW
 from tandem.serve.tokenizer import NoTokenizer, TextCodec
-from tandem.serve.work import DeadlineExceeded, QueueFull, ReplicaError
+from tandem.serve.work import DeadlineExceeded, QueueFull, ReplicaError, RequestFailed
 
 PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/models")
-GREEDY_BELOW = 1e-5       # a temperature under this is greedy (vLLM's _SAMPLING_EPS): softmax(x / 1e-39) is NaN
 MAX_N = 16
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
          405: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
@@ -244,12 +245,12 @@ class Choice:
 class OpenAIRoutes:
     """What the front (app.py) calls for PATHS: ``handle(path, method, body, receive, send)``."""
 
-    def __init__(self, pool, info: schemas.ModelInfo, codec: TextCodec, llm, default_timeout_ms: int = 0,
+    def __init__(self, pool: Engine, info: schemas.ModelInfo, codec: TextCodec, llm, default_timeout_ms: int = 0,
                  model_name: str | None = None):
         self.pool, self.info, self.codec, self.llm = pool, info, codec, llm
         self.default_timeout_ms, self.model_name = default_timeout_ms, model_name or info.name
         self.created = int(time.time())
-        slots = (lambda: pool.ready_count * pool.o.max_batch) if getattr(pool, "streams", False) else (lambda: 0)
+        slots = (lambda: pool.ready_count * pool.o.max_batch) if pool.streams else (lambda: 0)
         llm.bind(self.model_name, slots)
 
     @staticmethod
@@ -334,7 +335,7 @@ class OpenAIRoutes:
             if not 0 <= t < info.vocab:
                 raise OpenAIError(422, f"token {t} is out of the vocabulary 0..{info.vocab - 1}", "stop_token_ids")
         temp = 1.0 if req.temperature is None else float(req.temperature)
-        temp = 0.0 if temp < GREEDY_BELOW else temp
+        temp = 0.0 if temp <= GREEDY_BELOW else temp
         top_k = 0 if req.top_k in (None, -1) or req.top_k >= info.vocab else req.top_k
         seed = secrets.randbits(62) if req.seed is None else req.seed
         field = "messages" if chat else "prompt"
@@ -374,11 +375,9 @@ class OpenAIRoutes:
         prompts = self._prompts(req, chat)
         choices = self._choices(req, chat, prompts, events.put_nowait)
         ms = self.default_timeout_ms if req.timeout_ms is None else req.timeout_ms
-        streams = getattr(self.pool, "streams", False)
         tasks: dict[Choice, asyncio.Task] = {}
         for c in choices:
-            coro = self.pool.submit("generate", c.req, 1, ms, sink=c) if streams else \
-                self.pool.submit("generate", c.req, 1, ms)
+            coro = self.pool.submit("generate", c.req, 1, ms, sink=c if self.pool.streams else None)
             tasks[c] = t = asyncio.create_task(coro)
             t.add_done_callback(c.on_done)
         gone = asyncio.create_task(_disconnected(receive))   # the client going away wakes the loop below
@@ -432,6 +431,8 @@ def _as_openai(e: BaseException) -> OpenAIError:
         return OpenAIError(429, "the queue is full; retry later", None, "rate_limit_exceeded", {"retry-after": "1"})
     if isinstance(e, DeadlineExceeded):
         return OpenAIError(504, str(e), None, "timeout")
+    if isinstance(e, RequestFailed):   # this request, not the server: no Retry-After
+        return OpenAIError(500, str(e), None, "request_failed")
     if isinstance(e, ReplicaError):
         return OpenAIError(503, f"no replica could answer: {e}", None, "replica_error", {"retry-after": "1"})
     return OpenAIError(500, f"{type(e).__name__}: {e}", None, "server_error")

@@ -21,12 +21,16 @@ from pathlib import Path
 import numpy as np
 
 from tandem.serve.autoscale import Scaler, ScalePolicy, recent_p99_ms
+from tandem.serve.engine import Engine, Feed
 from tandem.serve.metrics import Metrics
-from tandem.serve.stream import serve_continuous
-from tandem.serve.work import DeadlineExceeded, QueueFull, Replica, ReplicaError, Work, read_frame
+from tandem.serve.stream import heartbeat_s, serve_continuous
+from tandem.serve import messages as M
+from tandem.serve.work import DeadlineExceeded, QueueFull, Replica, ReplicaError, RequestFailed, Work
 
 STREAM_LIMIT = 64 << 20   # one reply line may hold a whole batch's outputs
-MAX_ATTEMPTS = 3          # a batch that has killed this many replicas is failed, not retried again
+# a request held by this many replicas that died is answered 500, not retried again: once is an outside
+# kill (retried: 0 failed requests), twice is most likely the request itself killing replicas
+MAX_DEATHS = 2
 
 
 @dataclass
@@ -45,7 +49,9 @@ class PoolOptions:
     tp: int = 1               # processes per replica (tensor-parallel ranks of one model)
 
 
-class Pool:
+class Pool(Engine, Feed):
+    """The local engine (engine.Engine), and the feed of its continuous batchers (engine.Feed)."""
+
     def __init__(self, opts: PoolOptions, metrics: Metrics, say=print):
         self.o, self.m, self.say = opts, metrics, say
         self.queue: deque[Work] = deque()
@@ -58,6 +64,8 @@ class Pool:
         self.loading: set[int] = set()   # slots whose replica is starting
         self.busy = 0                    # replicas holding a batch now
         self.closing = False
+        self.draining = False            # SIGTERM: replicas that die are not restarted, none is added
+        self.outstanding: set[Work] = set()   # submitted and not yet answered (abort answers them)
         # set when a slot's first replica serves (or cannot start); autoscaled slots start set
         self._first_ready = [asyncio.Event() for _ in range(size)]
         for e in self._first_ready[opts.replicas:]:
@@ -78,7 +86,11 @@ class Pool:
             self.queue.append(w)
             self.m.queue_depth.set(len(self.queue))
             self.cond.notify_all()
-        res = await w.future
+        self.outstanding.add(w)
+        try:
+            res = await w.future
+        finally:
+            self.outstanding.discard(w)
         now = time.monotonic()
         self.recent.append((now, now - w.t_enq))
         return res
@@ -86,6 +98,9 @@ class Pool:
     @property
     def ready_count(self) -> int:
         return sum(r is not None for r in self.live)
+
+    def ready_pids(self) -> list[int]:
+        return [r.pid for r in self.live if r is not None]
 
     def retired(self, slot: int) -> bool:
         return slot >= self.active
@@ -95,6 +110,19 @@ class Pool:
         if now != rep.holding:
             self.busy += 1 if now else -1
             rep.holding = now
+
+    def drain(self) -> None:
+        """SIGTERM: from now on a replica that dies is not restarted and autoscaling adds none."""
+        self.draining = True
+
+    def abort(self, why: str) -> None:
+        """Answer every request not yet answered (queued or on a replica) with ``why`` (a 503): the end
+        of a drain. A replica's late reply for one of them is dropped (its future is done)."""
+        for w in list(self.outstanding):
+            if not w.future.done():
+                w.future.set_exception(ReplicaError(why))
+        self.queue.clear()
+        self.m.queue_depth.set(0)
 
     # ---- lifecycle ----
     async def start(self) -> None:
@@ -115,6 +143,8 @@ class Pool:
         shape, since = None, time.monotonic()
         while not self.closing:
             await asyncio.sleep(sc.tick_s)
+            if self.draining:
+                continue
             live = sum(r is not None for r in self.live[:self.active])
             now = time.monotonic()
             if (live, len(self.loading)) != shape:   # the p99 counts only requests the present pool answered
@@ -157,18 +187,18 @@ class Pool:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "tandem.serve.replica", str(self.o.export), "--threads", str(self.o.threads),
                 "--slots", str(self.o.max_batch if self.o.continuous else 0), "--tp", str(self.o.tp),
+                "--heartbeat-s", str(heartbeat_s(self.o.hang_s)),
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=errf, limit=STREAM_LIMIT)
         rep = self.procs[slot] = Replica(slot, proc, log)
         try:
-            line = await asyncio.wait_for(proc.stdout.readline(), self.o.load_timeout_s)
-            hello = json.loads(line) if line else {}
-        except (asyncio.TimeoutError, ValueError):
-            hello = {}
-        if not hello.get("ready"):
+            hello = await asyncio.wait_for(M.read_reply(proc.stdout), self.o.load_timeout_s)
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError, ValueError, TypeError):
+            hello = None
+        if not isinstance(hello, M.Ready):
             await _ensure_dead(rep)
             tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
             raise ReplicaError(f"replica {slot} failed to load and warm up (exit {proc.returncode}): {tail[0]}")
-        rep.continuous, rep.tp_pids = bool(hello.get("continuous")), hello.get("tp_pids", [])
+        rep.continuous, rep.tp_pids = hello.continuous, hello.tp_pids
         return rep
 
     async def _slot(self, slot: int) -> None:
@@ -212,6 +242,11 @@ class Pool:
                 self._write_pids()
                 return
             await _ensure_dead(rep)
+            if self.draining:   # the server is going: what this replica held waits for the others, or the drain's end
+                self.say(f"serve: replica {slot} (pid {rep.pid}) died (exit {rep.proc.returncode}) while draining; "
+                         f"not restarted")
+                self._write_pids()
+                return
             self.restarts[slot] += 1
             self.m.restarts.inc()
             self.say(f"serve: replica {slot} (pid {rep.pid}) died (exit {rep.proc.returncode}); restarting")
@@ -262,10 +297,15 @@ class Pool:
         async with self.cond:
             for w in reversed(batch):
                 w.attempts += 1
-                if w.attempts >= MAX_ATTEMPTS:
-                    if not w.future.done():
-                        w.future.set_exception(ReplicaError(f"{w.attempts} replicas died on this request"))
-                elif not w.future.done():
+                if w.future.done():
+                    continue
+                if w.attempts >= MAX_DEATHS:
+                    self.say(f"serve: request {w.rid} was held by {w.attempts} replicas that died; answering it "
+                             f"500, not retrying it")
+                    self.m.given_up.labels("replicas_died").inc()
+                    w.future.set_exception(RequestFailed(w.rid, f"{w.attempts} replicas died holding it; not "
+                                                                f"retried (it may be what kills them)"))
+                else:
                     self.queue.appendleft(w)
             self.m.queue_depth.set(len(self.queue))
             self.cond.notify_all()
@@ -285,20 +325,19 @@ class Pool:
             if not batch:
                 continue
             kind = batch[0].kind
-            raw = b""
             if kind == "predict":
                 x = np.ascontiguousarray(np.concatenate([w.payload for w in batch]))
-                raw = x.tobytes()
-                msg = {"op": "predict", "shape": list(x.shape), "dtype": x.dtype.name, "nbytes": len(raw)}
+                msg = M.Predict(list(x.shape), x.dtype.name, raw=x.tobytes())
             else:
-                msg = {"op": "generate", "requests": [w.payload for w in batch]}
+                msg = M.Generate([w.payload for w in batch])
             self.m.batch_size.labels(kind).observe(sum(w.size for w in batch))
             self.busy += 1
             try:
-                rep.proc.stdin.write(json.dumps(msg).encode() + b"\n" + raw)
+                rep.proc.stdin.write(M.encode(msg))
                 await rep.proc.stdin.drain()
-                reply = await asyncio.wait_for(read_frame(rep.proc.stdout), self.o.hang_s)
-            except (ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError, OSError) as e:
+                reply = await asyncio.wait_for(M.read_reply(rep.proc.stdout), self.o.hang_s)
+            except (ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError, TypeError,
+                    OSError) as e:
                 self.say(f"serve: replica {rep.slot} (pid {rep.pid}) lost a batch of {len(batch)} "
                          f"({type(e).__name__}); retrying it on another replica")
                 self.m.retries.inc()
@@ -310,22 +349,28 @@ class Pool:
                 self.busy -= 1
             self._answer(batch, reply)
 
-    def _answer(self, batch: list[Work], reply: dict) -> None:
-        if "error" in reply:
+    def _answer(self, batch: list[Work], reply: M.Reply) -> None:
+        if not isinstance(reply, (M.Array, M.Outputs)):   # an Error (or a frame that is no answer)
+            why = reply.error if isinstance(reply, M.Error) else f"unexpected reply {type(reply).__name__}"
             for w in batch:
                 if not w.future.done():
-                    w.future.set_exception(ReplicaError(reply["error"]))
+                    w.future.set_exception(RequestFailed(w.rid, why))
             return
-        if batch[0].kind == "predict":
-            outs = np.frombuffer(reply["raw"], dtype="<f4").reshape(reply["shape"])
+        if isinstance(reply, M.Array):
+            outs = np.frombuffer(reply.raw, dtype="<f4").reshape(reply.shape)
         else:
-            outs = reply["outputs"]
+            outs = reply.outputs
+        errors = getattr(reply, "errors", None) or {}   # generate: the requests that failed alone
         i = 0
         for w in batch:
             if w.kind == "predict":
                 res, i = outs[i:i + w.size], i + w.size
             else:
                 res, i = outs[i], i + 1
+                if str(i - 1) in errors:
+                    if not w.future.done():
+                        w.future.set_exception(RequestFailed(w.rid, errors[str(i - 1)]))
+                    continue
                 self.m.tokens.inc(len(res))
             if not w.future.done():
                 w.future.set_result(res)

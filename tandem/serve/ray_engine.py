@@ -1,7 +1,7 @@
 """`tandem serve EXPORT --engine ray`: the same front, with its replicas as a Ray Serve deployment.
 
     tandem serve process: the front of app.py (routes, schemas, codes, metrics, drain)
-        --DeploymentHandle-->  Ray Serve deployment "model" of `Runner`, N replicas spread over the nodes
+        --DeploymentHandle-->  Ray Serve deployment "model" of `RayReplica`, N replicas spread over the nodes
 
 The front is the local engine's (app.build_app over RayPool instead of pool.Pool), so routes, bodies,
 bad-input codes, 429/504/503 and /metrics are the same; only what stands behind ``submit`` differs.
@@ -21,6 +21,7 @@ import asyncio
 import json
 import math
 import os
+import secrets
 import shutil
 import tempfile
 import time
@@ -43,14 +44,15 @@ def _batch(fn):
 
 from tandem.core.errors import ConfigError
 from tandem.core.ray_address import check_ray_address
+from tandem.serve.engine import Engine
 from tandem.serve.metrics import Metrics
-from tandem.serve.pool import DeadlineExceeded, PoolOptions, QueueFull, ReplicaError
+from tandem.serve.pool import DeadlineExceeded, PoolOptions, QueueFull, ReplicaError, RequestFailed
 
 DEPLOYMENT = "model"
 DTYPES = {"float32": np.dtype("<f4"), "int64": np.dtype("<i8")}
 
 
-class Runner:
+class RayReplica:
     """One Ray Serve replica: the export loaded once, warmed up in the constructor (Ray Serve counts a
     replica RUNNING only after it returns), then replica.py's forward/generate on Ray's batches."""
 
@@ -116,7 +118,7 @@ class _Where:
         self.pid = pid
 
 
-class RayPool:
+class RayPool(Engine):
     """What app.py's handlers need of a pool (submit, o, active, ready_count), on a Ray Serve app.
 
     The queue bound is on requests sent to Ray and not yet answered (Ray's own queues hold them);
@@ -132,6 +134,9 @@ class RayPool:
         self._own_tmp: str | None = None
         self._watcher: asyncio.Task | None = None
         self._closed = False
+        self.draining = False
+        self._aborted: str | None = None
+        self._tasks: set[asyncio.Task] = set()   # the submits awaiting Ray (abort cancels them)
 
     # ---- lifecycle ----
     async def start(self) -> None:
@@ -174,7 +179,7 @@ class RayPool:
              f"{auto['target_ongoing_requests']} ongoing requests per replica)")
         self.say(f"serve: Ray cluster of {nodes} node(s); deploying {what}, at most "
                  f"{opt['max_replicas_per_node']} per node, as Ray Serve app {self.app}")
-        dep = serve.deployment(Runner).options(name=DEPLOYMENT, **opt)
+        dep = serve.deployment(RayReplica).options(name=DEPLOYMENT, **opt)
         self.handle = serve.run(dep.bind(str(self.o.export), self.o.threads, self.o.max_batch,
                                          self.o.batch_wait_ms / 1000), name=self.app, route_prefix=None)
 
@@ -256,8 +261,23 @@ class RayPool:
                                 "reason": reason, "signal": "ray", "queue_depth": self.inflight}) + "\n")
         self.m.scale_decisions.labels(direction, "ray").inc()
 
+    def drain(self) -> None:
+        """SIGTERM: Ray Serve owns the replicas' lifecycle; nothing to stop here."""
+        self.draining = True
+
+    def abort(self, why: str) -> None:
+        """The end of a drain: every submit still awaiting Ray raises ReplicaError(why) (a 503)."""
+        self._aborted = why
+        for t in list(self._tasks):
+            t.cancel()
+
     # ---- requests ----
-    async def submit(self, kind: str, payload, size: int, timeout_ms: int = 0):
+    streams = False   # Ray's handle answers a request whole: a sink gets its tokens at the end
+
+    def ready_pids(self) -> list[int]:
+        return [r.pid for r in self.live if r is not None]
+
+    async def submit(self, kind: str, payload, size: int, timeout_ms: int = 0, sink=None):
         from ray.exceptions import RayActorError, RayTaskError
 
         if self.inflight >= self.o.max_queue:
@@ -271,6 +291,8 @@ class RayPool:
             item = {"request": payload, "deadline": deadline}
         self.inflight += 1
         self.m.queue_depth.set(self.inflight)
+        task = asyncio.current_task()
+        self._tasks.add(task)
         try:
             delay = 0.05
             while True:
@@ -289,9 +311,15 @@ class RayPool:
                                            f"({type(e).__name__})") from None
                     await asyncio.sleep(delay)
                     delay = min(2 * delay, 1.0)
-                except RayTaskError as e:
-                    raise ReplicaError(str(e).strip().splitlines()[-1][:300]) from None
+                except RayTaskError as e:   # this request failed on a live replica: a 500, not retried
+                    raise RequestFailed(secrets.token_hex(6), str(e).strip().splitlines()[-1][:300]) from None
+        except asyncio.CancelledError:
+            if self._aborted is None:
+                raise
+            task.uncancel()   # our own cancel (abort): the request is answered 503, its handler goes on
+            raise ReplicaError(self._aborted) from None
         finally:
+            self._tasks.discard(task)
             self.inflight -= 1
             self.m.queue_depth.set(self.inflight)
         if out.get("expired"):

@@ -2,22 +2,27 @@
 
     python -m tandem.serve.replica EXPORT_DIR [--threads N]
 
-Protocol (frames: one JSON header line, then the header's "nbytes" raw bytes; no pickle anywhere):
-    replica -> front   {"ready": true, "pid": P, "warmup_s": S}            once, after the warm-up forward
+Protocol (frames: one JSON header line, then the header's "nbytes" raw bytes; no pickle anywhere; each
+frame is a typed message of messages.py, named on the right):
+    replica -> front   {"ready": true, "pid": P, "warmup_s": S}            Ready, once, after the warm-up
     front -> replica   {"op": "predict", "shape": [N, ...], "dtype": D, "nbytes": B} + the examples'
                                                                            raw little-endian bytes (validated)
+                                                                           (Predict)
                        {"op": "generate", "requests": [{"prompt", "max_new_tokens", "temperature",
-                                                       "top_k", "seed"}, ...]}
-    replica -> front   {"shape", "dtype": "float32", "nbytes"} + raw outputs (predict)
-                       {"outputs": [[tok, ...], ...]} (generate) | {"error": "..."}   one frame per batch
+                                                       "top_k", "seed"}, ...]}      (Generate)
+    replica -> front   {"shape", "dtype": "float32", "nbytes"} + raw outputs (predict; Array)
+                       {"outputs": [[tok, ...] | null, ...], "errors": {"i": why}} (generate; Outputs: a
+                       request that failed alone is null, its reason by index) | {"error": "..."} (Error)
 Continuous batching (a GPT with a KV cache, --slots S; continuous.py): requests carry an "id" and are
 answered one by one, in the order they finish, not the order sent:
-    front -> replica   {"op": "join", "id": K, "request": {...}}     joins the running batch at the next step
+    front -> replica   {"op": "join", "id": K, "request": {...}}     joins the running batch at the next step (Join)
                        {"op": "predict", "id": K, "shape", "dtype", "nbytes"} + bytes   run between steps
     replica -> front   {"id": K, "outputs": [tok, ...]} | {"id": K, "shape", ...} + bytes | {"id": K, "error"}
 A join with "stream": true also gets {"id": K, "tokens": [new, ...], "at": N} after each step that
 decoded some (N tokens came before); {"op": "cancel", "id": K} drops K before the next step (answered
-{"id": K, "outputs": [...], "cancelled": true}, or nothing if K had already finished).
+{"id": K, "outputs": [...], "cancelled": true}, or nothing if K had already finished) (Tokens, Cancel).
+With --heartbeat-s H, every H seconds, busy or idle, {"held": {K: tokens so far, ...}} (Held): the front
+tells a hung replica (no frame) from a request lost inside a live one (its count stays put).
 A reader thread parses frames while the main thread decodes, so a request sent mid-generation joins
 at the next step instead of waiting for the batch to drain.
 Arrays travel as bytes: as JSON lists, encoding and parsing a batch cost more than the model's
@@ -38,7 +43,12 @@ import time
 
 import numpy as np
 
+from tandem.serve.faults import Faults
+from tandem.serve import messages as M
+from tandem.serve.messages import GREEDY_BELOW
+
 DTYPES = {"float32": np.dtype("<f4"), "int64": np.dtype("<i8")}
+FAULTS = Faults()
 
 
 def _protocol_stream():
@@ -92,20 +102,31 @@ def generate_cached(model, torch, reqs: list[dict]) -> list[list[int]]:
     return kvcache.generate(model, reqs, lambda logits, i: _pick(torch, logits, reqs[i], gens[i]))
 
 
+class PickError(ValueError):
+    """A sequence's next token could not be chosen (its logits hold no usable probability): that
+    sequence fails alone, its neighbours in the batch go on."""
+
+
 def _pick(torch, logits, req: dict, gen) -> int:
     temp = float(req.get("temperature", 0.0))
-    if temp <= 0:
+    if not temp > GREEDY_BELOW:   # greedy; `not >` also catches a NaN that slipped through
+        if not torch.isfinite(logits).any():
+            raise PickError("the model gave no finite logit for this sequence")
         return int(logits.argmax())
     k = int(req.get("top_k") or 0)
     if 0 < k < logits.numel():
         kth = torch.topk(logits, k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits / temp, dim=-1)
+    # the largest logit is 0 before the division, so a small temperature sends the others to -inf
+    # (probability 0), never to inf - inf (NaN)
+    probs = torch.softmax((logits - logits.max()) / temp, dim=-1)
     p = float(req.get("top_p", 1.0))
     if 0 < p < 1:   # nucleus: the most likely tokens whose probabilities first reach p
         sp, order = torch.sort(probs, descending=True)
         sp[(torch.cumsum(sp, 0) - sp) >= p] = 0
         probs = torch.zeros_like(probs).scatter_(0, order, sp)
+    if not (torch.isfinite(probs).all() and float(probs.sum()) > 0):
+        raise PickError(f"sampling at temperature {temp:g} gave no valid probabilities (non-finite logits?)")
     return int(torch.multinomial(probs, 1, generator=gen))
 
 
@@ -115,6 +136,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--slots", type=int, default=0, help="continuous batching with this many KV-cache slots")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree: this process is rank 0")
+    ap.add_argument("--heartbeat-s", type=float, default=0.0,
+                    help="continuous batching: every this many seconds, busy or idle, a {held} frame")
     args = ap.parse_args(argv)
     out = _protocol_stream()
     ranks = None
@@ -140,24 +163,30 @@ def main(argv: list[str] | None = None) -> None:
         model = tandem.export.load(args.export, device="cpu", tp_rank=0)
     else:
         model = tandem.export.load(args.export, device="cpu")
-    runner = Runner(model, cfg, max(1, args.slots), group)
+    served = ReplicaModel(model, cfg, max(1, args.slots), group)
     warm = fmt.make_input(cfg["example_input"])
-    y = runner.forward(torch, warm)
+    y = served.forward(torch, warm)
     if not torch.isfinite(y.float()).all():
         raise SystemExit("warm-up forward gave non-finite outputs")
     cached = group is not None or kvcache.supports(model)  # tandem's GPT: decode with a KV cache
-    _send(out, {"ready": True, "pid": os.getpid(), "warmup_s": time.perf_counter() - t0, "kv_cache": cached,
-                "continuous": cached and args.slots > 0, "tp": args.tp,
-                "tp_pids": group.pids if group else []})
+    _send(out, M.Ready(pid=os.getpid(), warmup_s=time.perf_counter() - t0, kv_cache=cached,
+                       continuous=cached and args.slots > 0, tp=args.tp, tp_pids=group.pids if group else []))
     frames: queue.Queue = queue.Queue()
     threading.Thread(target=_read_frames, args=(sys.stdin.buffer, frames), daemon=True).start()
-    sched = runner.scheduler(torch) if cached else None
+    sched = served.scheduler(torch) if cached else None
     streamed: dict = {}   # id -> tokens already sent, of the requests that stream ({"stream": true})
+    beat = args.heartbeat_s if cached and args.slots > 0 else 0.0
+    last_beat = time.monotonic()
     while True:
-        try:  # idle: block for the next frame; decoding: take whatever arrived, then step
-            item = frames.get(block=not (sched and sched.busy))
+        try:  # idle: block for the next frame (or the next heartbeat); decoding: take whatever arrived, then step
+            item = frames.get(block=not (sched and sched.busy), timeout=beat or None)
         except queue.Empty:
             item = ()
+        if beat and time.monotonic() - last_beat >= beat:
+            # alive, and how far each request it holds has got: the front tells a hung replica (no frame
+            # at all) from one request lost inside a busy one (no new token for it)
+            _send(out, M.Held(sched.held()))
+            last_beat = time.monotonic()
         items = [item] if item != () else []
         while True:
             try:
@@ -166,33 +195,36 @@ def main(argv: list[str] | None = None) -> None:
                 break
         if None in items:  # stdin closed: the front is stopping this replica
             break
-        for msg, raw in items:
-            if msg["op"] == "cancel":   # dropped before the next step: its slot is free for that step
-                for rid, toks in sched.cancel(msg["id"]) if sched else []:
-                    _send(out, {"id": rid, "outputs": toks, "cancelled": True})
-                streamed.pop(msg["id"], None)
+        for msg in items:
+            if isinstance(msg, M.Cancel):   # dropped before the next step: its slot is free for that step
+                for rid, toks in sched.cancel(msg.id) if sched else []:
+                    _send(out, M.Outputs(toks, id=rid, cancelled=True))
+                streamed.pop(msg.id, None)
                 continue
-            if msg.get("stream") and sched:
-                streamed[msg["id"]] = 0
-            _handle(out, runner, sched, torch, msg, raw)
+            if isinstance(msg, M.Join) and msg.stream and sched:
+                streamed[msg.id] = 0
+            _handle(out, served, sched, torch, msg)
         if sched and sched.busy:
             try:
                 done = sched.step()
             except Exception as e:  # a failed step fails the sequences in it; the replica stays up
-                _fatal_under_tp(runner, e)
+                _fatal_under_tp(served, e)
                 done = []
                 for rid in sched.drop_all():
-                    _send(out, {"id": rid, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+                    _send(out, M.Error(f"{type(e).__name__}: {str(e)[:300]}", id=rid))
             for rid, toks in done:
                 streamed.pop(rid, None)
-                _send(out, {"id": rid, "outputs": toks})
+                _send(out, M.Outputs(toks, id=rid))
+            for rid, why in sched.take_failed():   # a sequence that failed alone: its neighbours went on
+                streamed.pop(rid, None)
+                _send(out, M.Error(why, id=rid))
             if streamed:
                 streamed = _stream_tokens(out, sched, streamed)
     if group:
         group.close()
 
 
-class Runner:
+class ReplicaModel:
     """The model on this process (or, with a tp group, its rank-0 slices driving every rank)."""
 
     def __init__(self, model, cfg: dict, slots: int, group=None):
@@ -222,7 +254,8 @@ class Runner:
     def scheduler(self, torch):
         from tandem.serve.continuous import Scheduler
 
-        return Scheduler(self.decoder, lambda logits, req, gen: _pick(torch, logits, req, gen))
+        return Scheduler(self.decoder, lambda logits, req, gen: _pick(torch, logits, req, gen),
+                         isolate=self.group is None)
 
     def generate(self, torch, reqs: list[dict]) -> list[list[int]]:
         if self.group is not None:
@@ -232,21 +265,43 @@ class Runner:
         return generate(self.model, torch, reqs)
 
 
-def _handle(out, runner: Runner, sched, torch, msg: dict, raw: bytes) -> None:
-    rid = {"id": msg["id"]} if "id" in msg else {}
+def _handle(out, served: ReplicaModel, sched, torch, msg: M.Request) -> None:
+    rid = getattr(msg, "id", None)
     try:
-        if msg["op"] == "predict":
-            x = np.frombuffer(raw, dtype=DTYPES[msg["dtype"]]).reshape(msg["shape"])
-            y = runner.predict(torch, torch.from_numpy(x.copy()))
-            _send(out, {**rid, "shape": list(y.shape), "dtype": "float32"}, y.numpy().astype("<f4").tobytes())
-        elif msg["op"] == "join":
-            for k, toks in sched.add(msg["id"], msg["request"]):
-                _send(out, {"id": k, "outputs": toks})
+        if isinstance(msg, M.Predict):
+            x = np.frombuffer(msg.raw, dtype=DTYPES[msg.dtype]).reshape(msg.shape)
+            y = served.predict(torch, torch.from_numpy(x.copy()))
+            _send(out, M.Array(list(y.shape), id=rid, raw=y.numpy().astype("<f4").tobytes()))
+        elif isinstance(msg, M.Join):
+            if FAULTS.lose(msg.request):   # TANDEM_SERVE_FAULTS (faults.py): tests of the front's watchdog
+                return
+            for k, toks in sched.add(msg.id, msg.request):
+                _send(out, M.Outputs(toks, id=k))
         else:
-            _send(out, {"outputs": runner.generate(torch, msg["requests"])})
+            outs, errors = _generate_each(served, torch, msg.requests)
+            _send(out, M.Outputs(outs, errors=errors or None))
     except Exception as e:  # a bad request answers an error; the replica stays up
-        _fatal_under_tp(runner, e)
-        _send(out, {**rid, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+        _fatal_under_tp(served, e)
+        _send(out, M.Error(f"{type(e).__name__}: {str(e)[:300]}", id=rid))
+
+
+def _generate_each(served: ReplicaModel, torch, reqs: list[dict]) -> tuple[list, dict]:
+    """A static batch's outputs; if the batch fails, each request alone, so that the one that breaks it
+    fails alone: (outputs, None for a failed one), {index: reason}."""
+    try:
+        return served.generate(torch, reqs), {}
+    except Exception as e:
+        _fatal_under_tp(served, e)
+        if len(reqs) == 1:
+            return [None], {"0": f"{type(e).__name__}: {str(e)[:300]}"}
+    outs, errors = [], {}
+    for i, r in enumerate(reqs):
+        try:
+            outs.append(served.generate(torch, [r])[0])
+        except Exception as e:
+            outs.append(None)
+            errors[str(i)] = f"{type(e).__name__}: {str(e)[:300]}"
+    return outs, errors
 
 
 def _stream_tokens(out, sched, streamed: dict) -> dict:
@@ -256,33 +311,33 @@ def _stream_tokens(out, sched, streamed: dict) -> dict:
     for rid, n in streamed.items():
         s = seqs.get(rid)
         if s is not None and len(s.out) > n:
-            _send(out, {"id": rid, "tokens": s.out[n:], "at": n})
+            _send(out, M.Tokens(rid, s.out[n:], n))
             streamed[rid] = len(s.out)
     waiting = {s.rid for s in sched.waiting}
     return {rid: n for rid, n in streamed.items() if rid in seqs or rid in waiting}
 
 
-def _fatal_under_tp(runner: Runner, e: Exception) -> None:
+def _fatal_under_tp(served: ReplicaModel, e: Exception) -> None:
     """On a tp replica a failure is a rank gone (a collective failed) or ranks out of step: either way
     the group is unusable, so exit and let the pool restart the replica and retry the requests,
     instead of answering them with an error."""
-    if runner.group is not None:
+    if served.group is not None:
         print(f"tp replica: {type(e).__name__}: {str(e)[:300]}; exiting", file=sys.stderr, flush=True)
         os._exit(1)
 
 
 def _read_frames(inp, frames: queue.Queue) -> None:
-    """Frames from the front, as (header, raw bytes); None at end of input."""
+    """Requests from the front (messages.py); None at end of input."""
     try:
         while line := inp.readline():
-            msg = json.loads(line)
-            frames.put((msg, inp.read(msg.get("nbytes", 0))))
+            hdr = json.loads(line)
+            frames.put(M.parse_request(hdr, inp.read(hdr.get("nbytes", 0))))
     finally:
         frames.put(None)
 
 
-def _send(out, header: dict, raw: bytes = b"") -> None:
-    out.write(json.dumps({**header, "nbytes": len(raw)}).encode() + b"\n" + raw)
+def _send(out, msg: M.Reply) -> None:
+    out.write(M.encode(msg))
     out.flush()
 
 

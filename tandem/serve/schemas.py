@@ -24,6 +24,8 @@ from typing import Any, Literal, Optional
 
 import numpy as np
 
+from tandem.serve.messages import GREEDY_BELOW
+
 from tandem.core.extras import require
 
 require("serve", "tandem serve")  # the whole serving stack, checked before any of it is imported: a
@@ -240,7 +242,10 @@ def generate_request(obj: dict, info: ModelInfo) -> tuple[dict, bool]:
         if not info.text:
             raise BadRequest(422, f"this model's vocabulary has {info.vocab} tokens, not byte-level "
                                   f"({BYTE_VOCAB} or more): send prompt as token ids", "text")
-        prompt = list(req.text.encode("utf-8"))
+        try:
+            prompt = list(req.text.encode("utf-8"))
+        except UnicodeEncodeError as e:   # JSON may hold a lone surrogate ("\ud800"); UTF-8 cannot
+            raise BadRequest(422, f"is not valid Unicode: a lone surrogate at character {e.start}", "text") from None
         field = "text"
     else:
         prompt, field = req.prompt, "prompt"
@@ -257,7 +262,9 @@ def generate_request(obj: dict, info: ModelInfo) -> tuple[dict, bool]:
                               f"{info.seq}) (got {n})", "max_new_tokens")
     if req.top_k > info.vocab:
         raise BadRequest(422, f"at most the vocabulary {info.vocab} (got {req.top_k})", "top_k")
-    return ({"prompt": prompt, "max_new_tokens": n, "temperature": float(req.temperature), "top_k": req.top_k,
+    temp = float(req.temperature)   # a tiny positive temperature is greedy (messages.py), never NaN
+    return ({"prompt": prompt, "max_new_tokens": n, "temperature": 0.0 if temp <= GREEDY_BELOW else temp,
+             "top_k": req.top_k,
              "seed": req.seed}, req.text is not None)
 
 

@@ -54,12 +54,13 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 async def run_server(opts, info, host: str, port: int, drain_s: float, max_body: int, timeout_ms: int, keys,
-                     make_pool=None, model_name: str | None = None) -> None:
+                     make_pool=None, model_name: str | None = None, body_timeout_s: float = 30.0,
+                     max_connections: int = 1024) -> None:
     """The front (app.py) over a pool of replicas, on HOST:PORT until SIGTERM (drained) or Ctrl-C;
     RUN_DIR/server.json says where it listens."""
     import uvicorn
 
-    from tandem.serve.app import FrontState, build_app, drain
+    from tandem.serve.app import FrontState, build_app, drain, end_drain
     from tandem.serve.metrics import Metrics
     from tandem.serve.pool import Pool, ReplicaError
 
@@ -68,14 +69,18 @@ async def run_server(opts, info, host: str, port: int, drain_s: float, max_body:
     sock = bind(host, port)
     bound = sock.getsockname()[1]
     url = f"http://{host if ':' not in host else f'[{host}]'}:{bound}"
-    app = build_app(pool, info, metrics, state, max_body=max_body, run_dir=str(opts.run_dir),
+    app = build_app(pool, info, metrics, state, max_body=max_body,
                     default_timeout_ms=timeout_ms, keys=keys, export=str(opts.export),
-                    model_name=model_name)
+                    model_name=model_name, body_timeout_s=body_timeout_s)
     loop = asyncio.get_running_loop()
 
     async def on_term() -> None:
+        pool.drain()   # no replica restarted or added from now on: the server is going
         print(f"serve: SIGTERM: draining {state.inflight} in-flight request(s), at most {drain_s:g} s", flush=True)
         await drain(state, drain_s)
+        ended = await end_drain(state, pool, drain_s)
+        if ended:
+            print(f"serve: --drain-s {drain_s:g} s ran out: {ended} request(s) still held answered 503", flush=True)
         server.should_exit = True
 
     class Server(uvicorn.Server):
@@ -88,8 +93,11 @@ async def run_server(opts, info, host: str, port: int, drain_s: float, max_body:
             else:
                 super().handle_exit(sig, frame)
 
+    # limit_concurrency: uvicorn answers 503 to a request when this many connections are open, its own
+    # included, so + 1 serves --max-connections at once (each may hold --max-body of a body still
+    # arriving, for at most --body-timeout-s)
     server = Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5,
-                                   lifespan="off"))
+                                   lifespan="off", limit_concurrency=max_connections + 1))
     opts.run_dir.mkdir(parents=True, exist_ok=True)
     tmp = opts.run_dir / "server.json.tmp"   # whole or absent: a reader polls for it
     tmp.write_text(json.dumps({"url": url, "pid": os.getpid(), "export": str(opts.export)}) + "\n")
@@ -107,7 +115,7 @@ async def run_server(opts, info, host: str, port: int, drain_s: float, max_body:
                                 fix=f"see {opts.run_dir}/replica-*.log; check the export with "
                                     f"`tandem export verify`") from None
         state.started = True
-        pids = ", ".join(str(r.pid) for r in pool.live if r)
+        pids = ", ".join(map(str, pool.ready_pids()))
         auth = f"; {len(keys)} API key(s) required" if keys is not None else ""
         sc = opts.scale
         scaling = f" of {sc.min_replicas}:{sc.max_replicas}" if sc else ""

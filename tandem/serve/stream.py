@@ -8,9 +8,9 @@ hang timeout, is killed; every request it held goes back to the head of the queu
 idempotent) and the pool restarts it (pool.py).
 
 The pool owns the queue and the replicas and calls ``serve_continuous(pool, rep)`` for each replica
-that batches continuously; this module takes from the pool only its public face: the queue and its
-condition, the options, metrics and ``say``, ``closing``, ``retired(slot)``, ``requeue(work)`` and
-``hold(rep, now)``. What both batchers send and read is in work.py.
+that batches continuously; this module takes from the pool only what engine.Feed declares (the queue
+and its condition, the options, metrics and ``say``, ``closing``, ``retired(slot)``, ``requeue(work)``
+and ``hold(rep, now)``), and does not import pool.py. What both batchers send and read is in work.py.
 """
 
 from __future__ import annotations
@@ -18,19 +18,24 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
-import json
 import time
 
 import numpy as np
 
-from tandem.serve.work import DeadlineExceeded, Replica, ReplicaError, Work, read_frame
+from tandem.serve import messages as M
+from tandem.serve.engine import Feed
+from tandem.serve.work import DeadlineExceeded, Replica, ReplicaError, RequestFailed, Work
 
 
-async def serve_continuous(pool, rep: Replica) -> None:
+async def serve_continuous(pool: Feed, rep: Replica) -> None:
     """Feed ``rep`` until it dies, the pool closes, or its slot is retired (then after its last reply)."""
     inflight: dict[int, Work] = {}
+    # id -> (tokens decoded, when that count last grew): a request whose count stays put for --hang-s
+    # while the replica answers others is lost inside it (the replica's {"held"} heartbeats say how far
+    # each request it holds has got; one it lost is not among them)
+    prog: dict[int, tuple[int, float]] = {}
     ids = itertools.count()
-    state = {"dead": False, "progress": time.monotonic()}
+    state = {"dead": False, "progress": time.monotonic()}   # progress: the replica's last frame of any kind
 
     async def wake() -> None:
         async with pool.cond:
@@ -39,22 +44,29 @@ async def serve_continuous(pool, rep: Replica) -> None:
     async def reader() -> None:
         try:
             while True:
-                reply = await read_frame(rep.proc.stdout)
-                state["progress"] = time.monotonic()
-                if "tokens" in reply:   # a streamed request's new tokens: it stays in flight
-                    w = inflight.get(reply.get("id"))
-                    if w is not None and w.sink is not None and not w.future.done():
-                        w.sink.on_tokens(reply["tokens"], int(reply.get("at", 0)))
+                reply = await M.read_reply(rep.proc.stdout)
+                now = state["progress"] = time.monotonic()
+                if isinstance(reply, M.Held):     # a heartbeat: alive, and each held request's token count
+                    for key, n in reply.held.items():
+                        _advance(prog, int(key), int(n), now)
                     continue
-                w = inflight.pop(reply.get("id"), None)
-                if reply.get("cancelled"):
+                if isinstance(reply, M.Tokens):   # a streamed request's new tokens: it stays in flight
+                    w = inflight.get(reply.id)
+                    _advance(prog, reply.id, reply.at + len(reply.tokens), now)
+                    if w is not None and w.sink is not None and not w.future.done():
+                        w.sink.on_tokens(reply.tokens, reply.at)
+                    continue
+                rid = getattr(reply, "id", None)
+                prog.pop(rid, None)
+                w = inflight.pop(rid, None)
+                if isinstance(reply, M.Outputs) and reply.cancelled:
                     pool.m.llm.cancelled.inc()
-                    pool.m.llm.cancelled_tokens.inc(len(reply.get("outputs", ())))
+                    pool.m.llm.cancelled_tokens.inc(len(reply.outputs))
                 if w is not None:
                     _answer(pool, w, reply)
                 pool.hold(rep, bool(inflight))
                 await wake()
-        except (ConnectionError, asyncio.IncompleteReadError, ValueError, OSError) as e:
+        except (ConnectionError, asyncio.IncompleteReadError, ValueError, TypeError, OSError) as e:
             state["dead"] = True
             if inflight:
                 pool.say(f"serve: replica {rep.slot} (pid {rep.pid}) lost {len(inflight)} request(s) "
@@ -66,14 +78,34 @@ async def serve_continuous(pool, rep: Replica) -> None:
             await wake()
 
     async def watchdog() -> None:
-        """A replica that holds requests and answers none within the hang timeout is hung: kill it."""
+        """A replica that holds requests and sends nothing within the hang timeout is hung: kill it. One
+        that is alive but has decoded no token of a request for the hang timeout has lost that request:
+        answer it alone (500, not retried: another replica could lose it the same way), and tell the
+        replica to drop it, should it still hold it somewhere."""
+        hang = pool.o.hang_s
         while True:
-            await asyncio.sleep(min(1.0, pool.o.hang_s / 4))
-            if inflight and time.monotonic() - state["progress"] > pool.o.hang_s:
-                pool.say(f"serve: replica {rep.slot} (pid {rep.pid}) answered nothing in {pool.o.hang_s:g} s; "
-                         f"killing it")
+            await asyncio.sleep(heartbeat_s(hang))
+            now = time.monotonic()
+            if inflight and now - state["progress"] > hang:
+                pool.say(f"serve: replica {rep.slot} (pid {rep.pid}) answered nothing in {hang:g} s; killing it")
                 rep.kill()
                 return
+            for k, (n, t) in list(prog.items()):
+                w = inflight.get(k)
+                if w is None:
+                    prog.pop(k)
+                elif now - t > hang:
+                    prog.pop(k)
+                    del inflight[k]
+                    pool.say(f"serve: replica {rep.slot} (pid {rep.pid}) decoded no token of request {w.rid} in "
+                             f"{hang:g} s while it answered others ({n} token(s) before); answering it 500")
+                    pool.m.given_up.labels("lost").inc()
+                    if not w.future.done():
+                        w.future.set_exception(RequestFailed(w.rid, f"its replica decoded no token of it in {hang:g} s "
+                                                                    f"(--hang-s) while it served others; not retried"))
+                    _send_cancel(rep, k)
+                    pool.hold(rep, bool(inflight))
+                    await wake()
 
     tasks = [asyncio.create_task(reader()), asyncio.create_task(watchdog())]
     try:
@@ -85,21 +117,20 @@ async def serve_continuous(pool, rep: Replica) -> None:
                 continue
             if not inflight:
                 state["progress"] = time.monotonic()   # the hang clock starts with the first request held
+            now = time.monotonic()
             for w in batch:
                 k = next(ids)
                 inflight[k] = w
-                raw = b""
+                prog[k] = (0, now)
                 if w.kind == "predict":
                     x = np.ascontiguousarray(w.payload)
-                    raw = x.tobytes()
-                    msg = {"op": "predict", "id": k, "shape": list(x.shape), "dtype": x.dtype.name, "nbytes": len(raw)}
+                    msg = M.Predict(list(x.shape), x.dtype.name, id=k, raw=x.tobytes())
                 else:
-                    msg = {"op": "join", "id": k, "request": w.payload}
+                    msg = M.Join(k, w.payload, stream=w.sink is not None)
                     if w.sink is not None:   # tokens back step by step; a cancelled future leaves the batch
-                        msg["stream"] = True
                         w.future.add_done_callback(functools.partial(_cancel, rep, k))
                         w.sink.on_started()
-                rep.proc.stdin.write(json.dumps(msg).encode() + b"\n" + raw)
+                rep.proc.stdin.write(M.encode(msg))
             pool.m.batch_size.labels(batch[0].kind).observe(sum(w.size for w in inflight.values()))
             try:
                 await rep.proc.stdin.drain()
@@ -117,17 +148,33 @@ async def serve_continuous(pool, rep: Replica) -> None:
         pool.hold(rep, False)
 
 
+def heartbeat_s(hang_s: float) -> float:
+    """How often a continuous replica says it is alive (and the watchdog looks): well inside --hang-s."""
+    return min(1.0, hang_s / 4)
+
+
+def _advance(prog: dict, k, n: int, now: float) -> None:
+    p = prog.get(k)
+    if p is not None and n > p[0]:
+        prog[k] = (n, now)
+
+
 def _cancel(rep: Replica, k: int, fut: asyncio.Future) -> None:
     """A streamed request's future was cancelled (client gone, stop sequence): the replica drops it
     before its next decode step and frees the slot (it answers the id once more, "cancelled")."""
-    if fut.cancelled() and rep.proc.returncode is None:
+    if fut.cancelled():
+        _send_cancel(rep, k)
+
+
+def _send_cancel(rep: Replica, k: int) -> None:
+    if rep.proc.returncode is None:
         try:
-            rep.proc.stdin.write(json.dumps({"op": "cancel", "id": k}).encode() + b"\n")
+            rep.proc.stdin.write(M.encode(M.Cancel(k)))
         except (ConnectionError, OSError, RuntimeError):
             pass   # the replica is going: the reader requeues or fails what it held
 
 
-async def _requeue(pool, works: list[Work]) -> None:
+async def _requeue(pool: Feed, works: list[Work]) -> None:
     """Back to the queue, except streams that already sent tokens to their client: a retry would send
     them again, so they fail (the client sees an error event, not a silent truncation)."""
     for w in works:
@@ -137,7 +184,7 @@ async def _requeue(pool, works: list[Work]) -> None:
     await pool.requeue([w for w in works if not w.future.done()])
 
 
-async def _take(pool, rep: Replica, inflight: dict, state: dict) -> list[Work] | None:
+async def _take(pool: Feed, rep: Replica, inflight: dict, state: dict) -> list[Work] | None:
     """Requests for the replica's free slots, at once (the oldest first); None when it should stop."""
     async with pool.cond:
         while True:
@@ -174,13 +221,15 @@ async def _take(pool, rep: Replica, inflight: dict, state: dict) -> list[Work] |
         return batch
 
 
-def _answer(pool, w: Work, reply: dict) -> None:
+def _answer(pool: Feed, w: Work, reply: M.Reply) -> None:
     if w.future.done():
         return
-    if "error" in reply:
-        w.future.set_exception(ReplicaError(reply["error"]))
-    elif w.kind == "predict":
-        w.future.set_result(np.frombuffer(reply["raw"], dtype="<f4").reshape(reply["shape"]))
+    if isinstance(reply, M.Error):
+        w.future.set_exception(RequestFailed(w.rid, reply.error))
+    elif isinstance(reply, M.Array):
+        w.future.set_result(np.frombuffer(reply.raw, dtype="<f4").reshape(reply.shape))
+    elif isinstance(reply, M.Outputs):
+        pool.m.tokens.inc(len(reply.outputs))
+        w.future.set_result(reply.outputs)
     else:
-        pool.m.tokens.inc(len(reply["outputs"]))
-        w.future.set_result(reply["outputs"])
+        w.future.set_exception(RequestFailed(w.rid, f"unexpected reply {type(reply).__name__}"))

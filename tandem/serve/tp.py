@@ -79,6 +79,10 @@ class TPDecoder(Decoder):
         _bcast({"op": "decode", "slots": slots, "tokens": tokens, "pos": pos})
         return super().decode(slots, tokens, pos)
 
+    def clear(self, slot):
+        _bcast({"op": "clear", "slot": slot})
+        return super().clear(slot)
+
     def logits(self, tokens):
         _bcast({"op": "logits", "tokens": tokens.tolist()})
         return super().logits(tokens)
@@ -165,6 +169,8 @@ def worker(argv: list[str] | None = None) -> None:
             dec.prefill(msg["slots"], msg["prompts"])
         elif msg["op"] == "decode":
             dec.decode(msg["slots"], msg["tokens"], msg["pos"])
+        elif msg["op"] == "clear":
+            dec.clear(msg["slot"])
         else:
             dec.logits(torch.tensor(msg["tokens"]))
     close_process_group(True)   # meet rank 0, let gloo's threads drain before the interpreter exits (teardown.py)

@@ -1,5 +1,6 @@
 """What the pool and its two batchers share: a queued request (Work), the handle on one replica
-process (Replica), the reply frame a replica sends, and the errors a request can end in.
+process (Replica), and the errors a request can end in (the frames a replica sends and reads are
+messages.py's).
 
 The static batcher (pool.py) and the continuous one (stream.py) both send Work to a Replica and read
 its frames; the pool owns the queue and the replicas and hands each replica to one of them.
@@ -8,7 +9,7 @@ its frames; the pool owns the queue and the replicas and hands each replica to o
 from __future__ import annotations
 
 import asyncio
-import json
+import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,14 +27,24 @@ class DeadlineExceeded(Exception):
     pass
 
 
-@dataclass
+class RequestFailed(ReplicaError):
+    """This request failed (a replica answered it with an error, or gave up on it), not the server: a
+    500 naming its id, not retried; the requests around it are answered as usual."""
+
+    def __init__(self, rid: str, why: str):
+        super().__init__(f"request {rid} failed: {why}")
+        self.rid = rid
+
+
+@dataclass(eq=False)   # identity: the pool keeps the outstanding ones in a set
 class Work:
     kind: str                 # "predict" | "generate"
     payload: object           # examples (an array [N, ...]), or one generate request
     size: int                 # batch slots it takes
     future: asyncio.Future
     t_enq: float = field(default_factory=time.monotonic)
-    attempts: int = 0
+    attempts: int = 0         # replicas that died holding it
+    rid: str = field(default_factory=lambda: secrets.token_hex(6))   # in logs and a failed request's 500
     timeout_ms: int = 0       # 0: no deadline
     # per-token delivery (a generate request of the OpenAI routes, openai_api.Choice): the continuous
     # batcher calls sink.on_started() when a replica takes it, sink.on_tokens(tokens, at) as they are
@@ -54,13 +65,3 @@ class Replica:
     def kill(self) -> None:
         if self.proc.returncode is None:
             self.proc.kill()
-
-
-async def read_frame(stream: asyncio.StreamReader) -> dict:
-    """One reply: its JSON header line and the header's ``nbytes`` raw bytes (as ``raw``)."""
-    line = await stream.readline()
-    if not line:
-        raise ConnectionError("replica closed its stdout")
-    hdr = json.loads(line)
-    hdr["raw"] = await stream.readexactly(int(hdr.get("nbytes", 0)))
-    return hdr

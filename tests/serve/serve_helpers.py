@@ -51,14 +51,14 @@ class Server:
     """`tandem serve EXPORT --port 0 ...` as a subprocess, ready (every replica warmed up) on entry."""
 
     def __init__(self, export_dir: Path, run_dir: Path, *args: str, ready_timeout: float = 120,
-                 headers: dict | None = None):
+                 headers: dict | None = None, env: dict | None = None):
         self.export_dir, self.run_dir, self.args, self.ready_timeout = export_dir, run_dir, args, ready_timeout
-        self.headers = headers or {}
+        self.headers, self.env = headers or {}, env or {}
 
     def __enter__(self) -> "Server":
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log = open(self.run_dir / "front.log", "w")
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, "PYTHONPATH": str(ROOT), **self.env}
         self.proc = subprocess.Popen([sys.executable, "-m", "tandem", "serve", str(self.export_dir), "--port", "0",
                                       "--run-dir", str(self.run_dir), *self.args],
                                      stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
@@ -96,6 +96,8 @@ class Server:
                     out[(s.labels["route"], s.labels["code"])] = s.value
                 elif s.name in ("tandem_serve_replica_restarts_total", "tandem_serve_inflight"):
                     out[(s.name, "")] = s.value
+                elif s.name == "tandem_serve_requests_given_up_total":
+                    out[(s.name, s.labels["reason"])] = s.value
         return out
 
     def __exit__(self, *exc) -> None:

@@ -213,8 +213,8 @@ def test_replicas_min_max_maps_onto_ray_serve_autoscaling(tmp_path):
     if importlib.util.find_spec("ray") is not None:   # Ray Serve itself accepts them
         from ray import serve
 
-        from tandem.serve.ray_engine import Runner
-        cfg = serve.deployment(Runner).options(name="model", **auto)._deployment_config.autoscaling_config
+        from tandem.serve.ray_engine import RayReplica
+        cfg = serve.deployment(RayReplica).options(name="model", **auto)._deployment_config.autoscaling_config
         assert (cfg.min_replicas, cfg.max_replicas, cfg.target_ongoing_requests) == (1, 4, 10)
 
 

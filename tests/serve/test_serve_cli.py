@@ -19,6 +19,8 @@ from tandem_testing import run_tandem
     (["--max-queue", "0"], "error: --max-queue: must be at least 1 (got 0)"),
     (["--batch-wait-ms", "-1"], "error: --batch-wait-ms: must not be negative (got -1.0)"),
     (["--hang-s", "0"], "error: --hang-s: must be at least 0.1 (got 0.0)"),
+    (["--body-timeout-s", "0"], "error: --body-timeout-s: must be at least 0.1 (got 0.0)"),
+    (["--max-connections", "1"], "error: --max-connections: must be at least 2 (got 1)"),
     (["--port", "70000"], "error: --port: not a TCP port (got 70000)"),
     (["--tp", "2"], "error: --tp: the export has no tensor-parallel shards (got 2)"),
 ])
@@ -75,3 +77,11 @@ def test_plot_without_matplotlib_is_one_clear_error(monkeypatch, tmp_path):
     assert "tandem[plot]" in str(e.value.fix)
     with pytest.raises(ConfigError, match="expected a .png path"):
         check_path(tmp_path / "l.svg")
+
+
+def test_the_plot_axis_reaches_the_replicas_return():
+    from tandem.bench.serve_plot import x_extent
+
+    assert x_extent({"duration_s": 6, "kill": None}) == 6
+    assert x_extent({"duration_s": 6, "kill": {"at_s": 2.0, "back_after_s": 1.0}}) == 6
+    assert x_extent({"duration_s": 6, "kill": {"at_s": 2.0, "back_after_s": 8.0}}) >= 10

@@ -19,7 +19,7 @@ from tandem.bench.serve import run_load
 def test_sigkill_one_of_two_replicas_under_load_fails_no_request(gpt_export, tmp_path):
     with Server(gpt_export, tmp_path / "srv", "--replicas", "2") as srv:
         before = srv.pids()
-        res = asyncio.run(run_load(srv.url, rate=25, duration=4, kill_at=1.0))
+        res = asyncio.run(run_load(srv.url, rate=25, duration=4, kill_at=1.0, run_dir=srv.run_dir))
         assert res["sent"] == 100
         assert res["failed"] == 0, res["codes"]
         assert res["kill"]["pid"] == before[0] and res["kill"]["back_after_s"] is not None
