@@ -17,7 +17,7 @@ from tandem.core.errors import ConfigError
 MODULES: dict[str, tuple[str, ...]] = {
     # tandem serve's HTTP front, its request models and metrics; httpx: `tandem bench serve`'s client;
     # tokenizers and jinja2: the OpenAI routes' text (an export's tokenizer.json) and chat templates
-    "serve": ("fastapi", "uvicorn", "pydantic", "prometheus_client", "httpx", "tokenizers", "jinja2"),
+    "serve": ("fastapi", "starlette", "uvicorn", "pydantic", "prometheus_client", "httpx", "tokenizers", "jinja2"),
     # scikit-learn's bundled data sets: digits (data.name = "digits", tandem demo), examples/own_data.py
     "examples": ("sklearn",),
 }
