@@ -110,7 +110,8 @@ def test_tp_is_refused_with_format_hf(tmp_path):
     assert e.value.field == "--tp" and "tandem's own format" in str(e.value)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "gpt2", "gpt2-gelu-new", "mistral"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gpt2", "gpt2-gelu-new", "mistral",
+                                  pytest.param("mixtral", marks=pytest.mark.slow)])
 def test_round_trip_hf_tandem_hf_is_bit_exact(tmp_path, arch):
     """An HF folder imported (model.name = 'hf:DIR'), checkpointed as tandem's trainer does at step 0, exported
     back: every tensor's bytes equal the original's."""
@@ -221,3 +222,63 @@ def test_bf16_export_records_its_dtype(tmp_path):
     from tandem.models import hf
     model = hf.load(tmp_path / "hf")        # tandem imports bf16 weights into its fp32 modules
     assert model.tok_emb.weight.dtype == torch.float32
+
+
+MOE = ROOT / "examples" / "moe_reverse.toml"
+
+
+@pytest.mark.slow
+def test_a_trained_moe_run_exports_as_mixtral(tmp_path):
+    """examples/moe_reverse.toml without its shared expert, trained 2 steps with its experts split over 2 ranks
+    (ep 2: each rank's checkpoint shard holds half of every stacked expert weight), exported --format hf:
+    transformers loads a MixtralForCausalLM whose logits equal tandem's own export's (tandem drops nothing in
+    evaluation, Mixtral never does), and greedy generate gives tandem's tokens."""
+    from tandem_testing import run_tandem
+
+    transformers = transformers_or_skip()
+    run = tmp_path / "run"
+    r = run_tandem("train", str(MOE), "--model.shared_experts", "0", "--schedule.max_steps", "2",
+                   "--data.num_samples", "256", "--launch.run_dir", str(run), "--json", timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = export(run, tmp_path / "hf", format="hf", shard_size=60_000)   # several shards: experts straddle them
+    export(run, tmp_path / "tandem")
+    assert r["architecture"] == "MixtralForCausalLM" and len([f for f in r["files"] if f.endswith("safetensors")]) > 1
+    cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert (cfg["model_type"], cfg["num_local_experts"], cfg["num_experts_per_tok"], cfg["intermediate_size"]) == \
+        ("mixtral", 4, 2, 64)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
+    assert type(hf).__name__ == "MixtralForCausalLM"
+    ours = load(tmp_path / "tandem")
+    x = torch.randint(0, 16, (4, 16), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        want, got = ours(x), hf(input_ids=x).logits
+    assert torch.allclose(got, want, atol=1e-5, rtol=0), (got - want).abs().max()
+    with torch.no_grad():
+        hf_ids = hf.generate(x[:1, :4], max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0)
+    assert torch.equal(hf_ids[0, 4:], greedy(ours, x[:1, :4], 12))
+    # every expert's w1 is its slice of tandem's stacked (experts, hidden, ffn) weight, transposed
+    from safetensors import safe_open
+    from tandem.export.source import open_source
+    stacked = open_source(run).read(["layers.1.mlp.experts.w1"])["layers.1.mlp.experts.w1"]
+    name = "model.layers.1.block_sparse_moe.experts.3.w1.weight"
+    index = json.loads((tmp_path / "hf" / "model.safetensors.index.json").read_text())
+    with safe_open(str(tmp_path / "hf" / index["weight_map"][name]), framework="pt") as f:
+        assert torch.equal(f.get_tensor(name), stacked[3].t())
+    assert r["memory_budget_bytes"] == 4 * r["largest_tensor_bytes"] + 3 * stacked.numel() * stacked.element_size()
+
+
+@pytest.mark.slow
+def test_moe_exports_that_have_no_hf_class_are_refused_in_one_line(tmp_path):
+    spec = load_spec(MOE, check=False)   # one shared expert: Qwen2-MoE would gate it, tandem does not
+    run = publish_checkpoint(tmp_path / "run", spec, 1)
+    with pytest.raises(ConfigError) as e:
+        export(run, tmp_path / "hf", format="hf")
+    text = str(e.value)
+    assert "\n" not in text and e.value.field == "--format"
+    assert "model.shared_experts 1 has no Hugging Face class" in text and "shared_expert_gate" in text
+    assert not (tmp_path / "hf").exists()
+    spec.model.shared_experts, spec.model.qk_norm = 0, True
+    run = publish_checkpoint(tmp_path / "run2", spec, 1)
+    with pytest.raises(ConfigError) as e:
+        export(run, tmp_path / "hf", format="hf")
+    assert "\n" not in str(e.value) and "model.qk_norm with model.experts has no Hugging Face class" in str(e.value)
