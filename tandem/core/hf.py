@@ -472,7 +472,7 @@ def resolve(data: dict) -> dict:
     arch = for_config(cfg, str(folder))
     seq = data.get("seq")
     fields = arch.fields(cfg, str(folder), int(seq) if seq is not None else None)
-    if data.get("experts") and "experts" not in fields:
+    if _norm(data.get("experts") or 0) and "experts" not in fields:
         raise ConfigError(f"model.experts = {data['experts']} but {folder} is a dense {arch.architecture}: its "
                           f"MLP weights would be dropped and the experts start from random", field="model.experts",
                           value=data["experts"], fix="leave model.experts out for a dense checkpoint")
@@ -503,4 +503,9 @@ def _norm(v):
         return v
     if isinstance(v, (int, float)):
         return float(v)
+    if isinstance(v, str):   # a command-line override not yet typed (--model.experts 4)
+        try:
+            return float(v)
+        except ValueError:
+            return v
     return v
