@@ -92,10 +92,11 @@ def export_hf(o: ExportOptions) -> dict:
     dtype_of = {r.hf: _out_dtype(src.tensors[r.tandem[0]][0], target) for r in rules}
     entries = [Entry(r.hf, dtype_of[r.hf], r.shape) for r in rules]
     largest = max(e.nbytes for e in entries)
-    # stacked expert weights held while their experts are written (_write): up to 3 at once (w1, w2, w3)
+    # stacked expert weights held while their experts are written (_write): up to 3 at once (w1, w2, w3), and
+    # a 4th while DCP reads the next (its read buffer and the tensor: measured, docs/export.md)
     stacked = sorted({math.prod(src.tensors[n][1]) * src.tensors[n][0].itemsize
                       for r in rules if r.op == "expert" for n in r.tandem})
-    held = 3 * stacked[-1] if stacked else 0
+    held = 4 * stacked[-1] if stacked else 0
     shards = _shards(order(entries), o.shard_size)
     made = _mkdirs(out.parent)
     tmp = out.parent / f".tmp-export-{out.name}-{os.getpid()}"
