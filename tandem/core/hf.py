@@ -10,8 +10,8 @@ One adapter per architecture (``ARCHITECTURES``). The Llama family (Llama, Qwen2
 tensor to one tensor with the same layout (tandem's rotation is Hugging Face's ``rotate_half``, so q/k load
 unpermuted); Mixtral is tandem's MoE Llama without shared experts (each expert one HF tensor per linear,
 a slice of tandem's stacked expert weights); GPT-2 stores its linears as ``Conv1D`` (weight transposed,
-in x out) and fuses q, k, v into one ``c_attn`` (tandem's grouped k/v heads are repeated into it on the way out). A config key whose value tandem
-would silently compute differently (a bias tandem has no place for, dropout, another activation, a sliding
+in x out) and fuses q, k, v into one ``c_attn`` (tandem's grouped k/v heads are repeated into it on the way
+out). A config key whose value tandem would silently compute differently (a bias tandem has no place for, dropout, another activation, a sliding
 window) is one ConfigError naming the key. The torch side (reading, transforming, writing tensors) is
 ``tandem/models/hf.py``.
 
