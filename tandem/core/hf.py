@@ -11,8 +11,8 @@ tensor to one tensor with the same layout (tandem's rotation is Hugging Face's `
 unpermuted); Mixtral is tandem's MoE Llama without shared experts (each expert one HF tensor per linear,
 a slice of tandem's stacked expert weights); GPT-2 stores its linears as ``Conv1D`` (weight transposed,
 in x out) and fuses q, k, v into one ``c_attn`` (tandem's grouped k/v heads are repeated into it on the way
-out). A config key whose value tandem would silently compute differently (a bias tandem has no place for, dropout, another activation, a sliding
-window) is one ConfigError naming the key. The torch side (reading, transforming, writing tensors) is
+out). A config key whose value tandem would silently compute differently (a bias tandem has no place for,
+dropout, another activation, a sliding window, router noise) is one ConfigError naming the key. The torch side (reading, transforming, writing tensors) is
 ``tandem/models/hf.py``.
 
 ``resolve(data)`` turns a [model] table whose name is ``hf:DIR`` into tandem's own model (``name = "llama"``
