@@ -12,8 +12,8 @@ unpermuted); Mixtral is tandem's MoE Llama without shared experts (each expert o
 a slice of tandem's stacked expert weights); GPT-2 stores its linears as ``Conv1D`` (weight transposed,
 in x out) and fuses q, k, v into one ``c_attn`` (tandem's grouped k/v heads are repeated into it on the way
 out). A config key whose value tandem would silently compute differently (a bias tandem has no place for,
-dropout, another activation, a sliding window, router noise) is one ConfigError naming the key. The torch side (reading, transforming, writing tensors) is
-``tandem/models/hf.py``.
+dropout, another activation, a sliding window, router noise) is one ConfigError naming the key. The torch side (reading,
+transforming, writing tensors) is ``tandem/models/hf.py``.
 
 ``resolve(data)`` turns a [model] table whose name is ``hf:DIR`` into tandem's own model (``name = "llama"``
 or ``"gpt"``, the shape fields from config.json) and ``hf = {path, architecture, config}``, after checking the
