@@ -8,11 +8,12 @@ own decoders, as data (no torch here, so a spec naming ``hf:DIR`` is checked bef
 
 One adapter per architecture (``ARCHITECTURES``). The Llama family (Llama, Qwen2, Qwen3, Mistral) maps one
 tensor to one tensor with the same layout (tandem's rotation is Hugging Face's ``rotate_half``, so q/k load
-unpermuted); GPT-2 stores its linears as ``Conv1D`` (weight transposed, in x out) and fuses q, k, v into one
-``c_attn`` (tandem's grouped k/v heads are repeated into it on the way out). A config key whose value tandem
-would silently compute differently (a bias tandem has no place for, dropout, another activation, a sliding
-window) is one ConfigError naming the key. The torch side (reading, transforming, writing tensors) is
-``tandem/models/hf.py``.
+unpermuted); Mixtral is tandem's MoE Llama without shared experts (each expert one HF tensor per linear,
+a slice of tandem's stacked expert weights); GPT-2 stores its linears as ``Conv1D`` (weight transposed,
+in x out) and fuses q, k, v into one ``c_attn`` (tandem's grouped k/v heads are repeated into it on the way
+out). A config key whose value tandem would silently compute differently (a bias tandem has no place for,
+dropout, another activation, a sliding window, router noise) is one ConfigError naming the key. The torch side (reading,
+transforming, writing tensors) is ``tandem/models/hf.py``.
 
 ``resolve(data)`` turns a [model] table whose name is ``hf:DIR`` into tandem's own model (``name = "llama"``
 or ``"gpt"``, the shape fields from config.json) and ``hf = {path, architecture, config}``, after checking the
@@ -34,7 +35,8 @@ INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 # ModelSpec fields config.json decides (a [model] table may repeat them only with the same value)
 SHAPE_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn", "head_dim", "vocab", "tied", "rope_theta",
-                "rope_scaling", "norm_eps", "qkv_bias", "qk_norm", "gelu")
+                "rope_scaling", "norm_eps", "qkv_bias", "qk_norm", "gelu", "experts", "top_k", "shared_experts",
+                "expert_ffn")
 
 
 def is_hf(name) -> bool:
@@ -46,12 +48,15 @@ class Rule:
     """One Hugging Face tensor and the tandem tensor(s) it holds.
 
     op: ``copy`` (same layout), ``transpose`` (GPT-2's Conv1D: HF weight = tandem weight.T), ``qkv`` (GPT-2's
-    c_attn weight: [wq; wk; wv].T with each k/v head repeated ``repeat`` times), ``qkv_bias`` (its bias)."""
+    c_attn weight: [wq; wk; wv].T with each k/v head repeated ``repeat`` times), ``qkv_bias`` (its bias),
+    ``expert`` (Mixtral's per-expert linear: HF weight = tandem's stacked (experts, in, out) tensor[expert].T;
+    one tandem tensor is ``experts`` HF tensors)."""
     hf: str
     tandem: tuple[str, ...]
     shape: tuple[int, ...]
     op: str = "copy"
     repeat: int = 1
+    expert: int = -1
 
 
 def _bad(key: str, value, why: str, fix: str, folder: str = "") -> ConfigError:
@@ -71,12 +76,21 @@ def _get(cfg: dict, key: str, default=None, folder: str = ""):
 
 @dataclass(frozen=True)
 class LlamaFamily:
-    """LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM onto tandem's Llama."""
+    """LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, MixtralForCausalLM onto
+    tandem's Llama.
+
+    Mixtral (``moe``) is tandem's MoE Llama without shared experts: its router (``block_sparse_moe.gate``)
+    takes the softmax of the logits, the top ``num_experts_per_tok`` and renormalises them to sum to 1, as
+    tandem's (tandem/models/moe.py ``route``); each expert is a SwiGLU ``w2(silu(w1 x) * w3 x)`` stored per
+    expert (``experts.E.w1.weight`` (ffn, h)), tandem's stacked (experts, h, ffn) transposed. Mixtral has no
+    capacity: tandem drops nothing in evaluation either, so the logits are the same; in training tandem
+    drops assignments past ``capacity_factor`` (a fine-tune of an imported Mixtral differs there, on purpose)."""
     architecture: str
     model_type: str
     qkv_bias: bool = False       # Qwen2: biases on q, k, v (never on o)
     qk_norm: bool = False        # Qwen3: RMSNorm on each head's queries and keys
     kind: str = "llama"
+    moe: bool = False            # Mixtral: a mixture of experts in every block's MLP
 
     def fields(self, cfg: dict, folder: str = "", seq: int | None = None) -> dict:
         g = lambda k, d=None: _get(cfg, k, d, folder)  # noqa: E731
@@ -98,7 +112,7 @@ class LlamaFamily:
         max_pos = int(g("max_position_embeddings", 2048))
         seq = seq or max_pos
         window = cfg.get("sliding_window")
-        if self.model_type == "mistral":
+        if self.model_type in ("mistral", "mixtral"):
             if window is not None and window < seq:
                 raise _bad("sliding_window", window, f"attention windowed below model.seq {seq} (tandem's attention "
                            f"is full causal)", "set model.seq to at most the window, or sliding_window null", folder)
@@ -113,7 +127,15 @@ class LlamaFamily:
         heads = int(g("num_attention_heads"))
         hidden = int(g("hidden_size"))
         theta, scaling = _rope(cfg, folder)
-        return {"name": self.kind, "layers": int(g("num_hidden_layers")), "hidden": hidden, "heads": heads,
+        moe = {}
+        if self.moe:
+            jitter = cfg.get("router_jitter_noise") or 0.0
+            if jitter:
+                raise _bad("router_jitter_noise", jitter, "tandem's router adds no noise (training would differ)",
+                           "set router_jitter_noise to 0.0 in config.json", folder)
+            experts, top_k = int(g("num_local_experts")), int(g("num_experts_per_tok"))
+            moe = {"experts": experts, "top_k": top_k, "shared_experts": 0, "expert_ffn": int(g("intermediate_size"))}
+        return {**moe, "name": self.kind, "layers": int(g("num_hidden_layers")), "hidden": hidden, "heads": heads,
                 "kv_heads": int(cfg.get("num_key_value_heads") or heads), "ffn": int(g("intermediate_size")),
                 "head_dim": int(cfg.get("head_dim") or hidden // heads), "seq": seq, "vocab": int(g("vocab_size")),
                 "tied": bool(cfg.get("tie_word_embeddings", False)), "rope_theta": theta, "rope_scaling": scaling,
@@ -133,8 +155,14 @@ class LlamaFamily:
             cfg["mlp_bias"] = False
         if self.model_type in ("qwen2", "qwen3"):
             cfg.update(use_sliding_window=False, sliding_window=None, max_window_layers=m["layers"])
-        if self.model_type == "mistral":
+        if self.model_type in ("mistral", "mixtral"):
             cfg["sliding_window"] = None
+        if self.moe:
+            # router_aux_loss_coef: tandem's coefficient, though transformers' loss (one over all layers'
+            # logits, only with output_router_logits) is not tandem's per-block sum; it is a training knob
+            cfg.update(intermediate_size=m.get("expert_ffn") or m["ffn"], num_local_experts=m["experts"],
+                       num_experts_per_tok=m["top_k"], router_jitter_noise=0.0, output_router_logits=False,
+                       router_aux_loss_coef=m.get("router_aux_loss", 0.01))
         return cfg
 
     def rules(self, m: dict) -> list[Rule]:
@@ -155,14 +183,30 @@ class LlamaFamily:
             if m["qk_norm"]:
                 out += [Rule(p + "self_attn.q_norm.weight", (t + "attn.q_norm.weight",), (hd,)),
                         Rule(p + "self_attn.k_norm.weight", (t + "attn.k_norm.weight",), (hd,))]
-            out += [Rule(p + "post_attention_layernorm.weight", (t + "mlp_norm.weight",), (h,)),
-                    Rule(p + "mlp.gate_proj.weight", (t + "mlp.w1.weight",), (ffn, h)),
+            out.append(Rule(p + "post_attention_layernorm.weight", (t + "mlp_norm.weight",), (h,)))
+            if self.moe:
+                out += _mixtral_rules(m, p, t)
+                continue
+            out += [Rule(p + "mlp.gate_proj.weight", (t + "mlp.w1.weight",), (ffn, h)),
                     Rule(p + "mlp.up_proj.weight", (t + "mlp.w3.weight",), (ffn, h)),
                     Rule(p + "mlp.down_proj.weight", (t + "mlp.w2.weight",), (h, ffn))]
         out.append(Rule("model.norm.weight", ("norm.weight",), (h,)))
         if not m["tied"]:
             out.append(Rule("lm_head.weight", ("head.weight",), (m["vocab"], h)))
         return out
+
+
+def _mixtral_rules(m: dict, p: str, t: str) -> list[Rule]:
+    """One block's router and experts: Mixtral's checkpoint layout (``block_sparse_moe.experts.E.wN``: what
+    transformers' save_pretrained writes, v4 and v5 alike, and what vLLM and SGLang read)."""
+    h, e, ffn = m["hidden"], m["experts"], m.get("expert_ffn") or m["ffn"]
+    out = [Rule(p + "block_sparse_moe.gate.weight", (t + "mlp.router.weight",), (e, h))]
+    for j in range(e):
+        q = f"{p}block_sparse_moe.experts.{j}."
+        out += [Rule(q + "w1.weight", (t + "mlp.experts.w1",), (ffn, h), "expert", expert=j),
+                Rule(q + "w2.weight", (t + "mlp.experts.w2",), (h, ffn), "expert", expert=j),
+                Rule(q + "w3.weight", (t + "mlp.experts.w3",), (ffn, h), "expert", expert=j)]
+    return out
 
 
 # transformers' names -> tandem GPT's activation (gelu_new and gelu_pytorch_tanh: the same tanh formula)
@@ -245,9 +289,13 @@ LLAMA = LlamaFamily("LlamaForCausalLM", "llama")
 QWEN2 = LlamaFamily("Qwen2ForCausalLM", "qwen2", qkv_bias=True)
 QWEN3 = LlamaFamily("Qwen3ForCausalLM", "qwen3", qk_norm=True)
 MISTRAL = LlamaFamily("MistralForCausalLM", "mistral")
+MIXTRAL = LlamaFamily("MixtralForCausalLM", "mixtral", moe=True)
 GPT2_ = GPT2()
-ARCHITECTURES = {a.architecture: a for a in (LLAMA, QWEN2, QWEN3, MISTRAL, GPT2_)}
-LATER = {"MixtralForCausalLM": "MoE import is coming (tandem's Llama has no MoE layers on this branch)"}
+ARCHITECTURES = {a.architecture: a for a in (LLAMA, QWEN2, QWEN3, MISTRAL, MIXTRAL, GPT2_)}
+# why tandem's MoE Llama with shared experts has no Hugging Face class (checked against transformers 5.24)
+SHARED_EXPERTS_WHY = ("Qwen2MoeForCausalLM scales its shared expert by a learned sigmoid gate "
+                      "(shared_expert_gate) that tandem's ungated shared experts lack, so no mapping is exact, "
+                      "and tandem maps no other shared-expert class (DeepSeek's has another attention, MLA)")
 
 
 def _rope(cfg: dict, folder: str) -> tuple[float, dict]:
@@ -281,9 +329,6 @@ def for_config(cfg: dict, folder: str = ""):
                           value=f"{PREFIX}{folder}", fix=f"a causal LM saved by transformers: one of "
                                                           f"{', '.join(ARCHITECTURES)}")
     name = archs[0]
-    if name in LATER:
-        raise ConfigError(f"architecture {name}: {LATER[name]}", field=FIELD, value=name,
-                          fix=f"import one of {', '.join(ARCHITECTURES)}")
     if name not in ARCHITECTURES:
         raise ConfigError(f"architecture {name} is not supported", field=FIELD, value=name,
                           fix=f"import one of {', '.join(ARCHITECTURES)}")
@@ -302,6 +347,18 @@ def for_model(m: dict):
         raise ConfigError(f"model {m['name']!r} has no Hugging Face architecture", field="--format", value="hf",
                           fix="export --format hf a gpt or llama run (or one imported with model.name = 'hf:DIR'); "
                               "other models: the tandem format")
+    if m.get("experts"):
+        if m.get("shared_experts"):
+            raise ConfigError(f"model.shared_experts {m['shared_experts']} has no Hugging Face class: "
+                              f"{SHARED_EXPERTS_WHY}", field="--format", value="hf",
+                              fix="export this run in tandem's format, or train with model.shared_experts = 0 "
+                                  "(MixtralForCausalLM)")
+        if m["qk_norm"] or m["qkv_bias"]:
+            key = "qk_norm" if m["qk_norm"] else "qkv_bias"
+            raise ConfigError(f"model.{key} with model.experts has no Hugging Face class tandem maps (Mixtral's "
+                              f"attention has neither q/k norms nor q/k/v biases)", field="--format", value="hf",
+                              fix="export this run in tandem's format")
+        return MIXTRAL
     if m["qk_norm"] and m["qkv_bias"]:
         raise ConfigError("no Hugging Face architecture has both qk_norm and q/k/v biases alone (Qwen3's "
                           "attention_bias adds an o_proj bias)", field="--format", value="hf",
@@ -415,6 +472,10 @@ def resolve(data: dict) -> dict:
     arch = for_config(cfg, str(folder))
     seq = data.get("seq")
     fields = arch.fields(cfg, str(folder), int(seq) if seq is not None else None)
+    if _norm(data.get("experts") or 0) and "experts" not in fields:
+        raise ConfigError(f"model.experts = {data['experts']} but {folder} is a dense {arch.architecture}: its "
+                          f"MLP weights would be dropped and the experts start from random", field="model.experts",
+                          value=data["experts"], fix="leave model.experts out for a dense checkpoint")
     for k in SHAPE_FIELDS:
         if k in data and k in fields and _norm(data[k]) != _norm(fields[k]):
             raise ConfigError(f"model.{k} = {data[k]!r} but {folder}/config.json gives {fields[k]!r}",
@@ -442,4 +503,9 @@ def _norm(v):
         return v
     if isinstance(v, (int, float)):
         return float(v)
+    if isinstance(v, str):   # a command-line override not yet typed (--model.experts 4)
+        try:
+            return float(v)
+        except ValueError:
+            return v
     return v

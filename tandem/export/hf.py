@@ -10,9 +10,14 @@
 ``AutoModelForCausalLM.from_pretrained(out)`` loads it with no custom code, and vLLM / SGLang read the
 same folder. The architecture is the one the model was imported as (``model.name = "hf:DIR"``), else
 the one its options make (tandem/core/hf.py's ``for_model``): tandem's Llama as LlamaForCausalLM,
-Qwen2ForCausalLM (qkv_bias) or Qwen3ForCausalLM (qk_norm), tandem's GPT as GPT2LMHeadModel (grouped
-k/v heads repeated into c_attn, linears transposed into Conv1D). One Hugging Face tensor at a time:
-its tandem tensor(s) read from the checkpoint (DCP), transformed, cast, hashed, written and dropped.
+Qwen2ForCausalLM (qkv_bias) or Qwen3ForCausalLM (qk_norm), its mixture of experts (model.experts, no
+shared experts) as MixtralForCausalLM (each expert's w1/w2/w3 a slice of tandem's stacked weights, as
+transformers' save_pretrained writes them), tandem's GPT as GPT2LMHeadModel (grouped k/v heads repeated
+into c_attn, linears transposed into Conv1D). Shared experts are refused: no Hugging Face class computes
+them as tandem does (tandem/core/hf.py's ``for_model`` says why). One Hugging Face tensor at a time:
+its tandem tensor(s) read from the checkpoint (DCP), transformed, cast, hashed, written and dropped; a
+stacked expert weight is read once and kept until its last expert is written (file order is by name,
+so one block's w1, w2 and w3 stacks are held together: at most 3 stacks besides the tensor written).
 Tensor-parallel slices (``--tp``) stay tandem's own format.
 """
 
@@ -87,6 +92,11 @@ def export_hf(o: ExportOptions) -> dict:
     dtype_of = {r.hf: _out_dtype(src.tensors[r.tandem[0]][0], target) for r in rules}
     entries = [Entry(r.hf, dtype_of[r.hf], r.shape) for r in rules]
     largest = max(e.nbytes for e in entries)
+    # stacked expert weights held while their experts are written (_write): up to 3 at once (w1, w2, w3), and
+    # a 4th while DCP reads the next (its read buffer and the tensor: measured, docs/export.md)
+    stacked = sorted({math.prod(src.tensors[n][1]) * src.tensors[n][0].itemsize
+                      for r in rules if r.op == "expert" for n in r.tandem})
+    held = 4 * stacked[-1] if stacked else 0
     shards = _shards(order(entries), o.shard_size)
     made = _mkdirs(out.parent)
     tmp = out.parent / f".tmp-export-{out.name}-{os.getpid()}"
@@ -123,7 +133,7 @@ def export_hf(o: ExportOptions) -> dict:
             "max_cast_error": record["max_cast_error"], "tp": 1, "format": "hf",
             "architecture": arch.architecture, "tokenizer": tok, "seconds": time.perf_counter() - t0,
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            "largest_tensor_bytes": largest, "memory_budget_bytes": 4 * largest}
+            "largest_tensor_bytes": largest, "memory_budget_bytes": 4 * largest + held}
 
 
 def _write(src, tmp: Path, shards: list[list[Entry]], rules: dict, m: dict, target, o: ExportOptions) -> dict:
@@ -136,14 +146,29 @@ def _write(src, tmp: Path, shards: list[list[Entry]], rules: dict, m: dict, targ
     writers = [StreamFile(tmp / f, s, meta) for f, s in zip(files, shards)]
     head_dim = m.get("head_dim") or m["hidden"] // m["heads"]
     tensors, worst = {}, 0.0
+    # a stacked expert weight (experts HF tensors): read once, kept until its last expert is written
+    uses: dict[str, int] = {}
+    for r in rules.values():
+        if r.op == "expert":
+            uses[r.tandem[0]] = uses.get(r.tandem[0], 0) + 1
+    stacks: dict[str, torch.Tensor] = {}
     try:
         with bar(sum(e.nbytes for s in shards for e in s), o.progress) as advance:
             for k, (w, shard) in enumerate(zip(writers, shards)):
                 for e in w.entries:
                     rule = rules[e.name]
-                    got = src.read(list(rule.tandem))
-                    t = to_hf(rule, [got.pop(n) for n in rule.tandem], head_dim)
-                    del got
+                    if rule.op == "expert":
+                        name = rule.tandem[0]
+                        if name not in stacks:
+                            stacks[name] = src.read([name])[name]
+                        t = to_hf(rule, [stacks[name]], head_dim)
+                        uses[name] -= 1
+                        if not uses[name]:
+                            del stacks[name]
+                    else:
+                        got = src.read(list(rule.tandem))
+                        t = to_hf(rule, [got.pop(n) for n in rule.tandem], head_dim)
+                        del got
                     out_t, err = _cast(t, target)
                     if not math.isfinite(err):
                         raise ConfigError(f"{e.name} does not fit in {o.dtype}: casting gives non-finite values",

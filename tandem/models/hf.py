@@ -42,6 +42,8 @@ def to_hf(rule: adapters.Rule, parts: list[torch.Tensor], head_dim: int = 0) -> 
         return parts[0]
     if rule.op == "transpose":
         return parts[0].t().contiguous()
+    if rule.op == "expert":   # one expert's slice of the stacked (experts, in, out) weight, as nn.Linear's (out, in)
+        return parts[0][rule.expert].t().contiguous()
     q, k, v = parts
     k, v = _kv_rows(k, rule.repeat, head_dim), _kv_rows(v, rule.repeat, head_dim)
     fused = torch.cat([q, k, v], dim=0)
@@ -55,6 +57,8 @@ def to_tandem(rule: adapters.Rule, t: torch.Tensor, index: int) -> torch.Tensor:
         return t
     if rule.op == "transpose":
         return t.t().contiguous()
+    if rule.op == "expert":
+        raise ValueError("an expert's weight is one slice of its tandem tensor: Weights.tensor stacks them")
     if rule.repeat != 1:
         raise ValueError("a fused q/k/v with repeated k/v heads is export-only")
     fused = t.t() if rule.op == "qkv" else t
@@ -78,6 +82,13 @@ class Weights:
         adapters.check_folder(self.folder, rules)    # files there, every tensor with the config's shape
         self.where = adapters.weight_map(self.folder)
         self.by_name = {n: (r, i) for r in rules for i, n in enumerate(r.tandem)}
+        # a stacked expert weight (Mixtral): its HF tensors, expert 0 first
+        self.stacks: dict[str, list[adapters.Rule]] = {}
+        for r in rules:
+            if r.op == "expert":
+                self.stacks.setdefault(r.tandem[0], []).append(r)
+        for rs in self.stacks.values():
+            rs.sort(key=lambda r: r.expert)
         _check_sha256(self.folder)
 
     def __contains__(self, name: str) -> bool:
@@ -96,6 +107,8 @@ class Weights:
                                   fix="copy the folder again from its source") from e
 
     def tensor(self, name: str) -> torch.Tensor:
+        if name in self.stacks:   # (experts, in, out): each expert's (out, in) Linear weight transposed
+            return torch.stack([self.read_hf(r.hf).t() for r in self.stacks[name]])
         rule, i = self.by_name[name]
         return to_tandem(rule, self.read_hf(rule.hf), i)
 

@@ -110,7 +110,8 @@ def test_tp_is_refused_with_format_hf(tmp_path):
     assert e.value.field == "--tp" and "tandem's own format" in str(e.value)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "gpt2", "gpt2-gelu-new", "mistral"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gpt2", "gpt2-gelu-new", "mistral",
+                                  pytest.param("mixtral", marks=pytest.mark.slow)])
 def test_round_trip_hf_tandem_hf_is_bit_exact(tmp_path, arch):
     """An HF folder imported (model.name = 'hf:DIR'), checkpointed as tandem's trainer does at step 0, exported
     back: every tensor's bytes equal the original's."""
@@ -221,3 +222,115 @@ def test_bf16_export_records_its_dtype(tmp_path):
     from tandem.models import hf
     model = hf.load(tmp_path / "hf")        # tandem imports bf16 weights into its fp32 modules
     assert model.tok_emb.weight.dtype == torch.float32
+
+
+MOE = ROOT / "examples" / "moe_reverse.toml"
+
+
+@pytest.mark.slow
+def test_a_trained_moe_run_exports_as_mixtral(tmp_path):
+    """examples/moe_reverse.toml without its shared expert, trained 2 steps with its experts split over 2 ranks
+    (ep 2: each rank's checkpoint shard holds half of every stacked expert weight), exported --format hf:
+    transformers loads a MixtralForCausalLM whose logits equal tandem's own export's (tandem drops nothing in
+    evaluation, Mixtral never does), and greedy generate gives tandem's tokens."""
+    from tandem_testing import run_tandem
+
+    transformers = transformers_or_skip()
+    run = tmp_path / "run"
+    r = run_tandem("train", str(MOE), "--model.shared_experts", "0", "--schedule.max_steps", "2",
+                   "--data.num_samples", "256", "--launch.run_dir", str(run), "--json", timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = export(run, tmp_path / "hf", format="hf", shard_size=60_000)   # several shards: experts straddle them
+    export(run, tmp_path / "tandem")
+    assert r["architecture"] == "MixtralForCausalLM" and len([f for f in r["files"] if f.endswith("safetensors")]) > 1
+    cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert (cfg["model_type"], cfg["num_local_experts"], cfg["num_experts_per_tok"], cfg["intermediate_size"]) == \
+        ("mixtral", 4, 2, 64)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
+    assert type(hf).__name__ == "MixtralForCausalLM"
+    ours = load(tmp_path / "tandem")
+    x = torch.randint(0, 16, (4, 16), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        want, got = ours(x), hf(input_ids=x).logits
+    assert torch.allclose(got, want, atol=1e-5, rtol=0), (got - want).abs().max()
+    with torch.no_grad():
+        hf_ids = hf.generate(x[:1, :4], max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0)
+    assert torch.equal(hf_ids[0, 4:], greedy(ours, x[:1, :4], 12))
+    # every expert's w1 is its slice of tandem's stacked (experts, hidden, ffn) weight, transposed
+    from safetensors import safe_open
+    from tandem.export.source import open_source
+    stacked = open_source(run).read(["layers.1.mlp.experts.w1"])["layers.1.mlp.experts.w1"]
+    name = "model.layers.1.block_sparse_moe.experts.3.w1.weight"
+    index = json.loads((tmp_path / "hf" / "model.safetensors.index.json").read_text())
+    with safe_open(str(tmp_path / "hf" / index["weight_map"][name]), framework="pt") as f:
+        assert torch.equal(f.get_tensor(name), stacked[3].t())
+    assert r["memory_budget_bytes"] == 4 * r["largest_tensor_bytes"] + 4 * stacked.numel() * stacked.element_size()
+
+
+@pytest.mark.slow
+def test_moe_exports_that_have_no_hf_class_are_refused_in_one_line(tmp_path):
+    spec = load_spec(MOE, check=False)   # one shared expert: Qwen2-MoE would gate it, tandem does not
+    run = publish_checkpoint(tmp_path / "run", spec, 1)
+    with pytest.raises(ConfigError) as e:
+        export(run, tmp_path / "hf", format="hf")
+    text = str(e.value)
+    assert "\n" not in text and e.value.field == "--format"
+    assert "model.shared_experts 1 has no Hugging Face class" in text and "shared_expert_gate" in text
+    assert not (tmp_path / "hf").exists()
+    spec.model.shared_experts, spec.model.qk_norm = 0, True
+    run = publish_checkpoint(tmp_path / "run2", spec, 1)
+    with pytest.raises(ConfigError) as e:
+        export(run, tmp_path / "hf", format="hf")
+    assert "\n" not in str(e.value) and "model.qk_norm with model.experts has no Hugging Face class" in str(e.value)
+
+
+def _moe_checkpoint(run, hidden: int, expert_ffn: int):
+    """An MoE checkpoint of 6 blocks of 8 experts, written by a child process: this one stays small (a child
+    started by fork counts the parent's resident pages in its own peak)."""
+    import subprocess
+    import sys
+
+    code = f"""
+import sys; sys.path[:0] = {[str(ROOT / "tests")]!r}
+from pathlib import Path
+from export.export_helpers import publish_checkpoint
+from tandem.core.config import load_spec
+spec = load_spec(Path({str(MOE)!r}), check=False)
+m = spec.model
+m.shared_experts, m.layers, m.experts, m.hidden, m.heads, m.kv_heads, m.expert_ffn, m.vocab = \\
+    0, 6, 8, {hidden}, 8, 4, {expert_ffn}, 256
+publish_checkpoint(Path({str(run)!r}), spec, 1)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return run
+
+
+@pytest.mark.slow
+def test_moe_hf_export_peak_memory_stays_within_its_budget(tmp_path):
+    """A 600 MiB MoE checkpoint (6 blocks of 8 experts, each stacked weight 32 MiB) exported --format hf in a
+    fresh process: its peak RSS (the kernel's, wait4) stays within the peak of the same export of a tiny model
+    of the same shape + the summary's memory_budget_bytes + 64 MiB; loading the checkpoint whole would be
+    far over it (the bound can fail)."""
+    import os
+    import subprocess
+    import sys
+
+    def peak(run, out) -> tuple[int, dict]:
+        code = ("import json, sys; from tandem.export import export; "
+                "print(json.dumps(export(sys.argv[1], sys.argv[2], format='hf')))")
+        with open(tmp_path / "child.out", "w") as f, open(tmp_path / "child.err", "w") as e:
+            p = subprocess.Popen([sys.executable, "-c", code, str(run), str(out)], stdout=f, stderr=e)
+            _, status, usage = os.wait4(p.pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, (tmp_path / "child.err").read_text()[-2000:]
+        text = (tmp_path / "child.out").read_text()
+        return usage.ru_maxrss * 1024, json.loads(text[text.index("{"):])
+
+    tiny, big = _moe_checkpoint(tmp_path / "tiny", 32, 16), _moe_checkpoint(tmp_path / "big", 512, 2048)
+    base, _ = peak(tiny, tmp_path / "tiny-hf")
+    got, r = peak(big, tmp_path / "big-hf")
+    mib = 1 << 20
+    print(f"\ncheckpoint {r['bytes'] / mib:.0f} MiB: peak {got / mib:.0f} MiB, tiny model's {base / mib:.0f} MiB, "
+          f"budget {r['memory_budget_bytes'] / mib:.0f} MiB, {r['seconds']:.1f} s")
+    assert r["bytes"] > 2 * (r["memory_budget_bytes"] + 64 * mib)
+    assert got <= base + r["memory_budget_bytes"] + 64 * mib, (got / mib, base / mib)

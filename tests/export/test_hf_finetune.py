@@ -42,6 +42,7 @@ run_dir = "{run}"
 LAYOUTS = {"ddp": [], "zero1": ["--parallel.strategy", "zero1"], "zero3": ["--parallel.strategy", "zero3"],
            "tp2": ["--parallel.tp", "2"],
            "pp2": ["--parallel.pp", "2"],
+           "ep2": ["--parallel.ep", "2"],   # Mixtral: each rank holds 2 of the 4 experts, read from its shards
            # dp 2 x tp 2 on 4 ranks, the dp dimension sharded by FSDP2 (zero2): 2D in one run
            "dp2xtp2-zero2": ["--parallel.tp", "2", "--parallel.strategy", "zero2", "--schedule.micro_batch", "4",
                              "--launch.nproc_per_node", "4"]}
@@ -50,7 +51,7 @@ LAYOUTS = {"ddp": [], "zero1": ["--parallel.strategy", "zero1"], "zero3": ["--pa
 @pytest.mark.slow
 @pytest.mark.parametrize("arch,layout", [("llama", "ddp"), ("qwen3", "zero3"), ("llama", "tp2"), ("qwen2", "pp2"),
                                          ("gpt2", "zero3"), ("mistral", "zero1"),
-                                         ("qwen3", "dp2xtp2-zero2")])
+                                         ("qwen3", "dp2xtp2-zero2"), ("mixtral", "ep2")])
 def test_finetune_from_an_hf_folder_and_export_it_back(tmp_path, arch, layout):
     transformers = transformers_or_skip()
     make(tmp_path / "base", arch)

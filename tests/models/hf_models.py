@@ -20,6 +20,9 @@ ARCHS = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(rope_theta=1e6, rms_norm_eps=1e-6)),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=12, rope_theta=1e6, rms_norm_eps=1e-6)),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None, rope_theta=10000.0)),
+    # 4 experts of 48 units, top 2 (transformers' save_pretrained writes block_sparse_moe.experts.E.w1/w2/w3)
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=4, num_experts_per_tok=2,
+                                                             sliding_window=None, rope_theta=1e6)),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", None),
     "gpt2-gelu-new": ("GPT2Config", "GPT2LMHeadModel", None),   # GPT-2's own activation (the tanh gelu)
 }

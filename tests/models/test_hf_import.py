@@ -68,8 +68,7 @@ def test_not_an_hf_folder(tmp_path):
     assert "has no model.safetensors nor model.safetensors.index.json" in _one_line(e)
 
 
-@pytest.mark.parametrize("arch,msg", [("BertForMaskedLM", "architecture BertForMaskedLM is not supported"),
-                                      ("MixtralForCausalLM", "MoE import is coming")])
+@pytest.mark.parametrize("arch,msg", [("BertForMaskedLM", "architecture BertForMaskedLM is not supported")])
 def test_unsupported_architecture(tmp_path, arch, msg):
     make(tmp_path, "llama")
     cfg = json.loads((tmp_path / "config.json").read_text())
@@ -189,3 +188,27 @@ def test_gelu_is_a_checked_choice():
     with pytest.raises(ConfigError) as e:
         load_spec(None, {"model.name": "gpt", "model.gelu": "fast", "data.name": "reverse"})
     assert e.value.field == "model.gelu" and "'fast' is not one of exact, tanh" in _one_line(e)
+
+
+@pytest.mark.slow
+def test_mixtral_spec_fields_and_its_refusals(tmp_path):
+    """A Mixtral folder is tandem's MoE Llama (experts, top_k, expert_ffn from config.json, no shared experts);
+    router noise tandem does not add, or experts asked of a dense checkpoint, are one line each."""
+    make(tmp_path / "mx", "mixtral")
+    m = load_spec(None, {"model.name": f"hf:{tmp_path / 'mx'}", "data.name": "reverse"}).model
+    assert (m.name, m.experts, m.top_k, m.shared_experts, m.expert_ffn, m.ffn) == ("llama", 4, 2, 0, 48, 48)
+    assert m.hf["architecture"] == "MixtralForCausalLM"
+    with pytest.raises(ConfigError) as e:
+        load_spec(None, {"model.name": f"hf:{tmp_path / 'mx'}", "model.shared_experts": "1"})
+    assert "model.shared_experts = '1' but" in _one_line(e) and "gives 0" in _one_line(e)
+    assert load_spec(None, {"model.name": f"hf:{tmp_path / 'mx'}", "model.experts": "4"}).model.experts == 4
+    cfg = json.loads((tmp_path / "mx" / "config.json").read_text())
+    (tmp_path / "mx" / "config.json").write_text(json.dumps({**cfg, "router_jitter_noise": 0.1}))
+    with pytest.raises(ConfigError) as e:
+        load_spec(None, {"model.name": f"hf:{tmp_path / 'mx'}"})
+    assert "router_jitter_noise = 0.1: tandem's router adds no noise" in _one_line(e)
+    make(tmp_path / "dense", "llama")
+    with pytest.raises(ConfigError) as e:
+        load_spec(None, {"model.name": f"hf:{tmp_path / 'dense'}", "model.experts": "4"})
+    assert "is a dense LlamaForCausalLM" in _one_line(e) and e.value.field == "model.experts"
+    assert load_spec(None, {"model.name": f"hf:{tmp_path / 'dense'}", "model.experts": "0"}).model.experts == 0
