@@ -22,6 +22,7 @@ from torch import nn
 
 from tandem.core.errors import ConfigError
 from tandem.models.init import init_weights
+from tandem.models.kvcache import LOCAL, KVCache, cached_attention
 from tandem.models.layout import DecoderLayout
 
 GELU = {"exact": "none", "tanh": "tanh"}   # model.gelu -> F.gelu's approximate=
@@ -91,6 +92,15 @@ class Attention(nn.Module):
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.wo(y.transpose(1, 2).reshape(b, t, -1))
 
+    def forward_cached(self, x, cache, layer, rows, write_at, mask, comm) -> torch.Tensor:
+        """The attention with the KV cache (tandem/models/kvcache.py)."""
+        b, t, _ = x.shape
+        q = self.wq(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        y = cached_attention(q, k, v, cache, layer, rows, write_at, mask)
+        return comm.row(self.wo, y.transpose(1, 2).reshape(b, t, -1))
+
 
 class MLP(nn.Module):
     def __init__(self, c: GPTConfig):
@@ -101,6 +111,9 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(F.gelu(self.w1(x), approximate=self.approximate))
+
+    def forward_cached(self, x: torch.Tensor, comm) -> torch.Tensor:
+        return comm.row(self.w2, F.gelu(self.w1(x), approximate=self.approximate))
 
 
 class Block(nn.Module):
@@ -114,6 +127,10 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
         return x + self.mlp(self.ln2(x))
+
+    def forward_cached(self, x, cache, layer, rows, write_at, mask, comm) -> torch.Tensor:
+        x = x + self.attn.forward_cached(self.ln1(x), cache, layer, rows, write_at, mask, comm)
+        return x + self.mlp.forward_cached(self.ln2(x), comm)
 
 
 class GPT(nn.Module):
@@ -165,6 +182,17 @@ class GPT(nn.Module):
         if self.norm is not None:
             h = self.norm(h)
         return self.head(h) if self.head is not None else h
+
+    def forward_cached(self, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache | None, rows=None,
+                       write_at=None, mask=None, comm=None) -> torch.Tensor:
+        """Logits (B, T, vocab) of ``tokens`` at absolute positions ``pos`` (B, T), keys and values into
+        ``cache`` (a prefill with ``mask=None``, a one-token step under ``mask``; tandem/models/kvcache.py).
+        The whole model only (not a pipeline stage); the trainer's context parallel plays no part."""
+        c = comm or LOCAL
+        h = c.embed(self.tok_emb, tokens) + c.embed(self.pos_emb, pos)
+        for i, layer in enumerate(self.layers.values()):
+            h = layer.forward_cached(h, cache, i, rows, write_at, mask, c)
+        return c.head(self, self.norm(h))
 
 
 def gpt(layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 0, ffn: int = 0, seq: int = 16,

@@ -31,6 +31,7 @@ from torch import nn
 from tandem.core.decoder import check_llama, ffn_size, head_dim, rope_scaling
 from tandem.core.experts import check_moe
 from tandem.models.init import init_weights
+from tandem.models.kvcache import LOCAL, KVCache, cached_attention
 from tandem.models.layout import DecoderLayout
 from tandem.models.moe import GroupedExperts, MoE, init_expert
 
@@ -102,11 +103,15 @@ class Rotary(nn.Module):
         return torch.stack([angles.cos(), angles.sin()]).float()
 
 
-def rotate(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+def rotate(x: torch.Tensor, rope: torch.Tensor, pos: torch.Tensor | None = None) -> torch.Tensor:
     """x (B, T, heads, head_dim) turned by the angles of positions 0..T-1 (Hugging Face's rotate_half),
-    in float32 whatever autocast computed x in (as torchtitan and Hugging Face do)."""
+    or of each row's own absolute positions ``pos`` (B, T) (the cached forward), in float32 whatever
+    autocast computed x in (as torchtitan and Hugging Face do)."""
     t = x.shape[1]
-    cos, sin = rope[0, :t].unsqueeze(1), rope[1, :t].unsqueeze(1)   # (T, 1, head_dim): broadcast over heads
+    if pos is None:
+        cos, sin = rope[0, :t].unsqueeze(1), rope[1, :t].unsqueeze(1)   # (T, 1, head_dim): broadcast over heads
+    else:
+        cos, sin = rope[0][pos].unsqueeze(2), rope[1][pos].unsqueeze(2)   # (B, T, 1, head_dim)
     xf = x.float()
     a, b = xf.chunk(2, dim=-1)
     return (xf * cos + torch.cat([-b, a], dim=-1) * sin).type_as(x)
@@ -141,6 +146,19 @@ class Attention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
         return self.wo(y.transpose(1, 2).reshape(b, t, -1))
 
+    def forward_cached(self, x, rope, pos, cache, layer, rows, write_at, mask, comm) -> torch.Tensor:
+        """The attention with the KV cache (tandem/models/kvcache.py): keys are cached after their rotation,
+        each at its own absolute position."""
+        b, t, _ = x.shape
+        q = self.wq(x).view(b, t, -1, self.head_dim)
+        k = self.wk(x).view(b, t, -1, self.head_dim)
+        v = self.wv(x).view(b, t, -1, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotate(q, rope, pos).transpose(1, 2), rotate(k, rope, pos).transpose(1, 2)
+        y = cached_attention(q, k, v.transpose(1, 2), cache, layer, rows, write_at, mask)
+        return comm.row(self.wo, y.transpose(1, 2).reshape(b, t, -1))
+
 
 class MLP(nn.Module):
     """SwiGLU (Shazeer 2020): w2(silu(w1 x) * w3 x)."""
@@ -153,6 +171,9 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+    def forward_cached(self, x: torch.Tensor, comm) -> torch.Tensor:
+        return comm.row(self.w2, F.silu(self.w1(x)) * self.w3(x))
 
 
 class Block(nn.Module):
@@ -167,6 +188,12 @@ class Block(nn.Module):
         # rope by keyword: tp's input hooks (sequence parallel's all-gather) see x alone
         x = x + self.attn(self.attn_norm(x), rope=rope)
         return x + self.mlp(self.mlp_norm(x))
+
+    def forward_cached(self, x, rope, pos, cache, layer, rows, write_at, mask, comm) -> torch.Tensor:
+        x = x + self.attn.forward_cached(self.attn_norm(x), rope, pos, cache, layer, rows, write_at, mask, comm)
+        if isinstance(self.mlp, MoE):   # an MoE stays whole on every tp rank: nothing to reduce
+            return x + self.mlp(self.mlp_norm(x))
+        return x + self.mlp.forward_cached(self.mlp_norm(x), comm)
 
 
 def layout(c: LlamaConfig) -> DecoderLayout:
@@ -241,6 +268,18 @@ class Llama(nn.Module):
         if self.norm is not None:
             h = self.norm(h)
         return self.head(h) if self.head is not None else h
+
+    def forward_cached(self, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache | None, rows=None,
+                       write_at=None, mask=None, comm=None) -> torch.Tensor:
+        """Logits (B, T, vocab) of ``tokens`` at absolute positions ``pos`` (B, T), each row's queries and
+        keys turned by its own positions' angles, keys and values into ``cache`` (a prefill with
+        ``mask=None``, a one-token step under ``mask``; tandem/models/kvcache.py). The whole model only."""
+        c = comm or LOCAL
+        h = c.embed(self.tok_emb, tokens)
+        rope = self.rope.cache
+        for i, layer in enumerate(self.layers.values()):
+            h = layer.forward_cached(h, rope, pos, cache, i, rows, write_at, mask, c)
+        return c.head(self, self.norm(h))
 
 
 def from_spec(m) -> Llama:

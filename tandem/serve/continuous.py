@@ -1,10 +1,11 @@
-"""Iteration-level (continuous) batching for tandem's GPT: sequences join the running batch at the next
+"""Iteration-level (continuous) batching for tandem's decoders (GPT, Llama, MoE Llama): sequences join the running batch at the next
 decode step and leave it when done, each in its own KV-cache slot.
 
 ``Decoder`` owns the cache: one (slots, kv_heads, seq, head_dim) key and value tensor per block. A new
 sequence is prefilled alone into a free slot; a decode step feeds one token for every live slot at
 that slot's own position and attends over that slot's cached past only (a mask per row), so a row's
-numbers do not depend on which other sequences share the step. The forward is written against a
+numbers do not depend on which other sequences share the step. The forward is the model's own
+(``model.forward_cached``, tandem/models/kvcache.py), run against a
 ``Comm``: ``Local`` calls the model's own layers; a tensor-parallel rank (tp.py) swaps in the
 vocabulary-parallel embedding, the all-reduce after the row-parallel projections and the all-gather
 of the vocabulary-split logits, and the same decoder then runs on its slices.
@@ -20,57 +21,26 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
-from tandem.serve.kvcache import _attend, _heads
+from tandem.models.kvcache import KVCache, Local, model_positions, step_mask
 
-
-class Local:
-    """A whole model on one process."""
-
-    def embed(self, emb, idx):
-        return emb(idx)
-
-    def row(self, lin, x):
-        return lin(x)
-
-    def head(self, model, h):
-        return model.head(h)
+__all__ = ["Decoder", "Local", "Scheduler", "Seq"]
 
 
 class Decoder:
     def __init__(self, model, slots: int, comm=None):
         self.model, self.slots, self.comm = model, slots, comm or Local()
-        blk0 = next(iter(model.layers.values()))
-        d = blk0.attn.head_dim
-        kv = blk0.attn.wk.out_features // d        # this rank's kv heads under tp
-        self.seq = getattr(self.comm, "seq", 0) or int(model.pos_emb.weight.shape[0])   # tp: positions split
-        dt = model.tok_emb.weight.dtype
-        self.cache = [(torch.zeros(slots, kv, self.seq, d, dtype=dt), torch.zeros(slots, kv, self.seq, d, dtype=dt))
-                      for _ in model.layers]
+        self.seq = getattr(self.comm, "seq", 0) or model_positions(model)   # tp: a GPT's positions are split
+        self.cache = KVCache.empty(model, slots, self.seq)                  # this rank's kv heads under tp
 
     def forward(self, tokens, pos, rows=None, write_at=None, mask=None):
         """Logits (B, T, vocab) of ``tokens`` at positions ``pos``. With ``rows``: keys and values go
         into those cache slots at ``write_at`` (a slice: the prefill, causal over the new tokens; or
         per-row positions: a step, attending over the slot's cache under ``mask``). Without: a plain
         causal forward, nothing cached (predict)."""
-        c, m = self.comm, self.model
-        h = c.embed(m.tok_emb, tokens) + c.embed(m.pos_emb, pos)
-        for (ck, cv), blk in zip(self.cache, m.layers.values()):
-            a, x = blk.attn, blk.ln1(h)
-            q, k, v = _heads(a.wq(x), a.head_dim), _heads(a.wk(x), a.head_dim), _heads(a.wv(x), a.head_dim)
-            if mask is None:
-                if rows is not None:
-                    ck[rows, :, write_at], cv[rows, :, write_at] = k, v
-                y = _attend(q, k, v, None)
-            else:
-                ck[rows, :, write_at], cv[rows, :, write_at] = k[:, :, 0], v[:, :, 0]
-                width = mask.shape[-1]
-                y = _attend(q, ck[rows, :, :width], cv[rows, :, :width], mask)
-            h = h + c.row(a.wo, y.transpose(1, 2).reshape(h.shape[0], h.shape[1], -1))
-            mlp = blk.mlp
-            h = h + c.row(mlp.w2, F.gelu(mlp.w1(blk.ln2(h))))
-        return c.head(m, m.norm(h))
+        cache = self.cache if rows is not None else None
+        return self.model.forward_cached(tokens, pos, cache, rows=rows, write_at=write_at, mask=mask,
+                                         comm=self.comm)
 
     def prefill(self, slots: list[int], prompts: list[list[int]]) -> torch.Tensor:
         """The prompts into their slots, in one forward (right-padded: causal attention keeps the
@@ -87,10 +57,9 @@ class Decoder:
     def decode(self, slots: list[int], tokens: list[int], pos: list[int]) -> torch.Tensor:
         """One step: ``tokens[i]`` at position ``pos[i]`` of slot ``slots[i]``; logits (n, vocab)."""
         p = torch.tensor(pos)
-        width = int(p.max()) + 1
-        mask = (torch.arange(width).unsqueeze(0) <= p.unsqueeze(1)).view(len(slots), 1, 1, width)
         with torch.no_grad():
-            logits = self.forward(torch.tensor(tokens).unsqueeze(1), p.unsqueeze(1), torch.tensor(slots), p, mask)
+            logits = self.forward(torch.tensor(tokens).unsqueeze(1), p.unsqueeze(1), torch.tensor(slots), p,
+                                  step_mask(p))
         return logits[:, 0].float()
 
     def clear(self, slot: int) -> None:
