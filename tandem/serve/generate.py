@@ -7,6 +7,12 @@ wrote it, tandem.data.text.Codec reads it back): the run's ``data.path`` (for an
 its run dir too) unless ``--data DIR`` says otherwise. Sampling is plain: the logits of the last
 position over the model's last ``seq`` tokens, divided by the temperature (0: the most likely token),
 one token at a time, from a torch.Generator seeded by ``--seed``.
+
+Decoding uses the KV cache of tandem's decoders (``model.forward_cached``, tandem/models/kvcache.py, the
+forward ``tandem serve`` decodes with): the prompt is run once, then each new token is one cached step,
+while the text fits the model's ``seq`` positions. Past them the window of the last ``seq`` tokens
+slides, every position changes, and each token is a whole forward over that window, as for a model
+without the cached forward (a user factory's). Both give the same tokens (tests/serve/test_generate_cached.py).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from tandem.export import load
 from tandem.export.format import tied_names
 from tandem.export.source import open_source
 from tandem.models import build_model
+from tandem.models.kvcache import KVCache, model_positions, step_mask, supports
 
 
 @dataclass
@@ -56,17 +63,33 @@ def load_model(path: Path) -> Loaded:
 
 
 @torch.no_grad()
-def sample(model: torch.nn.Module, ids: list[int], n: int, seq: int, temperature: float, seed: int) -> list[int]:
+def sample(model: torch.nn.Module, ids: list[int], n: int, seq: int, temperature: float, seed: int,
+           cache: bool = True) -> list[int]:
+    """``n`` tokens after ``ids``; ``cache=False`` (or a model without ``forward_cached``): every token is a
+    whole forward over the last ``seq`` tokens (the reference the cached path is tested against)."""
     g = torch.Generator().manual_seed(seed)
     out = list(ids)
-    for _ in range(n):
+    cached = cache and supports(model) and seq <= model_positions(model)
+    if cached:   # prefill: the prompt (its last seq tokens) in one forward
+        kv = KVCache.empty(model, 1, seq)
         x = torch.tensor([out[-seq:]])
-        logits = model(x)[0, -1].float()
+        logits = model.forward_cached(x, torch.arange(x.shape[1]).unsqueeze(0), kv, write_at=slice(0, x.shape[1]))
+    else:
+        logits = model(torch.tensor([out[-seq:]]))
+    for step in range(n):
+        last = logits[0, -1].float()
         if temperature <= 0:
-            nxt = int(logits.argmax())
+            nxt = int(last.argmax())
         else:
-            nxt = int(torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=g))
+            nxt = int(torch.multinomial(torch.softmax(last / temperature, -1), 1, generator=g))
         out.append(nxt)
+        if step == n - 1:
+            break
+        if cached and len(out) <= seq:   # the whole text is in the cache: the new token at its own position
+            p = torch.tensor([len(out) - 1])
+            logits = model.forward_cached(torch.tensor([[nxt]]), p.unsqueeze(1), kv, write_at=p, mask=step_mask(p))
+        else:   # the window slides past seq: every position moves, nothing cached holds
+            logits = model(torch.tensor([out[-seq:]]))
     return out[len(ids):]
 
 
