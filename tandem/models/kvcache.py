@@ -69,6 +69,10 @@ class KVCache:
 
         return cls(zeros(), zeros())
 
+    def __iter__(self):
+        """(keys, values) of each block, in order."""
+        return iter(zip(self.keys, self.values))
+
     @property
     def slots(self) -> int:
         return self.keys[0].shape[0]

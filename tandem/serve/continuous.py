@@ -1,5 +1,5 @@
-"""Iteration-level (continuous) batching for tandem's decoders (GPT, Llama, MoE Llama): sequences join the running batch at the next
-decode step and leave it when done, each in its own KV-cache slot.
+"""Iteration-level (continuous) batching for tandem's decoders (GPT, Llama, MoE Llama): sequences join
+the running batch at the next decode step and leave it when done, each in its own KV-cache slot.
 
 ``Decoder`` owns the cache: one (slots, kv_heads, seq, head_dim) key and value tensor per block. A new
 sequence is prefilled alone into a free slot; a decode step feeds one token for every live slot at

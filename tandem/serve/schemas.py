@@ -26,6 +26,7 @@ import numpy as np
 
 from tandem.serve.messages import GREEDY_BELOW
 
+from tandem.core.decoder import DECODERS
 from tandem.core.extras import require
 
 require("serve", "tandem serve")  # the whole serving stack, checked before any of it is imported: a
@@ -100,7 +101,7 @@ class ModelInfo:
     def from_export(cls, folder: Path) -> "ModelInfo":
         cfg = json.loads((Path(folder) / "config.json").read_text())
         m, desc = cfg["model"], cfg["example_input"]
-        gpt = m["name"] == "gpt"
+        gpt = m["name"] in DECODERS   # gpt and llama (MoE too): token decoders, kind "gpt" for both
         # token ids into a factory's model: bounded by the vocab= it was built with, if it takes one
         # (0: no bound known, ids go to the model as they come)
         vocab = int(m.get("vocab", 0)) if gpt else int(cfg.get("factory", {}).get("kwargs", {}).get("vocab", 0))
