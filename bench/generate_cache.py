@@ -52,8 +52,9 @@ def main() -> None:
                 out[cache] = sample(m, ids, a.tokens, a.seq, 0.0, 0, cache=cache)
                 best[cache] = min(best[cache], time.perf_counter() - t0)
         params = sum(p.numel() for p in m.parameters())
-        print(f"{name:<6} {params / 1e6:>7.2f}M {best[False]:>11.3f} {best[True]:>9.3f} {a.tokens / best[False]:>15.1f} "
-              f"{a.tokens / best[True]:>13.1f} {best[False] / best[True]:>5.1f}x  {out[True] == out[False]}")
+        print(f"{name:<6} {params / 1e6:>7.2f}M {best[False]:>11.3f} {best[True]:>9.3f} "
+              f"{a.tokens / best[False]:>15.1f} {a.tokens / best[True]:>13.1f} {best[False] / best[True]:>5.1f}x  "
+              f"{out[True] == out[False]}")
 
 
 if __name__ == "__main__":
