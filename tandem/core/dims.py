@@ -102,12 +102,7 @@ class ParallelDims:
         both the planner's search (which marks such candidates) and `tandem train --plan` (which refuses
         them) read; the checks that need the model and batch (heads % tp, tied with pp, ...) are
         ``from_spec``'s."""
-        from tandem.core.spec import ParallelSpec   # the trainer runs ep once its spec has the field
-
         z = self.zero
-        if self.ep > 1 and "ep" not in ParallelSpec.__dataclass_fields__:
-            return (f"ep {self.ep}: expert parallelism is modelled by `tandem plan` only; the trainer does not run "
-                    "it yet")
         if self.ep > 1 and max(self.tp, self.pp, self.cp) > 1:   # tandem/core/experts.py check_ep says why
             return (f"ep {self.ep} with tp {self.tp} pp {self.pp} cp {self.cp}: the trainer splits experts over "
                     "data-parallel ranks only")
