@@ -9,7 +9,7 @@ from tandem.plan.inputs.model import mlp_act_coeff
 from tandem.plan.inputs.training import fused_attention
 from tandem.plan.terms.collectives import grad_reduce_bytes
 from tandem.plan.terms.grad_sync import deferred, reductions
-from tandem.plan.terms.memory import FUSED_LOSS_BYTES, activation_parts, loss_bytes, op_sac
+from tandem.plan.terms.memory import FUSED_LOSS_BYTES, LOSS_PARALLEL_BYTES, UNFUSED_LOSS_BYTES, activation_parts, loss_bytes, op_sac
 from tandem.plan.terms.params import expert_shard_group, shard_group, stage_states
 from tandem.plan.terms.stages import chunks, chunks_of, rounds, split, stage_inflight
 from tandem.plan.units import gib
@@ -74,7 +74,7 @@ def activation_sentence(p: Plan) -> str:
     how = inflight_arithmetic(p, parts["stage"])
     total, r = parts["total"], p.memory.peak_rank
     if r is not None:   # deferred gradient sync: the rank and moment memory.deferred_peak takes (grad_sync.peak)
-        logits = loss_bytes(t) * sq * s.micro_batch * g.vocab / s.tp if r == s.pp - 1 else 0.0
+        logits = loss_bytes(t, s.tp) * sq * s.micro_batch * g.vocab / s.tp if r == s.pp - 1 else 0.0
         total, how = p.memory.activations, ""
         layers = round((total - working - logits) / per, 6)
         where = (f" on pipeline rank {r}, at its peak of activations + gradients (pp_grad_sync {t.pp_grad_sync}: "
@@ -84,10 +84,13 @@ def activation_sentence(p: Plan) -> str:
             + (f" + the recomputed layer's working set {gib(working)} (its bytes without the score matrix, "
                f"held during its backward)" if working else "")
             + (f" + fp32 logits 4 x s x b x V / tp = 4 x {sq} x {s.micro_batch} x {g.vocab} / {s.tp} = {gib(logits)}"
-               if logits and loss_bytes(t) == FUSED_LOSS_BYTES else "")
+               if logits and loss_bytes(t, s.tp) == FUSED_LOSS_BYTES else "")
             + (f" + the unfused loss's fp32 log-softmax output and its two gradients, 12 x s x b x V / tp = 12 x {sq} x "
-               f"{s.micro_batch} x {g.vocab} / {s.tp} = {gib(logits)}" if logits and loss_bytes(t) != FUSED_LOSS_BYTES
+               f"{s.micro_batch} x {g.vocab} / {s.tp} = {gib(logits)}" if logits and loss_bytes(t, s.tp) == UNFUSED_LOSS_BYTES
                else "")
+            + (f" + torch's loss_parallel backward (the fp32 log-softmax, its zeros, exp and their sum), 16 x s x b x V "
+               f"/ tp = 16 x {sq} x {s.micro_batch} x {g.vocab} / {s.tp} = {gib(logits)}"
+               if logits and loss_bytes(t, s.tp) == LOSS_PARALLEL_BYTES else "")
             + f" = {gib(total)}.")
 
 

@@ -18,6 +18,12 @@ Rules, per runtime:
   (dp_overlap.fsdp), or waited for where each module's forward/backward needs them (exposed).
 - ``efficiency``: None, the per-architecture model (efficiency.py: linear layers, attention and memory-bound
   kernels charged apart); or one end-to-end share of peak for every FLOP, as --efficiency.
+- ``loss_parallel``: under tp, the unfused loss runs as torch's ``loss_parallel`` (DTensor's vocabulary-sharded
+  cross-entropy, whose fused backward holds 16 B a logit; memory.loss_bytes), not as a plain F.cross_entropy.
+- ``pp_outputs``: what torch.distributed.pipelining keeps of each micro-batch until the step ends
+  (memory.pipeline_buffers): ``all``, every stage's outputs and its inputs' gradients (torch before PR #153383,
+  May 2025, and PR #164329, Oct 2025: the torch torchtitan's report ran, 1963fc8); ``last``, the last stage's
+  outputs only, the inputs' gradients freed once sent (torch 2.13, the one tandem's trainer runs).
 """
 
 from __future__ import annotations
@@ -41,20 +47,35 @@ class Runtime:
     zero3_prefetch: bool             # ZeRO-3 all-gathers prefetched (FSDP) or exposed
     efficiency: float | None         # one end-to-end share of peak (None: efficiency.py's per-architecture model)
     sources: tuple[tuple[str, str], ...]   # (rule, source)
+    loss_parallel: bool = False      # tp's unfused loss is torch's loss_parallel (16 B a logit at its peak)
+    pp_outputs: str = "last"         # all | last: the micro-batches' stage outputs torch's pipelining keeps a step
 
 
 _FSDP2 = ("zero3_prefetch", "torch FSDP2 fully_shard: the next block's all-gather issued during this block's compute "
                             "(implicit prefetch, forward and backward; Zhao et al. VLDB 2023 §3.3 for FSDP1)")
+_LOSS_PARALLEL = ("loss_parallel", "torch.distributed.tensor.parallel.loss_parallel: _nll_loss_and_log_softmax_backward "
+                                   "returns (zeros_like(x) + exp(x)) * grad with the saved fp32 log-softmax x alive: "
+                                   "16 B a logit at the loss's peak (12 B for F.cross_entropy's own backward)")
 _SDPA = ("attention", "torch.nn.functional.scaled_dot_product_attention picks the flash (sm80+) or cuDNN (Hopper) "
                       "backend for bf16/fp16 on these GPUs")
 RUNTIMES: dict[str, Runtime] = {r.name: r for r in [
     Runtime("tandem", "tandem train (torch >= 2.4: FSDP2 fully_shard / DDP, SDPA attention)", "sdpa", "fp32", True,
             None, (_SDPA, ("grad_reduce", "autocast over fp32 weights: fp32 gradients, reduced as stored "
                                           "(tandem/train/parallel); FSDP2's MixedPrecisionPolicy(reduce_dtype=fp32) "
-                                          "for bf16 weights, as torchtitan"), _FSDP2)),
+                                          "for bf16 weights, as torchtitan"), _FSDP2,
+                       (_LOSS_PARALLEL[0], _LOSS_PARALLEL[1] + "; tandem's spec loss_parallel = true"),
+                       ("pp_outputs", "torch 2.13 stage.py: output_chunks appended on the last stage only; "
+                                      "_backward.stage_backward sets the inputs' .grad to None once extracted")),
+            loss_parallel=True, pp_outputs="last"),
     Runtime("torchtitan", "torchtitan (2024-2025: FSDP2, SDPA, MixedPrecisionPolicy bf16 params / fp32 reduce)",
             "sdpa", "fp32", True, None,
-            (_SDPA, ("grad_reduce", "torchtitan's mixed_precision_reduce = float32 default"), _FSDP2)),
+            (_SDPA, ("grad_reduce", "torchtitan's mixed_precision_reduce = float32 default"), _FSDP2,
+             (_LOSS_PARALLEL[0], _LOSS_PARALLEL[1] + "; torchtitan's disable_loss_parallel = false default"),
+             ("pp_outputs", "torch 1963fc8 (torchtitan's performance report, 2024-12-23) stage.py: forward_one_chunk "
+                            "appends every stage's output to output_chunks (cleared at the next step; last stage only "
+                            "since PR #153383), stage_backward leaves each input's gradient in the receive buffer's "
+                            ".grad until clear_runtime_states (freed early since PR #164329)")),
+            loss_parallel=True, pp_outputs="all"),
     Runtime("megatron", "Megatron-LM / NeMo (Megatron-core >= 0.5, Transformer Engine)", "sdpa", None, True, None,
             (("attention", "Transformer Engine's fused attention (cuDNN / FlashAttention-2)"),
              ("grad_reduce", "distributed optimizer: BF16 gradients reduced in FP32 (grad_reduce_in_fp32 with "

@@ -15,6 +15,7 @@ from functools import lru_cache
 
 from tandem.plan.inputs.hardware import Cluster
 from tandem.plan.inputs.model import ModelStats, MoEShape, expert_params, mlp_act_coeff, moe_params
+from tandem.plan.inputs.runtime import RUNTIMES
 from tandem.plan.inputs.training import Strategy, Training, fused_attention
 from tandem.plan.terms.collectives import grad_reduce_bytes
 from tandem.plan.terms.fsdp_copies import units as fsdp_units
@@ -31,13 +32,22 @@ CONTEXT_BYTES = 1.0 * 1024**3   # CUDA context, cuBLAS/cuDNN workspaces, allocat
 #   log_softmax's FP32 output (saved for backward), then in backward nll_loss's FP32 gradient of it and
 #   log_softmax's FP32 gradient of its input, 4 B each, all alive at once: 12 B (the 16-bit logits are freed
 #   before backward, torchtitan's `del pred`; the forward's own peak, 2 + 4 + 4 B, is lower).
-FUSED_LOSS_BYTES, UNFUSED_LOSS_BYTES = 4, 12
+# - unfused under tp with torch's loss_parallel (torchtitan's and tandem's default; runtime.py): the logits stay
+#   sharded over the vocabulary and DTensor's handlers run the loss. Its backward
+#   (torch/distributed/tensor/parallel/loss.py, _nll_loss_and_log_softmax_backward, the same from torch 2.3 to 2.13)
+#   returns (zeros_like(x) + exp(x)) * grad_output with x the saved FP32 log-softmax: x, the zeros, exp(x) and
+#   their sum (then the product) alive at once, 16 B (its forward: 2 + 4 + shifted 4 + exp 4 = 14 B). Measured on
+#   CPU, live storages under a dispatch mode at world 2: 12.0 B native, 16.0 B loss_parallel
+#   (tests/plan/terms/test_memory.py).
+FUSED_LOSS_BYTES, UNFUSED_LOSS_BYTES, LOSS_PARALLEL_BYTES = 4, 12, 16
 
 
-def loss_bytes(t: Training) -> int:
+def loss_bytes(t: Training, tp: int = 1) -> int:
     """Bytes per logit element at the loss's peak: the fused-loss rule bandwidth_bound.layer_ops times it by."""
     fused = t.kernels != "eager" if t.fused_loss is None else t.fused_loss
-    return FUSED_LOSS_BYTES if fused else UNFUSED_LOSS_BYTES
+    if fused:
+        return FUSED_LOSS_BYTES
+    return LOSS_PARALLEL_BYTES if tp > 1 and RUNTIMES[t.runtime].loss_parallel else UNFUSED_LOSS_BYTES
 
 
 @dataclass
@@ -140,7 +150,7 @@ def activation_parts(m: ModelStats, s: Strategy, t: Training, micro_batches: int
     """
     return dict(_activation_parts(m.gpt, m.moe, t.bytes["act"], fused_attention(t, s), s.tp, s.cp, s.pp, s.micro_batch,
                                   s.recompute, chunks_of(s), s.schedule == "gpipe", s.stage_layers, micro_batches,
-                                  loss_bytes(t), op_sac(t, m)))
+                                  loss_bytes(t, s.tp), op_sac(t, m)))
 
 
 @lru_cache(maxsize=65536)   # pure: the search asks for the same parts across ZeRO stages and hsdp (callers copy)
@@ -268,7 +278,7 @@ def deferred_peak(m: ModelStats, t: Training, s: Strategy, micro_batches: int,
     for r in range(s.pp):   # extra: the embedding (first rank), the output layer and final norm (last)
         extra = (sp[r] - layers[r] * g.layer_params()) * per_param
         a, gr = peak(held[r], s.pp, micro_batches, r, parts["per_layer"], grad_layer, extra, every)
-        a += parts["working"] + (loss_bytes(t) * (g.seq // s.cp) * s.micro_batch * g.vocab / s.tp
+        a += parts["working"] + (loss_bytes(t, s.tp) * (g.seq // s.cp) * s.micro_batch * g.vocab / s.tp
                                  if r == s.pp - 1 else 0.0)
         if a + gr > sum(best):
             best, rank = (a, gr), r
