@@ -23,7 +23,7 @@ Rules, per runtime:
 - ``pp_outputs``: what torch.distributed.pipelining keeps of each micro-batch until the step ends
   (memory.pipeline_buffers): ``all``, every stage's outputs and its inputs' gradients (torch before PR #153383,
   May 2025, and PR #164329, Oct 2025: the torch torchtitan's report ran, 1963fc8); ``last``, the last stage's
-  outputs only, the inputs' gradients freed once sent (torch 2.13, the one tandem's trainer runs).
+  outputs only, the inputs' gradients freed once sent (torch 2.13); None, not torch's pipelining (not counted).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class Runtime:
     efficiency: float | None         # one end-to-end share of peak (None: efficiency.py's per-architecture model)
     sources: tuple[tuple[str, str], ...]   # (rule, source)
     loss_parallel: bool = False      # tp's unfused loss is torch's loss_parallel (16 B a logit at its peak)
-    pp_outputs: str = "last"         # all | last: the micro-batches' stage outputs torch's pipelining keeps a step
+    pp_outputs: str | None = None    # all | last: what torch's pipelining keeps a step (None: not its pipeline)
 
 
 _FSDP2 = ("zero3_prefetch", "torch FSDP2 fully_shard: the next block's all-gather issued during this block's compute "
@@ -64,9 +64,11 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in [
                                           "(tandem/train/parallel); FSDP2's MixedPrecisionPolicy(reduce_dtype=fp32) "
                                           "for bf16 weights, as torchtitan"), _FSDP2,
                        (_LOSS_PARALLEL[0], _LOSS_PARALLEL[1] + "; tandem's spec loss_parallel = true"),
-                       ("pp_outputs", "torch 2.13 stage.py: output_chunks appended on the last stage only; "
-                                      "_backward.stage_backward sets the inputs' .grad to None once extracted")),
-            loss_parallel=True, pp_outputs="last"),
+                       ("pp_outputs", "not modelled (None): the buffers are counted where FSDP2 runs under "
+                                      "torch's pipelining with one reduction a step or round (grad_sync.deferred); "
+                                      "tandem's trainer refuses ZeRO with pp > 1, and the published rows planned so "
+                                      "under this runtime (Llama 3's) ran Meta's own pipeline")),
+            loss_parallel=True),
     Runtime("torchtitan", "torchtitan (2024-2025: FSDP2, SDPA, MixedPrecisionPolicy bf16 params / fp32 reduce)",
             "sdpa", "fp32", True, None,
             (_SDPA, ("grad_reduce", "torchtitan's mixed_precision_reduce = float32 default"), _FSDP2,

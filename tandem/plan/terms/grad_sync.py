@@ -68,25 +68,34 @@ def model_state_bytes(t: Training, s: Strategy, psi: float, d: int, reduce_bytes
 
 
 def peak(held: tuple[int, ...], pp: int, m: int, rank: int, act_layer: float, grad_layer: float,
-         grad_extra: float = 0.0, every: int = 0) -> tuple[float, float]:
-    """(activation, gradient) bytes at rank ``rank``'s peak of their sum when gradients are accumulated
+         grad_extra: float = 0.0, every: int = 0, fly: tuple[float, ...] = (), keep_f: tuple[float, ...] = (),
+         keep_b: tuple[float, ...] = (), at_b: tuple[float, ...] = ()) -> tuple[float, float, float]:
+    """(activation, gradient, pipeline) bytes at rank ``rank``'s peak of their sum when gradients are accumulated
     unsharded: a chunk's buffer (``grad_layer`` a layer, + ``grad_extra`` on chunk 0 of the first rank or the
     last chunk of the last: embedding, output layer) is allocated at its first backward and held until it is
     reduced, after its last backward of the step (``every`` 0) or after every ``every`` backwards (a round),
-    while that backward still holds its activations; ``act_layer`` a layer per micro-batch."""
-    v, act, grads, best = len(held), 0.0, 0.0, (0.0, 0.0)
+    while that backward still holds its activations; ``act_layer`` a layer per micro-batch. Per chunk, the
+    pipeline's own tensors (memory.pipeline_buffers): ``fly`` bytes held from a micro-batch's forward to its
+    backward, ``keep_f`` from its forward and ``keep_b`` from its backward to the step's end (counted in the
+    activations; the third number is their share at the peak); ``at_b`` bytes live only during a backward of the
+    chunk (the last stage's loss)."""
+    v, act, grads, pipe, best = len(held), 0.0, 0.0, 0.0, (0.0, 0.0, 0.0)
+    fly, keep_f, keep_b, at_b = (x or (0.0,) * v for x in (fly, keep_f, keep_b, at_b))
     done = [0] * v
     extra_chunk = 0 if rank == 0 else v - 1 if rank == pp - 1 else -1
     size = [held[c] * grad_layer + (grad_extra if c == extra_chunk else 0.0) for c in range(v)]
     for kind, c in schedule_order(v, pp, m, rank):
         if kind == "F":
-            act += held[c] * act_layer
+            act += held[c] * act_layer + fly[c] + keep_f[c]
+            pipe += fly[c] + keep_f[c]
         elif done[c] % (every or m) == 0:
             grads += size[c]
-        if act + grads > sum(best):
-            best = (act, grads)
+        now = at_b[c] if kind == "B" else 0.0
+        if act + now + grads > best[0] + best[1]:
+            best = (act + now, grads, pipe)
         if kind == "B":
-            act -= held[c] * act_layer
+            act += keep_b[c] - held[c] * act_layer - fly[c]
+            pipe += keep_b[c] - fly[c]
             done[c] += 1
             if every and done[c] % every == 0:
                 grads -= size[c]

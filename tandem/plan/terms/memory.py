@@ -61,6 +61,7 @@ class Memory:
     notes: list[str]
     peak_rank: int | None = None   # under deferred gradient sync: the pipeline rank whose activations + gradients peak
     reserve: float = 0.0           # --allocator-reserve: the caching allocator's cache beyond the tensors' peak
+    pipeline: float = 0.0          # of activations, under deferred sync: torch pipelining's buffers (pipeline_buffers)
 
     @property
     def total(self) -> float:
@@ -217,8 +218,9 @@ def memory(m: ModelStats, c: Cluster, t: Training, s: Strategy, micro_batches: i
     ob = t.optimizer_bytes
     optim = psi * ob / (d if zero >= 1 else 1) + psi_e * ob / (de if zero >= 1 else 1)
     b, peak_rank = s.micro_batch, None
+    pipe = 0.0
     if defer:   # the rank whose activations + gradients accumulated so far peak highest
-        act, grads, peak_rank = deferred_peak(m, t, s, micro_batches, grads - psi * by["grad"] / d)
+        act, grads, peak_rank, pipe = deferred_peak(m, t, s, micro_batches, grads - psi * by["grad"] / d)
         grads += psi * by["grad"] / d
     elif m.gpt is not None:
         act = activation_parts(m, s, t, micro_batches)["total"]
@@ -242,7 +244,7 @@ def memory(m: ModelStats, c: Cluster, t: Training, s: Strategy, micro_batches: i
     # the allocator's reserve as the fraction given (reserved over allocated, minus 1; default 0: no source gives
     # one that holds across workloads), of everything but the CUDA context
     reserve = t.allocator_reserve * (params + grads + optim + act + other - CONTEXT_BYTES)
-    return Memory(params, grads, optim, act, other, c.gpu.memory_bytes, notes, peak_rank, reserve)
+    return Memory(params, grads, optim, act, other, c.gpu.memory_bytes, notes, peak_rank, reserve, pipe)
 
 
 def fsdp_inflight_bytes(m: ModelStats, t: Training, s: Strategy, psi: float) -> float:
@@ -263,9 +265,10 @@ def fsdp_inflight_bytes(m: ModelStats, t: Training, s: Strategy, psi: float) -> 
 
 
 def deferred_peak(m: ModelStats, t: Training, s: Strategy, micro_batches: int,
-                  full: float) -> tuple[float, float, int]:
-    """(activations, unsharded gradients, pipeline rank) at the peak of their sum over the pipeline ranks when gradients
-    are reduced once a step (grad_sync.peak); ``full``: the busiest stage's whole unsharded gradient bytes."""
+                  full: float) -> tuple[float, float, int, float]:
+    """(activations, unsharded gradients, pipeline rank, torch pipelining's share of the activations) at the peak of
+    activations + gradients over the pipeline ranks when gradients are reduced once a step (grad_sync.peak);
+    ``full``: the busiest stage's whole unsharded gradient bytes."""
     g = m.gpt
     parts = activation_parts(m, s, t, micro_batches)
     v = chunks_of(s)
@@ -274,15 +277,55 @@ def deferred_peak(m: ModelStats, t: Training, s: Strategy, micro_batches: int,
     per_param = full / max_stage_params(g, layers)   # gradient bytes per parameter of a stage (/ tp inside)
     grad_layer, sp = g.layer_params() * per_param, stage_params(g, layers)
     n = reductions(t, s, micro_batches)
-    every, best, rank = (micro_batches // n if n > 1 else 0), (0.0, 0.0), 0
+    every, best, rank = (micro_batches // n if n > 1 else 0), (0.0, 0.0, 0.0), 0
+    loss = loss_bytes(t, s.tp) * (g.seq // s.cp) * s.micro_batch * g.vocab / s.tp
     for r in range(s.pp):   # extra: the embedding (first rank), the output layer and final norm (last)
         extra = (sp[r] - layers[r] * g.layer_params()) * per_param
-        a, gr = peak(held[r], s.pp, micro_batches, r, parts["per_layer"], grad_layer, extra, every)
-        a += parts["working"] + (loss_bytes(t, s.tp) * (g.seq // s.cp) * s.micro_batch * g.vocab / s.tp
-                                 if r == s.pp - 1 else 0.0)
-        if a + gr > sum(best):
-            best, rank = (a, gr), r
-    return (*best, rank)
+        const, fly, keep_f, keep_b = pipeline_buffers(m, t, s, micro_batches, r)
+        # the loss's bytes live during the last stage's backwards only (the last chunk of the last rank)
+        at_b = tuple(loss if r == s.pp - 1 and c == v - 1 else 0.0 for c in range(v))
+        a, gr, pipe = peak(held[r], s.pp, micro_batches, r, parts["per_layer"], grad_layer, extra, every,
+                           fly, keep_f, keep_b, at_b)
+        a += const + parts["working"]
+        if a + gr > best[0] + best[1]:
+            best, rank = (a, gr, pipe + const), r
+    return best[0], best[1], rank, best[2]
+
+
+def pipeline_buffers(m: ModelStats, t: Training, s: Strategy, micro_batches: int,
+                     rank: int) -> tuple[float, tuple[float, ...], tuple[float, ...], tuple[float, ...]]:
+    """What torch.distributed.pipelining (PipelineStage, its schedules) holds on pipeline rank ``rank`` besides the
+    layers' activations, in bytes: (allocated once, and per chunk the bytes a micro-batch holds from its forward to
+    its backward, from its forward to the step's end, from its backward to the step's end; grad_sync.peak walks them).
+    Chunk c of rank r is stage c x pp + r. At a stage boundary a micro-batch's tensor is b x s/cp x h / tp
+    (sequence-sharded under tp: torchtitan's blocks end in RowwiseParallel(output_layouts=Shard(1))), the last
+    stage's output its logits, b x s/cp x V / tp (vocabulary-sharded), both in the activations' dtype. stage.py:
+    - receive buffers, one per micro-batch, made once (_prepare_forward_infra / _prepare_backward_infra: a
+      _RecvInfo buffer from _make_tensor_from_meta for each chunk id) and kept: an activation buffer on every stage
+      but the first, a gradient buffer on every stage but the last; the stage's first block saves its input, which
+      is that buffer (counted once: taken off the in-flight activations);
+    - each micro-batch's output: in fwd_cache until its backward, and in output_chunks to the step's end on the
+      last stage (every stage under the runtime's pp_outputs "all": torch before PR #153383);
+    - under "all", each input's gradient, left in the receive buffer's .grad by stage_backward until
+      clear_runtime_states at the next step (freed once sent since PR #164329)."""
+    g, pp, v = m.gpt, s.pp, chunks_of(s)
+    rule = RUNTIMES[t.runtime].pp_outputs
+    if rule is None:   # not torch's pipelining (runtime.py): not counted
+        return 0.0, (), (), ()
+    act = t.bytes["act"]
+    bound = s.micro_batch * (g.seq // s.cp) * g.hidden / s.tp * act
+    logits = s.micro_batch * (g.seq // s.cp) * g.vocab / s.tp * act
+    keep_all = rule == "all"
+    const, fly, keep_f, keep_b = 0.0, [], [], []
+    for c in range(v):
+        k = c * pp + rank
+        first, last = k == 0, k == v * pp - 1
+        out, inb = (logits if last else bound), (0.0 if first else bound)
+        const += micro_batches * (inb + (0.0 if last else out))
+        keep_f.append(out if keep_all or last else 0.0)
+        fly.append((0.0 if keep_all or last else out) - inb)
+        keep_b.append(inb if keep_all else 0.0)
+    return const, tuple(fly), tuple(keep_f), tuple(keep_b)
 
 
 def states_per_gpu(m: MoEShape, tp: int, pp: int, ep: int, dp: int, zero: int, by: dict, optimizer_bytes: int) -> dict:
