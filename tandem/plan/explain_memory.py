@@ -74,11 +74,14 @@ def activation_sentence(p: Plan) -> str:
     how = inflight_arithmetic(p, parts["stage"])
     total, r = parts["total"], p.memory.peak_rank
     if r is not None:   # deferred gradient sync: the rank and moment memory.deferred_peak takes (grad_sync.peak)
-        logits = loss_bytes(t, s.tp) * sq * s.micro_batch * g.vocab / s.tp if r == s.pp - 1 else 0.0
+        logits, pipe = p.memory.peak_loss, p.memory.pipeline
         total, how = p.memory.activations, ""
-        layers = round((total - working - logits) / per, 6)
+        layers = round((total - working - logits - pipe) / per, 6)
         where = (f" on pipeline rank {r}, at its peak of activations + gradients (pp_grad_sync {t.pp_grad_sync}: "
                  f"the grad_sync line; grad_sync.peak walks stages.schedule_order)")
+        if pipe:
+            where += (f" + torch's pipelining buffers {gib(pipe)} (a receive buffer per micro-batch, the outputs "
+                      f"and inputs' gradients it keeps: memory.pipeline_buffers, runtime {t.runtime})")
     return (f"Activations: {form}{f' x {scale:g} ({t.precision})' if scale != 1 else ''} = {gib(per)} per layer "
             f"x {layers:.4g} layers in flight{where}{how}"
             + (f" + the recomputed layer's working set {gib(working)} (its bytes without the score matrix, "

@@ -69,8 +69,8 @@ def model_state_bytes(t: Training, s: Strategy, psi: float, d: int, reduce_bytes
 
 def peak(held: tuple[int, ...], pp: int, m: int, rank: int, act_layer: float, grad_layer: float,
          grad_extra: float = 0.0, every: int = 0, fly: tuple[float, ...] = (), keep_f: tuple[float, ...] = (),
-         keep_b: tuple[float, ...] = (), at_b: tuple[float, ...] = ()) -> tuple[float, float, float]:
-    """(activation, gradient, pipeline) bytes at rank ``rank``'s peak of their sum when gradients are accumulated
+         keep_b: tuple[float, ...] = (), at_b: tuple[float, ...] = ()) -> tuple[float, float, float, float]:
+    """(activation, gradient, pipeline, at_b) bytes at rank ``rank``'s peak of their sum when gradients are accumulated
     unsharded: a chunk's buffer (``grad_layer`` a layer, + ``grad_extra`` on chunk 0 of the first rank or the
     last chunk of the last: embedding, output layer) is allocated at its first backward and held until it is
     reduced, after its last backward of the step (``every`` 0) or after every ``every`` backwards (a round),
@@ -78,8 +78,8 @@ def peak(held: tuple[int, ...], pp: int, m: int, rank: int, act_layer: float, gr
     pipeline's own tensors (memory.pipeline_buffers): ``fly`` bytes held from a micro-batch's forward to its
     backward, ``keep_f`` from its forward and ``keep_b`` from its backward to the step's end (counted in the
     activations; the third number is their share at the peak); ``at_b`` bytes live only during a backward of the
-    chunk (the last stage's loss)."""
-    v, act, grads, pipe, best = len(held), 0.0, 0.0, 0.0, (0.0, 0.0, 0.0)
+    chunk (the last stage's loss; in the activations, the fourth number where the peak is such a backward)."""
+    v, act, grads, pipe, best = len(held), 0.0, 0.0, 0.0, (0.0, 0.0, 0.0, 0.0)
     fly, keep_f, keep_b, at_b = (x or (0.0,) * v for x in (fly, keep_f, keep_b, at_b))
     done = [0] * v
     extra_chunk = 0 if rank == 0 else v - 1 if rank == pp - 1 else -1
@@ -92,7 +92,7 @@ def peak(held: tuple[int, ...], pp: int, m: int, rank: int, act_layer: float, gr
             grads += size[c]
         now = at_b[c] if kind == "B" else 0.0
         if act + now + grads > best[0] + best[1]:
-            best = (act + now, grads, pipe)
+            best = (act + now, grads, pipe, now)
         if kind == "B":
             act += keep_b[c] - held[c] * act_layer - fly[c]
             pipe += keep_b[c] - fly[c]

@@ -62,6 +62,7 @@ class Memory:
     peak_rank: int | None = None   # under deferred gradient sync: the pipeline rank whose activations + gradients peak
     reserve: float = 0.0           # --allocator-reserve: the caching allocator's cache beyond the tensors' peak
     pipeline: float = 0.0          # of activations, under deferred sync: torch pipelining's buffers (pipeline_buffers)
+    peak_loss: float = 0.0         # of activations, under deferred sync: the loss's bytes, where live at the peak
 
     @property
     def total(self) -> float:
@@ -218,9 +219,9 @@ def memory(m: ModelStats, c: Cluster, t: Training, s: Strategy, micro_batches: i
     ob = t.optimizer_bytes
     optim = psi * ob / (d if zero >= 1 else 1) + psi_e * ob / (de if zero >= 1 else 1)
     b, peak_rank = s.micro_batch, None
-    pipe = 0.0
+    pipe = live_loss = 0.0
     if defer:   # the rank whose activations + gradients accumulated so far peak highest
-        act, grads, peak_rank, pipe = deferred_peak(m, t, s, micro_batches, grads - psi * by["grad"] / d)
+        act, grads, peak_rank, pipe, live_loss = deferred_peak(m, t, s, micro_batches, grads - psi * by["grad"] / d)
         grads += psi * by["grad"] / d
     elif m.gpt is not None:
         act = activation_parts(m, s, t, micro_batches)["total"]
@@ -244,7 +245,7 @@ def memory(m: ModelStats, c: Cluster, t: Training, s: Strategy, micro_batches: i
     # the allocator's reserve as the fraction given (reserved over allocated, minus 1; default 0: no source gives
     # one that holds across workloads), of everything but the CUDA context
     reserve = t.allocator_reserve * (params + grads + optim + act + other - CONTEXT_BYTES)
-    return Memory(params, grads, optim, act, other, c.gpu.memory_bytes, notes, peak_rank, reserve, pipe)
+    return Memory(params, grads, optim, act, other, c.gpu.memory_bytes, notes, peak_rank, reserve, pipe, live_loss)
 
 
 def fsdp_inflight_bytes(m: ModelStats, t: Training, s: Strategy, psi: float) -> float:
@@ -265,9 +266,9 @@ def fsdp_inflight_bytes(m: ModelStats, t: Training, s: Strategy, psi: float) -> 
 
 
 def deferred_peak(m: ModelStats, t: Training, s: Strategy, micro_batches: int,
-                  full: float) -> tuple[float, float, int, float]:
-    """(activations, unsharded gradients, pipeline rank, torch pipelining's share of the activations) at the peak of
-    activations + gradients over the pipeline ranks when gradients are reduced once a step (grad_sync.peak);
+                  full: float) -> tuple[float, float, int, float, float]:
+    """(activations, unsharded gradients, pipeline rank, torch pipelining's and the loss's shares of the activations)
+    at the peak of activations + gradients over the pipeline ranks when gradients are reduced once a step (grad_sync.peak);
     ``full``: the busiest stage's whole unsharded gradient bytes."""
     g = m.gpt
     parts = activation_parts(m, s, t, micro_batches)
@@ -277,19 +278,19 @@ def deferred_peak(m: ModelStats, t: Training, s: Strategy, micro_batches: int,
     per_param = full / max_stage_params(g, layers)   # gradient bytes per parameter of a stage (/ tp inside)
     grad_layer, sp = g.layer_params() * per_param, stage_params(g, layers)
     n = reductions(t, s, micro_batches)
-    every, best, rank = (micro_batches // n if n > 1 else 0), (0.0, 0.0, 0.0), 0
+    every, best, rank = (micro_batches // n if n > 1 else 0), (0.0, 0.0, 0.0, 0.0), 0
     loss = loss_bytes(t, s.tp) * (g.seq // s.cp) * s.micro_batch * g.vocab / s.tp
     for r in range(s.pp):   # extra: the embedding (first rank), the output layer and final norm (last)
         extra = (sp[r] - layers[r] * g.layer_params()) * per_param
         const, fly, keep_f, keep_b = pipeline_buffers(m, t, s, micro_batches, r)
         # the loss's bytes live during the last stage's backwards only (the last chunk of the last rank)
         at_b = tuple(loss if r == s.pp - 1 and c == v - 1 else 0.0 for c in range(v))
-        a, gr, pipe = peak(held[r], s.pp, micro_batches, r, parts["per_layer"], grad_layer, extra, every,
-                           fly, keep_f, keep_b, at_b)
+        a, gr, pipe, live = peak(held[r], s.pp, micro_batches, r, parts["per_layer"], grad_layer, extra, every,
+                                 fly, keep_f, keep_b, at_b)
         a += const + parts["working"]
         if a + gr > best[0] + best[1]:
-            best, rank = (a, gr, pipe + const), r
-    return best[0], best[1], rank, best[2]
+            best, rank = (a, gr, pipe + const, live), r
+    return best[0], best[1], rank, best[2], best[3]
 
 
 def pipeline_buffers(m: ModelStats, t: Training, s: Strategy, micro_batches: int,

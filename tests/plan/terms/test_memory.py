@@ -119,3 +119,82 @@ def test_deferred_sync_activations_line_describes_the_memory_lines_rank():
     per, layers = re.search(r"= ([\d.]+) MiB per layer x ([\d.]+) layers in flight", act).groups()
     logits = 4 * 4096 * 256000 / 2**20
     assert (float(per) * float(layers) + logits) * 2**20 == pytest.approx(p.memory.activations, rel=0.002)
+
+
+@pytest.mark.slow   # imports torch.distributed.tensor (~6 s on 2 loaded cores); the planner's own tests need no torch
+def test_loss_bytes_per_logit_are_what_torch_allocates(tmp_path):
+    """memory.loss_bytes' 12 B (F.cross_entropy(logits.float())) and 16 B (torch's loss_parallel under tp), measured:
+    every storage an op makes is counted while alive (a dispatch mode; freed by refcount), inside loss_parallel's own
+    handlers too, over the backward of a (tokens x vocabulary) bf16 logit matrix whose forward kept its FP32
+    log-softmax (torchtitan's `del pred` before backward). One gloo rank: the vocabulary shard is the whole
+    vocabulary, the DTensor handlers the same as at any tp."""
+    import contextlib
+    import weakref
+
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.tensor.parallel.loss as lp
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    from tandem.plan.terms.memory import LOSS_PARALLEL_BYTES, UNFUSED_LOSS_BYTES
+
+    live = {"now": 0, "peak": 0, "seen": set()}
+
+    class Live(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for x in tree_flatten(out)[0]:
+                if isinstance(x, torch.Tensor):
+                    x = getattr(x, "_local_tensor", x)
+                    try:
+                        st = x.untyped_storage()
+                        key = st.data_ptr()
+                    except RuntimeError:   # a functional collective's async wrapper: no storage of its own
+                        continue
+                    if key in live["seen"] or not st.nbytes():
+                        continue
+                    live["seen"].add(key)
+                    live["now"] += st.nbytes()
+                    live["peak"] = max(live["peak"], live["now"])
+                    weakref.finalize(st, lambda k=key, n=st.nbytes(): (live.__setitem__("now", live["now"] - n),
+                                                                        live["seen"].discard(k)))
+            return out
+
+    def inside(f):   # loss_parallel's handlers call plain ops on the local shards: count those too
+        def run(*a, **k):
+            with Live():
+                return f(*a, **k)
+        return run
+
+    tokens, vocab = 1024, 2048
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        target = torch.randint(0, vocab, (tokens,), generator=torch.Generator().manual_seed(0))
+        peaks = {}
+        patched = {n: getattr(lp, n) for n in ("_log_softmax", "_nll_loss_and_log_softmax_backward")}
+        for n, f in patched.items():
+            setattr(lp, n, inside(f))
+        for name in ("native", "loss_parallel"):
+            x = torch.randn(tokens, vocab, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(1))
+            if name == "loss_parallel":
+                x = DTensor.from_local(x, mesh, [Shard(1)])
+            x.requires_grad_()
+            with Live(), (lp.loss_parallel() if name == "loss_parallel" else contextlib.nullcontext()):
+                pred = x * 1   # the output layer's bf16 logits
+                loss = F.cross_entropy(pred.float(), target)
+                del pred
+                live["peak"] = base = live["now"]
+                loss.backward()
+            peaks[name] = (live["peak"] - base) / (tokens * vocab) + base / (tokens * vocab)
+            del x, loss
+        for n, f in patched.items():
+            setattr(lp, n, f)
+    finally:
+        dist.destroy_process_group()
+    assert peaks["native"] == pytest.approx(UNFUSED_LOSS_BYTES, abs=0.05), peaks
+    assert peaks["loss_parallel"] == pytest.approx(LOSS_PARALLEL_BYTES, abs=0.05), peaks
