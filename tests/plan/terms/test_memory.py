@@ -198,3 +198,26 @@ def test_loss_bytes_per_logit_are_what_torch_allocates(tmp_path):
         dist.destroy_process_group()
     assert peaks["native"] == pytest.approx(UNFUSED_LOSS_BYTES, abs=0.05), peaks
     assert peaks["loss_parallel"] == pytest.approx(LOSS_PARALLEL_BYTES, abs=0.05), peaks
+
+
+def test_torch_pipelining_buffers_follow_its_stage_code():
+    """memory.pipeline_buffers under torchtitan's torch (pp_outputs "all"), 2 stages, 4 micro-batches, tp 2: per
+    micro-batch a b x s/tp x h receive buffer (activations on stage 1, gradients on stage 0), every output kept
+    (stage 0's b x s/tp x h, stage 1's b x s x V/tp logits), stage 1's input gradients kept; stage 1's first block's
+    saved input is its receive buffer (taken off the flight). Under 1F1B rank 0 peaks at its last forward: 2
+    micro-batches in flight, 4 outputs kept. tandem's
+    runtime (not torch's pipelining under deferred sync): nothing."""
+    from tandem.plan.terms.grad_sync import peak
+    from tandem.plan.terms.memory import pipeline_buffers
+
+    m = gpt_stats(GPTShape(layers=4, hidden=1024, heads=8, seq=2048, vocab=32000))
+    s = Strategy(dp=2, tp=2, pp=2, zero=3, micro_batch=2)
+    t = Training(global_batch=16, precision="bf16", runtime="torchtitan", pp_grad_sync="step")
+    bound, logits = 2 * 2048 * 1024 / 2 * 2, 2 * 2048 * 32000 / 2 * 2
+    assert pipeline_buffers(m, t, s, 4, 0) == (4 * bound, (0.0,), (bound,), (0.0,))
+    assert pipeline_buffers(m, t, s, 4, 1) == (4 * bound, (-bound,), (logits,), (bound,))
+    const, fly, keep_f, keep_b = pipeline_buffers(m, t, s, 4, 0)
+    act, _, pipe, _ = peak((2,), 2, 4, 0, 10 * bound, 0.0, 0.0, 0, fly, keep_f, keep_b)
+    assert (act, pipe) == (2 * 2 * 10 * bound + 4 * bound, 4 * bound)   # its last forward: 2 in flight, 4 kept
+    tandem = Training(global_batch=16, precision="bf16", pp_grad_sync="step")
+    assert pipeline_buffers(m, tandem, s, 4, 1) == (0.0, (), (), ())
