@@ -103,9 +103,9 @@ class ParallelDims:
         them) read; the checks that need the model and batch (heads % tp, tied with pp, ...) are
         ``from_spec``'s."""
         z = self.zero
-        if self.ep > 1 and max(self.tp, self.pp, self.cp) > 1:   # tandem/core/experts.py check_ep says why
-            return (f"ep {self.ep} with tp {self.tp} pp {self.pp} cp {self.cp}: the trainer splits experts over "
-                    "data-parallel ranks only")
+        if self.ep > 1 and max(self.pp, self.cp) > 1:   # tandem/core/experts.py check_ep says why
+            return (f"ep {self.ep} with pp {self.pp} cp {self.cp}: the trainer runs a mixture of experts without "
+                    "pipeline stages or context parallelism")
         if self.ep > 1 and (self.strategy in ("zero1", "hsdp") or self.dp_replicate > 1):
             return f"ep {self.ep} with {self.strategy}: the trainer runs ep under ddp, zero2 and zero3"
         if self.pp > 1 and z > 0:
