@@ -262,12 +262,14 @@ def test_ep_that_does_not_divide_the_experts_fails_before_launch(tmp_path):
 
 
 @pytest.mark.slow
-def test_ep_evaluation_with_uneven_shares_matches_one_process():
+@pytest.mark.parametrize("tp", [1, 2])
+def test_ep_evaluation_with_uneven_shares_matches_one_process(tp):
+    # tp 2: capacities from the fullest expert, so the tp ranks' slot shares are uneven too
     from harness.moe import eval_uneven
-    spec = moe_job(ep=2)
-    got = spawn(eval_uneven, 2, spec, n=513)
+    spec = moe_job(world=2 * tp, ep=2, tp=tp)
+    got = spawn(eval_uneven, 2 * tp, spec, n=513)
     ctx = rt.DistContext(0, 1, 0, 1, 0, torch.device("cpu"), "gloo")
     one = moe_job()
     one.launch.nproc_per_node = 1
     ref = eval_uneven(one, ctx, n=513)
-    assert got[0] == got[1] == ref and ref[1] == 513 * 4, (got, ref)   # 4 scored digits a sample
+    assert all(g == ref for g in got) and ref[1] == 513 * 4, (got, ref)   # 4 scored digits a sample
