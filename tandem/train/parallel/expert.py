@@ -279,7 +279,7 @@ def step_record(par, ctx) -> dict:
         sum(m.forwards for m in layers)]
     for m in layers:
         m.reset_stats()
-    rep = par.dims.tp   # the tp ranks of a replica route the same tokens (the experts are whole there): once
+    rep = par.dims.tp   # the tp ranks of a replica route the same tokens (routing is replicated over tp): once
     tot = [v / rep for v in rt.all_reduce_sum([float(v) for v in vals], ctx)]
     dropped, assigned, aux, forwards = tot[n:]
     out = {"moe_tokens_per_expert": [int(v) for v in tot[:n]],
