@@ -103,9 +103,9 @@ class ParallelDims:
         them) read; the checks that need the model and batch (heads % tp, tied with pp, ...) are
         ``from_spec``'s."""
         z = self.zero
-        if self.ep > 1 and max(self.tp, self.pp, self.cp) > 1:   # tandem/core/experts.py check_ep says why
-            return (f"ep {self.ep} with tp {self.tp} pp {self.pp} cp {self.cp}: the trainer splits experts over "
-                    "data-parallel ranks only")
+        if self.ep > 1 and max(self.pp, self.cp) > 1:   # tandem/core/experts.py check_ep says why
+            return (f"ep {self.ep} with pp {self.pp} cp {self.cp}: the trainer runs a mixture of experts without "
+                    "pipeline stages or context parallelism")
         if self.ep > 1 and (self.strategy in ("zero1", "hsdp") or self.dp_replicate > 1):
             return f"ep {self.ep} with {self.strategy}: the trainer runs ep under ddp, zero2 and zero3"
         if self.pp > 1 and z > 0:
@@ -123,12 +123,19 @@ class ParallelDims:
 
     def build_ep_mesh(self, device_type: str):
         """The expert mesh (collective): dp split into (edp, ep), ep innermost inside dp, so an ep group is
-        tp x cp apart as the planner lays it out (terms/expert.py): dims pp, edp, ep, cp, tp. ``mesh["ep"]``
-        splits the experts, ``mesh["edp"]`` (dp / ep ranks) holds the same ones and reduces their gradients."""
-        from torch.distributed.device_mesh import init_device_mesh
+        tp x cp apart as the planner lays it out (terms/expert.py): the ranks of a (pp, edp, ep, cp, tp) grid.
+        ``mesh["ep"]`` splits the experts, ``mesh["edp"]`` (dp / ep ranks) holds the same ones, and with tp
+        ``mesh["edp", "tp"]`` (flattened) shares their gradients (tandem/train/parallel/expert.py).
 
-        shape = (self.pp, self.dp // self.ep, self.ep, self.cp, self.tp)
-        return init_device_mesh(device_type, shape, mesh_dim_names=("pp", "edp", "ep", "cp", "tp"))
+        The dims are listed pp, cp, edp, tp, ep (the same ranks, the grid transposed): FSDP2 shards the
+        experts over the flattened edp x tp while they are ``Shard(0)`` on ep, and DTensor slices a mesh by
+        dims in ascending order only, so edp and tp must lie next to each other and before ep."""
+        import torch
+        from torch.distributed.device_mesh import DeviceMesh
+
+        grid = torch.arange(self.world).view(self.pp, self.dp // self.ep, self.ep, self.cp, self.tp)
+        return DeviceMesh(device_type, grid.permute(0, 3, 1, 4, 2).contiguous(),
+                          mesh_dim_names=("pp", "cp", "edp", "tp", "ep"))
 
     def describe(self) -> str:
         dp = f"dp {self.dp}" + (f" (replicate {self.dp_replicate} x shard {self.dp_shard})"

@@ -53,15 +53,12 @@ def check_moe(m) -> None:
 
 def check_ep(spec, world: int, tp: int, pp: int, cp: int, dp: int) -> None:
     """parallel.ep and the MoE model against the other degrees (the trainer's support: ep under ddp, zero2 and
-    zero3; tp with the experts whole on every tp rank, ep 1)."""
+    zero3, with or without tp; the router and each rank's experts whole on its tp ranks)."""
     p, m = spec.parallel, spec.model
     ep = p.ep
     _need(isinstance(ep, int) and ep >= 1, f"ep must be at least 1, got {ep}", "parallel.ep", ep, "give ep >= 1")
     if moe_enabled(m):   # what the trainer cannot split yet, before the ep arithmetic
-        if tp > 1:   # tp splits the attention; the experts stay whole (replicated) on the tp ranks
-            _need(ep == 1, f"ep {ep} with tp {tp} is not supported by the trainer (the expert weights are not "
-                  "split by tensor parallelism, and the ep groups would have to skip the tp ranks)", "parallel.ep",
-                  ep, "use ep=1 with tp > 1 (experts replicated on the tp ranks), or tp=1 with ep")
+        if tp > 1:   # tp splits the attention; the router and the experts stay whole on the tp ranks
             _need(not p.sequence_parallel, f"model.experts {m.experts} with sequence parallel is not supported (the "
                   "router would see a shard of the sequence)", "parallel.sequence_parallel", True,
                   "set parallel.sequence_parallel=false with a mixture of experts")

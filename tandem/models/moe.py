@@ -16,7 +16,8 @@ does not depend on how the batch was split.
 The experts' weights are stacked, (experts, h, ffn) and (experts, ffn, h) (``GroupedExperts``), and run as
 one batched matmul over a dispatch buffer (experts, capacity, h): under expert parallelism
 (tandem/train/parallel/expert.py) those weights are DTensors sharded by expert over the ep ranks, and the
-buffer goes to the experts' owners by all-to-all and comes back the same way.
+buffer goes to the experts' owners by all-to-all and comes back the same way (under tp, each tp rank
+sends its share of the capacity slots and the shares are all-gathered back).
 
 Router losses, added to the training loss per MoE block (tandem/train/loss.py, ``router_loss``):
 ``router_aux_loss x experts x sum_e f_e P_e`` (Switch's load balance: f_e the fraction of assignments

@@ -40,7 +40,7 @@ class CheckpointMeta:
     model: str | None = None            # model.name
     signature: dict = field(default_factory=dict)     # parameter name -> shape (check_compatible)
     job: str | None = None              # the spec's name
-    parallel: dict | None = None        # {"strategy", "tp", "pp"} (resume.layout_of); None: not recorded
+    parallel: dict | None = None        # {"strategy", "tp", "pp", "cp", "ep"} (resume.layout_of); None: not recorded
     total_steps: int | None = None      # the run's length when it saved
     schedule_key: dict | None = None    # the spec fields that decide that length (resume.schedule_key)
     run_id: str | None = None           # TORCHELASTIC_RUN_ID of the run that saved (a restart finds its own)

@@ -47,19 +47,21 @@ def preflight(spec: JobSpec, run_dir: Path) -> tuple[Path | None, CheckpointMeta
 
 def check_same_layout(spec: JobSpec, meta: CheckpointMeta, path: Path) -> None:
     """`resume = auto` finds the run dir's own checkpoint: a spec that splits the model another way
-    (another strategy, tp or pp) is most likely a new experiment pointed at an old run dir.
+    (another strategy, tp, pp, cp or ep) is most likely a new experiment pointed at an old run dir.
     Resharding is what DCP does well, but only when asked for (resume = that path)."""
     from tandem.train.elastic.resume import layout_of
 
     old, new = meta.parallel, layout_of(spec)
     if not old:  # checkpoints written before layouts were recorded
         return
-    diff = next((k for k in ("strategy", "tp", "pp") if old.get(k) != new[k]), None)
+    # cp and ep were recorded later: a checkpoint without them was written at 1
+    diff = next((k for k in ("strategy", "tp", "pp", "cp", "ep") if old.get(k, 1) != new[k]), None)
     if diff is None:
         return
 
     def describe(d: dict) -> str:
-        return f"{d['strategy']} (tp {d['tp']}, pp {d['pp']})"
+        more = "".join(f", {k} {d[k]}" for k in ("cp", "ep") if d.get(k, 1) > 1)
+        return f"{d['strategy']} (tp {d['tp']}, pp {d['pp']}{more})"
 
     raise ConfigError(f"the run dir's checkpoint {path.name} was trained as {describe(old)}, this spec asks for "
                       f"{describe(new)}; resuming would reshard it silently", field=f"parallel.{diff}",

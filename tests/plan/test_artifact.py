@@ -48,6 +48,12 @@ def test_search_marks_what_tandem_cannot_train(tmp_path):
     assert "pipeline" in ParallelDims.from_degrees(2, 1, 2, zero=1).trainer_refusal()
     assert "hsdp" in ParallelDims.from_degrees(8, zero=2, hybrid=True, ranks_per_node=4).trainer_refusal()
     assert ParallelDims.from_degrees(8, zero=3, hybrid=True, ranks_per_node=4).trainer_refusal() is None
+    # ep composes with tp (tandem/train/parallel/expert.py); not with pp, cp, zero1 or hsdp
+    assert ParallelDims.from_degrees(4, tp=2, ep=2).trainer_refusal() is None
+    assert ParallelDims.from_degrees(4, tp=2, zero=3, ep=2).trainer_refusal() is None
+    assert "pipeline stages or context" in ParallelDims.from_degrees(4, tp=2, pp=2, ep=2).trainer_refusal()
+    assert "pipeline stages or context" in ParallelDims.from_degrees(4, cp=2, ep=2).trainer_refusal()
+    assert "ep 2 with zero1" in ParallelDims.from_degrees(4, tp=2, zero=1, ep=2).trainer_refusal()
     ov, why = artifact.layout_overrides(dict(dp=8, tp=1, pp=1, zero=3, hsdp=True, micro_batch=2, global_batch=64,
                                              recompute="full", schedule="1f1b", virtual=1), gpus_per_node=4)
     assert why is None and ov["parallel.strategy"] == "hsdp" and ov["parallel.dp_shard"] == 4

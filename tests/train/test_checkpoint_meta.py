@@ -88,10 +88,20 @@ def test_before_layouts_were_recorded_no_layout_check(tmp_path):
 def test_the_fsdp_name_reads_as_zero3(tmp_path):
     path = folder(tmp_path, {**TODAY, "parallel": {"strategy": "fsdp", "tp": 1, "pp": 1}})
     m = ckpt.read_meta(path)
-    assert m.parallel == {"strategy": "zero3", "tp": 1, "pp": 1} == layout_of(spec("--parallel.strategy", "fsdp"))
-    check_same_layout(spec("--parallel.strategy", "zero3"), m, path)
+    assert m.parallel == {"strategy": "zero3", "tp": 1, "pp": 1}
+    assert layout_of(spec("--parallel.strategy", "fsdp")) == {"strategy": "zero3", "tp": 1, "pp": 1, "cp": 1, "ep": 1}
+    check_same_layout(spec("--parallel.strategy", "zero3"), m, path)   # no cp / ep recorded: written at 1
     with pytest.raises(ConfigError, match=r"trained as zero3 \(tp 1, pp 1\), this spec asks for ddp"):
         check_same_layout(spec(), m, path)
+
+
+def test_the_layout_names_cp_and_ep(tmp_path):
+    path = folder(tmp_path, {**TODAY, "parallel": {"strategy": "ddp", "tp": 1, "pp": 1, "cp": 1, "ep": 2}})
+    m = ckpt.read_meta(path)
+    with pytest.raises(ConfigError, match=r"trained as ddp \(tp 1, pp 1, ep 2\), this spec asks for ddp "
+                                          r"\(tp 1, pp 1\)") as e:
+        check_same_layout(spec(), m, path)
+    assert e.value.field == "parallel.ep" and "\n" not in str(e.value)
 
 
 def test_before_on_resize_the_batch_is_the_configured_one(tmp_path):

@@ -89,7 +89,8 @@ def resume_path(spec, run_dir: Path) -> Path | None:
 def layout_of(spec) -> dict:
     """How the weights are split: a checkpoint records it, a rerun compares it (train/run.py)."""
     p = spec.parallel
-    return {"strategy": "zero3" if p.strategy == "fsdp" else p.strategy, "tp": p.tp, "pp": p.pp}
+    return {"strategy": "zero3" if p.strategy == "fsdp" else p.strategy, "tp": p.tp, "pp": p.pp, "cp": p.cp,
+            "ep": p.ep}
 
 
 def schedule_key(spec) -> dict:

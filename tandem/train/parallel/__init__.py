@@ -179,7 +179,10 @@ def parallelize(model: nn.Module, spec, ctx, log=lambda *a: None, materialize=No
     if n_grad > 1 and p.strategy not in SHARDED:
         if dims.tp > 1 or dims.pp > 1:
             from tandem.train.parallel.ddp import GradSync
-            par.grad_sync = GradSync(model.parameters(), grad_mesh.get_group(), n_grad, p.bucket_cap_mb)
+            # the expert weights differ by ep rank: sync_grads reduces them over their own group
+            mine = {id(q) for q in par.ep.params} if par.ep is not None else set()
+            par.grad_sync = GradSync([q for q in model.parameters() if id(q) not in mine], grad_mesh.get_group(),
+                                     n_grad, p.bucket_cap_mb)
         else:
             from tandem.train.parallel.ddp import wrap_ddp
             if par.ep is not None:   # the expert weights differ by rank: sync_grads reduces them

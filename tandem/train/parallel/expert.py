@@ -29,10 +29,29 @@ of DDP), under zero2 / zero3 by FSDP2 on the edp mesh with its gradient divide f
 (torchtitan's choice), its shards cut along the hidden dimension so that they do not stack on the ep
 ranks' Shard(0).
 
-With tp (ep 1, no sequence parallel) the experts stay whole on every tp rank, replicated like the norms:
-tp splits the attention only (the llama's ``layout`` leaves the MoE out of the tp plan).
+With tp (no sequence parallel) tp splits the attention only (the llama's ``layout`` leaves the MoE out of
+the tp plan): the router and the experts of a rank are whole, replicated over the tp ranks like the norms,
+and every tp rank routes the same tokens (its input is the replicated residual stream). With ep 1 each tp
+rank runs the whole MoE on them. With ep x tp (the ep groups are tp apart: ranks with the same tp
+coordinate) the tp ranks of a replica share the work of the experts instead of repeating it: each routes
+all the tokens (the same decisions, so capacity and drops are one process's), then tp rank j dispatches
+only its share j of every expert's capacity slots (``_TakeSlots``), so each all-to-all carries
+experts x capacity / tp x h values, and after the combine the tp ranks all-gather their shares of the
+outputs back into the full (experts, capacity, h) buffer (``_GatherSlots``) before weighting them into the
+tokens. For the experts the tp ranks are thus more data-parallel ranks: an expert's gradient on a rank
+holds its slot share only, and is summed over edp x tp (the ``grad`` group) and divided by dp.
 
-Not supported, refused before launch with one line (tandem/core/experts.py): ep with zero1, hsdp, tp, comm
+Why replicated experts with deduplicated slots, not experts tp-sharded (w1 / w3 column-, w2 row-wise)
+inside the ep group: without sequence parallel (refused with a mixture of experts: the router would see
+a shard of the sequence) every tp rank holds every token, so a tp-sharded expert would have every tp
+rank dispatch the same buffer, tp x the all-to-all bytes of ``tandem plan --ep --tp`` (which, as
+Megatron-core with sequence parallelism, counts s / tp tokens a GPU), or need an all-gather and a
+reduce-scatter over tp around each expert on top of the deduplication. Sharding slots keeps the bytes the
+planner's, adds one all-gather over tp per all-to-all pair, and leaves the expert weights, the
+materializer and the checkpoints exactly as under ep alone (``Shard(0)`` on the ep mesh); the price is the
+expert weights' memory, / ep rather than / (ep x tp) under ddp (zero2 / zero3 shard them over edp x tp).
+
+Not supported, refused before launch with one line (tandem/core/experts.py): ep with zero1, hsdp, comm
 hooks or local SGD; a mixture of experts with pp, cp, sequence parallel or compile.
 """
 
@@ -62,13 +81,66 @@ class _AllToAll(torch.autograd.Function):
         return ctx.ep.all_to_all(g.contiguous(), in_splits, out_splits), None, None, None
 
 
+def _slot_sizes(cap: int, tp: int) -> list[int]:
+    """Each tp rank's share of an expert's ``cap`` slots: ``torch.tensor_split``'s (the first ones one more)."""
+    return [cap // tp + (1 if j < cap % tp else 0) for j in range(tp)]
+
+
+def _gather_slots(x: torch.Tensor, ep: "ExpertParallel", sizes: list[int]) -> torch.Tensor:
+    """(experts, sizes[tp_rank], h) of every tp rank -> (experts, sum(sizes), h), rank order (padded to the
+    largest share: gloo's all_gather takes equal sizes)."""
+    most = max(sizes)
+    pad = x if x.shape[1] == most else torch.cat([x, x.new_zeros(x.shape[0], most - x.shape[1], x.shape[2])], 1)
+    parts = [torch.empty_like(pad) for _ in range(ep.tp)]
+    dist.all_gather(parts, pad.contiguous(), group=ep.tp_group)
+    return torch.cat([part[:, :n] for part, n in zip(parts, sizes)], dim=1)
+
+
+class _TakeSlots(torch.autograd.Function):
+    """Forward: this tp rank's share of the slots of a buffer every tp rank holds alike. Backward: the
+    buffer's gradient is every tp rank's share of it, all-gathered (each rank's covers its slots only)."""
+
+    @staticmethod
+    def forward(ctx, buf, ep: "ExpertParallel", sizes):
+        ctx.ep, ctx.sizes = ep, sizes
+        off = sum(sizes[:ep.tp_rank])
+        return buf[:, off:off + sizes[ep.tp_rank]].contiguous()
+
+    @staticmethod
+    def backward(ctx, g):
+        return _gather_slots(g, ctx.ep, ctx.sizes), None, None
+
+
+class _GatherSlots(torch.autograd.Function):
+    """Forward: the tp ranks' shares of the experts' outputs, all-gathered into the full buffer. Backward:
+    this rank's share of the gradient (it is the same on every tp rank: the loss is replicated over tp)."""
+
+    @staticmethod
+    def forward(ctx, x, ep: "ExpertParallel", sizes):
+        ctx.ep, ctx.sizes = ep, sizes
+        return _gather_slots(x, ep, sizes)
+
+    @staticmethod
+    def backward(ctx, g):
+        ep, sizes = ctx.ep, ctx.sizes
+        off = sum(sizes[:ep.tp_rank])
+        return g[:, off:off + sizes[ep.tp_rank]].contiguous(), None, None
+
+
 class ExpertParallel:
-    """The ep and edp groups of this rank, the dispatch / combine of ``GroupedExperts``, and the bytes."""
+    """The ep, edp and tp groups of this rank, the dispatch / combine of ``GroupedExperts``, and the bytes."""
 
     def __init__(self, mesh, dp: int):
         self.mesh, self.dp = mesh, dp
         self.group, self.edp_group = mesh["ep"].get_group(), mesh["edp"].get_group()
         self.ep, self.edp = dist.get_world_size(self.group), dist.get_world_size(self.edp_group)
+        self.tp = mesh["tp"].size()
+        self.tp_group = mesh["tp"].get_group() if self.tp > 1 else None
+        self.tp_rank = mesh["tp"].get_local_rank() if self.tp > 1 else 0
+        # the ranks holding the same experts and sharing their gradient: edp, times tp (slot shares)
+        self.grad_mesh = mesh["edp", "tp"]._flatten("edp_tp") if self.tp > 1 else mesh["edp"]
+        self.grad_group = self.grad_mesh.get_group()
+        self.grad_size = dist.get_world_size(self.grad_group)
         self.params: list[nn.Parameter] = []
         self.calls, self.bytes, self.per_call = 0, 0, set()   # all-to-alls this rank made, payload bytes
 
@@ -89,13 +161,22 @@ class ExpertParallel:
         return [int(c) for c in out]
 
     def run(self, experts: GroupedExperts, buf: torch.Tensor) -> torch.Tensor:
-        """buf (experts, capacity, h) of this rank's tokens -> the experts' outputs, the same shape."""
+        """buf (experts, capacity, h) of this rank's tokens -> the experts' outputs, the same shape. Under tp:
+        this tp rank's share of the slots goes out, the shares come back together (module docstring)."""
+        if self.tp > 1:
+            sizes = _slot_sizes(buf.shape[1], self.tp)
+            out = self._run(experts, _TakeSlots.apply(buf, self, sizes))
+            return _GatherSlots.apply(out, self, sizes)
+        return self._run(experts, buf)
+
+    def _run(self, experts: GroupedExperts, buf: torch.Tensor) -> torch.Tensor:
         e, cap, h = buf.shape
         local = e // self.ep
         dev = buf.device.type
         if torch.is_autocast_enabled(dev):   # the experts compute in the autocast dtype: send it (half the bytes)
             buf = buf.to(torch.get_autocast_dtype(dev))
-        # training: every rank's micro-batch has as many tokens, so the same capacity (equal splits)
+        # training: every rank's micro-batch has as many tokens, so the same capacity (equal splits; under tp
+        # the ep group's ranks share one tp coordinate, so the same slot share too)
         caps = [cap] * self.ep if experts.training else self._capacities(cap, buf.device)
         equal = len(set(caps)) == 1
         recv_rows, send_rows = [local * c for c in caps], [local * cap] * self.ep
@@ -116,14 +197,14 @@ class ExpertParallel:
 
     @torch.no_grad()
     def sync_grads(self) -> None:
-        """ddp: sum each expert gradient over the edp ranks (the same experts) and divide by dp."""
+        """ddp: sum each expert gradient over the edp x tp ranks (the same experts) and divide by dp."""
         grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in self.params
                  if p.grad is not None]
         if not grads:
             return
         flat = torch.cat([g.reshape(-1) for g in grads])
-        if self.edp > 1:
-            dist.all_reduce(flat, group=self.edp_group)
+        if self.grad_size > 1:
+            dist.all_reduce(flat, group=self.grad_group)
         flat /= self.dp
         off = 0
         for g in grads:
@@ -166,16 +247,16 @@ def ddp_ignore(model: nn.Module, ep: ExpertParallel) -> None:
 
 
 def shard_experts(model: nn.Module, ep: ExpertParallel, reshard: bool) -> None:
-    """zero2 / zero3: FSDP2 units of the experts on the edp mesh (before the blocks' units on dp), their
-    gradients divided by dp; shards along the hidden dimension (dim 1), apart from ep's Shard(0)."""
+    """zero2 / zero3: FSDP2 units of the experts on the edp (x tp) mesh (before the blocks' units on dp),
+    their gradients divided by dp; shards along the hidden dimension (dim 1), apart from ep's Shard(0)."""
     from torch.distributed.fsdp import fully_shard
 
     for m in expert_modules(model):
-        fully_shard(m, mesh=ep.mesh["edp"], reshard_after_forward=reshard, shard_placement_fn=lambda p: Shard(1))
+        fully_shard(m, mesh=ep.grad_mesh, reshard_after_forward=reshard, shard_placement_fn=lambda p: Shard(1))
         m.set_gradient_divide_factor(float(ep.dp))
-        # gloo has no PREMUL_SUM: sum, then divide by dp. Not on a 1-rank edp group (dp = ep), where
+        # gloo has no PREMUL_SUM: sum, then divide by dp. Not on a 1-rank group (dp = ep, tp 1), where
         # FSDP2 (torch 2.13) skips the collective and divides by the factor both in its copy and after it
-        if ep.edp > 1 and dist.get_backend(ep.edp_group) == "gloo":
+        if ep.grad_size > 1 and dist.get_backend(ep.grad_group) == "gloo":
             m.set_force_sum_reduction_for_comms(True)
 
 
@@ -198,7 +279,7 @@ def step_record(par, ctx) -> dict:
         sum(m.forwards for m in layers)]
     for m in layers:
         m.reset_stats()
-    rep = par.dims.tp   # the tp ranks of a replica route the same tokens (the experts are whole there): once
+    rep = par.dims.tp   # the tp ranks of a replica route the same tokens (routing is replicated over tp): once
     tot = [v / rep for v in rt.all_reduce_sum([float(v) for v in vals], ctx)]
     dropped, assigned, aux, forwards = tot[n:]
     out = {"moe_tokens_per_expert": [int(v) for v in tot[:n]],
