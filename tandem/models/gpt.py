@@ -22,7 +22,7 @@ from torch import nn
 
 from tandem.core.errors import ConfigError
 from tandem.models.init import init_weights
-from tandem.models.kvcache import LOCAL, KVCache, cached_attention
+from tandem.models.kvcache import LOCAL, KVCache, Packed, cached_attention
 from tandem.models.layout import DecoderLayout
 
 GELU = {"exact": "none", "tanh": "tanh"}   # model.gelu -> F.gelu's approximate=
@@ -192,6 +192,8 @@ class GPT(nn.Module):
         h = c.embed(self.tok_emb, tokens) + c.embed(self.pos_emb, pos)
         for i, layer in enumerate(self.layers.values()):
             h = layer.forward_cached(h, cache, i, rows, write_at, mask, c)
+        if isinstance(write_at, Packed):   # a packed step: the logits of each run's last token only
+            h = h[:, write_at.last]
         return c.head(self, self.norm(h))
 
 

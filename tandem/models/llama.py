@@ -31,7 +31,7 @@ from torch import nn
 from tandem.core.decoder import check_llama, ffn_size, head_dim, rope_scaling
 from tandem.core.experts import check_moe
 from tandem.models.init import init_weights
-from tandem.models.kvcache import LOCAL, KVCache, cached_attention
+from tandem.models.kvcache import LOCAL, KVCache, Packed, cached_attention
 from tandem.models.layout import DecoderLayout
 from tandem.models.moe import GroupedExperts, MoE, init_expert
 
@@ -279,6 +279,8 @@ class Llama(nn.Module):
         rope = self.rope.cache
         for i, layer in enumerate(self.layers.values()):
             h = layer.forward_cached(h, rope, pos, cache, i, rows, write_at, mask, c)
+        if isinstance(write_at, Packed):   # a packed step: the logits of each run's last token only
+            h = h[:, write_at.last]
         return c.head(self, self.norm(h))
 
 
