@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import random
@@ -38,6 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tandem.bench.serve import _SSEClient, percentile  # noqa: E402
+
+print = functools.partial(print, flush=True)   # progress shows while the run goes on
 
 SHAPE = dict(layers=6, hidden=384, heads=6, kv_heads=6, seq=256, vocab=256, tied=False)
 
@@ -87,6 +90,20 @@ def stop(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def cpu_s(run_dir: Path, front: int) -> float:
+    """CPU seconds the front and its replicas have used so far (/proc; on a machine shared with other
+    work, CPU per token is steadier than wall time)."""
+    pids = [front] + [r["pid"] for r in json.loads((run_dir / "replicas.json").read_text())["replicas"] if r["pid"]]
+    tick, total = os.sysconf("SC_CLK_TCK"), 0.0
+    for pid in pids:
+        try:
+            f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(f[11]) + int(f[12])) / tick
+        except (OSError, IndexError):
+            pass
+    return total
 
 
 def requests(n: int, seed: int) -> list[dict]:
@@ -145,7 +162,7 @@ async def closed_loop(url: str, reqs: list[dict], concurrency: int, timeout_s: f
 
 
 def line(name: str, r: dict) -> str:
-    return (f"  {name:<9} {r['rps']:6.2f} req/s {r['tokens_per_s']:7.0f} tok/s  ttft p50 {r['ttft_ms']['p50']:7.0f} "
+    return (f"  {name:<9} {r['rps']:6.2f} req/s {r['tokens_per_s']:7.0f} tok/s {r['cpu_ms_per_token']:5.1f} cpu-ms/tok  ttft p50 {r['ttft_ms']['p50']:7.0f} "
             f"p99 {r['ttft_ms']['p99']:7.0f} ms  itl p50 {r['itl_ms']['p50']:6.1f} p99 {r['itl_ms']['p99']:6.1f} ms  "
             f"latency p50 {r['latency_ms']['p50']:7.0f} p99 {r['latency_ms']['p99']:7.0f} ms  ({r['ok']}/{r['sent']} ok)")
 
@@ -187,7 +204,10 @@ def main() -> None:
             for name in (codes if c % 2 else list(codes)[::-1]):   # alternate which goes first
                 if name != "tree":
                     asyncio.run(closed_loop(servers[name][1], requests(2, 99), 2))
+                cpu0 = cpu_s(tmp / f"run-{name}", servers[name][0].pid)
                 row[name] = asyncio.run(closed_loop(servers[name][1], reqs, c))
+                toks = row[name]["tokens_per_s"] * row[name]["span_s"]
+                row[name]["cpu_ms_per_token"] = 1000 * (cpu_s(tmp / f"run-{name}", servers[name][0].pid) - cpu0) / max(toks, 1)
             print(f"concurrency {c}: {len(reqs)} requests, {sum(r['max_tokens'] for r in reqs)} new tokens asked")
             for name in codes:
                 print(line(name, row[name]))
@@ -196,7 +216,8 @@ def main() -> None:
                 same = t["texts"] == b["texts"]
                 print(f"  tree/baseline: req/s {t['rps'] / b['rps']:.2f}x, tok/s {t['tokens_per_s'] / b['tokens_per_s']:.2f}x, "
                       f"latency p99 {t['latency_ms']['p99'] / b['latency_ms']['p99']:.2f}x, "
-                      f"ttft p99 {t['ttft_ms']['p99'] / b['ttft_ms']['p99']:.2f}x; same greedy outputs: {same}")
+                      f"ttft p99 {t['ttft_ms']['p99'] / b['ttft_ms']['p99']:.2f}x, cpu/token "
+                      f"{t['cpu_ms_per_token'] / b['cpu_ms_per_token']:.2f}x; same greedy outputs: {same}")
                 row["same_outputs"] = same
             for name in codes:
                 row[name].pop("texts")

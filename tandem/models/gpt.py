@@ -186,7 +186,8 @@ class GPT(nn.Module):
     def forward_cached(self, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache | None, rows=None,
                        write_at=None, mask=None, comm=None) -> torch.Tensor:
         """Logits (B, T, vocab) of ``tokens`` at absolute positions ``pos`` (B, T), keys and values into
-        ``cache`` (a prefill with ``mask=None``, a one-token step under ``mask``; tandem/models/kvcache.py).
+        ``cache`` (a prefill with ``mask=None``, a one-token step under ``mask``, or a packed step with
+        ``write_at`` a ``Packed``: (1, runs, vocab), each run's last token; tandem/models/kvcache.py).
         The whole model only (not a pipeline stage); the trainer's context parallel plays no part."""
         c = comm or LOCAL
         h = c.embed(self.tok_emb, tokens) + c.embed(self.pos_emb, pos)

@@ -273,7 +273,8 @@ class Llama(nn.Module):
                        write_at=None, mask=None, comm=None) -> torch.Tensor:
         """Logits (B, T, vocab) of ``tokens`` at absolute positions ``pos`` (B, T), each row's queries and
         keys turned by its own positions' angles, keys and values into ``cache`` (a prefill with
-        ``mask=None``, a one-token step under ``mask``; tandem/models/kvcache.py). The whole model only."""
+        ``mask=None``, a one-token step under ``mask``, or a packed step with ``write_at`` a ``Packed``: (1, runs,
+        vocab), each run's last token; tandem/models/kvcache.py). The whole model only."""
         c = comm or LOCAL
         h = c.embed(self.tok_emb, tokens)
         rope = self.rope.cache
