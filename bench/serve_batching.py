@@ -92,18 +92,19 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-def cpu_s(run_dir: Path, front: int) -> float:
+def cpu_s(run_dir: Path, front: int) -> tuple[float, float]:
     """CPU seconds the front and its replicas have used so far (/proc; on a machine shared with other
     work, CPU per token is steadier than wall time)."""
-    pids = [front] + [r["pid"] for r in json.loads((run_dir / "replicas.json").read_text())["replicas"] if r["pid"]]
-    tick, total = os.sysconf("SC_CLK_TCK"), 0.0
-    for pid in pids:
+    reps = [r["pid"] for r in json.loads((run_dir / "replicas.json").read_text())["replicas"] if r["pid"]]
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def used(pid: int) -> float:
         try:
             f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(f[11]) + int(f[12])) / tick
+            return (int(f[11]) + int(f[12])) / tick
         except (OSError, IndexError):
-            pass
-    return total
+            return 0.0
+    return used(front), sum(used(p) for p in reps)
 
 
 def requests(n: int, seed: int) -> list[dict]:
@@ -162,7 +163,7 @@ async def closed_loop(url: str, reqs: list[dict], concurrency: int, timeout_s: f
 
 
 def line(name: str, r: dict) -> str:
-    return (f"  {name:<9} {r['rps']:6.2f} req/s {r['tokens_per_s']:7.0f} tok/s {r['cpu_ms_per_token']:5.1f} cpu-ms/tok  ttft p50 {r['ttft_ms']['p50']:7.0f} "
+    return (f"  {name:<9} {r['rps']:6.2f} req/s {r['tokens_per_s']:7.0f} tok/s {r['cpu_ms_per_token']:5.1f} cpu-ms/tok ({r['replica_cpu_ms_per_token']:.1f} replicas)  ttft p50 {r['ttft_ms']['p50']:7.0f} "
             f"p99 {r['ttft_ms']['p99']:7.0f} ms  itl p50 {r['itl_ms']['p50']:6.1f} p99 {r['itl_ms']['p99']:6.1f} ms  "
             f"latency p50 {r['latency_ms']['p50']:7.0f} p99 {r['latency_ms']['p99']:7.0f} ms  ({r['ok']}/{r['sent']} ok)")
 
@@ -207,7 +208,9 @@ def main() -> None:
                 cpu0 = cpu_s(tmp / f"run-{name}", servers[name][0].pid)
                 row[name] = asyncio.run(closed_loop(servers[name][1], reqs, c))
                 toks = row[name]["tokens_per_s"] * row[name]["span_s"]
-                row[name]["cpu_ms_per_token"] = 1000 * (cpu_s(tmp / f"run-{name}", servers[name][0].pid) - cpu0) / max(toks, 1)
+                cpu1 = cpu_s(tmp / f"run-{name}", servers[name][0].pid)
+                row[name]["cpu_ms_per_token"] = 1000 * (sum(cpu1) - sum(cpu0)) / max(toks, 1)
+                row[name]["replica_cpu_ms_per_token"] = 1000 * (cpu1[1] - cpu0[1]) / max(toks, 1)
             print(f"concurrency {c}: {len(reqs)} requests, {sum(r['max_tokens'] for r in reqs)} new tokens asked")
             for name in codes:
                 print(line(name, row[name]))
