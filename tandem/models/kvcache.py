@@ -102,8 +102,10 @@ class Packed:
     one: torch.Tensor          # token indices of the one-token runs
     one_rows: torch.Tensor     # their cache rows (distinct)
     rows_hi: int               # the one-token runs attend over cache rows 0..rows_hi-1 (a view)
-    one_mask: torch.Tensor | None   # (rows_hi, 1, 1, W): row r's run sees positions 0..its own
+    width: int                 # ... and positions 0..W-1 of them
+    one_mask: torch.Tensor | None   # (rows_hi, 1, 1, W): row r's run sees positions 0..its own (None: all W)
     long: list[tuple[int, int, int, int]]   # (first token, length, row, start position) of longer runs
+    dense: bool = False        # the one-token runs come first, in rows 0..rows_hi-1 in order: no scatter
 
     @classmethod
     def of(cls, runs: list[tuple[int, int, int]]) -> "Packed":
@@ -121,17 +123,20 @@ class Packed:
                 long.append((at, n, row, start))
             at += n
             last.append(at - 1)
-        mask, hi = None, 0
+        mask, hi, width, dense = None, 0, 0, False
         if one:
             hi = max(one_rows) + 1
+            dense = one_rows == list(range(hi)) and one == list(range(hi))
             # rows of 0..hi-1 with no one-token run attend to position 0 (a result nobody reads; a row
             # that sees no position at all would be NaN)
             upto = torch.zeros(hi, dtype=torch.long)
             upto[torch.tensor(one_rows)] = torch.tensor(one_pos)
             width = int(upto.max()) + 1
             mask = (torch.arange(width).unsqueeze(0) <= upto.unsqueeze(1)).view(hi, 1, 1, width)
+            if dense and min(one_pos) == width - 1:   # every row sees all W positions: no mask to apply
+                mask = None
         t = lambda xs: torch.tensor(xs, dtype=torch.long)  # noqa: E731
-        return cls(t(slots), t(pos), t(last), t(one), t(one_rows), hi, mask, long)
+        return cls(t(slots), t(pos), t(last), t(one), t(one_rows), hi, width, mask, long, dense)
 
     @property
     def tokens(self) -> int:
@@ -193,12 +198,18 @@ def packed_attention(q, k, v, cache: KVCache, layer: int, p: Packed):
     if len(p.one):
         # the one-token runs, each at its row of the cache; the rows they occupy are read as one view
         # (rows 0..rows_hi-1, positions 0..W-1): no copy of any row's past
-        qd = q.new_zeros(p.rows_hi, q.shape[1], 1, q.shape[3])
-        qd[p.one_rows] = q[0, :, p.one].transpose(0, 1).unsqueeze(2)
-        width = p.one_mask.shape[-1]
-        yd = F.scaled_dot_product_attention(qd, ck[:p.rows_hi, :, :width], cv[:p.rows_hi, :, :width],
-                                            attn_mask=p.one_mask, enable_gqa=gqa)
-        y[0, :, p.one] = yd[p.one_rows, :, 0].transpose(0, 1)
+        hi, w = p.rows_hi, p.width
+        if p.dense:   # tokens 0..hi-1 are rows 0..hi-1's: views, nothing scattered
+            qd = q[0, :, :hi].transpose(0, 1).unsqueeze(2)
+        else:
+            qd = q.new_zeros(hi, q.shape[1], 1, q.shape[3])
+            qd[p.one_rows] = q[0, :, p.one].transpose(0, 1).unsqueeze(2)
+        yd = F.scaled_dot_product_attention(qd, ck[:hi, :, :w], cv[:hi, :, :w], attn_mask=p.one_mask,
+                                            enable_gqa=gqa)
+        if p.dense:
+            y[0, :, :hi] = yd[:, :, 0].transpose(0, 1)
+        else:
+            y[0, :, p.one] = yd[p.one_rows, :, 0].transpose(0, 1)
     for at, n, row, start in p.long:   # a prompt or a chunk of one: its row's earlier positions, and causal
         qs = q[:, :, at:at + n]
         ks, vs = ck[row:row + 1, :, :start + n], cv[row:row + 1, :, :start + n]

@@ -189,8 +189,9 @@ class Scheduler:
         token), then of prompt chunks while the step's token budget lasts: sequences part-way through
         their prompt first, then queued requests into free slots (a joining sequence is live, in its
         slot, before the forward runs, so a failure anywhere leaves it visible to cancel and drop_all)."""
+        # in slot order: when the decoding rows are slots 0..n-1, their attention reads views (Packed.dense)
         decoding = [(s, (s.slot, [s.out[-1]], len(s.req["prompt"]) + len(s.out) - 1))
-                    for s in self.live.values() if s.prefilled]
+                    for _, s in sorted(self.live.items()) if s.prefilled]
         budget = self.step_tokens - len(decoding)
         chunks = []
         for s in [s for s in self.live.values() if not s.prefilled]:
@@ -214,17 +215,17 @@ class Scheduler:
         decoding, chunks = self._plan()
         if not (decoding or chunks):
             return []
-        rows = self._each(chunks + decoding)
+        rows = self._each(decoding + chunks)
         if decoding:
             self.steps += 1
         done = []
-        for (s, (_, toks, _)), logits in zip(chunks, rows):
+        for (s, (_, toks, _)), logits in zip(chunks, rows[len(decoding):]):
             if logits is None:
                 continue
             s.fed += len(toks)
             if s.prefilled:
                 self._next(s, logits, done)
-        for (s, _), logits in zip(decoding, rows[len(chunks):]):
+        for (s, _), logits in zip(decoding, rows):
             if logits is not None:
                 self._next(s, logits, done)
         return done
