@@ -69,13 +69,13 @@ async def serve_continuous(pool: Feed, rep: Replica) -> None:
                 await wake()
         except (ConnectionError, asyncio.IncompleteReadError, ValueError, TypeError, OSError) as e:
             state["dead"] = True
+            rep.load = pool.o.max_batch   # full: least-loaded routing no longer counts it as a taker
             if inflight:
                 pool.say(f"serve: replica {rep.slot} (pid {rep.pid}) lost {len(inflight)} request(s) "
                          f"({type(e).__name__}); retrying them on another replica")
                 pool.m.retries.inc()
             await _requeue(pool, list(inflight.values()))
             inflight.clear()
-            rep.load = 0
             pool.hold(rep, False)
             await wake()
 
@@ -146,7 +146,7 @@ async def serve_continuous(pool: Feed, rep: Replica) -> None:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        rep.load = 0
+        rep.load = pool.o.max_batch   # gone or retired: it takes nothing more
         if inflight:
             await _requeue(pool, list(inflight.values()))
         pool.hold(rep, False)
