@@ -163,7 +163,8 @@ async def closed_loop(url: str, reqs: list[dict], concurrency: int, timeout_s: f
 
 
 def line(name: str, r: dict) -> str:
-    return (f"  {name:<9} {r['rps']:6.2f} req/s {r['tokens_per_s']:7.0f} tok/s {r['cpu_ms_per_token']:5.1f} cpu-ms/tok ({r['replica_cpu_ms_per_token']:.1f} replicas)  ttft p50 {r['ttft_ms']['p50']:7.0f} "
+    return (f"  {name:<9} {r['rps']:6.2f} req/s {r['tokens_per_s']:7.0f} tok/s {r['cpu_ms_per_token']:5.1f} cpu-ms/tok "
+            f"({r['replica_cpu_ms_per_token']:.1f} replicas)  ttft p50 {r['ttft_ms']['p50']:7.0f} "
             f"p99 {r['ttft_ms']['p99']:7.0f} ms  itl p50 {r['itl_ms']['p50']:6.1f} p99 {r['itl_ms']['p99']:6.1f} ms  "
             f"latency p50 {r['latency_ms']['p50']:7.0f} p99 {r['latency_ms']['p99']:7.0f} ms  ({r['ok']}/{r['sent']} ok)")
 
@@ -217,7 +218,8 @@ def main() -> None:
             if "baseline" in row:
                 t, b = row["tree"], row["baseline"]
                 same = t["texts"] == b["texts"]
-                print(f"  tree/baseline: req/s {t['rps'] / b['rps']:.2f}x, tok/s {t['tokens_per_s'] / b['tokens_per_s']:.2f}x, "
+                print(f"  tree/baseline: req/s {t['rps'] / b['rps']:.2f}x, "
+                      f"tok/s {t['tokens_per_s'] / b['tokens_per_s']:.2f}x, "
                       f"latency p99 {t['latency_ms']['p99'] / b['latency_ms']['p99']:.2f}x, "
                       f"ttft p99 {t['ttft_ms']['p99'] / b['ttft_ms']['p99']:.2f}x, cpu/token "
                       f"{t['cpu_ms_per_token'] / b['cpu_ms_per_token']:.2f}x; same greedy outputs: {same}")
