@@ -6,8 +6,10 @@ Each decoder owns one cached forward, ``model.forward_cached(tokens, pos, cache,
     cache = KVCache.empty(model, slots=4, size=model_positions(model))
     logits = model.forward_cached(prompt, pos, cache, rows=slots, write_at=slice(0, T))    # prefill
     logits = model.forward_cached(tok, pos, cache, rows=slots, write_at=pos[:, 0], mask=m)  # one step
+    plan = Packed.of([(slot, start, n), ...])                                               # a packed step
+    logits = model.forward_cached(toks, plan.pos[None], cache, rows=plan.slots, write_at=plan)
 
-Two calls, one forward:
+Three calls, one forward:
 
 - prefill (``mask=None``): tokens (B, T) at positions ``pos`` (B, T), causal over the T new tokens
   only (the prompts start at position 0); their keys and values go into the cache rows ``rows`` at
