@@ -22,7 +22,7 @@ from torch import nn
 
 from tandem.core.errors import ConfigError
 from tandem.models.init import init_weights
-from tandem.models.kvcache import LOCAL, KVCache, cached_attention
+from tandem.models.kvcache import LOCAL, KVCache, Packed, cached_attention
 from tandem.models.layout import DecoderLayout
 
 GELU = {"exact": "none", "tanh": "tanh"}   # model.gelu -> F.gelu's approximate=
@@ -186,12 +186,15 @@ class GPT(nn.Module):
     def forward_cached(self, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache | None, rows=None,
                        write_at=None, mask=None, comm=None) -> torch.Tensor:
         """Logits (B, T, vocab) of ``tokens`` at absolute positions ``pos`` (B, T), keys and values into
-        ``cache`` (a prefill with ``mask=None``, a one-token step under ``mask``; tandem/models/kvcache.py).
+        ``cache`` (a prefill with ``mask=None``, a one-token step under ``mask``, or a packed step with
+        ``write_at`` a ``Packed``: (1, runs, vocab), each run's last token; tandem/models/kvcache.py).
         The whole model only (not a pipeline stage); the trainer's context parallel plays no part."""
         c = comm or LOCAL
         h = c.embed(self.tok_emb, tokens) + c.embed(self.pos_emb, pos)
         for i, layer in enumerate(self.layers.values()):
             h = layer.forward_cached(h, cache, i, rows, write_at, mask, c)
+        if isinstance(write_at, Packed):   # a packed step: the logits of each run's last token only
+            h = h[:, write_at.last]
         return c.head(self, self.norm(h))
 
 

@@ -6,8 +6,10 @@ Each decoder owns one cached forward, ``model.forward_cached(tokens, pos, cache,
     cache = KVCache.empty(model, slots=4, size=model_positions(model))
     logits = model.forward_cached(prompt, pos, cache, rows=slots, write_at=slice(0, T))    # prefill
     logits = model.forward_cached(tok, pos, cache, rows=slots, write_at=pos[:, 0], mask=m)  # one step
+    plan = Packed.of([(slot, start, n), ...])                                               # a packed step
+    logits = model.forward_cached(toks, plan.pos[None], cache, rows=plan.slots, write_at=plan)
 
-Two calls, one forward:
+Three calls, one forward:
 
 - prefill (``mask=None``): tokens (B, T) at positions ``pos`` (B, T), causal over the T new tokens
   only (the prompts start at position 0); their keys and values go into the cache rows ``rows`` at
@@ -18,6 +20,15 @@ Two calls, one forward:
   its key and value are written there, and it attends over the first W cached positions of its row under
   ``mask`` (True: may attend), so a row sees its own past only and its numbers do not depend on which
   other rows share the step.
+
+- packed (``write_at`` a ``Packed``): the new tokens of several rows in one sequence, tokens and ``pos``
+  (1, N), each row's run of tokens at its own positions (a whole prompt, a chunk of one, or the one token
+  of a decode step). Every token's key and value go into its row's cache in place; each run attends over
+  its row's cache up to its own tokens, read where it lies (a view, no copy): the one-token runs
+  together, one attention call over the rows they occupy, each under its own length; a longer run (a
+  prompt, or a chunk of one) causally over its row's earlier positions and its own. The logits returned
+  are those of each run's last token only, (1, runs, vocab). This is continuous batching's step
+  (tandem/serve/continuous.py): prompts prefilled inside decode steps, nothing padded to the longest.
 
 ``cache=None`` is a plain causal forward, nothing cached. ``comm`` is where tensor parallelism enters
 (tandem/serve/tp.py's TPComm): the embedding lookups, the row-parallel projections (attention out, MLP
@@ -82,6 +93,58 @@ class KVCache:
         return self.keys[0].shape[2]
 
 
+@dataclass
+class Packed:
+    """Where the N packed tokens of a step go and what each attends over (the module docstring): built once
+    per step by ``Packed.of`` and read by every block."""
+
+    slots: torch.Tensor        # (N,) each token's cache row
+    pos: torch.Tensor          # (N,) each token's position
+    last: torch.Tensor         # (runs,) index of each run's last token: its logits are returned
+    one: torch.Tensor          # token indices of the one-token runs
+    one_rows: torch.Tensor     # their cache rows (distinct)
+    rows_hi: int               # the one-token runs attend over cache rows 0..rows_hi-1 (a view)
+    width: int                 # ... and positions 0..W-1 of them
+    one_mask: torch.Tensor | None   # (rows_hi, 1, 1, W): row r's run sees positions 0..its own (None: all W)
+    long: list[tuple[int, int, int, int]]   # (first token, length, row, start position) of longer runs
+    dense: bool = False        # the one-token runs come first, in rows 0..rows_hi-1 in order: no scatter
+
+    @classmethod
+    def of(cls, runs: list[tuple[int, int, int]]) -> "Packed":
+        """``runs``: (cache row, start position, token count), in the order their tokens are packed."""
+        slots, pos, last, one, one_rows, one_pos, long = [], [], [], [], [], [], []
+        at = 0
+        for row, start, n in runs:
+            slots += [row] * n
+            pos += range(start, start + n)
+            if n == 1:
+                one.append(at)
+                one_rows.append(row)
+                one_pos.append(start)
+            else:
+                long.append((at, n, row, start))
+            at += n
+            last.append(at - 1)
+        mask, hi, width, dense = None, 0, 0, False
+        if one:
+            hi = max(one_rows) + 1
+            dense = one_rows == list(range(hi)) and one == list(range(hi))
+            # rows of 0..hi-1 with no one-token run attend to position 0 (a result nobody reads; a row
+            # that sees no position at all would be NaN)
+            upto = torch.zeros(hi, dtype=torch.long)
+            upto[torch.tensor(one_rows)] = torch.tensor(one_pos)
+            width = int(upto.max()) + 1
+            mask = (torch.arange(width).unsqueeze(0) <= upto.unsqueeze(1)).view(hi, 1, 1, width)
+            if dense and min(one_pos) == width - 1:   # every row sees all W positions: no mask to apply
+                mask = None
+        t = lambda xs: torch.tensor(xs, dtype=torch.long)  # noqa: E731
+        return cls(t(slots), t(pos), t(last), t(one), t(one_rows), hi, width, mask, long, dense)
+
+    @property
+    def tokens(self) -> int:
+        return len(self.slots)
+
+
 def model_positions(model) -> int:
     """How many positions the model has (its ``seq``): GPT's learned table or Llama's rotary table."""
     if getattr(model, "pos_emb", None) is not None:
@@ -112,6 +175,8 @@ def cached_attention(q, k, v, cache: KVCache | None, layer: int, rows, write_at,
     new tokens only."""
     if cache is None:
         return attend(q, k, v)
+    if isinstance(write_at, Packed):
+        return packed_attention(q, k, v, cache, layer, write_at)
     ck, cv = cache.keys[layer], cache.values[layer]
     if mask is None:   # prefill
         r = slice(None) if rows is None else rows
@@ -124,6 +189,39 @@ def cached_attention(q, k, v, cache: KVCache | None, layer: int, rows, write_at,
     if rows is None:
         return attend(q, ck[:, :, :width], cv[:, :, :width], mask)
     return attend(q, ck[rows, :, :width], cv[rows, :, :width], mask)
+
+
+def packed_attention(q, k, v, cache: KVCache, layer: int, p: Packed):
+    """One block's attention over a packed step (``Packed``): q, k, v (1, heads, N, D) of the new tokens."""
+    ck, cv = cache.keys[layer], cache.values[layer]
+    ck[p.slots, :, p.pos], cv[p.slots, :, p.pos] = k[0].transpose(0, 1), v[0].transpose(0, 1)   # in place
+    gqa = k.shape[1] != q.shape[1]
+    y = torch.empty_like(q)
+    if len(p.one):
+        # the one-token runs, each at its row of the cache; the rows they occupy are read as one view
+        # (rows 0..rows_hi-1, positions 0..W-1): no copy of any row's past
+        hi, w = p.rows_hi, p.width
+        if p.dense:   # tokens 0..hi-1 are rows 0..hi-1's: views, nothing scattered
+            qd = q[0, :, :hi].transpose(0, 1).unsqueeze(2)
+        else:
+            qd = q.new_zeros(hi, q.shape[1], 1, q.shape[3])
+            qd[p.one_rows] = q[0, :, p.one].transpose(0, 1).unsqueeze(2)
+        yd = F.scaled_dot_product_attention(qd, ck[:hi, :, :w], cv[:hi, :, :w], attn_mask=p.one_mask,
+                                            enable_gqa=gqa)
+        if p.dense:
+            y[0, :, :hi] = yd[:, :, 0].transpose(0, 1)
+        else:
+            y[0, :, p.one] = yd[p.one_rows, :, 0].transpose(0, 1)
+    for at, n, row, start in p.long:   # a prompt or a chunk of one: its row's earlier positions, and causal
+        qs = q[:, :, at:at + n]
+        ks, vs = ck[row:row + 1, :, :start + n], cv[row:row + 1, :, :start + n]
+        if start == 0:
+            ys = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=gqa)
+        else:
+            m = torch.arange(start + n).unsqueeze(0) <= (start + torch.arange(n)).unsqueeze(1)
+            ys = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=m, enable_gqa=gqa)
+        y[:, :, at:at + n] = ys
+    return y
 
 
 def step_mask(pos: torch.Tensor) -> torch.Tensor:

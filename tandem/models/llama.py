@@ -31,7 +31,7 @@ from torch import nn
 from tandem.core.decoder import check_llama, ffn_size, head_dim, rope_scaling
 from tandem.core.experts import check_moe
 from tandem.models.init import init_weights
-from tandem.models.kvcache import LOCAL, KVCache, cached_attention
+from tandem.models.kvcache import LOCAL, KVCache, Packed, cached_attention
 from tandem.models.layout import DecoderLayout
 from tandem.models.moe import GroupedExperts, MoE, init_expert
 
@@ -273,12 +273,15 @@ class Llama(nn.Module):
                        write_at=None, mask=None, comm=None) -> torch.Tensor:
         """Logits (B, T, vocab) of ``tokens`` at absolute positions ``pos`` (B, T), each row's queries and
         keys turned by its own positions' angles, keys and values into ``cache`` (a prefill with
-        ``mask=None``, a one-token step under ``mask``; tandem/models/kvcache.py). The whole model only."""
+        ``mask=None``, a one-token step under ``mask``, or a packed step with ``write_at`` a ``Packed``: (1, runs,
+        vocab), each run's last token; tandem/models/kvcache.py). The whole model only."""
         c = comm or LOCAL
         h = c.embed(self.tok_emb, tokens)
         rope = self.rope.cache
         for i, layer in enumerate(self.layers.values()):
             h = layer.forward_cached(h, rope, pos, cache, i, rows, write_at, mask, c)
+        if isinstance(write_at, Packed):   # a packed step: the logits of each run's last token only
+            h = h[:, write_at.last]
         return c.head(self, self.norm(h))
 
 

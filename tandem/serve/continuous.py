@@ -1,30 +1,38 @@
 """Iteration-level (continuous) batching for tandem's decoders (GPT, Llama, MoE Llama): sequences join
 the running batch at the next decode step and leave it when done, each in its own KV-cache slot.
 
-``Decoder`` owns the cache: one (slots, kv_heads, seq, head_dim) key and value tensor per block. A new
-sequence is prefilled alone into a free slot; a decode step feeds one token for every live slot at
-that slot's own position and attends over that slot's cached past only (a mask per row), so a row's
-numbers do not depend on which other sequences share the step. The forward is the model's own
-(``model.forward_cached``, tandem/models/kvcache.py), run against a
-``Comm``: ``Local`` calls the model's own layers; a tensor-parallel rank (tp.py) swaps in the
+``Decoder`` owns the cache: one (slots, kv_heads, seq, head_dim) key and value tensor per block, each
+sequence in its own slot. A step is one forward over the new tokens of several sequences packed
+together (``Decoder.step``; models/kvcache.py's ``Packed``): the next token of every decoding sequence
+and chunks of prompts, nothing padded to the longest. Each token's key and value are written into its
+slot in place, and each sequence attends over its own slot's cache up to its own tokens, read where it
+lies (no copy of any slot's past), so a row's numbers do not depend on which other sequences share
+the step. The forward is the model's own (``model.forward_cached``, tandem/models/kvcache.py), run
+against a ``Comm``: ``Local`` calls the model's own layers; a tensor-parallel rank (tp.py) swaps in the
 vocabulary-parallel embedding, the all-reduce after the row-parallel projections and the all-gather
 of the vocabulary-split logits, and the same decoder then runs on its slices.
 
-``Scheduler`` is the policy on top: which sequences are live, the per-request pick (temperature,
+``Scheduler`` is the policy on top: which sequences are live, what each step feeds (every decoding
+sequence's next token first, then prompt chunks up to ``step_tokens``: vLLM's chunked prefill, so a new
+prompt never stalls the running sequences for a whole forward of its own), the per-request pick (temperature,
 top_k, seeded generator), when each is finished. It runs on one process (a tp replica's rank 0) and
 drives the decoder; replica.py feeds it requests between steps.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from dataclasses import dataclass, field
 
 import torch
 
-from tandem.models.kvcache import KVCache, Local, model_positions, step_mask
+from tandem.models.kvcache import KVCache, Local, Packed, model_positions
 
 __all__ = ["Decoder", "Local", "Scheduler", "Seq"]
+
+
+STEP_TOKENS = 256   # tokens one step feeds at most: every live sequence's next token, then prompt chunks
 
 
 class Decoder:
@@ -34,33 +42,31 @@ class Decoder:
         self.cache = KVCache.empty(model, slots, self.seq)                  # this rank's kv heads under tp
 
     def forward(self, tokens, pos, rows=None, write_at=None, mask=None):
-        """Logits (B, T, vocab) of ``tokens`` at positions ``pos``. With ``rows``: keys and values go
-        into those cache slots at ``write_at`` (a slice: the prefill, causal over the new tokens; or
-        per-row positions: a step, attending over the slot's cache under ``mask``). Without: a plain
-        causal forward, nothing cached (predict)."""
+        """Logits of ``tokens`` at positions ``pos``. With ``rows``: keys and values go into those cache
+        slots at ``write_at`` (models/kvcache.py: a slice, per-row positions, or a ``Packed`` step).
+        Without: a plain causal forward, nothing cached (predict)."""
         cache = self.cache if rows is not None else None
         return self.model.forward_cached(tokens, pos, cache, rows=rows, write_at=write_at, mask=mask,
                                          comm=self.comm)
 
-    def prefill(self, slots: list[int], prompts: list[list[int]]) -> torch.Tensor:
-        """The prompts into their slots, in one forward (right-padded: causal attention keeps the
-        padding out of each prompt, and what it writes past a prompt's end is overwritten by that
-        slot's next steps before anything reads it); the logits at each prompt's last position."""
-        n, p = len(prompts), max(len(q) for q in prompts)
-        tokens = torch.zeros(n, p, dtype=torch.long)
-        for i, q in enumerate(prompts):
-            tokens[i, :len(q)] = torch.tensor(q)
+    def step(self, runs: list[tuple[int, list[int], int]]) -> torch.Tensor:
+        """One forward over ``runs``, each (slot, tokens, start position): a sequence's next token, a whole
+        prompt or a chunk of one, packed together (nothing padded); each token's key and value go into
+        its slot's cache in place, and each run attends over its slot's cache up to its own tokens
+        (models/kvcache.py, ``Packed``). The logits (runs, vocab) of each run's last token."""
+        plan = Packed.of([(slot, start, len(toks)) for slot, toks, start in runs])
+        tokens = torch.tensor([t for _, toks, _ in runs for t in toks], dtype=torch.long).unsqueeze(0)
         with torch.no_grad():
-            logits = self.forward(tokens, torch.arange(p).expand(n, p), torch.tensor(slots), slice(0, p))
-        return logits[torch.arange(n), torch.tensor([len(q) for q in prompts]) - 1].float()
+            logits = self.forward(tokens, plan.pos.unsqueeze(0), plan.slots, plan)
+        return logits[0].float()
+
+    def prefill(self, slots: list[int], prompts: list[list[int]]) -> torch.Tensor:
+        """The prompts into their slots (one step); the logits at each prompt's last position."""
+        return self.step([(s, list(q), 0) for s, q in zip(slots, prompts)])
 
     def decode(self, slots: list[int], tokens: list[int], pos: list[int]) -> torch.Tensor:
         """One step: ``tokens[i]`` at position ``pos[i]`` of slot ``slots[i]``; logits (n, vocab)."""
-        p = torch.tensor(pos)
-        with torch.no_grad():
-            logits = self.forward(torch.tensor(tokens).unsqueeze(1), p.unsqueeze(1), torch.tensor(slots), p,
-                                  step_mask(p))
-        return logits[:, 0].float()
+        return self.step([(s, [t], p) for s, t, p in zip(slots, tokens, pos)])
 
     def clear(self, slot: int) -> None:
         """Zero a slot's cache (a sequence failed in it): a step reads a slot past its own position, with
@@ -83,6 +89,11 @@ class Seq:
     gen: torch.Generator
     slot: int = -1
     out: list[int] = field(default_factory=list)
+    fed: int = 0   # prompt tokens already in the cache (a long prompt is prefilled a chunk a step)
+
+    @property
+    def prefilled(self) -> bool:
+        return self.fed >= len(self.req["prompt"])
 
     @property
     def done(self) -> bool:
@@ -90,21 +101,27 @@ class Seq:
 
 
 class Scheduler:
-    """Live sequences over a decoder's slots. ``add`` queues a request; ``step`` admits the queued
-    ones into free slots (in order; the rest wait for a slot) and decodes; both return the requests
-    they finished, as (id, tokens). A sequence whose prefill, decode or pick fails leaves alone, its
-    slot freed, and waits in ``failed`` as (id, reason) for the caller to answer; the others go on."""
+    """Live sequences over a decoder's slots. ``add`` queues a request; ``step`` runs one forward of at
+    most ``step_tokens`` tokens: the next token of every sequence already decoding, then chunks of the
+    prompts still being prefilled and of queued requests, which take free slots in order (the rest wait
+    for a slot). So a new prompt is prefilled inside the decode steps, a chunk at a time, instead of in
+    a forward of its own that stalls every running sequence. Both return the requests they finished,
+    as (id, tokens). A sequence whose forward or pick fails leaves alone, its slot freed, and waits in
+    ``failed`` as (id, reason) for the caller to answer; the others go on."""
 
-    def __init__(self, decoder, pick, isolate: bool = True):
+    def __init__(self, decoder, pick, isolate: bool = True, step_tokens: int = STEP_TOKENS):
         self.dec, self.pick = decoder, pick            # pick(logits, req, generator) -> token
         # a failed forward is run again row by row to find the sequence that breaks it; not under tp,
         # where a failed forward is a rank gone (the replica exits, replica.py)
         self.isolate = isolate
-        self.free = list(range(decoder.slots))[::-1]
-        self.live: dict[int, Seq] = {}                 # slot -> sequence
+        self.step_tokens = max(1, step_tokens)
+        # a min-heap: the lowest free slot first, so that the live rows stay packed at the front of the
+        # cache (a step's decode attention reads rows 0..highest live one as one view)
+        self.free = list(range(decoder.slots))
+        self.live: dict[int, Seq] = {}                 # slot -> sequence (prefilling or decoding)
         self.waiting: deque[Seq] = deque()
         self.failed: list[tuple[object, str]] = []     # (id, reason): taken by take_failed()
-        self.steps = 0
+        self.steps = 0                                 # steps that decoded a token of a running sequence
 
     @property
     def busy(self) -> bool:
@@ -114,7 +131,7 @@ class Scheduler:
         s = Seq(rid, req, torch.Generator().manual_seed(int(req.get("seed", 0))))
         if s.done:
             return [(rid, [])]
-        self.waiting.append(s)   # prefilled with the others that arrive before the next step()
+        self.waiting.append(s)   # its prompt joins the next step()
         return []
 
     def held(self) -> dict:
@@ -125,11 +142,14 @@ class Scheduler:
         out, self.failed = self.failed, []
         return out
 
+    def _release(self, s: Seq) -> None:
+        del self.live[s.slot]
+        heapq.heappush(self.free, s.slot)
+
     def _fail(self, s: Seq, e: Exception) -> None:
         if self.live.get(s.slot) is s:
-            del self.live[s.slot]
+            self._release(s)
             self.dec.clear(s.slot)
-            self.free.append(s.slot)
         self.failed.append((s.rid, f"{type(e).__name__}: {str(e)[:300]}"))
 
     def _next(self, s: Seq, logits, done: list) -> None:
@@ -139,74 +159,73 @@ class Scheduler:
         except Exception as e:   # this sequence's pick: it fails alone
             return self._fail(s, e)
         if s.done:
-            del self.live[s.slot]
-            self.free.append(s.slot)
+            self._release(s)
             done.append((s.rid, s.out))
 
-    def _each(self, seqs: list[Seq], batched, alone) -> list:
-        """``batched(seqs)``'s logits rows; if that forward fails, each sequence's own (``alone(s)``), so that
-        the one that breaks it fails alone (a row's numbers do not depend on its neighbours, and
-        writing its keys and values again at the same positions is harmless). None for a failed row."""
+    def _each(self, items: list[tuple[Seq, tuple]]) -> list:
+        """The logits rows of one step over ``items`` (sequence, run); if that forward fails, each run
+        alone, so that the sequence that breaks it fails alone (a row's numbers do not depend on its
+        neighbours, and writing its keys and values again at the same positions is harmless). None for
+        a failed row."""
         try:
-            return list(batched(seqs))
-        except Exception:
-            if len(seqs) == 1 or not self.isolate:
+            return list(self.dec.step([run for _, run in items]))
+        except Exception as e:
+            if not self.isolate:
                 raise
+            if len(items) == 1:
+                self._fail(items[0][0], e)
+                return [None]
         rows = []
-        for s in seqs:
+        for s, run in items:
             try:
-                rows.append(alone(s)[0])
+                rows.append(self.dec.step([run])[0])
             except Exception as e:
                 self._fail(s, e)
                 rows.append(None)
         return rows
 
-    def _admit(self) -> list[tuple[object, list[int]]]:
-        """Waiting requests into free slots, prefilled together; each gets its first token. A joining
-        sequence is live (in its slot) before the prefill runs, so a failure anywhere leaves it visible
-        to cancel and drop_all."""
-        joining = []
-        while self.waiting and self.free:
+    def _plan(self) -> tuple[list, list]:
+        """This step's runs: (sequence, (slot, tokens, start)) of every decoding sequence (its last
+        token), then of prompt chunks while the step's token budget lasts: sequences part-way through
+        their prompt first, then queued requests into free slots (a joining sequence is live, in its
+        slot, before the forward runs, so a failure anywhere leaves it visible to cancel and drop_all)."""
+        # in slot order: when the decoding rows are slots 0..n-1, their attention reads views (Packed.dense)
+        decoding = [(s, (s.slot, [s.out[-1]], len(s.req["prompt"]) + len(s.out) - 1))
+                    for _, s in sorted(self.live.items()) if s.prefilled]
+        budget = self.step_tokens - len(decoding)
+        chunks = []
+        for s in [s for s in self.live.values() if not s.prefilled]:
+            if budget <= 0:
+                break
+            n = min(len(s.req["prompt"]) - s.fed, budget)
+            chunks.append((s, (s.slot, list(s.req["prompt"][s.fed:s.fed + n]), s.fed)))
+            budget -= n
+        while self.waiting and self.free and (budget > 0 or not (decoding or chunks)):
             s = self.waiting.popleft()
-            s.slot = self.free.pop()
+            s.slot = heapq.heappop(self.free)
             self.live[s.slot] = s
-            joining.append(s)
-        if not joining:
-            return []
-        try:
-            rows = self._each(joining, lambda ss: self.dec.prefill([s.slot for s in ss], [s.req["prompt"] for s in ss]),
-                              lambda s: self.dec.prefill([s.slot], [s.req["prompt"]]))
-        except Exception as e:
-            if not self.isolate:
-                raise
-            rows = [None] * len(joining)
-            self._fail(joining[0], e)
-        done = []
-        for s, logits in zip(joining, rows):
-            if logits is not None:
-                self._next(s, logits, done)
-        return done
-
-    def _decode(self, seqs: list[Seq]):
-        return self.dec.decode([s.slot for s in seqs], [s.out[-1] for s in seqs],
-                               [len(s.req["prompt"]) + len(s.out) - 1 for s in seqs])
+            n = min(len(s.req["prompt"]), max(budget, 1))
+            chunks.append((s, (s.slot, list(s.req["prompt"][:n]), 0)))
+            budget -= n
+        return decoding, chunks
 
     def step(self) -> list[tuple[object, list[int]]]:
-        """Waiting requests join (one prefill for all of them, their first token), then one decode
-        step over every sequence that was already live; finished ones leave and free their slots."""
-        seqs = list(self.live.values())
-        done = self._admit()
-        if not seqs:
-            return done
-        try:
-            rows = self._each(seqs, self._decode, lambda s: self._decode([s]))
-        except Exception as e:   # the only sequence: it fails alone
-            if not self.isolate:
-                raise
-            rows = [None]
-            self._fail(seqs[0], e)
-        self.steps += 1
-        for s, logits in zip(seqs, rows):
+        """One forward: every decoding sequence's next token, and prompt chunks (``_plan``); a prompt
+        whose last chunk ran gets its first token; finished sequences leave and free their slots."""
+        decoding, chunks = self._plan()
+        if not (decoding or chunks):
+            return []
+        rows = self._each(decoding + chunks)
+        if decoding:
+            self.steps += 1
+        done = []
+        for (s, (_, toks, _)), logits in zip(chunks, rows[len(decoding):]):
+            if logits is None:
+                continue
+            s.fed += len(toks)
+            if s.prefilled:
+                self._next(s, logits, done)
+        for (s, _), logits in zip(decoding, rows):
             if logits is not None:
                 self._next(s, logits, done)
         return done
@@ -214,10 +233,9 @@ class Scheduler:
     def cancel(self, rid) -> list[tuple[object, list[int]]]:
         """Drop ``rid`` (its client went away, or a stop sequence ended it): its slot is free for the next
         step, which no longer decodes it; [(id, tokens so far)], or [] if it is not here."""
-        for slot, s in self.live.items():
+        for s in self.live.values():
             if s.rid == rid:
-                del self.live[slot]
-                self.free.append(slot)
+                self._release(s)
                 return [(rid, s.out)]
         for s in self.waiting:
             if s.rid == rid:
@@ -230,7 +248,7 @@ class Scheduler:
         ids = [s.rid for s in self.live.values()] + [s.rid for s in self.waiting]
         for slot in self.live:
             self.dec.clear(slot)
-        self.free.extend(self.live)
+            heapq.heappush(self.free, slot)
         self.live.clear()
         self.waiting.clear()
         return ids + [rid for rid, _ in self.take_failed()]

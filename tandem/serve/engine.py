@@ -46,7 +46,7 @@ class Engine(Protocol):
 
 class Feed(Protocol):
     """What the continuous batcher takes from the pool: its queue (under ``cond``), options, metrics and
-    log, and three calls back."""
+    log, and four calls back."""
 
     o: "PoolOptions"
     m: Metrics
@@ -65,3 +65,7 @@ class Feed(Protocol):
 
     def hold(self, rep: Replica, now: bool) -> None:
         """``rep`` holds work (True) or none (False): the autoscaler's busy count."""
+
+    def least_loaded(self, rep: Replica) -> bool:
+        """``rep`` may take the next queued request: no other serving replica with a free slot holds
+        fewer requests in flight (least-loaded routing; ties take)."""

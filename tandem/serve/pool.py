@@ -47,6 +47,7 @@ class PoolOptions:
     scale: ScalePolicy | None = None   # --replicas MIN:MAX (replicas is MIN then)
     continuous: bool = True   # GPT exports: iteration-level batching (stream.py); False: whole batches
     tp: int = 1               # processes per replica (tensor-parallel ranks of one model)
+    step_tokens: int = 256    # continuous batching: tokens one decode step feeds at most (chunked prefill)
 
 
 class Pool(Engine, Feed):
@@ -110,6 +111,14 @@ class Pool(Engine, Feed):
         if now != rep.holding:
             self.busy += 1 if now else -1
             rep.holding = now
+
+    def least_loaded(self, rep: Replica) -> bool:
+        """engine.Feed: a request goes to the serving replica with a free slot that holds the fewest in
+        flight. Without this the replica that is already busy took every new request first (its sender
+        is the first to wake), and a second replica sat idle while the first ran full."""
+        others = [r.load for r in self.live if r is not None and r is not rep and r.continuous
+                  and r.proc.returncode is None and r.load < self.o.max_batch and not self.retired(r.slot)]
+        return not others or rep.load <= min(others)
 
     def drain(self) -> None:
         """SIGTERM: from now on a replica that dies is not restarted and autoscaling adds none."""
@@ -187,6 +196,7 @@ class Pool(Engine, Feed):
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "tandem.serve.replica", str(self.o.export), "--threads", str(self.o.threads),
                 "--slots", str(self.o.max_batch if self.o.continuous else 0), "--tp", str(self.o.tp),
+                "--step-tokens", str(self.o.step_tokens),
                 "--heartbeat-s", str(heartbeat_s(self.o.hang_s)),
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=errf, limit=STREAM_LIMIT)
         rep = self.procs[slot] = Replica(slot, proc, log)

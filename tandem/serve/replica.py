@@ -136,6 +136,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--slots", type=int, default=0, help="continuous batching with this many KV-cache slots")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree: this process is rank 0")
+    ap.add_argument("--step-tokens", type=int, default=256,
+                    help="continuous batching: tokens one step feeds at most (decoding rows, then prompt chunks)")
     ap.add_argument("--heartbeat-s", type=float, default=0.0,
                     help="continuous batching: every this many seconds, busy or idle, a {held} frame")
     args = ap.parse_args(argv)
@@ -163,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
         model = tandem.export.load(args.export, device="cpu", tp_rank=0)
     else:
         model = tandem.export.load(args.export, device="cpu")
-    served = ReplicaModel(model, cfg, max(1, args.slots), group)
+    served = ReplicaModel(model, cfg, max(1, args.slots), group, step_tokens=args.step_tokens)
     warm = fmt.make_input(cfg["example_input"])
     y = served.forward(torch, warm)
     if not torch.isfinite(y.float()).all():
@@ -227,8 +229,9 @@ def main(argv: list[str] | None = None) -> None:
 class ReplicaModel:
     """The model on this process (or, with a tp group, its rank-0 slices driving every rank)."""
 
-    def __init__(self, model, cfg: dict, slots: int, group=None):
+    def __init__(self, model, cfg: dict, slots: int, group=None, step_tokens: int = 256):
         self.model, self.cfg, self.slots, self.group = model, cfg, slots, group
+        self.step_tokens = step_tokens
         self.decoder = None
         if group is not None:
             self.decoder = group.decoder(model, cfg, slots)
@@ -255,7 +258,7 @@ class ReplicaModel:
         from tandem.serve.continuous import Scheduler
 
         return Scheduler(self.decoder, lambda logits, req, gen: _pick(torch, logits, req, gen),
-                         isolate=self.group is None)
+                         isolate=self.group is None, step_tokens=self.step_tokens)
 
     def generate(self, torch, reqs: list[dict]) -> list[list[int]]:
         if self.group is not None:

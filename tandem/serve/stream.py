@@ -64,10 +64,12 @@ async def serve_continuous(pool: Feed, rep: Replica) -> None:
                     pool.m.llm.cancelled_tokens.inc(len(reply.outputs))
                 if w is not None:
                     _answer(pool, w, reply)
+                rep.load = _load(inflight)
                 pool.hold(rep, bool(inflight))
                 await wake()
         except (ConnectionError, asyncio.IncompleteReadError, ValueError, TypeError, OSError) as e:
             state["dead"] = True
+            rep.load = pool.o.max_batch   # full: least-loaded routing no longer counts it as a taker
             if inflight:
                 pool.say(f"serve: replica {rep.slot} (pid {rep.pid}) lost {len(inflight)} request(s) "
                          f"({type(e).__name__}); retrying them on another replica")
@@ -104,6 +106,7 @@ async def serve_continuous(pool: Feed, rep: Replica) -> None:
                         w.future.set_exception(RequestFailed(w.rid, f"its replica decoded no token of it in {hang:g} s "
                                                                     f"(--hang-s) while it served others; not retried"))
                     _send_cancel(rep, k)
+                    rep.load = _load(inflight)
                     pool.hold(rep, bool(inflight))
                     await wake()
 
@@ -143,6 +146,7 @@ async def serve_continuous(pool: Feed, rep: Replica) -> None:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        rep.load = pool.o.max_batch   # gone or retired: it takes nothing more
         if inflight:
             await _requeue(pool, list(inflight.values()))
         pool.hold(rep, False)
@@ -151,6 +155,10 @@ async def serve_continuous(pool: Feed, rep: Replica) -> None:
 def heartbeat_s(hang_s: float) -> float:
     """How often a continuous replica says it is alive (and the watchdog looks): well inside --hang-s."""
     return min(1.0, hang_s / 4)
+
+
+def _load(inflight: dict) -> int:
+    return sum(w.size for w in inflight.values())
 
 
 def _advance(prog: dict, k, n: int, now: float) -> None:
@@ -185,13 +193,17 @@ async def _requeue(pool: Feed, works: list[Work]) -> None:
 
 
 async def _take(pool: Feed, rep: Replica, inflight: dict, state: dict) -> list[Work] | None:
-    """Requests for the replica's free slots, at once (the oldest first); None when it should stop."""
+    """Requests for the replica's free slots, at once (the oldest first), while no other replica with a
+    free slot holds fewer (``pool.least_loaded``); None when it should stop."""
     async with pool.cond:
         while True:
             if state["dead"] or rep.proc.returncode is not None or pool.closing or pool.retired(rep.slot):
                 return None
-            room = pool.o.max_batch - sum(w.size for w in inflight.values())
-            if pool.queue and room > 0:
+            rep.load = _load(inflight)
+            room = pool.o.max_batch - rep.load
+            if pool.queue and room > 0 and not pool.least_loaded(rep):
+                pool.cond.notify_all()   # a less loaded replica takes it (it may be waiting)
+            elif pool.queue and room > 0:
                 if inflight:
                     break
                 # an idle replica starts its batch like a static one: the oldest request waits at most
@@ -206,7 +218,7 @@ async def _take(pool: Feed, rep: Replica, inflight: dict, state: dict) -> list[W
                 continue
             await pool.cond.wait()
         batch, now = [], time.monotonic()
-        while pool.queue and pool.queue[0].size <= room:
+        while pool.queue and pool.queue[0].size <= room and (not batch or pool.least_loaded(rep)):
             w = pool.queue.popleft()
             if w.future.done():
                 continue
@@ -216,6 +228,9 @@ async def _take(pool: Feed, rep: Replica, inflight: dict, state: dict) -> list[W
                 continue
             batch.append(w)
             room -= w.size
+            rep.load += w.size
+        if pool.queue and batch:
+            pool.cond.notify_all()   # what is left may be another replica's to take
         pool.m.queue_depth.set(len(pool.queue))
         pool.hold(rep, bool(inflight or batch))
         return batch

@@ -3,7 +3,7 @@ NCCL where there are GPUs), each holding its ``tp-R-of-N`` slices of the export 
 
 Rank 0 is the replica process the pool talks to (replica.py --tp N). It starts ranks 1..N-1 the way
 torchrun does (MASTER_ADDR / MASTER_PORT / RANK / WORLD_SIZE in the environment, ``env://``), and owns
-the scheduler: for every decoder call (prefill, decode step, plain forward) it first broadcasts the
+the scheduler: for every decoder call (a step, a cleared slot, a plain forward) it first broadcasts the
 call to the group as a small JSON message (length, then bytes: no pickle), then every rank runs the
 same continuous.Decoder on its slices, with ``TPComm`` doing the collectives of the Megatron split:
 
@@ -71,13 +71,9 @@ class TPComm:
 class TPDecoder(Decoder):
     """Rank 0's decoder: each call is broadcast to the group before it runs here."""
 
-    def prefill(self, slots, prompts):
-        _bcast({"op": "prefill", "slots": slots, "prompts": prompts})
-        return super().prefill(slots, prompts)
-
-    def decode(self, slots, tokens, pos):
-        _bcast({"op": "decode", "slots": slots, "tokens": tokens, "pos": pos})
-        return super().decode(slots, tokens, pos)
+    def step(self, runs):
+        _bcast({"op": "step", "runs": runs})
+        return super().step(runs)
 
     def clear(self, slot):
         _bcast({"op": "clear", "slot": slot})
@@ -165,10 +161,8 @@ def worker(argv: list[str] | None = None) -> None:
     model = tandem.export.load(args.export, device="cpu", tp_rank=rank)
     dec = Decoder(model, args.slots, TPComm(model, cfg, rank, world))
     while (msg := _bcast(None))["op"] != "stop":
-        if msg["op"] == "prefill":
-            dec.prefill(msg["slots"], msg["prompts"])
-        elif msg["op"] == "decode":
-            dec.decode(msg["slots"], msg["tokens"], msg["pos"])
+        if msg["op"] == "step":
+            dec.step([tuple(r) for r in msg["runs"]])
         elif msg["op"] == "clear":
             dec.clear(msg["slot"])
         else:

@@ -61,6 +61,7 @@ class Replica:
         self.slot, self.proc, self.log, self.pid = slot, proc, log, proc.pid
         self.continuous, self.tp_pids = False, []
         self.holding = False   # counted in the pool's busy replicas (it holds work now)
+        self.load = 0          # continuous batching: the slots its requests in flight take (least-loaded routing)
 
     def kill(self) -> None:
         if self.proc.returncode is None:

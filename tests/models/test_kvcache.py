@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tandem.models.gpt import GPT, GPTConfig
-from tandem.models.kvcache import KVCache, model_positions, step_mask, supports
+from tandem.models.kvcache import KVCache, Packed, model_positions, step_mask, supports
 from tandem.models.llama import Llama, LlamaConfig
 
 SEQ, VOCAB = 16, 20
@@ -88,3 +88,47 @@ def test_a_model_without_the_cached_forward_is_not_supported():
     m = build("gpt-gqa-tanh")
     m.head = None                      # a pipeline stage: not the whole model
     assert not supports(m)
+
+
+def check_packed(model) -> int:
+    """Continuous batching's packed step (``Packed``): rows in scattered slots of a 5-slot cache, each step
+    one forward over every row's next run (a 3-token chunk of its prompt while it has one, then one token),
+    packed together; the logits of each run's last token against the plain forward over that row's text so
+    far. The number of runs compared."""
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (1, 4, 7, 9)]
+    slots, fed = [4, 0, 2, 1], [0] * 4
+    texts = [[] for _ in prompts]
+    cache = KVCache.empty(model, 5, model_positions(model))
+    compared = 0
+    with torch.no_grad():
+        while max(len(t) for t in texts) < SEQ:
+            runs, tokens = [], []
+            for i, p in enumerate(prompts):
+                new = p[fed[i]:fed[i] + 3] if fed[i] < len(p) else torch.randint(0, VOCAB, (1,), generator=g).tolist()
+                if len(texts[i]) + len(new) > SEQ:
+                    continue
+                fed[i] += len(new) if fed[i] < len(p) else 0
+                runs.append((i, len(texts[i]), len(new)))
+                texts[i] += new
+                tokens += new
+            plan = Packed.of([(slots[i], start, n) for i, start, n in runs])
+            logits = model.forward_cached(torch.tensor([tokens]), plan.pos.unsqueeze(0), cache, rows=plan.slots,
+                                          write_at=plan)
+            assert logits.shape[:2] == (1, len(runs))
+            for k, (i, start, n) in enumerate(runs):
+                want = model(torch.tensor([texts[i]]))[0, -1]
+                torch.testing.assert_close(logits[0, k], want, rtol=1e-4, atol=1e-4,
+                                           msg=f"row {i} at length {len(texts[i])}")
+                compared += 1
+    return compared
+
+
+def test_gpt_gqa_packed_steps_match_the_plain_forward():
+    assert check_packed(build("gpt-gqa-tanh")) > 4 * 6
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_packed_steps_match_the_plain_forward(case):
+    assert check_packed(build(case)) > 4 * 6

@@ -74,3 +74,33 @@ def test_every_frame_round_trips_through_its_typed_message():
 
 async def _make(cls, opts):   # the pool's Condition and Events belong to a running loop
     return cls(opts, Metrics())
+
+
+def test_a_new_request_goes_to_the_least_loaded_replica():
+    """Two continuous replicas, the first holding 5 requests: of 8 queued, the idle second takes until it
+    holds more than the first (6), then the first takes the rest (2). Counted, not timed."""
+    from types import SimpleNamespace
+
+    from tandem.serve import stream
+    from tandem.serve.work import Replica, Work
+
+    async def main():
+        pool = Pool(PoolOptions(export=Path("unused"), replicas=2, max_batch=8, batch_wait_ms=0.0), Metrics())
+        a, b = (Replica(i, SimpleNamespace(pid=100 + i, returncode=None), Path("log")) for i in (0, 1))
+        a.continuous = b.continuous = True
+        pool.live[:] = [a, b]
+        loop = asyncio.get_running_loop()
+
+        def work():
+            return Work("generate", {"prompt": [1], "max_new_tokens": 4}, 1, loop.create_future())
+        held_a = {k: work() for k in range(5)}
+        a.load = 5                       # what its sender set when it took them
+        pool.queue.extend(work() for _ in range(8))
+        state = {"dead": False}
+        got_b = await stream._take(pool, b, {}, state)
+        assert (len(got_b), b.load, len(pool.queue)) == (6, 6, 2)
+        got_a = await stream._take(pool, a, held_a, state)
+        assert (len(got_a), a.load, len(pool.queue)) == (2, 7, 0)
+        assert pool.least_loaded(b) and not pool.least_loaded(a)   # 6 < 7: the next one is the second's
+
+    asyncio.run(main())

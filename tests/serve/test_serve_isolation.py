@@ -26,14 +26,11 @@ class Breaking(Decoder):
         super().__init__(model, slots)
         self.bad: set[int] = set()
 
-    def prefill(self, slots, prompts):
-        self.bad |= {s for s, p in zip(slots, prompts) if POISON in p}
-        return super().prefill(slots, prompts)
-
-    def decode(self, slots, tokens, pos):
-        if self.bad & set(slots):
+    def step(self, runs):   # runs: (slot, tokens, start); a prompt's first run starts at 0
+        self.bad |= {slot for slot, toks, start in runs if start == 0 and POISON in toks}
+        if self.bad & {slot for slot, toks, start in runs if start > 0}:
             raise RuntimeError("a row of this batch blew up")
-        return super().decode(slots, tokens, pos)
+        return super().step(runs)
 
     def clear(self, slot):
         self.bad.discard(slot)
