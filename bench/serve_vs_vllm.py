@@ -144,8 +144,8 @@ def main() -> None:
     hf = args.hf.resolve()
     info, _ = hf_model_info(hf)
     python = find_python(args.vllm_python)
-    n = info.seq // 2   # the reverse task's prompt: n digits and the separator
-    prompts = [[(7 * i + 3 * j) % 10 for j in range(n - 1)] + [10] for i in range(16)]
+    n = info.seq // 2   # the reverse task's prompt (tandem/train/tasks.py): n digits and the separator 10
+    prompts = [[(7 * i + 3 * j) % 10 for j in range(n)] + [10] for i in range(16)]
     max_tokens = min(args.max_tokens, info.seq + 1 - len(prompts[0]))
     tmp = Path(tempfile.mkdtemp(prefix="svv-"))
     procs = []

@@ -420,35 +420,36 @@ class VllmPool(Engine):
                     if r.status_code >= 500:
                         raise _Lost(f"HTTP {r.status_code}: {_message(text)}")
                     raise RequestFailed(secrets.token_hex(6), f"vllm answered {r.status_code}: {_message(text)}")
-                lines = r.aiter_lines()
-                while True:
-                    try:
-                        line = await asyncio.wait_for(lines.__anext__(), self.o.hang_s)
-                    except StopAsyncIteration:
-                        break
-                    except asyncio.TimeoutError:
-                        if not await self._healthy(rep):
-                            rep.kill()
-                            raise _Lost(f"no token in {self.o.hang_s:g} s and no /health") from None
-                        raise RequestFailed(secrets.token_hex(6), f"its vllm replica sent no token of it in "
-                                                                  f"{self.o.hang_s:g} s (--hang-s)") from None
-                    if not line.startswith("data: "):
-                        continue
-                    data = line[6:]
-                    if data == "[DONE]":
-                        finished = True
-                        break
-                    chunk = json.loads(data)
-                    if "error" in chunk:
-                        err = chunk["error"]
-                        raise _Lost(f"error event: {err.get('message', err) if isinstance(err, dict) else err}")
-                    for ch in chunk.get("choices") or ():
-                        new = ch.get("token_ids") or []
-                        if new:
-                            at = len(toks)
-                            toks.extend(new)
-                            if sink is not None:
-                                sink.on_tokens(new, at)
+                loop, hang = asyncio.get_running_loop(), self.o.hang_s
+                try:
+                    # one timer moved on at each line (asyncio.timeout, not a wait_for task per token)
+                    async with asyncio.timeout(hang) as silence:
+                        async for line in r.aiter_lines():
+                            silence.reschedule(loop.time() + hang)
+                            if not line.startswith("data: "):
+                                continue
+                            data = line[6:]
+                            if data == "[DONE]":   # read on to the body's end: the connection is kept
+                                finished = True
+                                continue
+                            chunk = json.loads(data)
+                            if "error" in chunk:
+                                err = chunk["error"]
+                                raise _Lost("error event: " + str(err.get("message", err) if isinstance(err, dict)
+                                                                  else err))
+                            for ch in chunk.get("choices") or ():
+                                new = ch.get("token_ids") or []
+                                if new:
+                                    at = len(toks)
+                                    toks.extend(new)
+                                    if sink is not None:
+                                        sink.on_tokens(new, at)
+                except TimeoutError:
+                    if not await self._healthy(rep):
+                        rep.kill()
+                        raise _Lost(f"no token in {hang:g} s and no /health") from None
+                    raise RequestFailed(secrets.token_hex(6), f"its vllm replica sent no token of it in {hang:g} s "
+                                                              f"(--hang-s)") from None
         except httpx.TransportError as e:   # connection refused, reset, or closed mid-stream: the replica went
             raise _Lost(type(e).__name__) from None
         finally:
