@@ -12,10 +12,13 @@ KV-cache size, --max-num-seqs, --skip-tokenizer-init, dtype) from the same side 
 Each side gets the same closed loop: ``--concurrency`` clients, each sending its next request as soon as
 its last one is answered, streamed /v1/completions of token-id prompts (the reverse task's, digits then
 the separator), greedy, ``--max-tokens`` each, eos ignored, ``stream_options.include_usage``. Rounds
-alternate between the sides (bare, tandem, bare, ...) so that a busy neighbour on a shared machine
-costs both alike; a warm-up of 2 x concurrency requests each first. Printed per side: requests/s,
-output tokens/s (from the usage), TTFT p50/p99 (send -> the first event carrying a token), and the
-ratio tandem / bare (the issue's target: the front costs at most 5% of bare vLLM's throughput).
+alternate between the sides (bare, tandem, tandem, bare, ...) so that a busy neighbour on a shared
+machine costs both alike; a warm-up of 2 x concurrency requests each first. Printed per side:
+requests/s, output tokens/s (from the usage), TTFT p50/p99 (send -> the first event carrying a token),
+the CPU seconds per request of each process group (/proc: bare vLLM's three processes; tandem's front,
+and its replica's three), and the ratio tandem / bare (the issue's target: the front costs at most 5%
+of bare vLLM's throughput). On a shared machine the throughput ratio moves with the neighbours; the
+CPU per request does not, and says what the front costs where it has a core of its own.
 A bare vLLM chunk carries token ids (return_token_ids); tandem's carries text, so give a byte-level
 (vocab 256) export, or one with a tokenizer, for the front to stream text token by token.
 """
@@ -70,6 +73,21 @@ def start_tandem(hf: Path, python: str, max_batch: int, run_dir: Path) -> tuple[
             raise SystemExit(f"tandem serve exited {proc.returncode}: {(run_dir / 'front.log').read_text()[-2000:]}")
         time.sleep(0.2)
     return proc, json.loads(info.read_text())["url"]
+
+
+def group_cpu_s(pgid: int) -> float:
+    """CPU seconds (user + system) used so far by the live processes of process group ``pgid`` (/proc):
+    what a side costs the machine, whatever else shares its cores."""
+    tck, total = os.sysconf("SC_CLK_TCK"), 0
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                f = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(f[2]) == pgid:
+                total += int(f[11]) + int(f[12])
+    return total / tck
 
 
 def wait_ready(url: str, path: str, proc: subprocess.Popen, timeout_s: float) -> float:
@@ -163,27 +181,40 @@ def main() -> None:
         sides = {"bare": (b_url, "bare"), "tandem": (t_url, "tandem")}
         for name, (url, model) in sides.items():   # warm-up
             asyncio.run(closed_loop(url, model, prompts, 2 * args.concurrency, args.concurrency, max_tokens))
+        # CPU per request, by process group: bare vLLM's (API server, EngineCore, worker); tandem's front
+        # (its own group) and its replica's (the same three vLLM processes)
+        rep_pid = json.loads((tmp / "tandem" / "replicas.json").read_text())["replicas"][0]["pid"]
+        groups = {"bare": {"vllm": bare.pid}, "tandem": {"front": tandem.pid, "vllm": rep_pid}}
         res: dict[str, list[dict]] = {"bare": [], "tandem": []}
         for rnd in range(args.rounds):
             for name in (("bare", "tandem") if rnd % 2 == 0 else ("tandem", "bare")):
                 url, model = sides[name]
+                before = {k: group_cpu_s(g) for k, g in groups[name].items()}
                 r = asyncio.run(closed_loop(url, model, prompts, args.requests, args.concurrency, max_tokens))
+                r["cpu_ms_per_req"] = {k: 1000 * (group_cpu_s(g) - before[k]) / max(1, r["ok"])
+                                       for k, g in groups[name].items()}
                 res[name].append(r)
+                cpu = ", ".join(f"{k} {v:.1f}" for k, v in r["cpu_ms_per_req"].items())
                 print(f"  round {rnd + 1} {name:6s}: {r['ok']}/{r['requests']} ok, {r['rps']:.1f} req/s, "
-                      f"{r['tok_s']:.0f} tok/s, TTFT p50 {r['ttft_p50_ms']:.1f} ms p99 {r['ttft_p99_ms']:.1f} ms",
-                      flush=True)
+                      f"{r['tok_s']:.0f} tok/s, TTFT p50 {r['ttft_p50_ms']:.1f} ms p99 {r['ttft_p99_ms']:.1f} ms; "
+                      f"CPU ms/request: {cpu}", flush=True)
         tot = {k: {"rps": sum(r["ok"] for r in v) / sum(r["seconds"] for r in v),
                    "tok_s": sum(r["tok_s"] * r["seconds"] for r in v) / sum(r["seconds"] for r in v),
                    "ttft_p50_ms": sorted(r["ttft_p50_ms"] for r in v)[len(v) // 2],
                    "ttft_p99_ms": sorted(r["ttft_p99_ms"] for r in v)[len(v) // 2],
                    "failed": sum(r["requests"] - r["ok"] for r in v)} for k, v in res.items()}
+        for k, v in res.items():
+            tot[k]["cpu_ms_per_req"] = {g: sorted(r["cpu_ms_per_req"][g] for r in v)[len(v) // 2] for g in groups[k]}
         ratio = tot["tandem"]["rps"] / tot["bare"]["rps"]
         for k, v in tot.items():
             print(f"{k:6s}: {v['rps']:.1f} req/s, {v['tok_s']:.0f} output tok/s, TTFT p50 {v['ttft_p50_ms']:.1f} ms, "
-                  f"p99 {v['ttft_p99_ms']:.1f} ms (median of rounds), {v['failed']} failed")
+                  f"p99 {v['ttft_p99_ms']:.1f} ms (median of rounds), {v['failed']} failed; CPU ms/request (median) "
+                  + ", ".join(f"{g} {c:.1f}" for g, c in v["cpu_ms_per_req"].items()))
+        front = tot["tandem"]["cpu_ms_per_req"]["front"]
         print(f"ratio tandem / bare: {ratio:.3f} of the requests/s ({100 * (1 - ratio):+.1f}% cost; target <= 5%), "
               f"{tot['tandem']['tok_s'] / tot['bare']['tok_s']:.3f} of the tokens/s, TTFT p50 x"
-              f"{tot['tandem']['ttft_p50_ms'] / tot['bare']['ttft_p50_ms']:.2f}")
+              f"{tot['tandem']['ttft_p50_ms'] / tot['bare']['ttft_p50_ms']:.2f}; the front's CPU per request is "
+              f"{100 * front / tot['bare']['cpu_ms_per_req']['vllm']:.0f}% of bare vLLM's")
         if args.json:
             args.json.write_text(json.dumps({"rounds": res, "total": tot, "ratio_rps": ratio, "startup_s": up,
                                              "concurrency": args.concurrency, "max_tokens": max_tokens}, indent=1))
