@@ -343,7 +343,7 @@ class VllmPool(Engine):
                     sink.on_started()
                 toks = []
                 try:
-                    await self._run(rep, payload, sink, toks)
+                    await self._run(rep, payload, sink, toks, rid)
                     break
                 except _Lost as e:
                     deaths += 1
@@ -399,7 +399,7 @@ class VllmPool(Engine):
             self.waiting -= 1
             self._depth()
 
-    async def _run(self, rep: VllmReplica, req: dict, sink, toks: list) -> None:
+    async def _run(self, rep: VllmReplica, req: dict, sink, toks: list, rid: str) -> None:
         """One request streamed from ``rep``'s /v1/completions into ``toks`` (and the sink); _Lost when the
         replica went away, RequestFailed when vLLM refused or failed the request itself."""
         import httpx
@@ -419,10 +419,10 @@ class VllmPool(Engine):
                     text = (await r.aread()).decode(errors="replace")
                     if r.status_code >= 500:
                         raise _Lost(f"HTTP {r.status_code}: {_message(text)}")
-                    raise RequestFailed(secrets.token_hex(6), f"vllm answered {r.status_code}: {_message(text)}")
+                    raise RequestFailed(rid, f"vllm answered {r.status_code}: {_message(text)}")
                 loop, hang = asyncio.get_running_loop(), self.o.hang_s
                 try:
-                    # one timer moved on at each line (asyncio.timeout, not a wait_for task per token)
+                    # one timer moved on at each read (asyncio.timeout, not a wait_for task per token)
                     async with asyncio.timeout(hang) as silence:
                         buf = b""
                         # raw bytes split into events here: httpx's text and line decoders cost the front
@@ -454,7 +454,7 @@ class VllmPool(Engine):
                     if not await self._healthy(rep):
                         rep.kill()
                         raise _Lost(f"no token in {hang:g} s and no /health") from None
-                    raise RequestFailed(secrets.token_hex(6), f"its vllm replica sent no token of it in {hang:g} s "
+                    raise RequestFailed(rid, f"its vllm replica sent no token of it in {hang:g} s "
                                                               f"(--hang-s)") from None
         except httpx.TransportError as e:   # connection refused, reset, or closed mid-stream: the replica went
             raise _Lost(type(e).__name__) from None
