@@ -407,7 +407,9 @@ class VllmPool(Engine):
         body = {"model": self.name, "prompt": list(req["prompt"]), "max_tokens": int(req["max_new_tokens"]),
                 "temperature": float(req.get("temperature", 0.0)), "top_k": int(req.get("top_k") or 0),
                 "ignore_eos": True, "stream": True, "return_token_ids": True}
-        if req.get("seed") is not None:
+        # a seed only where it is used: vLLM gives a seeded request a generator of its own, and its sampler
+        # a slower path for the whole batch (measured: 2-6x its CPU per request, bench/serve_vs_vllm.py)
+        if req.get("seed") is not None and float(req.get("temperature", 0.0)) > 0:
             body["seed"] = int(req["seed"]) % 2**63
         if req.get("top_p") is not None:
             body["top_p"] = float(req["top_p"])
