@@ -180,8 +180,8 @@ def parallelize(model: nn.Module, spec, ctx, log=lambda *a: None, materialize=No
         if dims.tp > 1 or dims.pp > 1:
             from tandem.train.parallel.ddp import GradSync
             # the expert weights differ by ep rank: sync_grads reduces them over their own group
-            mine = {id(q) for q in par.ep.params} if par.ep is not None else set()
-            par.grad_sync = GradSync([q for q in model.parameters() if id(q) not in mine], grad_mesh.get_group(),
+            experts = {id(q) for q in par.ep.params} if par.ep is not None else set()
+            par.grad_sync = GradSync([q for q in model.parameters() if id(q) not in experts], grad_mesh.get_group(),
                                      n_grad, p.bucket_cap_mb)
         else:
             from tandem.train.parallel.ddp import wrap_ddp
