@@ -28,7 +28,6 @@ import functools
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tandem.bench.serve import _SSEClient, percentile  # noqa: E402
+from tandem.bench.serve_batching import _stop as stop  # noqa: E402  (SIGTERM, then kill after 60 s)
 
 print = functools.partial(print, flush=True)   # progress shows while the run goes on
 
@@ -80,16 +80,6 @@ def start(code: Path, export: Path, run_dir: Path, a) -> tuple[subprocess.Popen,
         time.sleep(0.05)
     proc.kill()
     raise RuntimeError(f"server of {code} did not become ready: {(run_dir / 'front.log').read_text()[-800:]}")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def cpu_s(run_dir: Path, front: int) -> tuple[float, float]:
