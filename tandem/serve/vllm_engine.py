@@ -114,6 +114,8 @@ class VllmReplica:
         self.url = f"http://127.0.0.1:{port}"
         self.inflight = 0
         self.waiting = self.running = 0   # vLLM's own gauges, scraped once a second
+        # set when its API server refused a connection: it is gone, though its exit may not be reaped yet
+        self.refused = False
 
     def kill(self) -> None:
         """SIGKILL its whole process group: the API server, vLLM's EngineCore and worker, their trackers."""
@@ -335,10 +337,10 @@ class VllmPool(Engine):
         task = asyncio.current_task()
         self.outstanding += 1
         self._tasks.add(task)
-        deaths, toks = 0, []
+        deaths, toks, lost_on = 0, [], set()
         try:
             while True:
-                rep = await self._pick(t0, timeout_ms)
+                rep = await self._pick(t0, timeout_ms, lost_on)
                 if sink is not None:
                     sink.on_started()
                 toks = []
@@ -347,6 +349,7 @@ class VllmPool(Engine):
                     break
                 except _Lost as e:
                     deaths += 1
+                    lost_on.add(rep)
                     self.m.retries.inc()
                     if sink is not None and sink.on_lost():
                         raise ReplicaError(f"the vllm replica serving this stream died after {sink.sent} token(s) "
@@ -371,16 +374,19 @@ class VllmPool(Engine):
         self.m.tokens.inc(len(toks))
         return toks
 
-    async def _pick(self, t0: float, timeout_ms: int) -> VllmReplica:
-        """The ready replica with the fewest requests of ours in flight; waits (counted in the queue depth)
-        while none is ready, until the request's deadline or --hang-s."""
+    async def _pick(self, t0: float, timeout_ms: int, avoid: set = frozenset()) -> VllmReplica:
+        """The ready replica with the fewest requests of ours in flight, other than those in ``avoid`` (the
+        replicas that already lost this request: a killed one stays in ``live`` until its exit is reaped, and a
+        retry sent back there would count a second death); waits (counted in the queue depth) while none is
+        ready, until the request's deadline or --hang-s."""
         self.waiting += 1
         self._depth()
         try:
             while True:
                 if self.closing:
                     raise ReplicaError("the server is shutting down")
-                ready = [r for r in self.live if r is not None and r.proc.returncode is None]
+                ready = [r for r in self.live if r is not None and r.proc.returncode is None and not r.refused
+                         and r not in avoid]
                 if ready:
                     return min(ready, key=lambda r: r.inflight)
                 left = self.o.hang_s - (time.monotonic() - t0)
@@ -459,6 +465,8 @@ class VllmPool(Engine):
                     raise RequestFailed(rid, f"its vllm replica sent no token of it in {hang:g} s "
                                                               f"(--hang-s)") from None
         except httpx.TransportError as e:   # connection refused, reset, or closed mid-stream: the replica went
+            if isinstance(e, httpx.ConnectError):
+                rep.refused = True
             raise _Lost(type(e).__name__) from None
         finally:
             rep.inflight -= 1
