@@ -261,11 +261,15 @@ def test_replica_killed_mid_stream_ends_with_an_error_event(client, srv):
     stream = client.completions.create(model=MODEL, prompt="cache", max_tokens=500, temperature=0, stream=True)
     it = iter(stream)
     assert next(it).choices[0].text is not None
+    # stopped, the replica decodes nothing more: the stream cannot end and the second request, written to
+    # its pipe by the front (the "running" gauge counts it then), gets no token before the kill
+    pid = srv.pids()[0]
+    os.kill(pid, signal.SIGSTOP)
     with ThreadPoolExecutor(1) as ex:
         quiet = ex.submit(client.completions.create, model=MODEL, prompt="batch replica", max_tokens=480,
                           temperature=0)
         wait_for(lambda: _metric(srv, "vllm:num_requests_running") == 2, 60, "both on the replica")
-        os.kill(srv.pids()[0], signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL)
         with pytest.raises(openai.APIError) as e:
             for _ in it:
                 pass

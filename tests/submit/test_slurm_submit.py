@@ -85,7 +85,10 @@ def test_failed_rank_is_named_and_not_requeued(cluster, jobs):
     st = wait_state(cluster, run, job_id, ["COMPLETED", "FAILED", "CANCELLED"])
     assert st.returncode == 1 and ": FAILED;" in st.stdout, st.stdout
     assert "requeued 0 time(s)" in st.stdout  # the other node's SIGTERM (exit 143) is not a preemption
-    assert "root cause: rank 1 (node 1) exit 1: RuntimeError: rank 1 was told to fail" in st.stdout, st.stdout
+    # the root cause by its rank, node and exception; its exit status is 1, or the agent's SIGTERM (-15)
+    # when a peer's failure reached the agent while it was still exiting: a race torchrun has
+    assert re.search(r"root cause: rank 1 \(node 1\) exit (1|-15): RuntimeError: rank 1 was told to fail",
+                     st.stdout), st.stdout
 
 
 def test_cancel_ends_the_job_and_its_workers(cluster, jobs):
