@@ -20,7 +20,7 @@ from tandem.plan.inputs.training import Strategy, Training, fused_attention
 from tandem.plan.terms.collectives import grad_reduce_bytes
 from tandem.plan.terms.fsdp_copies import units as fsdp_units
 from tandem.plan.terms.grad_sync import deferred, model_state_bytes, peak, reductions
-from tandem.plan.terms.params import expert_shard_group, shard_group, stage_states
+from tandem.plan.terms.params import expert_shard_group, expert_states, expert_tp, shard_group
 from tandem.plan.terms.stages import (busiest_stage_params, chunks, chunks_of, first_stage_inflight, max_stage_params,
                                       split, stage_inflight, stage_params)
 
@@ -203,13 +203,13 @@ def memory(m: ModelStats, c: Cluster, t: Training, s: Strategy, micro_batches: i
     notes: list[str] = []
     by = t.bytes
     zero, tp, pp = s.zero, s.tp, s.pp   # read once: the search calls this for every candidate
-    if m.moe is not None:   # experts split over ep x tp, sharded over the expert-data-parallel ranks
-        psi, psi_e = stage_states(m.moe, split(m.gpt, pp, s.stage_layers, chunks_of(s)), tp, s.ep)
+    if m.moe is not None:   # experts split over ep (x tp: the runtime's experts_tp), sharded over the ranks holding them
+        psi, psi_e = expert_states(m, s, t)
     elif m.gpt is not None and pp > 1:   # the stage that holds the most (embedding or output layer)
         psi, psi_e = busiest_stage_params(m.gpt, pp, s.stage_layers, chunks_of(s)) / tp, 0.0
     else:
         psi, psi_e = m.params / (tp * pp), 0.0
-    d, de = shard_group(s, c), expert_shard_group(s, c)
+    d, de = shard_group(s, c), expert_shard_group(s, c, t)
     params = psi * by["param"] / (d if zero >= 3 else 1) + psi_e * by["param"] / (de if zero >= 3 else 1)
     grads = psi * by["grad"] / (d if zero >= 2 else 1) + psi_e * by["grad"] / (de if zero >= 2 else 1)
     defer = deferred(t, s) and m.moe is None and m.gpt is not None
@@ -236,10 +236,11 @@ def memory(m: ModelStats, c: Cluster, t: Training, s: Strategy, micro_batches: i
     other = CONTEXT_BYTES
     if zero >= 3 and d > 1 and not defer and m.gpt is not None and m.moe is None:
         other += fsdp_inflight_bytes(m, t, s, psi)
-    elif zero >= 3 and d > 1:   # gathered layer + prefetched next (an MoE layer's experts: / ep); deferred:
-        # the stage's parameters are already counted unsharded (params above), nothing gathered per layer
-        ep = s.ep if m.moe is not None else 1
-        other += 0.0 if defer else 2 * m.largest_layer_params / (tp * ep) * t.gather_bytes
+    elif zero >= 3 and d > 1:   # gathered layer + prefetched next (an MoE layer's experts: / ep, and / tp where the
+        # runtime splits them: whole under tandem's); deferred: the stage's parameters are already counted
+        # unsharded (params above), nothing gathered per layer
+        ep, ltp = (s.ep, expert_tp(t, s)) if m.moe is not None else (1, tp)
+        other += 0.0 if defer else 2 * m.largest_layer_params / (ltp * ep) * t.gather_bytes
     elif s.dp > 1:
         other += 2 * t.bucket_bytes if by["grad"] == 4 else 2 * t.bucket_bytes / 2
     # the allocator's reserve as the fraction given (reserved over allocated, minus 1; default 0: no source gives
