@@ -264,7 +264,7 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
     fill_comm = bubble_comm(ops, counts, m.gpt.layers, s.pp, bubble, mean_compute) if m.gpt else 0.0
     bubble += fill_comm
     mem = mem or memory(m, c, t, s, mb)
-    opt_s = optimizer_seconds(updated_params(m, s, c), c, t) if cx and t.efficiency is None else 0.0
+    opt_s = optimizer_seconds(updated_params(m, s, c, t), c, t) if cx and t.efficiency is None else 0.0
     compute += opt_s + copy_s   # the step: after the last backward; the copies: not in the windows dp_ops used
     return Plan(m, c, t, s, mb, mem, ops, eff, rate, hw_fpg, model_fpg, compute, bubble, measured,
                 host_factors=factors, stage_layers=counts, stage_imbalance=imbalance,

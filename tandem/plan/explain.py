@@ -13,6 +13,7 @@ from tandem.plan.explain_memory import activation_sentence, grad_sync_sentence, 
 from tandem.plan.inputs.host_model import default_threads
 from tandem.plan.inputs.model import expert_params, moe_params
 from tandem.plan.terms.collectives import grad_reduce_bytes
+from tandem.plan.terms.params import expert_tp
 from tandem.plan.terms.stages import chunks_of
 from tandem.plan.units import gib, human_time, ms, pct, si
 
@@ -38,8 +39,12 @@ def explain(p: Plan) -> list[str]:
                    f"experts (inner size {e.expert_ffn}{f', + {e.shared} shared' if e.shared else ''}, capacity "
                    f"factor {e.capacity_factor:g}): {moe_params(e, active=True) / 1e9:.4g}B of "
                    f"{m.params / 1e9:.4g}B parameters active per token; expert weights "
-                   f"{expert_params(e) / 1e9:.4g}B split over ep {s.ep} x tp {s.tp} x pp {s.pp}, their gradients "
-                   f"reduced over dp x cp / ep = {s.dp} x {s.cp} / {s.ep} = {s.dp * s.cp // s.ep} GPUs.")
+                   + (f"{expert_params(e) / 1e9:.4g}B split over ep {s.ep} x tp {s.tp} x pp {s.pp}, their gradients "
+                      f"reduced over dp x cp / ep = {s.dp} x {s.cp} / {s.ep} = {s.dp * s.cp // s.ep} GPUs."
+                      if expert_tp(t, s) == s.tp else
+                      f"{expert_params(e) / 1e9:.4g}B split over ep {s.ep} x pp {s.pp}, whole on each of the tp "
+                      f"{s.tp} ranks (runtime {t.runtime}), their gradients reduced over (dp x cp / ep) x tp = "
+                      f"{s.dp} x {s.cp} / {s.ep} x {s.tp} = {s.dp * s.cp // s.ep * s.tp} GPUs."))
     cp = f" x cp {s.cp}" if s.cp > 1 else ""
     out.append(f"Strategy {s.label()}: {s.world} GPUs = dp {s.dp}{f' (ep {s.ep} inside it)' if s.ep > 1 else ''}"
                f" x tp {s.tp} x pp {s.pp}{cp} on "

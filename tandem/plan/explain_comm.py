@@ -16,9 +16,8 @@ from tandem.plan.terms.collectives import TREE_BW, Group
 from tandem.plan.terms.context import MERGE_KV, MERGE_Q, kv_width
 from tandem.plan.terms.grad_sync import deferred, reductions
 from tandem.plan.terms.nccl_algos import BASE_US, NVLS_SHARE, NVLS_US, PROTO_SHARE, hop_latency, hw_kind
-from tandem.plan.terms.params import stage_psi, stage_states
+from tandem.plan.terms.params import expert_states, stage_psi
 from tandem.plan.terms.pipeline import steady_pairs
-from tandem.plan.terms.stages import chunks_of, split
 from tandem.plan.terms.tensor_parallel import RS_SPLITS, ring_parts
 from tandem.plan.units import ms, si
 
@@ -32,9 +31,9 @@ def gather_note(p: Plan, o) -> str:
         return ""
     m, s, t = p.model, p.strategy, p.training
     if o.name == "ep-params":
-        psi = stage_states(m.moe, split(m.gpt, s.pp, s.stage_layers, chunks_of(s)), s.tp, s.ep)[1]
+        psi = expert_states(m, s, t)[1]
     else:
-        psi = stage_psi(m, s)
+        psi = stage_psi(m, s, t)
     pb = t.gather_bytes
     if t.autocast:
         why = (": fp32, the weights as stored: tandem's trainer keeps them in fp32 under autocast and its FSDP2 "

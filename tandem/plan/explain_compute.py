@@ -163,7 +163,7 @@ def bandwidth_bound_lines(p: Plan) -> list[str]:
            f"{si(c.gpu.memory_Bps, 'B/s')} = {ms(p.mem_bound_s / p.stage_imbalance)} (terms/bandwidth_bound.py; norms, "
            "residual adds, activation, rotary, loss: memory-bound, so FLOPs do not time them)."]
     if p.optimizer_s:
-        params = updated_params(m, s, c)
+        params = updated_params(m, s, c, t)
         parts = " + ".join(f"{k} {b} B" for k, b in optimizer_parts(t).items())
         out.append(f"Optimizer step: {parts} = {optimizer_bytes_per_param(t)} B per parameter x {si(params, '')} "
                    f"parameters this GPU updates{' (experts included)' if m.moe is not None else ''}{' (ZeRO-sharded)' if s.zero else ''} at {BANDWIDTH_SHARE} x "
@@ -189,7 +189,7 @@ def fsdp_copies_lines(p: Plan) -> list[str]:
     if not p.fsdp_copy_s:
         return []
     t, s, c = p.training, p.strategy, p.cluster
-    psi, bw = stage_psi(p.model, s), c.gpu.memory_Bps * BANDWIDTH_SHARE
+    psi, bw = stage_psi(p.model, s, t), c.gpu.memory_Bps * BANDWIDTH_SHARE
     pb, rb, fp16 = fsdp_dtypes(t, s)
     side = copy_bytes(t.fsdp, pb, rb, fp16)[1]
     how = ("backward concatenates the views' gradients into the flat gradient (split's backward), 2 x p"

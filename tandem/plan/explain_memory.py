@@ -10,20 +10,25 @@ from tandem.plan.inputs.training import fused_attention
 from tandem.plan.terms.collectives import grad_reduce_bytes
 from tandem.plan.terms.grad_sync import deferred, reductions
 from tandem.plan.terms.memory import FUSED_LOSS_BYTES, LOSS_PARALLEL_BYTES, UNFUSED_LOSS_BYTES, activation_parts, loss_bytes, op_sac
-from tandem.plan.terms.params import expert_shard_group, shard_group, stage_states
-from tandem.plan.terms.stages import chunks, chunks_of, rounds, split, stage_inflight
+from tandem.plan.terms.params import expert_shard_group, expert_states, expert_tp, shard_group
+from tandem.plan.terms.stages import chunks, rounds, stage_inflight
 from tandem.plan.units import gib
 
 
 def moe_states_sentence(p: Plan) -> str:
-    """Where an MoE model's parameters sit: the non-expert ones as a dense model's, the experts over ep."""
+    """Where an MoE model's parameters sit: the non-expert ones as a dense model's, the experts over ep (and tp
+    where the runtime splits them)."""
     m, s, t, c = p.model, p.strategy, p.training, p.cluster
-    dense, expert = stage_states(m.moe, split(m.gpt, s.pp, s.stage_layers, chunks_of(s)), s.tp, s.ep)
-    d, de = shard_group(s, c), expert_shard_group(s, c)
+    dense, expert = expert_states(m, s, t)
+    d, de = shard_group(s, c), expert_shard_group(s, c, t)
     k = t.bytes["param"] + t.bytes["grad"] + t.optimizer_bytes
+    if expert_tp(t, s) == s.tp:
+        split_by, over = f"/ (ep {s.ep} x tp {s.tp})", "dp x cp / ep"
+    else:   # tandem's trainer: each tp rank holds its ep rank's experts whole (runtime.py, experts_tp)
+        split_by, over = f"/ ep {s.ep}, whole on each of the tp {s.tp} ranks", "(dp x cp / ep) x tp"
     return (f"Model states (MoE): {dense / 1e9:.4g}B non-expert parameters per GPU (/ tp {s.tp} on the stage "
             f"holding the most; ZeRO-{s.zero} shards over dp x cp = {d}) + {expert / 1e9:.4g}B expert parameters "
-            f"per GPU (/ (ep {s.ep} x tp {s.tp}) on that stage; ZeRO-{s.zero} shards over dp x cp / ep = {de}), "
+            f"per GPU ({split_by} on that stage; ZeRO-{s.zero} shards over {over} = {de}), "
             f"{k} bytes each before sharding.")
 
 

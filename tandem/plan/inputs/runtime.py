@@ -24,6 +24,11 @@ Rules, per runtime:
   (memory.pipeline_buffers): ``all``, every stage's outputs and its inputs' gradients (torch before PR #153383,
   May 2025, and PR #164329, Oct 2025: the torch torchtitan's report ran, 1963fc8); ``last``, the last stage's
   outputs only, the inputs' gradients freed once sent (torch 2.13); None, not torch's pipelining (not counted).
+- ``experts_tp``: an MoE model's routed experts split over the tp ranks too, each GPU holding experts / (ep x tp)
+  sharded by ZeRO over the expert-data-parallel ranks dp x cp / ep (Megatron-core's expert-tensor-parallel size
+  = tp default; torchtitan either way); or (False, tandem's trainer) each tp rank holding its ep rank's experts
+  whole, experts / ep a GPU, the tp ranks sharing their gradients and ZeRO shards: (dp x cp / ep) x tp
+  (params.expert_tp, expert_shard_group; expert.expert_dp_group).
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ class Runtime:
     sources: tuple[tuple[str, str], ...]   # (rule, source)
     loss_parallel: bool = False      # tp's unfused loss is torch's loss_parallel (16 B a logit at its peak)
     pp_outputs: str | None = None    # all | last: what torch's pipelining keeps a step (None: not its pipeline)
+    experts_tp: bool = True          # routed experts split over tp (Megatron's ETP = tp), or whole on each tp rank
 
 
 _FSDP2 = ("zero3_prefetch", "torch FSDP2 fully_shard: the next block's all-gather issued during this block's compute "
@@ -67,8 +73,11 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in [
                        ("pp_outputs", "not modelled (None): the buffers are counted where FSDP2 runs under "
                                       "torch's pipelining with one reduction a step or round (grad_sync.deferred); "
                                       "tandem's trainer refuses ZeRO with pp > 1, and the published rows planned so "
-                                      "under this runtime (Llama 3's) ran Meta's own pipeline")),
-            loss_parallel=True),
+                                      "under this runtime (Llama 3's) ran Meta's own pipeline"),
+                       ("experts_tp", "False: tandem/train/parallel/expert.py keeps each ep rank's experts whole on "
+                                      "its tp ranks (Shard(0) on the ep mesh only), their gradients summed and their "
+                                      "zero2 / zero3 shards on the flattened edp x tp mesh (ExpertParallel.grad_mesh)")),
+            loss_parallel=True, experts_tp=False),
     Runtime("torchtitan", "torchtitan (2024-2025: FSDP2, SDPA, MixedPrecisionPolicy bf16 params / fp32 reduce)",
             "sdpa", "fp32", True, None,
             (_SDPA, ("grad_reduce", "torchtitan's mixed_precision_reduce = float32 default"), _FSDP2,
@@ -76,12 +85,19 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in [
              ("pp_outputs", "torch 1963fc8 (torchtitan's performance report, 2024-12-23) stage.py: forward_one_chunk "
                             "appends every stage's output to output_chunks (cleared at the next step; last stage only "
                             "since PR #153383), stage_backward leaves each input's gradient in the receive buffer's "
-                            ".grad until clear_runtime_states (freed early since PR #164329)")),
+                            ".grad until clear_runtime_states (freed early since PR #164329)"),
+             ("experts_tp", "torchtitan's expert_tensor_parallel_degree: etp = tp splits the experts over tp "
+                            "(ExpertTensorParallel); the default etp = 1 folds the tp ranks into ep (ep = planner ep x "
+                            "tp, 'partial dp + all tp -> ep'): experts / (ep x tp) a GPU either way, FSDP over "
+                            "dp x cp / ep")),
             loss_parallel=True, pp_outputs="all"),
     Runtime("megatron", "Megatron-LM / NeMo (Megatron-core >= 0.5, Transformer Engine)", "sdpa", None, True, None,
             (("attention", "Transformer Engine's fused attention (cuDNN / FlashAttention-2)"),
              ("grad_reduce", "distributed optimizer: BF16 gradients reduced in FP32 (grad_reduce_in_fp32 with "
-                             "--use-distributed-optimizer); else the gradients' dtype"))),
+                             "--use-distributed-optimizer); else the gradients' dtype"),
+             ("experts_tp", "Megatron-core's --expert-tensor-parallel-size defaults to --tensor-model-parallel-size: "
+                            "experts / (ep x tp) a GPU, the distributed optimizer over the expert-data-parallel "
+                            "ranks"))),
     Runtime("megatron-2021", "Megatron-LM as Narayanan et al. 2021 and Korthikanti et al. 2022 ran it "
                              "(before FlashAttention)", "unfused", None, True, None,
             (("attention", "eager attention: the s x s scores in memory (Korthikanti et al. 2022 §4)"),)),

@@ -15,8 +15,7 @@ from tandem.plan.terms.expert import expert_dp_group
 from tandem.plan.terms.fsdp_copies import units as fsdp_units
 from tandem.plan.terms.grad_sync import deferred
 from tandem.plan.terms.grad_sync import dp_ops as zero_ops
-from tandem.plan.terms.params import stage_psi, stage_states
-from tandem.plan.terms.stages import chunks_of, split
+from tandem.plan.terms.params import expert_states, expert_tp, stage_psi
 
 # Megatron-LM's distributed data parallel: gradient buckets of max(40M, 1M x dp) parameters
 # (megatron/core/distributed, bucket_size default), used here for ZeRO-1/2.
@@ -27,7 +26,7 @@ def dp_ops(m: ModelStats, c: Cluster, t: Training, s: Strategy, mb: int, compute
            f_hw: float, dpg: Group, shard_g: Group, repl_g: Group, side: float = 0.0) -> list[CommOp]:
     """Data-parallel collectives with the framework's chunking (buckets, blocks) and overlap."""
     by = t.bytes
-    psi = stage_psi(m, s)
+    psi = stage_psi(m, s, t)
     gb = grad_reduce_bytes(t.precision, s.zero, by["grad"], t.grad_reduce)   # FP32 for BF16 at ZeRO-1/2 (collectives.py)
     pb = t.gather_bytes   # the stored weights' dtype: fp32 under autocast (training.Training.gather_bytes)
     gbytes, pbytes = psi * gb, psi * pb
@@ -88,10 +87,11 @@ def dp_ops(m: ModelStats, c: Cluster, t: Training, s: Strategy, mb: int, compute
         ops.append(op("hsdp-replicas", "all_reduce", gbytes / shard, 1, repl_g, buckets, "buckets", bwd,
                       lambda tm: pipelined(tm, buckets, bwd)))
     if m.moe is not None:
-        # expert weights: reduced (and ZeRO-sharded) over the dp x cp / ep ranks holding the same experts, on
-        # the stream the dense gradients use: they hide in what of backward the dense ones leave
-        psi_e = stage_states(m.moe, split(m.gpt, s.pp, s.stage_layers, chunks_of(s)), s.tp, s.ep)[1]
-        eg = expert_dp_group(s, c.gpus_per_node)
+        # expert weights: reduced (and ZeRO-sharded) over the ranks holding the same experts (dp x cp / ep, x tp
+        # where the tp ranks hold them whole), on the stream the dense gradients use: they hide in what of
+        # backward the dense ones leave
+        psi_e = expert_states(m, s, t)[1]
+        eg = expert_dp_group(s, c.gpus_per_node, expert_tp(t, s))
         if eg.size > 1 and psi_e > 0:
             left = max(0.0, bwd - sum(o.time_s / o.calls for o in ops if o.name == "dp-grad"))
             eb = max(1, int(-(-(psi_e * gb) // t.bucket_bytes))) if s.zero == 0 \

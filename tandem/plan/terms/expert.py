@@ -1,10 +1,11 @@
 """Expert parallelism (MoE models, ``--ep``): where the experts sit and what routing tokens to them costs.
 
-Per GPU with expert parallelism ``ep`` (Megatron-core's layout: experts split over ep ranks carved out
-of the data-parallel ranks, and by tp as Megatron's expert-tensor-parallel size defaults to tp;
-non-expert weights split by tp and pp as usual): expert weights / (ep x tp x pp), the rest / (tp x pp)
-(params.stage_states). Expert gradients are reduced over the expert-data-parallel group, dp x cp / ep ranks
-(``expert_dp_group``); the rest over dp x cp. Token routing is two all-to-alls in the forward (dispatch, combine)
+Per GPU with expert parallelism ``ep`` (experts split over ep ranks carved out of the data-parallel ranks;
+non-expert weights split by tp and pp as usual): under Megatron-core's layout, experts split by tp too (its
+expert-tensor-parallel size defaults to tp), expert weights / (ep x tp x pp), their gradients reduced over the
+expert-data-parallel group, dp x cp / ep ranks; under tandem's trainer each tp rank holds its experts whole,
+expert weights / (ep x pp), reduced over (dp x cp / ep) x tp ranks (the runtime's experts_tp: params.expert_tp,
+stage_states; ``expert_dp_group``). The rest / (tp x pp), reduced over dp x cp. Token routing is two all-to-alls in the forward (dispatch, combine)
 and two in the backward per MoE layer per micro-batch, each carrying b x s/(cp x tp) x top_k x capacity_factor x h
 values per GPU (sequence parallelism leaves s/(cp x tp) tokens on a GPU), of which (ep-1)/ep leave it. An
 all-to-all's time: the bytes that cross the network at each GPU's share of its node's NICs, the rest at
@@ -46,16 +47,20 @@ def ep_comm(m: MoEShape, micro_batch: int, cp: int, ep: int, act_bytes: int, c: 
     return {"bytes_per_call": per, "calls": calls, "time_s": one * calls, "per_call_s": one}
 
 
-def expert_dp_group(s, gpus_per_node: int):
-    """The ranks that hold the same experts: the cp ranks (tp apart) times the dp / ep replicas of the expert
-    group (tp x cp x ep apart), laid out on nodes as tp, cp, dp, pp fill them."""
-    size = s.dp * s.cp // s.ep
+def expert_dp_group(s, gpus_per_node: int, etp: int | None = None):
+    """The ranks that hold the same experts: the tp / etp ranks holding them whole (adjacent; all tp under
+    tandem's trainer, etp 1; none where the experts are split over tp, etp = tp, the default) and the cp ranks
+    (etp apart), times the dp / ep replicas of the expert group (tp x cp x ep apart), laid out on nodes as
+    tp, cp, dp, pp fill them."""
+    etp = s.tp if etp is None else etp
+    inner = s.tp // etp * s.cp
+    size = s.dp // s.ep * inner
     if size <= 1:
         return Group(1, 1, 1)
-    near = min(s.cp, max(1, gpus_per_node // s.tp))
+    near = min(inner, max(1, gpus_per_node // etp))
     far_stride = s.tp * s.cp * s.ep
     far = max(1, min(s.dp // s.ep, gpus_per_node // far_stride)) if far_stride <= gpus_per_node else 1
-    local = near * far if near == s.cp else near
+    local = near * far if near == inner else near
     return Group(size, local, -(-size // local))
 
 

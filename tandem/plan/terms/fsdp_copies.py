@@ -75,7 +75,7 @@ def plan_seconds(m, c, t, s, micro_batches: int) -> tuple[float, float]:
     if s.zero != 3 or s.dp * s.cp <= 1 or c.gpu.memory_Bps <= 0:
         return 0.0, 0.0
     bw = c.gpu.memory_Bps * BANDWIDTH_SHARE
-    return stage_psi(m, s) * step_bytes(m, t, s, micro_batches) / bw, copy_bytes(t.fsdp, *dtypes(t, s))[1] / bw
+    return stage_psi(m, s, t) * step_bytes(m, t, s, micro_batches) / bw, copy_bytes(t.fsdp, *dtypes(t, s))[1] / bw
 
 
 def step_bytes(m, t, s, micro_batches: int) -> float:

@@ -20,7 +20,7 @@ from tandem.plan.inputs.training import Strategy, Training, fused_attention
 from tandem.plan.terms.collectives import grad_reduce_bytes
 from tandem.plan.terms.fsdp_copies import units as fsdp_units
 from tandem.plan.terms.grad_sync import deferred, model_state_bytes, peak, reductions
-from tandem.plan.terms.params import expert_shard_group, shard_group, stage_states
+from tandem.plan.terms.params import expert_shard_group, expert_states, expert_tp, shard_group
 from tandem.plan.terms.stages import (busiest_stage_params, chunks, chunks_of, first_stage_inflight, max_stage_params,
                                       split, stage_inflight, stage_params)
 
@@ -199,25 +199,36 @@ def _middle_inflight(held: tuple[tuple[int, ...], ...], pp: int, micro_batches: 
     return max(((r, stage_inflight(held[r], pp, micro_batches, r)) for r in firsts), key=lambda x: (x[1], -x[0]))
 
 
+def expert_state_bytes(m: ModelStats, c: Cluster, t: Training, s: Strategy) -> dict[str, float]:
+    """An MoE model's routed-expert parameter, gradient and optimizer bytes on the busiest GPU: its experts
+    (/ ep, / tp too where the runtime splits them: experts_tp), each ZeRO-sharded over the ranks holding the
+    same experts (expert_shard_group). Zeros for a dense model."""
+    if m.moe is None:
+        return {"params": 0.0, "grads": 0.0, "optimizer": 0.0}
+    e, de, zero, by = expert_states(m, s, t)[1], expert_shard_group(s, c, t), s.zero, t.bytes
+    return {"params": e * by["param"] / (de if zero >= 3 else 1), "grads": e * by["grad"] / (de if zero >= 2 else 1),
+            "optimizer": e * t.optimizer_bytes / (de if zero >= 1 else 1)}
+
+
 def memory(m: ModelStats, c: Cluster, t: Training, s: Strategy, micro_batches: int) -> Memory:
     notes: list[str] = []
     by = t.bytes
     zero, tp, pp = s.zero, s.tp, s.pp   # read once: the search calls this for every candidate
-    if m.moe is not None:   # experts split over ep x tp, sharded over the expert-data-parallel ranks
-        psi, psi_e = stage_states(m.moe, split(m.gpt, pp, s.stage_layers, chunks_of(s)), tp, s.ep)
+    if m.moe is not None:   # the experts: expert_state_bytes
+        psi = expert_states(m, s, t)[0]
     elif m.gpt is not None and pp > 1:   # the stage that holds the most (embedding or output layer)
-        psi, psi_e = busiest_stage_params(m.gpt, pp, s.stage_layers, chunks_of(s)) / tp, 0.0
+        psi = busiest_stage_params(m.gpt, pp, s.stage_layers, chunks_of(s)) / tp
     else:
-        psi, psi_e = m.params / (tp * pp), 0.0
-    d, de = shard_group(s, c), expert_shard_group(s, c)
-    params = psi * by["param"] / (d if zero >= 3 else 1) + psi_e * by["param"] / (de if zero >= 3 else 1)
-    grads = psi * by["grad"] / (d if zero >= 2 else 1) + psi_e * by["grad"] / (de if zero >= 2 else 1)
+        psi = m.params / (tp * pp)
+    d, ex = shard_group(s, c), expert_state_bytes(m, c, t, s)
+    params = psi * by["param"] / (d if zero >= 3 else 1) + ex["params"]
+    grads = psi * by["grad"] / (d if zero >= 2 else 1) + ex["grads"]
     defer = deferred(t, s) and m.moe is None and m.gpt is not None
     if defer:   # reduced once a step: unsharded until then (grad_sync.py)
         params, grads = model_state_bytes(t, s, psi, d, grad_reduce_bytes(t.precision, zero, by["grad"],
                                                                               t.grad_reduce))
     ob = t.optimizer_bytes
-    optim = psi * ob / (d if zero >= 1 else 1) + psi_e * ob / (de if zero >= 1 else 1)
+    optim = psi * ob / (d if zero >= 1 else 1) + ex["optimizer"]
     b, peak_rank = s.micro_batch, None
     pipe = live_loss = 0.0
     if defer:   # the rank whose activations + gradients accumulated so far peak highest
@@ -236,10 +247,11 @@ def memory(m: ModelStats, c: Cluster, t: Training, s: Strategy, micro_batches: i
     other = CONTEXT_BYTES
     if zero >= 3 and d > 1 and not defer and m.gpt is not None and m.moe is None:
         other += fsdp_inflight_bytes(m, t, s, psi)
-    elif zero >= 3 and d > 1:   # gathered layer + prefetched next (an MoE layer's experts: / ep); deferred:
-        # the stage's parameters are already counted unsharded (params above), nothing gathered per layer
-        ep = s.ep if m.moe is not None else 1
-        other += 0.0 if defer else 2 * m.largest_layer_params / (tp * ep) * t.gather_bytes
+    elif zero >= 3 and d > 1:   # gathered layer + prefetched next (an MoE layer's experts: / ep, and / tp where the
+        # runtime splits them: whole under tandem's); deferred: the stage's parameters are already counted
+        # unsharded (params above), nothing gathered per layer
+        ep, ltp = (s.ep, expert_tp(t, s)) if m.moe is not None else (1, tp)
+        other += 0.0 if defer else 2 * m.largest_layer_params / (ltp * ep) * t.gather_bytes
     elif s.dp > 1:
         other += 2 * t.bucket_bytes if by["grad"] == 4 else 2 * t.bucket_bytes / 2
     # the allocator's reserve as the fraction given (reserved over allocated, minus 1; default 0: no source gives
@@ -330,8 +342,9 @@ def pipeline_buffers(m: ModelStats, t: Training, s: Strategy, micro_batches: int
 
 
 def states_per_gpu(m: MoEShape, tp: int, pp: int, ep: int, dp: int, zero: int, by: dict, optimizer_bytes: int) -> dict:
-    """Model-state bytes per GPU (even layers per stage): expert weights / (ep x tp x pp), sharded further
-    over the expert-data-parallel group (dp / ep) by ZeRO; everything else / (tp x pp), sharded over dp."""
+    """Model-state bytes per GPU (even layers per stage), Megatron's expert layout (experts_tp): expert weights
+    / (ep x tp x pp), sharded further over the expert-data-parallel group (dp / ep) by ZeRO; everything else
+    / (tp x pp), sharded over dp."""
     if dp % ep:
         raise ValueError(f"ep {ep} must divide dp {dp}")
     e = expert_params(m) / (ep * tp * pp)
