@@ -34,10 +34,9 @@ def job(name: str):
 
 
 def plan(zero: int, runtime: str = "tandem"):
-    """`tandem plan --config examples/moe_reverse.toml --experts 4 --top-k 2 --expert-ffn 64 --capacity-factor
-    1.25 --ep 2 --tp 2 --gpus-per-node 4 --zero Z [--runtime R]`: the plan and its expert bytes per GPU."""
-    a = PlanArgs(config=str(SPEC), experts=4, top_k=2, expert_ffn=64, capacity_factor=1.25, gpus_per_node=4,
-                 tp=2, ep=2, zero=zero, runtime=runtime)
+    """`tandem plan --config examples/moe_reverse.toml --tp 2 --gpus-per-node 4 --zero Z [--runtime R]` (the
+    spec gives the experts and ep 2): the plan and its expert bytes per GPU."""
+    a = PlanArgs(config=str(SPEC), gpus_per_node=4, tp=2, zero=zero, runtime=runtime)
     m, c, t, v = resolve(a)
     s = strategy(v, c, t)
     validate(m, c, t, s)

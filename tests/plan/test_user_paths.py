@@ -144,6 +144,24 @@ def test_job_spec_llama_plans_as_a_gated_rmsnorm_decoder(capsys):
     assert (d["model"]["name"], d["model"]["kind"], d["model"]["params"]) == ("llama", "gpt", params)
 
 
+def test_job_spec_moe_plans_its_experts_and_expert_parallelism(capsys):
+    """A Llama spec with model.experts plans the mixture it trains (routed experts, the shared one, the
+    router) at the spec's parallel.ep: the planner's parameter count is the built model's."""
+    import torch
+
+    from tandem.core.config import load_spec
+    from tandem.models import build_model, count_params
+
+    spec = str(REPO / "examples" / "moe_reverse.toml")
+    code, out, err = run(capsys, "plan", "--config", spec, "--json")
+    assert code == 0 and not err
+    d = json.loads(out)
+    with torch.device("meta"):
+        params = count_params(build_model(load_spec(spec, {}, check=False).model))
+    assert (d["model"]["name"], d["model"]["params"]) == ("llama", params)
+    assert (d["strategy"]["ep"], d["strategy"]["dp"]) == (2, 2)
+
+
 def test_pp_that_does_not_divide_names_pp(capsys):
     code, out, err = run(capsys, "plan", "gpt3-175b", "--pp", "3")
     assert code == 2 and len(err) == 1

@@ -111,7 +111,7 @@ def from_job_spec(path: str) -> dict:
     par = spec.parallel
     # the degrees as flags would give them (what `--tp 2` then overrides); without degree flags,
     # `strategy` lays the spec's parallel section out as the trainer does (ParallelDims, "_job")
-    out.update(tp=par.tp, pp=par.pp, zero=ZERO_STAGE.get(par.strategy, 0), hsdp=par.strategy == "hsdp",
+    out.update(tp=par.tp, pp=par.pp, cp=par.cp, ep=par.ep, zero=ZERO_STAGE.get(par.strategy, 0), hsdp=par.strategy == "hsdp",
                schedule=par.pp_schedule, virtual=par.pp_virtual, _job=spec)
     # tandem's trainer: eager PyTorch (or torch.compile), foreach AdamW, autocast over fp32 weights
     out["kernels"] = "compiled" if par.compile else "eager"
@@ -137,6 +137,10 @@ def from_job_spec(path: str) -> dict:
         out["_fused"] = True   # SDPA as the GPT
         # (a Qwen-style qkv bias is 3 x hidden numbers a layer: below what the planner resolves)
         out["_shape"] = dict(gated=True, bias=False, norm="rmsnorm", learned_pos=False, dropout=False)
+        if m.experts:   # tandem/models/moe.py: every block's MLP a mixture of experts, shared ones beside
+            out.update(experts=m.experts, top_k=m.top_k, expert_ffn=m.expert_ffn or m.ffn,
+                       capacity_factor=m.capacity_factor)
+            out["_moe_shared"] = m.shared_experts
     if spec.model.name in CNN_PRESETS and (spec.model.width != 64 or spec.model.small_input
                                            or spec.model.num_classes != 1000):
         out["_spec_model"] = spec.model
@@ -190,7 +194,8 @@ def resolve_model(v: dict, spec: dict) -> ModelStats:
                          tied=spec.get("_tied", True), **{"gated": bool(v.get("gated")), **spec.get("_shape", {})})
         if v.get("experts") is not None:
             return with_moe(MoEShape(shape, experts=v["experts"], top_k=v.get("top_k") or 1,
-                                     expert_ffn=v.get("expert_ffn") or shape.ffn), v, "moe")
+                                     expert_ffn=v.get("expert_ffn") or shape.ffn,
+                                     shared=spec.get("_moe_shared", 0)), v, name or "moe")
         return gpt_stats(shape, name=name or "gpt", source="job spec" if "_tied" in spec else "formula")
     if name is None:
         raise ConfigError("no model given", field="model",
