@@ -111,18 +111,23 @@ def test_bench_comm_records_the_cluster_it_measured():
         (2, ["vm", "vm"], "cpu", 2**33, 2)
 
 
-def test_job_spec_gpt_plans_with_its_shape(capsys):
+def _plan_spec(capsys, example: str) -> tuple[dict, int]:
+    """`tandem plan --config examples/EXAMPLE --json`, and the parameters of the model that spec builds."""
     import torch
 
     from tandem.core.config import load_spec
     from tandem.models import build_model, count_params
 
-    spec = str(REPO / "examples" / "gpt_reverse.toml")
+    spec = str(REPO / "examples" / example)
     code, out, err = run(capsys, "plan", "--config", spec, "--json")
     assert code == 0 and not err
-    d = json.loads(out)
     with torch.device("meta"):
         params = count_params(build_model(load_spec(spec, {}, check=False).model))
+    return json.loads(out), params
+
+
+def test_job_spec_gpt_plans_with_its_shape(capsys):
+    d, params = _plan_spec(capsys, "gpt_reverse.toml")
     assert (d["model"]["kind"], d["model"]["params"], d["model"]["seq"]) == ("gpt", params, 16)
     assert (d["strategy"]["dp"], d["strategy"]["micro_batch"], d["strategy"]["global_batch"]) == (2, 32, 64)
 
@@ -130,34 +135,14 @@ def test_job_spec_gpt_plans_with_its_shape(capsys):
 def test_job_spec_llama_plans_as_a_gated_rmsnorm_decoder(capsys):
     """A model.name = "llama" spec plans with its own shape: SwiGLU, RMSNorm, no biases, rotary positions,
     so the planner's parameter count is the built model's."""
-    import torch
-
-    from tandem.core.config import load_spec
-    from tandem.models import build_model, count_params
-
-    spec = str(REPO / "examples" / "llama_reverse.toml")
-    code, out, err = run(capsys, "plan", "--config", spec, "--json")
-    assert code == 0 and not err
-    d = json.loads(out)
-    with torch.device("meta"):
-        params = count_params(build_model(load_spec(spec, {}, check=False).model))
+    d, params = _plan_spec(capsys, "llama_reverse.toml")
     assert (d["model"]["name"], d["model"]["kind"], d["model"]["params"]) == ("llama", "gpt", params)
 
 
 def test_job_spec_moe_plans_its_experts_and_expert_parallelism(capsys):
     """A Llama spec with model.experts plans the mixture it trains (routed experts, the shared one, the
     router) at the spec's parallel.ep: the planner's parameter count is the built model's."""
-    import torch
-
-    from tandem.core.config import load_spec
-    from tandem.models import build_model, count_params
-
-    spec = str(REPO / "examples" / "moe_reverse.toml")
-    code, out, err = run(capsys, "plan", "--config", spec, "--json")
-    assert code == 0 and not err
-    d = json.loads(out)
-    with torch.device("meta"):
-        params = count_params(build_model(load_spec(spec, {}, check=False).model))
+    d, params = _plan_spec(capsys, "moe_reverse.toml")
     assert (d["model"]["name"], d["model"]["params"]) == ("llama", params)
     assert (d["strategy"]["ep"], d["strategy"]["dp"]) == (2, 2)
 
