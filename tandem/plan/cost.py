@@ -22,7 +22,7 @@ from tandem.plan.terms.efficiency import FP8_OVER_BF16, attention_rate, linear, 
 from tandem.plan.terms.expert import ep_op
 from tandem.plan.terms.fsdp_copies import plan_seconds
 from tandem.plan.terms.memory import Memory, memory
-from tandem.plan.terms.params import shard_group, updated_params
+from tandem.plan.terms.params import expert_tp, shard_group, updated_params
 from tandem.plan.terms.pipeline import bubble_comm, pp_ops
 from tandem.plan.terms.stages import chunks, pipeline, rounds
 from tandem.plan.terms.tensor_parallel import tp_op
@@ -140,7 +140,7 @@ def check(m: ModelStats, c: Cluster, t: Training, s: Strategy) -> str | None:
     per_replica = t.global_batch // dp
     if s.micro_batch and per_replica % s.micro_batch:
         return f"micro-batch {s.micro_batch} does not divide the {per_replica} samples per data-parallel rank"
-    why = check_cp_ep(m, s)
+    why = check_cp_ep(m, s, expert_tp(t, s))
     if why:
         return why
     if m.gpt is None and (tp > 1 or pp > 1):
@@ -275,8 +275,9 @@ def evaluate(m: ModelStats, c: Cluster, t: Training, s: Strategy, mem: Memory | 
                 bubble_comm_s=fill_comm)
 
 
-def check_cp_ep(m, s) -> str | None:
-    """Why cp/ep do not fit this model and strategy (``ModelStats``, ``Strategy``), or None."""
+def check_cp_ep(m, s, etp: int | None = None) -> str | None:
+    """Why cp/ep do not fit this model and strategy (``ModelStats``, ``Strategy``), or None. ``etp``: the tp
+    ranks one expert is split over (``params.expert_tp``; default tp): only a split expert needs tp | expert_ffn."""
     if s.cp > 1:
         if m.gpt is None:
             return f"cp {s.cp} needs a transformer shape; {m.name} is a {m.kind} model"
@@ -292,6 +293,8 @@ def check_cp_ep(m, s) -> str | None:
         if m.moe.experts % s.ep:
             return (f"ep {s.ep} does not divide the {m.moe.experts} experts "
                     f"({m.moe.experts} % {s.ep} = {m.moe.experts % s.ep})")
-    if m.moe is not None and m.moe.expert_ffn % s.tp:
-        return f"expert ffn {m.moe.expert_ffn} is not divisible by tp {s.tp}"
+    etp = s.tp if etp is None else etp
+    if m.moe is not None and m.moe.expert_ffn % etp:
+        return (f"expert ffn {m.moe.expert_ffn} is not divisible by tp {etp} (the runtime splits each expert "
+                f"over the tp ranks)")
     return None

@@ -159,3 +159,18 @@ def test_moe_stage_states_add_up_and_put_the_dense_layers_first():
     # 61 layers on 2 stages (31, 30): the first holds the embedding and the 3 dense layers, so fewer experts
     first = stage_states(d, (31, 0), 1, 8)
     assert first[1] == pytest.approx((31 - 3) * d.experts * mlp_params(d.base, d.expert_ffn) / 8)
+
+
+def test_expert_ffn_needs_to_divide_tp_only_where_the_runtime_splits_experts():
+    from dataclasses import replace
+
+    from tandem.plan.inputs.model import MIXTRAL_8X7B, moe_stats
+
+    odd = moe_stats(replace(MIXTRAL_8X7B, expert_ffn=14335), "odd-ffn")   # 14335 = 5 x 47 x 61: no tp 2 split
+    c, s = make_cluster(**H100x8), Strategy(dp=4, tp=2, ep=2)
+    # tandem's trainer keeps each expert whole on its tp ranks (expert.py): any expert_ffn trains
+    assert check(odd, c, Training(global_batch=8), s) is None
+    for rt in ("torchtitan", "megatron"):   # expert-tensor parallel = tp: w1/w3 split column-wise
+        why = check(odd, c, Training(global_batch=8, runtime=rt), s)
+        assert why == "expert ffn 14335 is not divisible by tp 2 (the runtime splits each expert over the tp ranks)"
+    assert check(moe_stats(MIXTRAL_8X7B), c, Training(global_batch=8, runtime="megatron"), s) is None
