@@ -58,10 +58,6 @@ def check_ep(spec, world: int, tp: int, pp: int, cp: int, dp: int) -> None:
     ep = p.ep
     _need(isinstance(ep, int) and ep >= 1, f"ep must be at least 1, got {ep}", "parallel.ep", ep, "give ep >= 1")
     if moe_enabled(m):   # what the trainer cannot split yet, before the ep arithmetic
-        if tp > 1:   # tp splits the attention; the router and the experts stay whole on the tp ranks
-            _need(not p.sequence_parallel, f"model.experts {m.experts} with sequence parallel is not supported (the "
-                  "router would see a shard of the sequence)", "parallel.sequence_parallel", True,
-                  "set parallel.sequence_parallel=false with a mixture of experts")
         what = [(pp, "pp", "parallel.pp", "the router loss of every stage would have to reach the last one"),
                 (cp, "cp", "parallel.cp", "routing capacity would be counted per sequence chunk, not per micro-batch")]
         for deg, name, field, why in what:

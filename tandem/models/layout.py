@@ -33,6 +33,9 @@ class DecoderLayout:
     norms: tuple[str, ...] = ()
     # ... and the submodules that all-gather that stream back before their column-wise linears
     gathers: tuple[str, ...] = ()
+    # submodules whole on every tp rank (a mixture of experts: tandem/train/parallel/expert.py): under
+    # sequence parallel they take the gathered stream as a plain tensor and hand back this rank's share of it
+    whole: tuple[str, ...] = ()
     # norms over each head's features, applied to (B, T, heads, head_dim): they see only the local heads
     # under tp, so their weight is replicated and its gradient summed over the tp ranks
     head_norms: tuple[str, ...] = ()

@@ -201,7 +201,7 @@ def layout(c: LlamaConfig) -> DecoderLayout:
     return DecoderLayout(embeddings=("tok_emb",), shared=("rope",),
                          colwise=("attn.wq", "attn.wk", "attn.wv") + (() if moe else ("mlp.w1", "mlp.w3")),
                          rowwise=("attn.wo",) + (() if moe else ("mlp.w2",)), norms=("attn_norm", "mlp_norm"),
-                         gathers=("attn", "mlp"),
+                         gathers=("attn",) + (() if moe else ("mlp",)), whole=("mlp",) if moe else (),
                          head_norms=("attn.q_norm", "attn.k_norm") if c.qk_norm else ())
 
 

@@ -29,9 +29,10 @@ of DDP), under zero2 / zero3 by FSDP2 on the edp mesh with its gradient divide f
 (torchtitan's choice), its shards cut along the hidden dimension so that they do not stack on the ep
 ranks' Shard(0).
 
-With tp (no sequence parallel) tp splits the attention only (the llama's ``layout`` leaves the MoE out of
-the tp plan): the router and the experts of a rank are whole, replicated over the tp ranks like the norms,
-and every tp rank routes the same tokens (its input is the replicated residual stream). With ep 1 each tp
+With tp tp splits the attention only (the llama's ``layout`` leaves the MoE out of the tp plan): the router
+and the experts of a rank are whole, replicated over the tp ranks like the norms, and every tp rank routes
+the same tokens (its input is the replicated residual stream; under sequence parallel the stream gathered,
+its output cut back to the rank's share: the layout's ``whole``, tandem/train/parallel/tp.py). With ep 1 each tp
 rank runs the whole MoE on them. With ep x tp (the ep groups are tp apart: ranks with the same tp
 coordinate) the tp ranks of a replica share the work of the experts instead of repeating it: each routes
 all the tokens (the same decisions, so capacity and drops are one process's), then tp rank j dispatches
@@ -42,8 +43,7 @@ tokens. For the experts the tp ranks are thus more data-parallel ranks: an exper
 holds its slot share only, and is summed over edp x tp (the ``grad`` group) and divided by dp.
 
 Why replicated experts with deduplicated slots, not experts tp-sharded (w1 / w3 column-, w2 row-wise)
-inside the ep group: without sequence parallel (refused with a mixture of experts: the router would see
-a shard of the sequence) every tp rank holds every token, so a tp-sharded expert would have every tp
+inside the ep group: every tp rank holds every token at the MoE (under sequence parallel too: gathered), so a tp-sharded expert would have every tp
 rank dispatch the same buffer, tp x the all-to-all bytes of ``tandem plan --ep --tp`` (which, as
 Megatron-core with sequence parallelism, counts s / tp tokens a GPU), or need an all-gather and a
 reduce-scatter over tp around each expert on top of the deduplication. Sharding slots keeps the bytes the
@@ -52,7 +52,7 @@ materializer and the checkpoints exactly as under ep alone (``Shard(0)`` on the 
 expert weights' memory, / ep rather than / (ep x tp) under ddp (zero2 / zero3 shard them over edp x tp).
 
 Not supported, refused before launch with one line (tandem/core/experts.py): ep with zero1, hsdp, comm
-hooks or local SGD; a mixture of experts with pp, cp, sequence parallel or compile.
+hooks or local SGD; a mixture of experts with pp, cp or compile.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ Embeddings are vocabulary-parallel (row-wise on the table); the output layer is 
 with its logits left sharded over the vocabulary so the loss runs in place (``loss_parallel``).
 With ``sequence_parallel`` the norms and the residual stream are sharded along the sequence
 (Korthikanti et al. 2022): all-reduce becomes reduce-scatter + all-gather, same bytes, 1/tp
-of the activations.
+of the activations. A mixture of experts stays whole on every tp rank (the layout's ``whole``): under
+sequence parallel it takes the gathered sequence and keeps this rank's share of its output.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from __future__ import annotations
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                               SequenceParallel, parallelize_module)
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleInputOutput,
+                                               RowwiseParallel, SequenceParallel, parallelize_module)
 
 
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool, loss_parallel: bool) -> nn.Module:
@@ -48,6 +49,13 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool, los
         plan.update({name: SequenceParallel() for name in lay.norms})
         plan.update({name: PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
                      for name in lay.gathers})
+        # a module whole on every tp rank (an MoE) sees the whole sequence, as without sp, so its routing and
+        # capacity are one process's; its output, the same on every tp rank, is cut back to this rank's share
+        # (backward: the shares' gradients all-gathered, the same on every tp rank again, as the MoE expects)
+        plan.update({name: PrepareModuleInputOutput(
+            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_input=True,
+            output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),), use_local_output=True)
+            for name in lay.whole})
     for block in getattr(model, lay.blocks).values():
         parallelize_module(block, tp_mesh, plan)
     return model

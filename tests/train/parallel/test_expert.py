@@ -46,7 +46,9 @@ WORLD2 = {"moe-ddp": moe_job(), "moe-ep2": moe_job(ep=2), "moe-ep2-zero3": moe_j
           "moe-ep2-zero2-adamw": moe_job("zero2", ep=2, optim="adamw"),
           "moe-ep2-bf16": moe_job(ep=2, dtype="bf16"),
           # tp splits the attention, the experts stay whole on each tp rank (ep 1)
-          "moe-tp2": moe_job(tp=2), "moe-tp2-noloss-parallel": moe_job(tp=2, loss_parallel=False)}
+          "moe-tp2": moe_job(tp=2), "moe-tp2-noloss-parallel": moe_job(tp=2, loss_parallel=False),
+          # sequence parallel: the MoE takes the gathered sequence, its output cut back to each rank's share
+          "moe-tp2-sp": moe_job(tp=2, sequence_parallel=True)}
 WORLD4 = {"moe-ep4": moe_job(world=4, ep=4), "moe-ep2-dp4": moe_job(world=4, ep=2),
           "moe-ep2-dp4-zero3": moe_job("zero3", world=4, ep=2),
           "moe-ep4-zero2-adamw": moe_job("zero2", world=4, ep=4, optim="adamw"),
@@ -60,6 +62,7 @@ WORLD4_TP = {"moe-ep2xtp2": moe_job(world=4, ep=2, tp=2), "moe-ep2xtp2-zero3": m
              "moe-ep2xtp2-zero2-adamw": moe_job("zero2", world=4, ep=2, tp=2, optim="adamw"),
              "moe-ep2xtp2-ac-full": moe_job(world=4, ep=2, tp=2, activation_checkpoint="full"),
              "moe-ep2xtp2-bf16": moe_job(world=4, ep=2, tp=2, dtype="bf16"),
+             "moe-ep2xtp2-sp-zero2": moe_job("zero2", world=4, ep=2, tp=2, sequence_parallel=True),
              # capacity 17 slots (1.05 x 32 x 2 / 4, rounded up): the tp ranks' shares are 9 and 8
              "moe-ep2xtp2-odd-capacity": moe_job(world=4, ep=2, tp=2)}
 WORLD4_TP["moe-ep2xtp2-odd-capacity"].model.capacity_factor = 1.05
@@ -80,10 +83,8 @@ WORLD4_TP["moe-ep2xtp2-odd-capacity"].model.capacity_factor = 1.05
     (dict(ep=2, strategy="zero1"), "parallel.strategy", "ep 2 with strategy 'zero1' is not supported"),
     (dict(ep=2, strategy="hsdp"), "parallel.strategy", "ep 2 with strategy 'hsdp' is not supported"),
     (dict(ep=2, comm_hook="fp16"), "parallel.comm_hook", "ep 2 with a comm hook"),
-    (dict(tp=2, sequence_parallel=True), "parallel.sequence_parallel", "with sequence parallel is not supported"),
     # ep x tp trains; with it, what ep alone refuses is refused the same way
     (dict(tp=2, ep=2, strategy="zero1"), "parallel.strategy", "ep 2 with strategy 'zero1' is not supported"),
-    (dict(tp=2, ep=2, sequence_parallel=True), "parallel.sequence_parallel", "with sequence parallel"),
     (dict(tp=2, ep=2, cp=2, world=8), "parallel.cp", "model.experts 4 with cp 2 is not supported"),
     (dict(pp=2), "parallel.pp", "model.experts 4 with pp 2 is not supported"),
     (dict(cp=2), "parallel.cp", "model.experts 4 with cp 2 is not supported"),
