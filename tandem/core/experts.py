@@ -53,19 +53,21 @@ def check_moe(m) -> None:
 
 def check_ep(spec, world: int, tp: int, pp: int, cp: int, dp: int) -> None:
     """parallel.ep and the MoE model against the other degrees (the trainer's support: ep under ddp, zero2 and
-    zero3, with or without tp; the router and each rank's experts whole on its tp ranks)."""
+    zero3, with or without tp; the router and each rank's experts whole on its tp ranks; a mixture of experts
+    under pp with ep 1)."""
     p, m = spec.parallel, spec.model
     ep = p.ep
     _need(isinstance(ep, int) and ep >= 1, f"ep must be at least 1, got {ep}", "parallel.ep", ep, "give ep >= 1")
     if moe_enabled(m):   # what the trainer cannot split yet, before the ep arithmetic
-        what = [(pp, "pp", "parallel.pp", "the router loss of every stage would have to reach the last one"),
-                (cp, "cp", "parallel.cp", "routing capacity would be counted per sequence chunk, not per micro-batch")]
-        for deg, name, field, why in what:
-            _need(deg == 1, f"model.experts {m.experts} with {name} {deg} is not supported by the trainer ({why})",
-                  field, deg, f"use {name}=1 with a mixture of experts (dp and ep split it)")
+        _need(cp == 1, f"model.experts {m.experts} with cp {cp} is not supported by the trainer (routing capacity "
+              f"would be counted per sequence chunk, not per micro-batch)", "parallel.cp", cp,
+              "use cp=1 with a mixture of experts (dp and ep split it)")
         _need(not p.compile, "model.experts with compile is not supported (data-dependent routing in each block)",
               "parallel.compile", True, "set parallel.compile=false with model.experts > 0")
     if ep > 1:
+        _need(pp == 1, f"ep {ep} with pp {pp} is not supported by the trainer (its expert mesh has no pipeline "
+              f"dimension; a mixture of experts trains under pp with ep 1)", "parallel.pp", pp,
+              "use pp=1 with ep > 1, or ep=1 with pp")
         _need(moe_enabled(m), f"ep {ep} splits a mixture of experts; model.experts is {m.experts}",
               "parallel.ep", ep, "set model.experts (and model.name=llama), or ep=1")
         _need(m.experts % ep == 0, f"ep {ep} does not divide experts {m.experts} ({m.experts} % {ep} = "

@@ -118,10 +118,11 @@ def grad_scaler(ctx: DistContext, dtype: str):
     return make(ctx.device, dtype)
 
 
-def all_reduce_sum(values: list[float], ctx: DistContext) -> list[float]:
+def all_reduce_sum(values: list[float], ctx: DistContext, group=None) -> list[float]:
+    """``values`` summed over ``group`` (every rank when None)."""
     t = torch.tensor(values, dtype=torch.float64, device=ctx.device)
     if dist.is_initialized() and ctx.world > 1:
-        dist.all_reduce(t)
+        dist.all_reduce(t, group=group)
     return t.tolist()
 
 

@@ -29,7 +29,7 @@ from typing import Iterable
 import torch
 
 from tandem.train import runtime as rt
-from tandem.train.loss import Loss
+from tandem.train.loss import Loss, scored
 from tandem.train.parallel import Parallel
 from tandem.train.parallel.grads import clip_grads_, global_grad_norm, grad_scaler
 
@@ -88,10 +88,16 @@ class Stepper:
         if par.schedule is not None:
             from tandem.train.parallel import pp
             self._denom = denom
+            scale = float(self.scaler.get_scale()) if self.scaler else 1.0  # a power of 2: exact
+            router = par.router_losses
+            if router is not None:   # each micro-batch's router losses weigh as its share of the scored targets
+                router.start([scored(m) / denom for m in y.chunk(par.schedule._n_microbatches)], scale)
             with self.phase("forward_backward"), par.loss_context(), self.autocast():
                 losses = pp.step(par.schedule, x, y, par.has_first, par.has_last)
-            scale = float(self.scaler.get_scale()) if self.scaler else 1.0  # a power of 2: exact
-            return float(sum(l.detach().float() for l in losses)) / scale if losses else 0.0
+            loss = float(sum(l.detach().float() for l in losses)) / scale if losses else 0.0
+            if router is not None:   # the stages' router losses, summed over the pp group, join the logged loss
+                loss += rt.all_reduce_sum([router.value], self.ctx, group=self.pp_group)[0]
+            return loss
         x, y = par.shard(x), par.shard(y)   # cp: this rank's chunks of each sequence (tandem/train/parallel/cp.py)
         with par.no_sync(not sync), par.loss_context(), self.autocast():
             with self.phase("forward"):

@@ -53,6 +53,7 @@ class Parallel:
     cp: object = None                # context parallel (cp.ContextParallel): shards the batch, runs the ring
     grad_mesh: object = None         # the ranks averaging gradients: dp, flattened with cp when cp > 1
     ep: object = None                # expert parallel (expert.ExpertParallel): all-to-alls, expert gradients
+    router_losses: object = None     # pp with a mixture of experts (pp.RouterLosses): each stage's router losses
 
     @property
     def dp_rank(self) -> int:
@@ -198,7 +199,7 @@ def parallelize(model: nn.Module, spec, ctx, log=lambda *a: None, materialize=No
             return par.pp_loss(out, y)
 
         n_micro = spec.schedule.global_batch // (dims.dp * spec.schedule.micro_batch)
-        par.schedule, par.stages = pp.build_schedule(model, parts, mine, coords["pp"], dims.pp,
+        par.schedule, par.stages, par.router_losses = pp.build_schedule(model, parts, mine, coords["pp"], dims.pp,
                                                      mesh["pp"].get_group(), ctx.device, p.pp_schedule,
                                                      n_micro, loss_fn)
     return par

@@ -52,7 +52,8 @@ materializer and the checkpoints exactly as under ep alone (``Shard(0)`` on the 
 expert weights' memory, / ep rather than / (ep x tp) under ddp (zero2 / zero3 shard them over edp x tp).
 
 Not supported, refused before launch with one line (tandem/core/experts.py): ep with zero1, hsdp, comm
-hooks or local SGD; a mixture of experts with pp, cp or compile.
+hooks or local SGD, ep with pp; a mixture of experts with cp or compile (under pp with ep 1 it trains:
+tandem/train/parallel/pp.py carries each stage's router losses).
 """
 
 from __future__ import annotations

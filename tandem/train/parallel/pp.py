@@ -9,6 +9,12 @@ decoder with only its blocks (and the embeddings on the first stage, the norm an
 last, the position tables on all: the model's ``layout``, ``tandem/models/layout.py``), so
 parameter names match the full model and checkpoints reshard across pp degrees. A decoder
 states each part's cost as ``part_cost("embed" | "block" | "head")``.
+
+A mixture of experts' router losses (``tandem/models/moe.py``) are made in every stage, but only the last
+stage computes the loss: each stage adds its own blocks' router losses to the backward at its output
+(``_WithRouterLoss``, Megatron-core's MoEAuxLossAutoScaler idea) with the weight the loss gives them
+without pp (the micro-batch's scored targets / the step's, times the loss scale), and the values are summed
+over the pp group into the logged loss (``RouterLosses``).
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+from tandem.models.moe import MoE, router_loss
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
 
@@ -66,6 +74,45 @@ def describe_split(model: nn.Module, parts: list[list[int]]) -> str:
     return "; ".join(out)
 
 
+class _WithRouterLoss(torch.autograd.Function):
+    """Forward: the stage's output as it is. Backward: its gradient, and ``weight`` as the gradient of the
+    stage's router loss ``aux`` (what d(loss)/d(aux) is where the loss adds aux x weight)."""
+
+    @staticmethod
+    def forward(ctx, out, aux, weight: float):
+        ctx.weight, ctx.meta = weight, (aux.shape, aux.dtype, aux.device)
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, g):
+        shape, dtype, device = ctx.meta
+        return g, torch.full(shape, ctx.weight, dtype=dtype, device=device), None
+
+
+class RouterLosses:
+    """This rank's stages' router losses over one step: each micro-batch's weight (set by the trainer's
+    Stepper before the schedule runs), and the weighted values, for the logged loss."""
+
+    def __init__(self, chunks: list["Chunk"]):
+        self.chunks, self.weights, self.scale, self.value = chunks, [], 1.0, 0.0
+
+    def start(self, weights: list[float], scale: float) -> None:
+        self.weights, self.scale, self.value = weights, scale, 0.0
+        for c in self.chunks:
+            c.seen = 0
+
+    def attach(self, chunk: "Chunk", out: torch.Tensor) -> torch.Tensor:
+        aux = router_loss(chunk)
+        if aux is None:
+            return out
+        # a stage runs its micro-batches' forwards in order, each once (activation checkpointing recomputes
+        # inside the blocks, below this): the chunk's count is the micro-batch's index
+        w = self.weights[chunk.seen]
+        chunk.seen += 1
+        self.value += float(aux.detach()) * w
+        return _WithRouterLoss.apply(out, aux, w * self.scale)
+
+
 class Chunk(nn.Module):
     """One pipeline stage: a view on some of the skeleton's modules (shared, not copied), run by the
     model's own forward (which skips the parts a stage does not hold)."""
@@ -82,9 +129,36 @@ class Chunk(nn.Module):
         setattr(self, lay.blocks, nn.ModuleDict({str(i): blocks[str(i)] for i in ids}))
         for name in lay.final:
             setattr(self, name, getattr(model, name) if last else None)
+        # this stage's MoE blocks (a plain list, as the model's: router_loss reads it), and their losses' owner
+        self.moe = [b.mlp for b in getattr(self, lay.blocks).values() if isinstance(getattr(b, "mlp", None), MoE)]
+        self.router_losses: RouterLosses | None = None
+        self.seen, self.inferring = 0, False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._forward(self, x)
+        out = self._forward(self, x)
+        if self.router_losses is None or not self.training:
+            return out
+        if not torch.is_grad_enabled():   # a forward outside the schedule (forward_only): no backward to join
+            router_loss(self)
+            return out
+        if self.inferring:   # the stage's shape inference (placeholder inputs): no loss, no routing counted
+            router_loss(self)
+            for m in self.moe:
+                m.reset_stats()
+            return out
+        return self.router_losses.attach(self, out)
+
+
+class _Stage(PipelineStage):
+    """A PipelineStage whose chunk knows when a forward is the first step's metadata inference (torch runs
+    the stage once on placeholder tensors to learn the shapes it sends), not a micro-batch."""
+
+    def _forward_metadata_inference(self, *args, **kwargs):
+        self.submod.inferring = True
+        try:
+            return super()._forward_metadata_inference(*args, **kwargs)
+        finally:
+            self.submod.inferring = False
 
 
 def keep_only(model: nn.Module, parts: list[list[int]], mine: list[int]) -> None:
@@ -105,12 +179,18 @@ def keep_only(model: nn.Module, parts: list[list[int]], mine: list[int]) -> None
 
 def build_schedule(model: nn.Module, parts, mine, pp_rank: int, pp_size: int, group, device, schedule: str,
                    n_micro: int, loss_fn):
-    stages = [PipelineStage(Chunk(model, parts[s], s == 0, s == len(parts) - 1), s, len(parts), device,
-                            group=group) for s in mine]
+    """(schedule, stages, router losses: None for a dense model) of this rank's stages ``mine``."""
+    chunks = [Chunk(model, parts[s], s == 0, s == len(parts) - 1) for s in mine]
+    router = None
+    if any(c.moe for c in chunks) or getattr(model, "moe", None):   # every pp rank joins the logged sum
+        router = RouterLosses(chunks)
+        for c in chunks:
+            c.router_losses = router
+    stages = [_Stage(c, s, len(parts), device, group=group) for c, s in zip(chunks, mine)]
     cls = SCHEDULES[schedule]
     if schedule == "interleaved":
-        return cls(stages, n_micro, loss_fn=loss_fn, scale_grads=False), stages
-    return cls(stages[0], n_micro, loss_fn=loss_fn, scale_grads=False), stages
+        return cls(stages, n_micro, loss_fn=loss_fn, scale_grads=False), stages, router
+    return cls(stages[0], n_micro, loss_fn=loss_fn, scale_grads=False), stages, router
 
 
 def stage_ids(pp_rank: int, pp_size: int, virtual: int) -> list[int]:

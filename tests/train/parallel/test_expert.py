@@ -48,7 +48,10 @@ WORLD2 = {"moe-ddp": moe_job(), "moe-ep2": moe_job(ep=2), "moe-ep2-zero3": moe_j
           # tp splits the attention, the experts stay whole on each tp rank (ep 1)
           "moe-tp2": moe_job(tp=2), "moe-tp2-noloss-parallel": moe_job(tp=2, loss_parallel=False),
           # sequence parallel: the MoE takes the gathered sequence, its output cut back to each rank's share
-          "moe-tp2-sp": moe_job(tp=2, sequence_parallel=True)}
+          "moe-tp2-sp": moe_job(tp=2, sequence_parallel=True),
+          # pipeline stages: each stage's router losses join the backward at its output (pp.RouterLosses)
+          "moe-pp2-1f1b": moe_job(pp=2, pp_schedule="1f1b"), "moe-pp2-interleaved": moe_job(pp=2, pp_schedule="interleaved"),
+          "moe-pp2-gpipe-ac-full": moe_job(pp=2, pp_schedule="gpipe", activation_checkpoint="full")}
 WORLD4 = {"moe-ep4": moe_job(world=4, ep=4), "moe-ep2-dp4": moe_job(world=4, ep=2),
           "moe-ep2-dp4-zero3": moe_job("zero3", world=4, ep=2),
           "moe-ep4-zero2-adamw": moe_job("zero2", world=4, ep=4, optim="adamw"),
@@ -56,7 +59,8 @@ WORLD4 = {"moe-ep4": moe_job(world=4, ep=4), "moe-ep2-dp4": moe_job(world=4, ep=
           "moe-dp2xtp2": moe_job(tp=2, world=4), "moe-dp2xtp2-zero3": moe_job("zero3", tp=2, world=4),
           "moe-ep2-dp4-fp16": moe_job(world=4, ep=2, dtype="fp16"),
           # experts replicated (ep 1) under ZeRO-1 and a 2 x 2 HSDP mesh
-          "moe-zero1": moe_job("zero1", world=4), "moe-hsdp": moe_job("hsdp", world=4, dp_shard=2)}
+          "moe-zero1": moe_job("zero1", world=4), "moe-hsdp": moe_job("hsdp", world=4, dp_shard=2),
+          "moe-dp2xpp2": moe_job(world=4, pp=2), "moe-pp2xtp2-bf16": moe_job(world=4, pp=2, tp=2, dtype="bf16")}
 # ep x tp: ep groups tp apart ({0, 2}, {1, 3}), each tp rank dispatching its share of the capacity slots
 WORLD4_TP = {"moe-ep2xtp2": moe_job(world=4, ep=2, tp=2), "moe-ep2xtp2-zero3": moe_job("zero3", world=4, ep=2, tp=2),
              "moe-ep2xtp2-zero2-adamw": moe_job("zero2", world=4, ep=2, tp=2, optim="adamw"),
@@ -86,7 +90,7 @@ WORLD4_TP["moe-ep2xtp2-odd-capacity"].model.capacity_factor = 1.05
     # ep x tp trains; with it, what ep alone refuses is refused the same way
     (dict(tp=2, ep=2, strategy="zero1"), "parallel.strategy", "ep 2 with strategy 'zero1' is not supported"),
     (dict(tp=2, ep=2, cp=2, world=8), "parallel.cp", "model.experts 4 with cp 2 is not supported"),
-    (dict(pp=2), "parallel.pp", "model.experts 4 with pp 2 is not supported"),
+    (dict(pp=2, ep=2, world=8), "parallel.pp", "ep 2 with pp 2 is not supported"),
     (dict(cp=2), "parallel.cp", "model.experts 4 with cp 2 is not supported"),
     (dict(compile=True), "parallel.compile", "model.experts with compile"),
 ])
