@@ -99,3 +99,14 @@ def test_gpt_shapes_gqa_and_tied():
     assert torch.equal(ys[:, 4:], xs[:, :4].sort(1).values)
     c, n = token_accuracy(torch.nn.functional.one_hot(y.clamp(min=0), 16).float(), y)
     assert c == n == 5 * 4
+
+
+def test_the_pipeline_stage_hook_the_moe_router_losses_rely_on_exists():
+    # pp.RouterLosses tells torch's first-step shape inference from a micro-batch by wrapping this method
+    # (torch 2.13): a torch without it would count the inference forward as micro-batch 0
+    from torch.distributed.pipelining import PipelineStage
+
+    from tandem.train.parallel.pp import _Stage
+
+    assert callable(getattr(PipelineStage, "_forward_metadata_inference", None))
+    assert "_forward_metadata_inference" in vars(_Stage)
